@@ -1,0 +1,1 @@
+"""rollforge: multi-turn rollouts between language-model policies and environments."""

@@ -1,0 +1,91 @@
+"""The generation backend protocol: token ids in; token ids, logprobs and a finish reason out.
+
+A backend knows nothing of environments or chat templates. It receives the full prompt of one
+episode as token ids and returns the continuation exactly as sampled. Many episodes call
+``generate`` concurrently; a backend is free to batch those calls (the HF backend batches them into
+shared forward passes, vLLM streams them into its continuous batching).
+
+Logprobs are those of the *unmodified* model distribution (``log_softmax`` of the logits, before
+temperature, top-p or top-k), so that a forward pass of the same weights reproduces them and a
+trainer can use them as the behaviour policy.
+
+Stop conditions: generation ends at the first token in ``stop_token_ids`` (kept in the output), at
+the first token whose text completes one of the ``stop`` strings (kept in the output, token-exact:
+nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason ``length``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+from ..errors import ConfigError
+from ..types import Completion
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion. ``temperature == 0`` means greedy decoding."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A generation backend. ``generate`` is called concurrently by many episodes."""
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        """Continue ``prompt_ids``; raise ``BackendError`` when the request fails."""
+        ...
+
+    async def close(self) -> None:
+        """Release engines, threads and connections. Idempotent."""
+        ...
+
+
+class StopStrings:
+    """Detects stop strings in a growing list of generated token ids without decoding it all.
+
+    ``completed_by_last(ids)`` is true when the text of ``ids`` contains a stop string that the last
+    token completed. Only a window of trailing tokens long enough to hold any stop string is decoded.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str]):
+        self._decode = decode
+        self._stop = tuple(s for s in stop if s)
+        # A token decodes to at least one character, except special/partial-byte tokens; the slack
+        # of 8 covers those.
+        self._window = max((len(s) for s in self._stop), default=0) + 8
+
+    def __bool__(self) -> bool:
+        return bool(self._stop)
+
+    def completed_by_last(self, ids: Sequence[int]) -> bool:
+        if not self._stop or not ids:
+            return False
+        window = ids[-self._window :]
+        text = self._decode(window)
+        if not any(s in text for s in self._stop):
+            return False
+        before = self._decode(window[:-1])
+        return not any(s in before for s in self._stop)

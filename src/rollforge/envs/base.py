@@ -1,0 +1,115 @@
+"""The environment contract the rollout engine sees: one ``EnvSession`` per running episode.
+
+Users write environments in one of the familiar styles, and an adapter turns each into this
+contract:
+
+- environment classes in the ``environment_factory`` style (``envs/factory.py``): ``reset(**row)``,
+  public methods as tools, optional ``get_reward()`` and ``done``;
+- step-style batched environments routed by ``task_name`` (``envs/stepwise.py``).
+
+The contract, per episode::
+
+    session = environment.open(sample)
+    reset = await session.reset(sample)            # -> Reset: opening conversation, tools, stop strings
+    step = await session.step(conversation)        # after each assistant message -> Step
+    ...
+    bonus = await session.finish()                 # once, when the episode ends without error
+    await session.close()                          # always, exactly once
+
+``conversation`` is the whole conversation so far; its last message is the assistant message just
+generated, whose ``tool_calls`` the engine has already parsed (unparseable calls carry ``error``).
+Environments know nothing of tokens. Sync user code runs in worker threads so that a slow or hung
+environment never blocks other episodes; the engine bounds every call with a timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+from ..types import Failure, Message, Sample
+
+
+@dataclass(frozen=True)
+class Reset:
+    """The start of an episode.
+
+    ``prompt`` is the opening conversation to render (the sample's prompt, possibly with the text
+    ``reset`` returned appended to the last user message). ``tools`` are the JSON schemas of the
+    tools offered, in the OpenAI function format (``{"type": "function", "function": {...}}``).
+    ``stop`` replaces the sample's first-turn stop strings when not None.
+    """
+
+    prompt: tuple[Message, ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
+    stop: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """The environment's answer to one assistant message.
+
+    ``messages`` are appended to the conversation (tool results, an observation); they may be empty.
+    ``reward`` is this turn's reward. ``terminated`` ends the episode naturally. ``stop`` sets the
+    stop strings of the next turn (None keeps the current ones). ``failures`` are counted, non-fatal
+    failures of this turn (bad tool calls), already reported to the model in ``messages``.
+    """
+
+    messages: tuple[Message, ...] = ()
+    reward: float = 0.0
+    terminated: bool = False
+    stop: tuple[str, ...] | None = None
+    failures: tuple[Failure, ...] = ()
+
+
+@runtime_checkable
+class EnvSession(Protocol):
+    """One running episode's environment."""
+
+    async def reset(self, sample: Sample) -> Reset: ...
+
+    async def step(self, conversation: tuple[Message, ...]) -> Step: ...
+
+    async def finish(self) -> float:
+        """A final reward added to the last turn (``get_reward()`` of environment classes)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def metadata(self) -> Any:
+        """The per-sample environment info after the last step (step-style environments)."""
+        ...
+
+    @property
+    def handle(self) -> Any:
+        """The user's environment object, handed to reward functions as ``environments``."""
+        ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Opens sessions. ``max_sessions`` is how many may run at once (None: no limit); the engine
+    checks it against its concurrency at start-up."""
+
+    max_sessions: int | None
+
+    def open(self, sample: Sample) -> EnvSession: ...
+
+
+class BaseSession:
+    """Defaults for the optional parts of ``EnvSession``."""
+
+    async def finish(self) -> float:
+        return 0.0
+
+    async def close(self) -> None:
+        return None
+
+    @property
+    def metadata(self) -> Any:
+        return None
+
+    @property
+    def handle(self) -> Any:
+        return None

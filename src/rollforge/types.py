@@ -1,0 +1,241 @@
+"""Typed, frozen values that flow between the layers of rollforge.
+
+A ``Sample`` goes into the engine, a ``Trajectory`` comes out. Between them, backends exchange
+``Completion`` values and environments exchange ``Message`` values. Nothing here does I/O.
+
+Invariants a ``Trajectory`` checks on construction (a violation is a rollforge bug, raised as
+``InvariantError``): ``token_ids``, ``loss_mask`` and ``logprobs`` have the same length; the mask is
+0/1; a token has a logprob exactly when its mask is 1 (policy tokens); ``rewards`` has one entry per
+turn and ``total_reward`` is their sum; at most one of ``terminated``/``truncated``/
+``max_turns_reached`` holds, and none holds when ``error`` is set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
+
+from .errors import InvariantError
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+#: Failure kinds. The ``tool_*`` kinds are counted and reported back to the model; the episode goes on.
+#: The others end the episode and are stored as ``Trajectory.error``.
+FailureKind = Literal[
+    "tool_invalid_json",  # the model's tool call is not valid JSON / not {"name", "arguments"}
+    "tool_unknown",  # the model called a tool the environment does not have
+    "tool_bad_arguments",  # missing, extra or mistyped arguments (schema validation failed)
+    "tool_raised",  # the tool itself raised
+    "env_error",  # the environment raised outside a tool (reset, step, reward)
+    "env_timeout",  # one environment call exceeded the per-step timeout
+    "episode_timeout",  # the whole episode exceeded the per-episode timeout
+    "backend_error",  # the generation backend failed this episode's request
+    "template_error",  # the conversation could not be rendered into tokens
+]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call parsed from the model's text: ``arguments`` is the decoded JSON object."""
+
+    name: str
+    arguments: Mapping[str, Any]
+    id: str | None = None
+    #: Set when the call could not be parsed (invalid JSON, no "name"): the environment replies
+    #: with this error instead of running anything.
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "arguments": dict(self.arguments), "id": self.id}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message. Assistant messages keep their raw generated text as ``content`` (tool-call
+    markup included) so the chat template renders exactly the tokens the policy produced;
+    ``tool_calls`` holds what was parsed out of it. ``name`` is the tool name of a ``tool`` message.
+    ``images`` holds images a tool returned (PIL images or encoded bytes), passed to backends that
+    accept them."""
+
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    name: str | None = None
+    images: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.role not in ("system", "user", "assistant", "tool"):
+            raise InvariantError(f"message role {self.role!r} is not one of system/user/assistant/tool")
+        if not isinstance(self.content, str):
+            raise InvariantError(f"message content must be str, got {type(self.content).__name__}")
+
+    def to_chat(self) -> dict[str, Any]:
+        """The dict a chat template renders: role and content (plus name for tool results)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.to_chat()
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_json() for c in self.tool_calls]
+        if self.images:
+            out["images"] = len(self.images)
+        return out
+
+    @classmethod
+    def coerce(cls, value: Message | Mapping[str, Any]) -> Message:
+        """Accept a ``Message`` or a ``{"role", "content"}`` dict (the form datasets hold)."""
+        if isinstance(value, Message):
+            return value
+        if not isinstance(value, Mapping) or "role" not in value or "content" not in value:
+            raise InvariantError(f"expected a message dict with 'role' and 'content', got {value!r}")
+        return cls(role=value["role"], content=value["content"], name=value.get("name"))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why something went wrong: a kind from ``FailureKind`` and a human-readable message."""
+
+    kind: FailureKind
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One rollout request.
+
+    ``prompt`` is the opening conversation. ``task_name`` routes the sample to its environment.
+    ``row`` holds the dataset columns: environment classes receive them as ``reset(**row)``,
+    step-style environments receive ``row["metadata"]`` (or the whole row) as their metadata.
+    ``stop`` are stop strings for the first turn (environments may change them per turn).
+    """
+
+    prompt: tuple[Message, ...]
+    task_name: str = "default"
+    row: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", tuple(Message.coerce(m) for m in self.prompt))
+        object.__setattr__(self, "row", MappingProxyType(dict(self.row)))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if not self.prompt:
+            raise InvariantError("a sample needs at least one prompt message")
+
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a backend returns for one request: the generated ids exactly as sampled, the logprob
+    of each under the sampling distribution, and why generation ended (``stop``: a stop token or
+    stop string; ``length``: the token budget; ``abort``: the backend gave up)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise InvariantError(
+                f"completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One finished episode. See the module docstring for the invariants it checks."""
+
+    index: int
+    task_name: str
+    messages: tuple[Message, ...]
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float | None, ...]
+    prompt_length: int
+    rewards: tuple[float, ...]
+    total_reward: float
+    turns: int
+    terminated: bool = False
+    truncated: bool = False
+    max_turns_reached: bool = False
+    error: Failure | None = None
+    failures: tuple[Failure, ...] = ()
+    metadata: Any = None
+    generation_seconds: float = 0.0
+    environment_seconds: float = 0.0
+    #: The live environment object of the episode (an ``environment_factory`` instance), kept for
+    #: reward functions that take ``environments=``; never serialised.
+    environment: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise InvariantError(
+                f"trajectory {self.index}: {n} token ids, {len(self.loss_mask)} mask entries, "
+                f"{len(self.logprobs)} logprobs; they must agree"
+            )
+        for position, (bit, logprob) in enumerate(zip(self.loss_mask, self.logprobs)):
+            if bit not in (0, 1) or (bit == 1) != (logprob is not None):
+                raise InvariantError(
+                    f"trajectory {self.index}: token {position} has mask {bit!r} and logprob "
+                    f"{logprob!r}; policy tokens (mask 1) and only they carry a logprob"
+                )
+        if len(self.rewards) != self.turns:
+            raise InvariantError(f"trajectory {self.index}: {self.turns} turns, {len(self.rewards)} rewards")
+        if not math.isclose(sum(self.rewards), self.total_reward, rel_tol=1e-9, abs_tol=1e-9):
+            raise InvariantError(f"trajectory {self.index}: total_reward is not the sum of rewards")
+        flags = int(self.terminated) + int(self.truncated) + int(self.max_turns_reached)
+        if flags > 1 or (self.error is not None and flags):
+            raise InvariantError(
+                f"trajectory {self.index}: terminated={self.terminated} truncated={self.truncated} "
+                f"max_turns_reached={self.max_turns_reached} error={self.error}: at most one may hold"
+            )
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``trajectories.jsonl`` record."""
+        return {
+            "index": self.index,
+            "task_name": self.task_name,
+            "messages": [m.to_json() for m in self.messages],
+            "token_ids": list(self.token_ids),
+            "loss_mask": list(self.loss_mask),
+            "logprobs": list(self.logprobs),
+            "prompt_length": self.prompt_length,
+            "rewards": list(self.rewards),
+            "total_reward": self.total_reward,
+            "turns": self.turns,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "max_turns_reached": self.max_turns_reached,
+            "error": self.error.to_json() if self.error else None,
+            "failures": [f.to_json() for f in self.failures],
+            "metadata": _jsonable(self.metadata),
+            "generation_seconds": self.generation_seconds,
+            "environment_seconds": self.environment_seconds,
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return repr(value)
