@@ -173,6 +173,9 @@ class Trajectory:
     error: Failure | None = None
     failures: tuple[Failure, ...] = ()
     metadata: Any = None
+    #: Tool schemas the chat template rendered (empty when the tools were described in the system
+    #: message instead); ``messages`` rendered with these tools reproduce ``token_ids``.
+    tools: tuple[Mapping[str, Any], ...] = ()
     generation_seconds: float = 0.0
     environment_seconds: float = 0.0
     #: The live environment object of the episode (an ``environment_factory`` instance), kept for
@@ -226,6 +229,7 @@ class Trajectory:
             "error": self.error.to_json() if self.error else None,
             "failures": [f.to_json() for f in self.failures],
             "metadata": _jsonable(self.metadata),
+            "tools": _jsonable(self.tools),
             "generation_seconds": self.generation_seconds,
             "environment_seconds": self.environment_seconds,
         }

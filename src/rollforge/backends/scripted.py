@@ -1,0 +1,94 @@
+"""A scripted backend: replies chosen by a Python function, with a known, simulated latency.
+
+It drives the engine's tests and benchmarks. The script receives the request (prompt ids and
+sampling params) and returns the reply as text or token ids; the backend appends the end-of-turn
+token, applies stop strings and the token budget exactly like a real backend, and sleeps
+``latency + per_token_latency * n_tokens`` seconds without blocking the event loop. Logprobs are a
+deterministic function of (prompt length, position, token id), so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..errors import BackendError
+from ..types import Completion
+from .base import SamplingParams, StopStrings
+
+
+@dataclass(frozen=True)
+class ScriptedRequest:
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    call: int  # 0-based index of this request among all requests the backend has served
+
+
+Script = Callable[[ScriptedRequest], "str | Sequence[int]"]
+
+
+class ScriptedBackend:
+    """Replies from ``script``; ``tokenizer`` (an HF fast tokenizer, or any object whose
+    ``encode(text)`` adds no special tokens and ``decode(ids)`` keeps them) turns text replies into ids and checks stop strings. ``end_token_id`` is appended to every
+    reply that is not cut by a stop string or the budget (the model "ends its turn")."""
+
+    def __init__(
+        self,
+        script: Script,
+        tokenizer: Any,
+        *,
+        end_token_id: int | None = None,
+        latency: float = 0.0,
+        per_token_latency: float = 0.0,
+    ):
+        self._script = script
+        self._encode = _encoder(tokenizer)
+        self._decode = _decoder(tokenizer)
+        self._end = end_token_id
+        self.latency = latency
+        self.per_token_latency = per_token_latency
+        self.calls = 0
+        self._closed = False
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        if self._closed:
+            raise BackendError("the scripted backend is closed")
+        request = ScriptedRequest(tuple(prompt_ids), params, self.calls)
+        self.calls += 1
+        reply = self._script(request)
+        ids = self._encode(reply) if isinstance(reply, str) else list(reply)
+        ends = [self._end] if self._end is not None else list(params.stop_token_ids[:1])
+        ids, finish = _apply_limits(ids + ends, params, StopStrings(self._decode, params.stop))
+        delay = self.latency + self.per_token_latency * len(ids)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        n = len(prompt_ids)
+        logprobs = tuple(-((n + i + token) % 97 + 1) / 50.0 for i, token in enumerate(ids))
+        return Completion(tuple(ids), logprobs, finish)
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+def _apply_limits(ids: list[int], params: SamplingParams, stop: StopStrings) -> tuple[list[int], str]:
+    for i, token in enumerate(ids):
+        if i >= params.max_new_tokens:
+            return ids[:i], "length"
+        if token in params.stop_token_ids or (stop and stop.completed_by_last(ids[: i + 1])):
+            return ids[: i + 1], "stop"
+    return ids, "stop"
+
+
+def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    fast = getattr(tokenizer, "backend_tokenizer", None)
+    if fast is not None:
+        return lambda text: fast.encode(text, add_special_tokens=False).ids
+    return tokenizer.encode  # e.g. a ChatRenderer, whose encode adds no special tokens
+
+
+def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+    fast = getattr(tokenizer, "backend_tokenizer", None)
+    if fast is not None:
+        return lambda ids: fast.decode(list(ids), skip_special_tokens=False)
+    return tokenizer.decode

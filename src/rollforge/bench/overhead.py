@@ -1,0 +1,93 @@
+"""Engine overhead: wall time of many multi-turn episodes against the critical-path lower bound.
+
+Every episode is a real tool-calling conversation: the scripted backend (fixed, known latency per
+request) writes a Hermes tool call each turn, the engine parses and validates it, a TRL-style
+environment class runs the tool, and the result is rendered through the real chat template of a
+real tokenizer. With all episodes in flight at once and no other cost, no scheduler can finish
+before ``turns x latency`` (each turn of an episode waits for its own generation); the ratio of
+the measured wall time to that bound is the engine's overhead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from typing import Any
+
+from ..backends.scripted import ScriptedBackend
+from ..chat.render import ChatRenderer
+from ..envs.factory import FactoryEnvironment
+from ..rollout.config import RolloutConfig
+from ..rollout.engine import arollout
+from ..types import Sample
+
+
+class Notebook:
+    """Keeps notes."""
+
+    def reset(self, **row: Any) -> str:
+        self.notes: list[str] = []
+        return "Write notes."
+
+    def note(self, text: str) -> str:
+        """Write one note.
+
+        Args:
+            text: The note.
+        """
+        self.notes.append(text)
+        return f"noted ({len(self.notes)})"
+
+
+def _reply(request) -> str:
+    return f'<tool_call>\n{{"name": "note", "arguments": {{"text": "turn {request.call}"}}}}\n</tool_call>'
+
+
+def run(
+    episodes: int = 1024,
+    turns: int = 8,
+    latency: float = 1.0,
+    mode: str = "async",
+    tokenizer_dir: str | None = None,
+) -> dict[str, Any]:
+    tokenizer = _tokenizer(tokenizer_dir)
+    renderer = ChatRenderer(tokenizer)
+    backend = ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+    samples = [Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)]
+    config = RolloutConfig(mode=mode, max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64)
+    env = FactoryEnvironment(Notebook)
+    started = time.perf_counter()
+    result = asyncio.run(arollout(samples, {"notes": env}, backend, renderer, config))
+    wall = time.perf_counter() - started
+    bound = turns * latency
+    done_turns = sum(t.turns for t in result.trajectories)
+    return {
+        "benchmark": "overhead",
+        "mode": mode,
+        "episodes": episodes,
+        "turns_per_episode": turns,
+        "backend_latency_s": latency,
+        "wall_seconds": round(wall, 3),
+        "lower_bound_seconds": bound,
+        "ratio_to_lower_bound": round(wall / bound, 4),
+        "engine_ms_per_turn": round(1000 * (wall - bound) / max(done_turns, 1), 4),
+        "turns_completed": done_turns,
+        "tool_failures": result.metrics["failures"],
+        "errors": result.metrics["errors"],
+    }
+
+
+def _tokenizer(directory: str | None):
+    from transformers import AutoTokenizer
+
+    if directory is None:
+        from ..testing import make_tiny_model
+
+        directory = str(make_tiny_model(tempfile.mkdtemp(prefix="rollforge-bench-")))
+    return AutoTokenizer.from_pretrained(directory)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(json.dumps(run(), indent=2))

@@ -1,0 +1,125 @@
+"""``rollforge rollout``: roll a model out on bundled environments and write the results.
+
+Episodes are split evenly over the ``--env`` environments (the first ones get the remainder) and
+interleaved, so every environment runs from the start. Each finished episode is appended to
+``trajectories.jsonl.partial`` as it completes (nothing produced is lost if the run dies); at the end
+``trajectories.jsonl`` is written in input order and ``metrics.json`` beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..types import Sample, Trajectory
+
+
+def add_parser(commands: Any) -> None:
+    p = commands.add_parser("rollout", help="run multi-turn rollouts of a model on environments")
+    p.add_argument("--model", default="smollm2-135m", help="local model directory, hub id or alias (smollm2-135m)")
+    p.add_argument("--env", action="append", dest="envs", metavar="NAME", help="a bundled environment (repeatable)")
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--max-turns", type=int, default=6)
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--mode", choices=["async", "lockstep"], default="async")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true", help="greedy decoding (overrides --temperature)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--step-timeout", type=float, default=60.0, help="seconds per environment call")
+    p.add_argument("--tool-parser", default="hermes")
+    p.set_defaults(run=run)
+
+
+def run(args: Any) -> int:
+    from ..envs.library import get_env_spec
+    from ..rollout.config import RolloutConfig
+
+    envs = args.envs or ["arithmetic"]
+    if args.episodes < 1:
+        raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
+    specs = [get_env_spec(name) for name in envs]
+    config = RolloutConfig.build(
+        mode=args.mode,
+        max_turns=args.max_turns,
+        max_seq_len=args.max_seq_len,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        greedy=args.greedy,
+        concurrency=args.concurrency,
+        step_timeout=args.step_timeout,
+        seed=args.seed,
+        tool_parser=args.tool_parser,
+    )
+    samples = split_samples(specs, args.episodes, args.seed)
+    task_to_env = {spec.name: spec.build() for spec in specs}
+
+    from ..backends.hf import HFBackend
+    from ..chat.render import ChatRenderer
+    from ..models import load_model
+
+    model, tokenizer = load_model(args.model)
+    backend = HFBackend(model, tokenizer, max_batch_size=args.concurrency)
+    result = run_with_progress(samples, task_to_env, backend, ChatRenderer(tokenizer), config, args.out)
+    m = result.metrics
+    print(
+        f"{m['episodes']} episodes, {m['total_turns']} turns, mean reward {m['mean_total_reward']:.3f}, "
+        f"errors {m['errors'] or 'none'}, {m['wall_seconds']:.1f}s -> {args.out}"
+    )
+    return 0
+
+
+def split_samples(specs: list, episodes: int, seed: int) -> list[Sample]:
+    """Episodes spread evenly over environments, interleaved: a0 b0 a1 b1 ..."""
+    k = len(specs)
+    per_env = [spec.samples(episodes // k + (i < episodes % k), seed + i) for i, spec in enumerate(specs)]
+    return [group[j] for j in range(max(map(len, per_env))) for group in per_env if j < len(group)]
+
+
+def run_with_progress(samples, task_to_env, backend, renderer, config, out: Path):
+    from tqdm import tqdm
+
+    from ..rollout.engine import rollout
+
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "trajectories.jsonl.partial"
+    bar = tqdm(total=len(samples), desc="episodes", unit="ep")
+    with partial.open("w") as stream:
+
+        def on_episode(trajectory: Trajectory) -> None:
+            stream.write(json.dumps(trajectory.to_json()) + "\n")
+            stream.flush()
+            bar.set_postfix(reward=f"{trajectory.total_reward:.2f}", refresh=False)
+            bar.update()
+
+        try:
+            result = rollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode)
+        finally:
+            bar.close()
+            _close_backend(backend)
+    write_results(out, result.trajectories, result.metrics)
+    partial.unlink()
+    return result
+
+
+def write_results(out: Path, trajectories, metrics: dict) -> None:
+    """``trajectories.jsonl`` (input order) and ``metrics.json``, each written atomically."""
+    _atomic_write(out / "trajectories.jsonl", "".join(json.dumps(t.to_json()) + "\n" for t in trajectories))
+    _atomic_write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _close_backend(backend) -> None:
+    import asyncio
+
+    asyncio.run(backend.close())

@@ -1,0 +1,63 @@
+"""Rollout settings: closed (an unknown key is an error), typed, documented next to each field."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import ConfigError
+
+
+class RolloutConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["async", "lockstep"] = "async"
+    """``async``: each episode proceeds on its own (generation of one overlaps environment steps of
+    others). ``lockstep``: all active episodes generate together, then all step together."""
+    max_turns: int = Field(8, ge=1)
+    """Assistant turns per episode; episodes still running after them count as max-turns-reached."""
+    max_seq_len: int = Field(4096, ge=2)
+    """Token limit of a whole episode; an observation that reaches it is cut and the episode is
+    marked truncated."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Token budget of one assistant turn."""
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    greedy: bool = False
+    """Greedy decoding (evaluation); overrides temperature."""
+    concurrency: int = Field(64, ge=1)
+    """Episodes running at once (lockstep: the size of each lockstep wave)."""
+    step_timeout: float | None = Field(60.0, gt=0)
+    """Seconds one environment call (reset, step, reward, close) may take; None: no limit."""
+    episode_timeout: float | None = Field(None, gt=0)
+    """Seconds a whole episode may take; None: no limit."""
+    seed: int = 0
+    """Sampling seeds of every request derive from it, the episode index and the turn."""
+    tool_parser: str = "hermes"
+    """How tool calls are written by the model (see ``chat/toolcalls.py``)."""
+    check_template: bool = True
+    """Check at start-up that the chat template is prefix-preserving for the prompts in use."""
+
+    @model_validator(mode="after")
+    def _timeouts_consistent(self) -> "RolloutConfig":
+        if self.step_timeout and self.episode_timeout and self.step_timeout > self.episode_timeout:
+            raise ValueError(
+                f"step_timeout ({self.step_timeout}) is larger than episode_timeout ({self.episode_timeout})"
+            )
+        return self
+
+    @classmethod
+    def build(cls, **values) -> "RolloutConfig":
+        """Construct from user values, raising ``ConfigError`` that names bad keys and values."""
+        from pydantic import ValidationError
+
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
+                for e in exc.errors()
+            )
+            raise ConfigError(f"invalid rollout config: {problems}") from None

@@ -1,0 +1,148 @@
+"""Scheduling many episodes: one async core, two modes with the same episode semantics.
+
+- ``async`` (per-sample): up to ``concurrency`` episodes run at once, each on its own; while one
+  waits for the environment, others generate, and the backend batches whatever requests are in
+  flight.
+- ``lockstep`` (batched): episodes run in waves of ``concurrency``; within a wave every active
+  episode generates, then every active episode steps its environment, turn by turn (a barrier that
+  finished episodes leave). Step-style environments then see one batched ``step`` per turn.
+
+Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Before anything is
+generated the engine checks the inputs: every ``task_name`` has an environment, environments that
+limit their sessions allow the concurrency needed, and the chat template is prefix-preserving for
+the prompts in use. Results come back in input order. The engine does not know what a tool is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from ..backends.base import Backend
+from ..chat.render import ChatRenderer
+from ..chat.toolcalls import get_parser
+from ..envs.base import Environment
+from ..errors import ConfigError
+from ..types import Sample, Trajectory
+from .config import RolloutConfig
+from .episode import EpisodeContext, OpenGate, run_episode
+from .metrics import rollout_metrics
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    trajectories: tuple[Trajectory, ...]
+    metrics: dict[str, Any]
+
+
+class LockstepGate:
+    """A barrier per phase that every active episode of a wave must reach; ``leave`` removes a
+    finished episode so the others are not held for it."""
+
+    def __init__(self, parties: int):
+        self._parties = parties
+        self._arrived: dict[str, int] = {}
+        self._release: dict[str, asyncio.Future[None]] = {}
+
+    async def wait(self, phase: str) -> None:
+        future = self._release.get(phase)
+        if future is None:
+            future = self._release[phase] = asyncio.get_running_loop().create_future()
+        self._arrived[phase] = self._arrived.get(phase, 0) + 1
+        self._maybe_release(phase)
+        await future
+
+    def leave(self) -> None:
+        self._parties -= 1
+        for phase in list(self._release):
+            self._maybe_release(phase)
+
+    def _maybe_release(self, phase: str) -> None:
+        if self._arrived.get(phase, 0) >= self._parties and phase in self._release:
+            self._arrived.pop(phase)
+            self._release.pop(phase).set_result(None)
+
+
+async def arollout(
+    samples: Sequence[Sample],
+    task_to_env: Mapping[str, Environment],
+    backend: Backend,
+    renderer: ChatRenderer,
+    config: RolloutConfig | None = None,
+    *,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> RolloutResult:
+    """Run every sample to the end of its episode and return trajectories in input order."""
+    config = config or RolloutConfig()
+    samples = list(samples)
+    _check_tasks(samples, task_to_env)
+    _check_capacity(samples, task_to_env, config)
+    if config.check_template:
+        for prompt in {s.task_name: s.prompt for s in samples}.values():
+            renderer.check_prefix_preserving(prompt)
+    ctx = EpisodeContext(backend, renderer, get_parser(config.tool_parser), config)
+    results: list[Trajectory | None] = [None] * len(samples)
+    started = time.perf_counter()
+
+    async def run(index: int, gate) -> None:
+        sample = samples[index]
+        trajectory = await run_episode(index, sample, task_to_env[sample.task_name], ctx, gate)
+        results[index] = trajectory
+        if on_episode is not None:
+            on_episode(trajectory)
+
+    if config.mode == "async":
+        limit = asyncio.Semaphore(config.concurrency)
+        gate = OpenGate()
+
+        async def limited(index: int) -> None:
+            async with limit:
+                await run(index, gate)
+
+        await asyncio.gather(*(limited(i) for i in range(len(samples))))
+    else:
+        for first in range(0, len(samples), config.concurrency):
+            wave = range(first, min(first + config.concurrency, len(samples)))
+            gate = LockstepGate(len(wave))
+            await asyncio.gather(*(run(i, gate) for i in wave))
+
+    trajectories = tuple(t for t in results if t is not None)
+    return RolloutResult(trajectories, rollout_metrics(trajectories, time.perf_counter() - started))
+
+
+def rollout(*args: Any, **kwargs: Any) -> RolloutResult:
+    """Synchronous façade over ``arollout`` (runs its own event loop)."""
+    return asyncio.run(arollout(*args, **kwargs))
+
+
+def _check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
+    if not samples:
+        raise ConfigError("no samples to roll out: expected at least one Sample")
+    unknown = sorted({s.task_name for s in samples} - set(task_to_env))
+    if unknown:
+        raise ConfigError(
+            f"unknown task name(s) {unknown}: no environment is registered for them; "
+            f"task_to_env has {sorted(task_to_env)}"
+        )
+
+
+def _check_capacity(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig) -> None:
+    """Environments that cap their sessions (remote servers) must allow as many as can run at once;
+    tasks that share one environment object share its sessions."""
+    counts = Counter(id(task_to_env[s.task_name]) for s in samples)
+    tasks: dict[int, list[str]] = {}
+    for name, env in task_to_env.items():
+        tasks.setdefault(id(env), []).append(name)
+    for env_id, count in counts.items():
+        task = tasks[env_id][0] if len(tasks[env_id]) == 1 else tasks[env_id]
+        limit = getattr(task_to_env[tasks[env_id][0]], "max_sessions", None)
+        needed = min(count, config.concurrency)
+        if limit is not None and limit < needed:
+            raise ConfigError(
+                f"environment for task {task!r} allows {limit} concurrent sessions but the rollout "
+                f"needs {needed} (concurrency={config.concurrency}, {count} samples); lower the "
+                "concurrency or raise the environment's max_concurrent_envs / max_sessions"
+            )

@@ -1,0 +1,245 @@
+"""One episode's turn loop: render -> generate -> parse tool calls -> step the environment -> append.
+
+This is the heart of rollforge. It sees the backend and the environment only through their
+protocols and the chat template only through ``ChatRenderer``. Token bookkeeping:
+
+    ids   = prompt | gen-prompt | generated (policy) | closing + observation | gen-prompt | ...
+    mask  =   0    |     0      |         1          |           0           |     0      | ...
+
+Generated ids are kept exactly as the backend returned them; everything else is rendered
+incrementally. Each turn the environment is stepped with the conversation so far; its reward is the
+turn's reward. The episode ends when the environment terminates it (natural termination), when an
+observation or generation reaches ``max_seq_len`` (the observation is cut to what fits: truncated),
+after ``max_turns`` (max-turns-reached), or on a failure (recorded as ``error`` with its reason,
+keeping every token produced so far). Scheduling (lockstep barriers) comes in through ``Gate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Protocol, TypeVar
+
+from ..backends.base import Backend, SamplingParams
+from ..chat.render import ChatRenderer
+from ..chat.toolcalls import ToolCallParser
+from ..envs.base import Environment
+from ..errors import TemplateError
+from ..types import Failure, Message, Sample, Trajectory
+from .config import RolloutConfig
+
+T = TypeVar("T")
+
+
+class Gate(Protocol):
+    """Where the scheduler may hold an episode: before each generation and each environment step.
+    ``leave`` is called once when the episode ends."""
+
+    async def wait(self, phase: str) -> None: ...
+
+    def leave(self) -> None: ...
+
+
+class OpenGate:
+    """Async per-sample scheduling: never holds anyone."""
+
+    async def wait(self, phase: str) -> None:
+        return None
+
+    def leave(self) -> None:
+        return None
+
+
+@dataclass
+class EpisodeContext:
+    backend: Backend
+    renderer: ChatRenderer
+    parser: ToolCallParser
+    config: RolloutConfig
+
+
+class _Stop(Exception):
+    """Ends the episode with a failure recorded on the trajectory."""
+
+    def __init__(self, failure: Failure):
+        self.failure = failure
+
+
+@dataclass
+class _State:
+    """What the episode has produced so far; survives cancellation so nothing is lost."""
+
+    index: int
+    sample: Sample
+    messages: list[Message] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    prompt_length: int = 0
+    rewards: list[float] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    tools: tuple = ()  # the tool schemas the template renders
+    ending: str = ""  # terminated | truncated | max_turns_reached | "" (error)
+    error: Failure | None = None
+    generation_seconds: float = 0.0
+    environment_seconds: float = 0.0
+
+    def extend(self, ids: list[int], logprobs: tuple[float, ...] | None = None) -> None:
+        self.ids += ids
+        if logprobs is None:
+            self.mask += [0] * len(ids)
+            self.logprobs += [None] * len(ids)
+        else:
+            self.mask += [1] * len(ids)
+            self.logprobs += logprobs
+
+    def trajectory(self, session: Any) -> Trajectory:
+        return Trajectory(
+            index=self.index,
+            task_name=self.sample.task_name,
+            messages=tuple(self.messages),
+            token_ids=tuple(self.ids),
+            loss_mask=tuple(self.mask),
+            logprobs=tuple(self.logprobs),
+            prompt_length=self.prompt_length,
+            rewards=tuple(self.rewards),
+            total_reward=float(sum(self.rewards)),
+            turns=len(self.rewards),
+            terminated=self.ending == "terminated",
+            truncated=self.ending == "truncated",
+            max_turns_reached=self.ending == "max_turns_reached",
+            error=self.error,
+            failures=tuple(self.failures),
+            metadata=session.metadata if session is not None else None,
+            tools=self.tools,
+            generation_seconds=self.generation_seconds,
+            environment_seconds=self.environment_seconds,
+            environment=session.handle if session is not None else None,
+        )
+
+
+async def run_episode(index: int, sample: Sample, env: Environment, ctx: EpisodeContext, gate: Gate) -> Trajectory:
+    """Run one episode to its end; never raises for a failure inside the episode."""
+    state = _State(index, sample)
+    session = None
+    try:
+        session = env.open(sample)
+        async with asyncio.timeout(ctx.config.episode_timeout):
+            await _turns(state, session, ctx, gate)
+    except _Stop as stop:
+        state.error, state.ending = stop.failure, ""
+    except TimeoutError:
+        state.error, state.ending = Failure("episode_timeout", f"episode exceeded {ctx.config.episode_timeout}s"), ""
+    except TemplateError as exc:
+        state.error, state.ending = Failure("template_error", str(exc)), ""
+    except Exception as exc:  # the environment's own open() or a bug in an adapter
+        state.error, state.ending = Failure("env_error", f"{type(exc).__name__}: {exc}"), ""
+    finally:
+        gate.leave()
+        if session is not None:
+            await _close(state, session, ctx)
+    return state.trajectory(session)
+
+
+async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -> None:
+    config, renderer = ctx.config, ctx.renderer
+    reset = await _env_call(state, session.reset(state.sample), "reset", config)
+    stop = reset.stop if reset.stop is not None else state.sample.stop
+    fallback = ctx.parser.system_prompt(reset.tools) if reset.tools else ""
+    prompt, template_tools = renderer.with_tool_prompt(reset.prompt, reset.tools, fallback)
+    state.tools = template_tools
+    state.messages += prompt
+    state.extend(renderer.prompt_ids(prompt, template_tools))
+    state.prompt_length = len(state.ids)
+
+    for turn in range(config.max_turns):
+        state.extend(renderer.generation_prompt)
+        budget = min(config.max_new_tokens, config.max_seq_len - len(state.ids))
+        if budget <= 0:
+            _cut_to(state, config.max_seq_len)
+            state.ending = "truncated"
+            return
+        await gate.wait("generate")
+        completion = await _generate(state, ctx, _params(config, budget, stop, renderer, state.index, turn))
+        generated = list(completion.token_ids)
+        state.extend(generated, completion.logprobs)
+        text = renderer.decode(renderer.content_ids(generated))
+        state.messages.append(Message("assistant", text, tool_calls=ctx.parser.parse(text)))
+
+        await gate.wait("step")
+        step = await _env_call(state, session.step(tuple(state.messages)), "step", config)
+        state.rewards.append(float(step.reward))
+        state.failures += step.failures
+        if step.terminated and not step.messages:
+            observation = []  # the episode ends on the policy's own tokens
+        else:
+            observation = renderer.closing_ids(generated) + renderer.delta_ids(step.messages, template_tools)
+        state.messages += step.messages
+        if len(state.ids) + len(observation) >= config.max_seq_len and (observation or not step.terminated):
+            state.extend(observation[: config.max_seq_len - len(state.ids)])
+            state.ending = "truncated"
+            return
+        state.extend(observation)
+        if step.terminated:
+            state.ending = "terminated"
+            return
+        if step.stop is not None:
+            stop = step.stop
+    state.ending = "max_turns_reached"
+
+
+def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, index: int, turn: int) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=budget,
+        temperature=0.0 if config.greedy else config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        stop=tuple(stop),
+        stop_token_ids=renderer.stop_token_ids,
+        seed=((config.seed * 1_000_003 + index) * 1_000_033 + turn) % (2**31 - 1),
+    )
+
+
+async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
+    started = time.perf_counter()
+    try:
+        return await ctx.backend.generate(state.ids, params)
+    except Exception as exc:
+        raise _Stop(Failure("backend_error", f"{type(exc).__name__}: {exc}")) from exc
+    finally:
+        state.generation_seconds += time.perf_counter() - started
+
+
+async def _env_call(state: _State, call: Awaitable[T], what: str, config: RolloutConfig) -> T:
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(config.step_timeout):
+            return await call
+    except TimeoutError:
+        raise _Stop(Failure("env_timeout", f"environment {what} exceeded the step timeout of {config.step_timeout}s")) from None
+    except _Stop:
+        raise
+    except Exception as exc:
+        raise _Stop(Failure("env_error", f"environment {what} raised {type(exc).__name__}: {exc}")) from exc
+    finally:
+        state.environment_seconds += time.perf_counter() - started
+
+
+async def _close(state: _State, session: Any, ctx: EpisodeContext) -> None:
+    """Add the final reward (``get_reward``) to the last turn, then close; failures here are kept."""
+    if state.error is None and state.rewards:
+        try:
+            bonus = await _env_call(state, session.finish(), "finish", ctx.config)
+            state.rewards[-1] += float(bonus)
+        except _Stop as stop:
+            state.error, state.ending = stop.failure, ""
+    try:
+        await _env_call(state, session.close(), "close", ctx.config)
+    except _Stop as stop:
+        state.failures.append(stop.failure)
+
+
+def _cut_to(state: _State, limit: int) -> None:
+    del state.ids[limit:], state.mask[limit:], state.logprobs[limit:]
+

@@ -1,0 +1,271 @@
+"""Engine semantics with a scripted backend and the tiny test tokenizer (real chat template)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from transformers import AutoTokenizer
+
+from rollforge.backends.scripted import ScriptedBackend
+from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.envs.factory import FactoryEnvironment
+from rollforge.errors import ConfigError
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout
+from rollforge.types import Message, Sample
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    return ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def backend(renderer, script, **kwargs):
+    return ScriptedBackend(script, renderer, end_token_id=renderer.stop_token_ids[0], **kwargs)
+
+
+class Scripted(BaseSession):
+    """A step-style session whose behaviour per turn is given by a function of the turn number."""
+
+    def __init__(self, behave):
+        self.behave, self.turn = behave, 0
+
+    async def reset(self, sample):
+        return Reset(prompt=sample.prompt)
+
+    async def step(self, conversation):
+        self.turn += 1
+        return await self.behave(self.turn, conversation)
+
+
+class Env:
+    def __init__(self, behave, max_sessions=None):
+        self.behave, self.max_sessions = behave, max_sessions
+
+    def open(self, sample):
+        return Scripted(self.behave)
+
+
+async def observe(turn, conversation):
+    return Step(messages=(Message("user", f"observation {turn}"),), reward=0.25, terminated=turn == 3)
+
+
+class Counter:
+    """A TRL-style environment class: plain Python, no rollforge imports."""
+
+    def reset(self, **kwargs) -> str:
+        self.total = kwargs.get("start", 0)
+        return f"The counter starts at {self.total}."
+
+    def add(self, n: int) -> str:
+        """Add to the counter.
+
+        Args:
+            n: How much to add.
+        """
+        self.total += n
+        return f"total={self.total}"
+
+    def get_reward(self) -> float:
+        return 1.0 if self.total == 5 else 0.0
+
+
+def prompt(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"Task number {i}."}]
+
+
+def add_or_answer(renderer):
+    def script(request) -> str:
+        tail = renderer.decode(request.prompt_ids[-20:])
+        if "total=5" in tail:
+            return "The total is five."
+        return '<tool_call>\n{"name": "add", "arguments": {"n": 1}}\n</tool_call>'
+
+    return script
+
+
+def assert_faithful(trajectories, renderer):
+    for t in trajectories:
+        assert token_fidelity_gap(t, renderer) is None, (t.index, token_fidelity_gap(t, renderer))
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+
+
+async def test_async_and_lockstep_give_identical_trajectories(renderer):
+    samples = [
+        Sample(prompt=prompt(i), task_name="count" if i % 2 else "observe", row={"start": i % 3})
+        for i in range(8)
+    ]
+    envs = {"observe": Env(observe), "count": FactoryEnvironment(Counter)}
+    results = {}
+    for mode in ("async", "lockstep"):
+        config = RolloutConfig(mode=mode, max_turns=6, concurrency=3)
+        results[mode] = await arollout(samples, envs, backend(renderer, add_or_answer(renderer)), renderer, config)
+    a, b = results["async"].trajectories, results["lockstep"].trajectories
+    assert [t.index for t in a] == list(range(8))
+    for x, y in zip(a, b):
+        assert (x.token_ids, x.loss_mask, x.logprobs, x.rewards, x.messages) == (
+            y.token_ids, y.loss_mask, y.logprobs, y.rewards, y.messages
+        )
+    # observe: 3 turns of 0.25; count from start s needs 5 - s adds, then an answer, reward 1.
+    assert [t.total_reward for t in a] == [0.75, 1.0, 0.75, 1.0, 0.75, 1.0, 0.75, 1.0]
+    # starts 1, 0, 2, 1: (5 - start) calls to add, then the answer
+    assert [t.turns for t in a[1::2]] == [5, 6, 4, 5]
+    assert all(t.terminated for t in a)
+    assert a[0].messages[-1] == Message("user", "observation 3") and a[0].terminated
+    assert_faithful(a, renderer)
+
+
+async def test_observation_cut_at_max_seq_len_marks_truncated(renderer):
+    async def long_observation(turn, conversation):
+        return Step(messages=(Message("user", "word " * 300),))
+
+    config = RolloutConfig(max_turns=4, max_seq_len=120)
+    result = await arollout([Sample(prompt=prompt(0))], {"default": Env(long_observation)},
+                            backend(renderer, lambda r: "ok"), renderer, config)
+    t = result.trajectories[0]
+    assert t.truncated and not t.terminated and t.turns == 1
+    assert len(t.token_ids) == 120
+    assert result.metrics["truncation_rate"] == 1.0
+    assert_faithful([t], renderer)
+
+
+async def test_per_turn_stop_strings(renderer):
+    async def set_stop(turn, conversation):
+        return Step(messages=(Message("user", "again"),), stop=("</answer>",), terminated=turn == 2)
+
+    script = lambda r: "<answer>7</answer> and more text"
+    result = await arollout([Sample(prompt=prompt(0))], {"default": Env(set_stop)},
+                            backend(renderer, script), renderer, RolloutConfig(max_turns=3))
+    first, second = [m for m in result.trajectories[0].messages if m.role == "assistant"]
+    assert first.content == "<answer>7</answer> and more text"  # no stop strings on turn 1
+    assert second.content.endswith("</answer>") and "more" not in second.content
+    assert_faithful(result.trajectories, renderer)
+
+
+async def test_each_malformed_tool_call_is_a_counted_failure_not_a_crash(renderer):
+    replies = [
+        "<tool_call>\n{not json}\n</tool_call>",
+        '<tool_call>\n{"name": "multiply", "arguments": {"n": 2}}\n</tool_call>',
+        '<tool_call>\n{"name": "add", "arguments": {"n": "two"}}\n</tool_call>',
+        '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "add", "arguments": {"n": 1, "m": 2}}\n</tool_call>',
+        '<tool_call>\n{"name": "explode", "arguments": {}}\n</tool_call>',
+    ]
+
+    class Fragile(Counter):
+        def explode(self) -> str:
+            """Always fails."""
+            raise RuntimeError("boom")
+
+    turn = iter(range(100))
+    result = await arollout(
+        [Sample(prompt=prompt(0))], {"default": FactoryEnvironment(Fragile)},
+        backend(renderer, lambda r: replies[next(turn)]), renderer, RolloutConfig(max_turns=6),
+    )
+    t = result.trajectories[0]
+    assert t.error is None and t.max_turns_reached and t.turns == 6
+    assert result.metrics["failures"] == {
+        "tool_bad_arguments": 3, "tool_invalid_json": 1, "tool_raised": 1, "tool_unknown": 1,
+    }
+    tool_messages = [m.content for m in t.messages if m.role == "tool"]
+    assert len(tool_messages) == 6 and "boom" in tool_messages[-1]
+    assert_faithful([t], renderer)
+
+
+async def test_unknown_task_name_raises_before_any_generation(renderer):
+    scripted = backend(renderer, lambda r: "hi")
+    samples = [Sample(prompt=prompt(0), task_name="observe"), Sample(prompt=prompt(1), task_name="nope")]
+    with pytest.raises(ConfigError, match="nope"):
+        await arollout(samples, {"observe": Env(observe)}, scripted, renderer)
+    assert scripted.calls == 0
+
+
+async def test_raising_and_hanging_environments_fail_only_their_episode(renderer):
+    async def raising(turn, conversation):
+        raise ValueError("the simulator crashed")
+
+    async def hanging(turn, conversation):
+        await asyncio.sleep(30)
+
+    samples = [Sample(prompt=prompt(i), task_name=name) for i, name in enumerate(["ok", "raise", "hang", "ok"])]
+    envs = {"ok": Env(observe), "raise": Env(raising), "hang": Env(hanging)}
+    started = time.perf_counter()
+    result = await arollout(samples, envs, backend(renderer, lambda r: "fine"), renderer,
+                            RolloutConfig(step_timeout=0.5))
+    assert time.perf_counter() - started < 5
+    ok, raised, hung, ok2 = result.trajectories
+    assert ok.terminated and ok2.terminated and ok.error is None
+    assert raised.error.kind == "env_error" and "the simulator crashed" in raised.error.message
+    assert hung.error.kind == "env_timeout"
+    assert hung.turns == 0 and hung.generated_tokens > 0  # what was generated is kept
+    assert result.metrics["errors"] == {"env_error": 1, "env_timeout": 1}
+    assert_faithful(result.trajectories, renderer)
+
+
+async def test_episode_timeout_keeps_what_was_produced(renderer):
+    result = await arollout([Sample(prompt=prompt(0))], {"default": Env(observe)},
+                            backend(renderer, lambda r: "slow", latency=0.2), renderer,
+                            RolloutConfig(episode_timeout=0.5, step_timeout=0.4))
+    t = result.trajectories[0]
+    assert t.error.kind == "episode_timeout"
+    assert t.turns >= 1 and t.generated_tokens >= 2
+
+
+async def test_backend_failure_fails_only_that_episode(renderer):
+    def script(request):
+        if "Task number 1." in renderer.decode(request.prompt_ids):
+            raise RuntimeError("engine lost the request")
+        return "fine"
+
+    samples = [Sample(prompt=prompt(i)) for i in range(3)]
+    result = await arollout(samples, {"default": Env(observe)}, backend(renderer, script), renderer)
+    assert [t.error.kind if t.error else None for t in result.trajectories] == [None, "backend_error", None]
+
+
+async def test_capacity_below_concurrency_is_an_error_at_start(renderer):
+    samples = [Sample(prompt=prompt(i)) for i in range(8)]
+    scripted = backend(renderer, lambda r: "x")
+    with pytest.raises(ConfigError, match="allows 2 concurrent sessions but the rollout needs 4"):
+        await arollout(samples, {"default": Env(observe, max_sessions=2)}, scripted, renderer,
+                       RolloutConfig(concurrency=4))
+    assert scripted.calls == 0
+
+
+async def test_lockstep_generates_each_turn_together_async_does_not_wait(renderer):
+    in_flight, peaks, turns = [0], [], []
+
+    class Probe(ScriptedBackend):
+        async def generate(self, prompt_ids, params):
+            in_flight[0] += 1
+            peaks.append(in_flight[0])
+            turns.append(renderer.decode(prompt_ids).count("next"))
+            try:
+                return await super().generate(prompt_ids, params)
+            finally:
+                in_flight[0] -= 1
+
+    async def uneven(turn, conversation):
+        await asyncio.sleep(0.05 * (len(conversation[0].content) % 4))
+        return Step(messages=(Message("user", "next"),), terminated=turn == 3)
+
+    samples = [Sample(prompt=[{"role": "user", "content": "x" * (i + 1)}]) for i in range(4)]
+    for mode in ("lockstep", "async"):
+        peaks.clear(), turns.clear()
+        probe = Probe(lambda r: "go", renderer, end_token_id=renderer.stop_token_ids[0], latency=0.01)
+        await arollout(samples, {"default": Env(uneven)}, probe, renderer, RolloutConfig(mode=mode))
+        if mode == "lockstep":
+            assert peaks == [1, 2, 3, 4] * 3  # all four requests of every turn are in flight together
+            assert turns == sorted(turns) == [0] * 4 + [1] * 4 + [2] * 4
+        else:
+            assert sorted(turns) == [0] * 4 + [1] * 4 + [2] * 4
+            assert turns != sorted(turns)  # episodes with fast environments ran ahead
+
+
+def test_config_rejects_unknown_and_bad_values():
+    with pytest.raises(ConfigError, match="max_turn"):
+        RolloutConfig.build(max_turn=3)
+    with pytest.raises(ConfigError, match="concurrency"):
+        RolloutConfig.build(concurrency=0)
