@@ -1,0 +1,476 @@
+"""``check_env``: drive an environment through the ``EnvSession`` contract and report the first
+broken rule, in the spirit of Gymnasium's ``env_checker``. Every bundled environment passes it in CI.
+
+For each sample the checker plays scripted episodes with synthetic assistant messages: for tool
+environments (``Reset.tools`` not empty) one tool call per turn with random arguments that are valid
+for the tool's JSON schema (enum values included); for step-style environments short plain-text
+answers ("7", "The answer is 12.", ...). The script comes from a seeded RNG, so it is the same every
+time. Rules, checked in this order:
+
+1. the environment has ``open(sample)`` and ``max_sessions`` (None or a positive int); ``open``
+   returns an ``EnvSession`` whose methods return awaitables;
+2. ``reset`` returns a ``Reset`` whose prompt is a non-empty tuple of ``Message``, whose tools are
+   well-formed OpenAI function schemas (``type: function``, a name, ``parameters`` an object schema
+   with ``properties`` and ``required`` naming only listed properties; names unique) and whose
+   ``stop`` is None or a tuple of str;
+3. ``step`` returns a ``Step``: a tuple of ``Message``, a finite float reward, a bool ``terminated``,
+   ``stop`` None or a tuple of str, ``failures`` a tuple of ``Failure``; once ``terminated`` the
+   episode is over and the checker steps no more;
+4. ``finish`` returns a finite float; ``close`` may be called twice without raising;
+5. determinism: three sessions of the same sample given the same actions (one alone, then two at
+   once, which also exercises batching and catches state shared between sessions) observe the
+   same messages, rewards, ``terminated`` flags, stop strings, metadata and final rewards;
+6. invalid tool calls (unknown tool, arguments that break the schema, unparseable JSON) come back as
+   a ``Step`` with a counted failure and a message telling the model, never as an exception.
+
+Any exception an environment raises, or a call that exceeds ``timeout`` seconds, is reported as the
+rule that was being checked. ``acheck_env`` is the implementation; ``check_env`` runs it with
+``asyncio.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import math
+import random
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+
+from ..errors import ConfigError, EnvironmentError_
+from ..types import Failure, Message, Sample, ToolCall
+from .base import Environment, EnvSession, Reset, Step
+from .library import EnvSpec, get_env_spec
+
+__all__ = ["check_env", "acheck_env"]
+
+T = TypeVar("T")
+
+_UNKNOWN_TOOL = "__check_env_no_such_tool__"
+_STRINGS = ("apple", "crane", "hello world", "42", "", "Ünïcode ✓", "left")
+_ANSWERS = ("{n}", "The answer is {n}.", "I am not sure.", "{a} + {b} = {n}", "Let me think... {n}")
+_NOT_A_VALUE = object()  # no value is invalid for this schema (Any, unions)
+
+
+async def acheck_env(
+    env_or_spec: Environment | EnvSpec | str,
+    *,
+    samples: Sequence[Sample] | None = None,
+    steps: int = 10,
+    seed: int = 0,
+    timeout: float = 30.0,
+) -> None:
+    """Check ``env_or_spec`` against the environment contract; raise ``EnvironmentError_``
+    describing the first violated rule (see the module docstring), return None when all hold.
+
+    Args:
+        env_or_spec: An ``Environment``, or an ``EnvSpec`` from the library or its name (it is
+            built and its ``samples(3, seed)`` are used unless ``samples`` is given).
+        samples: The samples to play; required for a bare ``Environment``.
+        steps: The most steps an episode is played for.
+        seed: Seeds the scripted actions (and the spec's samples).
+        timeout: Seconds any single environment call may take.
+    """
+    if isinstance(env_or_spec, str):
+        env_or_spec = get_env_spec(env_or_spec)
+    if isinstance(env_or_spec, EnvSpec):
+        name = env_or_spec.name
+        env = env_or_spec.build()
+        samples = list(samples) if samples is not None else env_or_spec.samples(3, seed)
+    else:
+        env = env_or_spec
+        name = type(env).__name__
+        if samples is None:
+            raise ConfigError("check_env needs samples=[...] to check a bare Environment")
+        samples = list(samples)
+    if not samples:
+        raise ConfigError("check_env needs at least one sample")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps must be a positive int, got {steps!r}")
+    checker = _Checker(env, name, steps=steps, seed=seed, timeout=timeout)
+    checker.check_environment()
+    for index, sample in enumerate(samples):
+        await checker.check_sample(index, sample)
+
+
+def check_env(
+    env_or_spec: Environment | EnvSpec | str,
+    *,
+    samples: Sequence[Sample] | None = None,
+    steps: int = 10,
+    seed: int = 0,
+    timeout: float = 30.0,
+) -> None:
+    """Synchronous ``acheck_env``; inside a running event loop, ``await acheck_env(...)`` instead."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass  # no loop running: the normal case
+    else:
+        raise ConfigError("check_env() cannot run inside an event loop; use await acheck_env(...)")
+    asyncio.run(
+        acheck_env(env_or_spec, samples=samples, steps=steps, seed=seed, timeout=timeout)
+    )
+
+
+class _Checker:
+    def __init__(self, env: Any, name: str, *, steps: int, seed: int, timeout: float):
+        self.env = env
+        self.name = name
+        self.steps = steps
+        self.seed = seed
+        self.timeout = timeout
+
+    def fail(self, rule: str) -> EnvironmentError_:
+        return EnvironmentError_(f"check_env({self.name}): {rule}")
+
+    # -- rule 1 ----------------------------------------------------------------------------------
+
+    def check_environment(self) -> None:
+        if not callable(getattr(self.env, "open", None)):
+            raise self.fail(f"{type(self.env).__name__} has no open(sample) method; it is not an Environment")
+        if not hasattr(self.env, "max_sessions"):
+            raise self.fail("the environment has no max_sessions attribute (None means no limit)")
+        limit = self.env.max_sessions
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise self.fail(f"max_sessions must be None or a positive int, got {limit!r}")
+
+    def open(self, sample: Sample) -> EnvSession:
+        try:
+            session = self.env.open(sample)
+        except Exception as exc:
+            raise self.fail(f"open(sample) raised {_describe(exc)}") from exc
+        if not isinstance(session, EnvSession):
+            raise self.fail(
+                f"open(sample) returned {type(session).__name__}, which lacks part of EnvSession "
+                f"(reset, step, finish, close, metadata, handle)"
+            )
+        return session
+
+    async def call(self, what: str, method: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await method(*args)`` within the timeout; anything that goes wrong names ``what``."""
+        try:
+            awaitable = method(*args)
+        except Exception as exc:
+            raise self.fail(f"{what} raised {_describe(exc)}") from exc
+        if not inspect.isawaitable(awaitable):
+            raise self.fail(
+                f"{what} returned {type(awaitable).__name__} {_short(awaitable)} instead of an awaitable; "
+                f"EnvSession methods are async"
+            )
+        try:
+            return await asyncio.wait_for(awaitable, self.timeout)
+        except asyncio.TimeoutError as exc:
+            raise self.fail(f"{what} did not return within {self.timeout:g}s") from exc
+        except Exception as exc:
+            raise self.fail(f"{what} raised {_describe(exc)}") from exc
+
+    # -- one sample ------------------------------------------------------------------------------
+
+    async def check_sample(self, index: int, sample: Sample) -> None:
+        first = await self.episode(index, sample)
+        if self.env.max_sessions is None or self.env.max_sessions >= 2:
+            second, third = await asyncio.gather(self.episode(index, sample), self.episode(index, sample))
+        else:
+            second = await self.episode(index, sample)
+            third = await self.episode(index, sample)
+        for other in (second, third):
+            if other != first:
+                position = next(
+                    (i for i, (a, b) in enumerate(zip(first, other)) if a != b), min(len(first), len(other))
+                )
+                raise self.fail(
+                    f"not deterministic: two sessions of sample {index} given the same actions "
+                    f"diverged at {_entry_name(first, other, position)}: "
+                    f"{_short(_entry(first, position))} vs {_short(_entry(other, position))}; "
+                    f"seed any randomness from the sample's row and keep no state between sessions"
+                )
+        tools = first[0][2]
+        if tools:
+            await self.check_invalid_calls(index, sample, tools)
+
+    async def episode(self, index: int, sample: Sample) -> list[tuple[Any, ...]]:
+        """Play one scripted episode, checking every return value; the transcript to compare."""
+        session = self.open(sample)
+        try:
+            reset = await self.call(f"reset (sample {index})", session.reset, sample)
+            tools = self.check_reset(reset, index)
+            transcript: list[tuple[Any, ...]] = [("reset", _messages_key(reset.prompt), tools, reset.stop)]
+            rng = random.Random(f"{self.seed}:{index}")
+            conversation = list(reset.prompt)
+            for turn in range(1, self.steps + 1):
+                conversation.append(_action(rng, turn, tools))
+                where = f"step {turn} (sample {index})"
+                step = await self.call(where, session.step, tuple(conversation))
+                self.check_step(step, where)
+                conversation.extend(step.messages)
+                transcript.append(("step", *_step_key(step), self.metadata(session, where)))
+                if step.terminated:
+                    break
+            final = await self.call(f"finish (sample {index})", session.finish)
+            self.check_reward(final, f"finish (sample {index})", "the final reward")
+            transcript.append(("finish", final))
+        except BaseException:
+            with contextlib.suppress(Exception):  # the broken rule is the error worth reporting
+                await session.close()
+            raise
+        await self.check_close(session, index)
+        return transcript
+
+    def metadata(self, session: EnvSession, where: str) -> str | None:
+        """The session's metadata as JSON when it is plain data, so that runs can be compared."""
+        try:
+            value = session.metadata
+        except Exception as exc:
+            raise self.fail(f"reading session.metadata after {where} raised {_describe(exc)}") from exc
+        try:
+            return json.dumps(value, sort_keys=True)
+        except (TypeError, ValueError):
+            return None
+
+    async def check_close(self, session: EnvSession, index: int) -> None:
+        await self.call(f"close (sample {index})", session.close)
+        await self.call(f"a second close (sample {index}), which must be harmless,", session.close)
+
+    # -- rules 2 to 4 ----------------------------------------------------------------------------
+
+    def check_reset(self, reset: Any, index: int) -> tuple[str, ...]:
+        where = f"reset (sample {index})"
+        if not isinstance(reset, Reset):
+            raise self.fail(f"{where} returned {type(reset).__name__}, expected a Reset")
+        if not isinstance(reset.prompt, tuple) or not reset.prompt:
+            raise self.fail(f"{where}: Reset.prompt must be a non-empty tuple of Message, got {reset.prompt!r}")
+        for message in reset.prompt:
+            if not isinstance(message, Message):
+                raise self.fail(f"{where}: Reset.prompt holds a {type(message).__name__}, expected Message")
+        self.check_stop(reset.stop, where, "Reset.stop")
+        if not isinstance(reset.tools, tuple):
+            raise self.fail(f"{where}: Reset.tools must be a tuple of schemas, got {type(reset.tools).__name__}")
+        names: list[str] = []
+        for schema in reset.tools:
+            names.append(self.check_tool_schema(schema, where))
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise self.fail(f"{where}: tool names must be unique, {duplicates} repeat")
+        # The schemas ride along in the transcript (as JSON) so determinism covers them too.
+        return tuple(_json(dict(s)) for s in reset.tools)
+
+    def check_tool_schema(self, schema: Any, where: str) -> str:
+        if not isinstance(schema, Mapping) or schema.get("type") != "function":
+            raise self.fail(f"{where}: a tool schema must be a dict with type 'function', got {_short(schema)}")
+        function = schema.get("function")
+        if not isinstance(function, Mapping):
+            raise self.fail(f"{where}: tool schema {_short(schema)} has no 'function' object")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise self.fail(f"{where}: a tool schema has no name: {_short(schema)}")
+        if not isinstance(function.get("description", ""), str):
+            raise self.fail(f"{where}: tool {name}: description must be a str")
+        parameters = function.get("parameters")
+        if not isinstance(parameters, Mapping) or parameters.get("type") != "object":
+            raise self.fail(f"{where}: tool {name}: parameters must be an object schema, got {_short(parameters)}")
+        properties = parameters.get("properties")
+        required = parameters.get("required")
+        if not isinstance(properties, Mapping) or not all(isinstance(p, Mapping) for p in properties.values()):
+            raise self.fail(f"{where}: tool {name}: parameters.properties must map names to schemas")
+        if not isinstance(required, (list, tuple)) or not all(isinstance(r, str) for r in required):
+            raise self.fail(f"{where}: tool {name}: parameters.required must be a list of names")
+        missing = [r for r in required if r not in properties]
+        if missing:
+            raise self.fail(f"{where}: tool {name}: required names {missing} that are not in properties")
+        return name
+
+    def check_step(self, step: Any, where: str) -> None:
+        if not isinstance(step, Step):
+            raise self.fail(f"{where} returned {type(step).__name__}, expected a Step")
+        if not isinstance(step.messages, tuple) or not all(isinstance(m, Message) for m in step.messages):
+            raise self.fail(f"{where}: Step.messages must be a tuple of Message, got {_short(step.messages)}")
+        self.check_reward(step.reward, where, "Step.reward")
+        if not isinstance(step.terminated, bool):
+            raise self.fail(f"{where}: Step.terminated must be a bool, got {step.terminated!r}")
+        self.check_stop(step.stop, where, "Step.stop")
+        if not isinstance(step.failures, tuple) or not all(isinstance(f, Failure) for f in step.failures):
+            raise self.fail(f"{where}: Step.failures must be a tuple of Failure, got {_short(step.failures)}")
+
+    def check_reward(self, reward: Any, where: str, what: str) -> None:
+        if isinstance(reward, bool) or not isinstance(reward, float):
+            raise self.fail(f"{where}: {what} must be a float, got {type(reward).__name__} {reward!r}")
+        if not math.isfinite(reward):
+            raise self.fail(f"{where}: {what} must be finite, got {reward!r}")
+
+    def check_stop(self, stop: Any, where: str, what: str) -> None:
+        if stop is not None and (not isinstance(stop, tuple) or not all(isinstance(s, str) for s in stop)):
+            raise self.fail(f"{where}: {what} must be None or a tuple of str, got {stop!r}")
+
+    # -- rule 5 ----------------------------------------------------------------------------------
+
+    async def check_invalid_calls(self, index: int, sample: Sample, tools: tuple[str, ...]) -> None:
+        functions = [json.loads(t)["function"] for t in tools]
+        rng = random.Random(f"{self.seed}:{index}:invalid")
+        target = rng.choice(functions)
+        bad_arguments = _invalid_arguments(rng, target.get("parameters", {}))
+        calls = {
+            "a call to an unknown tool": ToolCall(name=_UNKNOWN_TOOL, arguments={}, id="call_bad"),
+            f"a call to {target['name']} with invalid arguments {_short(bad_arguments)}": ToolCall(
+                name=target["name"], arguments=bad_arguments, id="call_bad"
+            ),
+            "an unparseable tool call": ToolCall(
+                name="", arguments={}, id="call_bad", error="invalid JSON: Expecting ',' delimiter"
+            ),
+        }
+        for what, call in calls.items():
+            session = self.open(sample)
+            try:
+                reset = await self.call(f"reset (sample {index})", session.reset, sample)
+                conversation = (*reset.prompt, _tool_call_message(call))
+                where = f"step with {what} (sample {index})"
+                step = await self.call(
+                    f"{where}, which must report a failure rather than raise,", session.step, conversation
+                )
+                self.check_step(step, where)
+                if not step.failures:
+                    raise self.fail(f"{where}: the Step has no failure; bad tool calls must be counted")
+                if not step.messages:
+                    raise self.fail(f"{where}: the Step has no message; the model must be told what went wrong")
+            except BaseException:
+                with contextlib.suppress(Exception):  # the broken rule is the error worth reporting
+                    await session.close()
+                raise
+            await self.check_close(session, index)
+
+
+# -- scripted actions ------------------------------------------------------------------------------
+
+
+def _action(rng: random.Random, turn: int, tools: tuple[str, ...]) -> Message:
+    """The scripted assistant message of one turn: a valid tool call, or a plain-text answer."""
+    if not tools:
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        n = rng.choice((a + b, rng.randint(0, 20)))
+        return Message("assistant", rng.choice(_ANSWERS).format(a=a, b=b, n=n))
+    function = json.loads(rng.choice(tools))["function"]
+    arguments = _valid_value(rng, function["parameters"])
+    return _tool_call_message(ToolCall(function["name"], arguments, id=f"call_{turn}"))
+
+
+def _tool_call_message(call: ToolCall) -> Message:
+    """An assistant message carrying ``call``, its content written the way Qwen/Hermes models do."""
+    if call.error is not None:
+        content = '<tool_call>\n{"name": "oops", "arguments": {\n</tool_call>'
+    else:
+        content = f"<tool_call>\n{_json({'name': call.name, 'arguments': dict(call.arguments)})}\n</tool_call>"
+    return Message("assistant", content, tool_calls=(call,))
+
+
+def _valid_value(rng: random.Random, schema: Mapping[str, Any], depth: int = 0) -> Any:
+    """A random value that satisfies ``schema`` (the subset of JSON schema tools use)."""
+    if "enum" in schema:
+        return rng.choice(list(schema["enum"]))
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return _valid_value(rng, rng.choice(list(schema[key])), depth + 1)
+    if schema.get("nullable") and rng.random() < 0.2:
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = rng.choice(kind)
+    if kind == "string":
+        return rng.choice(_STRINGS)
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", -3)
+        high = schema.get("maximum", low + 13)
+        if kind == "integer":
+            return rng.randint(math.ceil(low), math.floor(high))
+        return round(rng.uniform(low, high), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "array":
+        length = rng.randint(0, 2) if depth < 3 else 0
+        return [_valid_value(rng, schema.get("items", {}), depth + 1) for _ in range(length)]
+    if kind == "object":
+        properties = schema.get("properties")
+        if properties is not None:
+            required = set(schema.get("required", ()))
+            return {
+                key: _valid_value(rng, sub, depth + 1)
+                for key, sub in properties.items()
+                if key in required or rng.random() < 0.5
+            }
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, Mapping) and depth < 3:
+            return {"key": _valid_value(rng, extra, depth + 1)}
+        return {}
+    return rng.choice(("text", 1, True))  # no type: anything goes
+
+
+def _invalid_value(schema: Mapping[str, Any]) -> Any:
+    """A value that breaks ``schema``, or ``_NOT_A_VALUE`` when every value fits."""
+    if "enum" in schema:
+        return "__not_one_of_the_choices__" if "__not_one_of_the_choices__" not in schema["enum"] else 0.5
+    kind = schema.get("type")
+    if isinstance(kind, list) or "anyOf" in schema or "oneOf" in schema:
+        return _NOT_A_VALUE
+    return {
+        "string": {"not": "a string"},
+        "integer": "not a number",
+        "number": "not a number",
+        "boolean": "maybe",
+        "array": 5,
+        "object": 5,
+        "null": 5,
+    }.get(kind, _NOT_A_VALUE)
+
+
+def _invalid_arguments(rng: random.Random, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Valid arguments with one made invalid; an unexpected extra argument when none can be."""
+    arguments = _valid_value(rng, {**parameters, "type": "object"})
+    for key, schema in parameters.get("properties", {}).items():
+        value = _invalid_value(schema)
+        if value is not _NOT_A_VALUE:
+            return {**arguments, key: value}
+    return {**arguments, "__unexpected_argument__": 1}
+
+
+# -- transcripts -----------------------------------------------------------------------------------
+
+
+def _messages_key(messages: Sequence[Message]) -> tuple[Any, ...]:
+    return tuple((m.role, m.content, m.name, _json(m.to_json().get("tool_calls"))) for m in messages)
+
+
+def _step_key(step: Step) -> tuple[Any, ...]:
+    return (
+        _messages_key(step.messages),
+        step.reward,
+        step.terminated,
+        step.stop,
+        tuple(f.kind for f in step.failures),
+    )
+
+
+def _entry(transcript: list[tuple[Any, ...]], position: int) -> Any:
+    return transcript[position] if position < len(transcript) else "(episode already over)"
+
+
+def _entry_name(first: list[tuple[Any, ...]], other: list[tuple[Any, ...]], position: int) -> str:
+    longer = first if position < len(first) else other
+    kind = longer[position][0]
+    return f"step {position}" if kind == "step" else kind
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

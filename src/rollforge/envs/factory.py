@@ -1,0 +1,260 @@
+"""``environment_factory`` adapter: plain environment classes as ``EnvSession``s.
+
+Design: an environment class (TRL / OpenEnv style) is a plain object with a no-argument
+constructor, ``reset(**row) -> str | None``, public methods as tools (``envs/tools.py``), and
+optionally a ``done`` attribute, ``get_reward()`` and ``close()``. ``FactoryEnvironment`` holds the
+factory; each episode gets a ``FactorySession`` that builds its own object lazily inside ``reset``,
+so a constructor that raises fails that episode only (the engine records it) and never the batch.
+
+Per episode:
+
+- ``reset``: build the object, call ``obj.reset(**columns)`` with every row column except
+  ``prompt``; when ``reset`` takes no ``**kwargs`` only the columns its signature names are passed
+  (and a required parameter with no column is a ``ConfigError``). A returned string is appended to
+  the last user message of the prompt (a new user message when the prompt ends otherwise).
+- ``step``: run the tool calls of the last assistant message in order. A bad call (unreadable,
+  unknown tool, bad arguments, tool raised) becomes a tool message ``Error: ...`` plus a counted
+  ``Failure``; the episode goes on. No calls means the model answered: the episode terminates.
+  Once ``obj.done`` is truthy no further call runs and the episode terminates. Step rewards are 0;
+  the reward is ``get_reward()``, collected by ``finish``.
+- Sync user methods run in a worker thread (``run_in_thread=True``, the default) so a slow
+  environment never blocks other episodes; ``async def`` methods are awaited on the loop.
+
+Tool results become the content of the tool message (``str(result)``, ``None`` is empty). Images —
+objects with ``save``, ``size`` and ``mode`` like PIL images, alone or mixed with strings in a
+list — go to ``Message.images``; PIL itself is never imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+from ..errors import ConfigError, EnvironmentError_
+from ..types import Failure, FailureKind, Message, Sample, ToolCall
+from .base import BaseSession, Reset, Step
+from .tools import Tool, ToolArgumentError, discover_tools, validate_arguments
+
+#: The row column that selects a factory when ``environment_factory`` is a dict.
+ENVIRONMENT_COLUMN = "environment"
+
+
+def _check_factory(factory: Any, label: str) -> None:
+    if not callable(factory):
+        raise ConfigError(
+            f"{label} must be a class, a zero-argument callable or a dict {{name: factory}}, "
+            f"got {factory!r} ({type(factory).__name__})"
+        )
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # some builtins and C types have no signature to check
+        return
+    try:
+        signature.bind()
+    except TypeError as exc:
+        raise ConfigError(f"{label} {factory!r} must be callable with no arguments: {exc}") from None
+
+
+class FactoryEnvironment:
+    """Opens one ``FactorySession`` per episode from a class, a callable or a dict of them."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Any] | Mapping[str, Callable[[], Any]],
+        *,
+        max_sessions: int | None = None,
+        run_in_thread: bool = True,
+    ):
+        if isinstance(factory, Mapping):
+            if not factory:
+                raise ConfigError("environment_factory is an empty dict; give at least one {name: factory}")
+            for name, item in factory.items():
+                if not isinstance(name, str):
+                    raise ConfigError(f"environment_factory dict keys must be str names, got {name!r}")
+                _check_factory(item, f"environment_factory[{name!r}]")
+        else:
+            _check_factory(factory, "environment_factory")
+        if max_sessions is not None and (
+            isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
+        ):
+            raise ConfigError(f"max_sessions must be a positive int or None, got {max_sessions!r}")
+        self.factory = dict(factory) if isinstance(factory, Mapping) else factory
+        self.max_sessions = max_sessions
+        self.run_in_thread = run_in_thread
+
+    def open(self, sample: Sample) -> FactorySession:
+        if not isinstance(self.factory, dict):
+            return FactorySession(self.factory, run_in_thread=self.run_in_thread)
+        valid = ", ".join(repr(name) for name in self.factory)
+        if ENVIRONMENT_COLUMN not in sample.row:
+            raise ConfigError(
+                f"the sample has no {ENVIRONMENT_COLUMN!r} column, which a dict environment_factory needs "
+                f"to pick one of: {valid}"
+            )
+        name = sample.row[ENVIRONMENT_COLUMN]
+        if not isinstance(name, str) or name not in self.factory:
+            raise ConfigError(
+                f"environment {name!r} (from the {ENVIRONMENT_COLUMN!r} column) is not one of: {valid}"
+            )
+        return FactorySession(self.factory[name], run_in_thread=self.run_in_thread, name=name)
+
+
+class FactorySession(BaseSession):
+    """One episode of one environment object (see the module docstring)."""
+
+    def __init__(self, factory: Callable[[], Any], *, run_in_thread: bool = True, name: str | None = None):
+        self.factory = factory
+        self.name = name
+        self.run_in_thread = run_in_thread
+        self.tools: dict[str, Tool] = {}
+        self._obj: Any = None
+        self._closed = False
+
+    @property
+    def handle(self) -> Any:
+        return self._obj
+
+    async def _run(self, function: Callable[..., Any], /, **kwargs: Any) -> Any:
+        if inspect.iscoroutinefunction(function):
+            result = await function(**kwargs)
+        elif self.run_in_thread:
+            result = await asyncio.to_thread(function, **kwargs)
+        else:
+            result = function(**kwargs)
+        if inspect.isawaitable(result):  # a sync wrapper around a coroutine
+            result = await result
+        return result
+
+    def _done(self) -> bool:
+        flag = getattr(self._obj, "done", False)
+        return False if callable(flag) else bool(flag)  # a method named done is a tool, not the flag
+
+    async def reset(self, sample: Sample) -> Reset:
+        self._obj = await self._run(self.factory)
+        obj_reset = getattr(self._obj, "reset", None)
+        prompt = sample.prompt
+        if callable(obj_reset):
+            observation = await self._run(obj_reset, **_reset_kwargs(obj_reset, sample.row))
+            if observation is not None and not isinstance(observation, str):
+                raise EnvironmentError_(
+                    f"{type(self._obj).__name__}.reset() must return a str or None, "
+                    f"got {type(observation).__name__}"
+                )
+            if observation:
+                prompt = _append_to_last_user(prompt, observation)
+        self.tools = discover_tools(self._obj)
+        return Reset(prompt=prompt, tools=tuple(tool.schema() for tool in self.tools.values()))
+
+    async def step(self, conversation: tuple[Message, ...]) -> Step:
+        if self._obj is None:
+            raise EnvironmentError_("step() was called before a successful reset()")
+        if not conversation or conversation[-1].role != "assistant":
+            role = conversation[-1].role if conversation else "nothing"
+            raise EnvironmentError_(
+                f"step() needs the conversation to end with an assistant message, not {role}"
+            )
+        calls = conversation[-1].tool_calls
+        if not calls or self._done():
+            return Step(terminated=True)
+        messages: list[Message] = []
+        failures: list[Failure] = []
+        for call in calls:
+            message, failure = await self._execute(call)
+            messages.append(message)
+            if failure is not None:
+                failures.append(failure)
+            if self._done():
+                break  # the remaining calls of this message are not run
+        return Step(messages=tuple(messages), terminated=self._done(), failures=tuple(failures))
+
+    async def _execute(self, call: ToolCall) -> tuple[Message, Failure | None]:
+        if call.error is not None:
+            return _error(call.name or None, "tool_invalid_json", call.error)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            available = ", ".join(self.tools) if self.tools else "none"
+            message = f"unknown tool {call.name!r}; available tools: {available}"
+            return _error(call.name, "tool_unknown", message)
+        try:
+            kwargs = validate_arguments(tool, call.arguments)
+        except ToolArgumentError as exc:
+            return _error(tool.name, "tool_bad_arguments", str(exc))
+        try:
+            result = await self._run(tool.function, **kwargs)
+        except Exception as exc:  # the tool's own failure is reported to the model, not raised
+            return _error(tool.name, "tool_raised", f"{type(exc).__name__}: {exc}")
+        content, images = _render_result(result)
+        return Message(role="tool", content=content, name=tool.name, images=images), None
+
+    async def finish(self) -> float:
+        get_reward = getattr(self._obj, "get_reward", None) if self._obj is not None else None
+        if not callable(get_reward):
+            return 0.0
+        value = await self._run(get_reward)
+        try:  # strings are not rewards even when float() could read them
+            reward = None if isinstance(value, (str, bytes)) else float(value)
+        except (TypeError, ValueError):
+            reward = None
+        if reward is None:
+            owner = type(self._obj).__name__
+            raise EnvironmentError_(f"{owner}.get_reward() must return a number, got {value!r}")
+        return reward
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        close = getattr(self._obj, "close", None)
+        if self._obj is not None and callable(close):
+            await self._run(close)
+
+
+def _reset_kwargs(reset: Callable[..., Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row columns ``reset`` receives: all but ``prompt``, or only those it names."""
+    columns = {k: v for k, v in row.items() if k != "prompt"}
+    try:
+        parameters = inspect.signature(reset).parameters.values()
+    except (TypeError, ValueError):
+        return columns
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return columns
+    accepted = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    missing = [p.name for p in parameters if p.name in accepted and p.default is p.empty]
+    missing = [name for name in missing if name not in columns]
+    if missing:
+        raise ConfigError(
+            f"reset() needs the column(s) {', '.join(missing)}, which the row does not have "
+            f"(row columns: {', '.join(columns) or 'none'})"
+        )
+    return {k: v for k, v in columns.items() if k in accepted}
+
+
+def _append_to_last_user(prompt: tuple[Message, ...], text: str) -> tuple[Message, ...]:
+    last = prompt[-1]
+    if last.role != "user":
+        return (*prompt, Message(role="user", content=text))
+    content = f"{last.content}\n\n{text}" if last.content else text
+    return (*prompt[:-1], replace(last, content=content))
+
+
+def _error(name: str | None, kind: FailureKind, message: str) -> tuple[Message, Failure]:
+    return Message(role="tool", content=f"Error: {message}", name=name), Failure(kind=kind, message=message)
+
+
+def _is_image(value: Any) -> bool:
+    return callable(getattr(value, "save", None)) and hasattr(value, "size") and hasattr(value, "mode")
+
+
+def _render_result(result: Any) -> tuple[str, tuple[Any, ...]]:
+    """A tool's return value as tool-message content and images."""
+    if result is None:
+        return "", ()
+    if _is_image(result):
+        return "", (result,)
+    if isinstance(result, (list, tuple)) and any(_is_image(item) for item in result):
+        images = tuple(item for item in result if _is_image(item))
+        text = "\n".join(str(item) for item in result if not _is_image(item))
+        return text, images
+    return str(result), ()
