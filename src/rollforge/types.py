@@ -153,7 +153,7 @@ class Completion:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Trajectory:
     """One finished episode. See the module docstring for the invariants it checks."""
 
@@ -205,6 +205,15 @@ class Trajectory:
                 f"trajectory {self.index}: terminated={self.terminated} truncated={self.truncated} "
                 f"max_turns_reached={self.max_turns_reached} error={self.error}: at most one may hold"
             )
+
+    def __repr__(self) -> str:
+        ending = "error" if self.error else next(
+            (name for name in ("terminated", "truncated", "max_turns_reached") if getattr(self, name)), "running"
+        )
+        return (
+            f"Trajectory(index={self.index}, task_name={self.task_name!r}, turns={self.turns}, "
+            f"tokens={len(self.token_ids)}, total_reward={self.total_reward}, {ending})"
+        )
 
     @property
     def generated_tokens(self) -> int:

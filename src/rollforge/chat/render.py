@@ -62,6 +62,7 @@ class ChatRenderer:
         self.stop_token_ids = _turn_end_ids(tokenizer, self.closing)
         self._base_cache: dict[str, str] = {}
         self._supports_tools: bool | None = None
+        self._prefix_cache: dict[tuple, tuple] = {}
 
     # -- text and ids ---------------------------------------------------------------------------
 
@@ -101,8 +102,33 @@ class ChatRenderer:
     # -- incremental pieces -----------------------------------------------------------------------
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
-        """The opening messages, without the generation prompt."""
-        return self.encode(self.render_text(messages, tools))
+        """The opening messages, without the generation prompt.
+
+        Prompts of one environment usually share everything but the last message (a long system
+        prompt describing the tools); the shared part is tokenized once and cached, after checking
+        once that tokenizing it apart gives exactly the ids of tokenizing the whole."""
+        text = self.render_text(messages, tools)
+        if len(messages) < 2:
+            return self.encode(text)
+        key = (tuple((m.role, m.content, m.name) for m in messages[:-1]), _tools_key(tools))
+        prefix = self._prefix_cache.get(key)
+        if prefix is None:
+            if len(self._prefix_cache) >= 256:
+                self._prefix_cache.clear()
+            prefix = self._prefix_cache[key] = self._shared_prefix(messages, tools, text)
+        if prefix and text.startswith(prefix[0]):
+            return prefix[1] + self.encode(text[len(prefix[0]) :])
+        return self.encode(text)
+
+    def _shared_prefix(self, messages, tools, text: str) -> tuple[str, list[int]] | tuple[()]:
+        try:
+            prefix_text = self.render_text(messages[:-1], tools)
+        except TemplateError:  # some templates refuse a conversation without a user message
+            return ()
+        prefix_ids = self.encode(prefix_text)
+        if text.startswith(prefix_text) and prefix_ids + self.encode(text[len(prefix_text) :]) == self.encode(text):
+            return prefix_text, prefix_ids
+        return ()
 
     def closing_ids(self, generated: Sequence[int]) -> list[int]:
         """Tokens that end an assistant turn after ``generated``: the template's closing text minus
@@ -122,7 +148,7 @@ class ChatRenderer:
         """Tokens for ``messages`` appended after a closed assistant turn (no generation prompt)."""
         if not messages:
             return []
-        key = json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
+        key = _tools_key(tools)
         base_msgs = [{"role": "user", "content": _BASE_USER}, {"role": "assistant", "content": _BASE_USER}]
         base = self._base_cache.get(key)
         if base is None:
@@ -215,6 +241,10 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
     if (trajectory.truncated or trajectory.error) and rendered.startswith(decoded.rstrip("\ufffd")):
         return None
     return _first_difference(rendered, decoded)
+
+
+def _tools_key(tools: Sequence[Mapping[str, Any]]) -> str:
+    return json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
 
 
 def _turn_end_ids(tokenizer: Any, closing: Sequence[int]) -> tuple[int, ...]:

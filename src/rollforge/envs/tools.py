@@ -35,7 +35,8 @@ import json
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from ..errors import ConfigError
@@ -419,8 +420,19 @@ def discover_tools(obj: Any) -> dict[str, Tool]:
             if name.startswith("_") or name in LIFECYCLE_METHODS:
                 continue
             if inspect.isfunction(raw) or isinstance(raw, (staticmethod, classmethod)):
-                tools[name] = tool_from_callable(getattr(obj, name), name)
+                bound = getattr(obj, name)
+                if not inspect.isfunction(raw):  # static/class methods: rare, compiled each time
+                    tools[name] = tool_from_callable(bound, name)
+                    continue
+                compiled = _COMPILED.get(raw)
+                if compiled is None:  # a schema depends on the class only: compile once per method
+                    compiled = _COMPILED[raw] = tool_from_callable(bound, name)
+                tools[name] = replace(compiled, function=bound)
     return tools
+
+
+#: Compiled tools per class attribute (the function object); weak so classes can be collected.
+_COMPILED: "weakref.WeakKeyDictionary[Any, Tool]" = weakref.WeakKeyDictionary()
 
 
 def validate_arguments(tool: Tool, arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ the prompts in use. Results come back in input order. The engine does not know w
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -32,10 +33,16 @@ from .episode import EpisodeContext, OpenGate, run_episode
 from .metrics import rollout_metrics
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RolloutResult:
     trajectories: tuple[Trajectory, ...]
     metrics: dict[str, Any]
+
+    def __repr__(self) -> str:  # short: asyncio and loggers repr results, and trajectories are big
+        return (
+            f"RolloutResult({len(self.trajectories)} trajectories, "
+            f"mean_total_reward={self.metrics.get('mean_total_reward')})"
+        )
 
 
 class LockstepGate:
@@ -86,6 +93,19 @@ async def arollout(
     ctx = EpisodeContext(backend, renderer, get_parser(config.tool_parser), config)
     results: list[Trajectory | None] = [None] * len(samples)
     started = time.perf_counter()
+    # Objects alive now (the model, the libraries) are not garbage; without this, every full
+    # collection during the rollout walks all of them again (measured: +10% wall time at 1k episodes).
+    gc.freeze()
+    try:
+        await _schedule(samples, task_to_env, ctx, results, on_episode)
+    finally:
+        gc.unfreeze()
+    trajectories = tuple(t for t in results if t is not None)
+    return RolloutResult(trajectories, rollout_metrics(trajectories, time.perf_counter() - started))
+
+
+async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on_episode) -> None:
+    config = ctx.config
 
     async def run(index: int, gate) -> None:
         sample = samples[index]
@@ -108,9 +128,6 @@ async def arollout(
             wave = range(first, min(first + config.concurrency, len(samples)))
             gate = LockstepGate(len(wave))
             await asyncio.gather(*(run(i, gate) for i in wave))
-
-    trajectories = tuple(t for t in results if t is not None)
-    return RolloutResult(trajectories, rollout_metrics(trajectories, time.perf_counter() - started))
 
 
 def rollout(*args: Any, **kwargs: Any) -> RolloutResult:

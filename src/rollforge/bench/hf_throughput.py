@@ -1,0 +1,115 @@
+"""HF backend throughput: policy tokens/s of rollforge rollouts vs a raw batched ``model.generate``.
+
+Both sides get the same chat-rendered prompts, the same token budget and greedy decoding (so they
+produce the same tokens), on the same model object in the same process. The raw side is one
+left-padded ``model.generate`` call over all prompts, stopping rows at the end-of-turn token; its
+useful tokens are those up to and including each row's end-of-turn. The rollforge side runs
+single-turn episodes through the engine and the dynamic-batching HF backend. The two alternate
+``repeats`` times and the best time of each is kept (the machine's noise only ever slows a run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from ..chat.render import ChatRenderer
+from ..envs.base import BaseSession, Reset, Step
+from ..rollout.config import RolloutConfig
+from ..rollout.engine import arollout
+from ..types import Sample
+
+TOPICS = [
+    "why the sky is blue", "how a bicycle works", "what a volcano is", "why we sleep",
+    "how bees make honey", "what a rainbow is", "how rain forms", "why leaves change colour",
+    "how a compass works", "what the moon is made of", "how plants grow", "why the sea is salty",
+    "how a battery works", "what thunder is", "how birds fly", "why ice floats",
+]
+
+
+class _Answer(BaseSession):
+    async def reset(self, sample: Sample) -> Reset:
+        return Reset(prompt=sample.prompt)
+
+    async def step(self, conversation) -> Step:
+        return Step(terminated=True)
+
+
+class _SingleTurn:
+    max_sessions = None
+
+    def open(self, sample: Sample) -> _Answer:
+        return _Answer()
+
+
+def run(model_name: str = "smollm2-135m", episodes: int = 16, max_new_tokens: int = 64, repeats: int = 2) -> dict[str, Any]:
+    import torch
+
+    from ..backends.hf import HFBackend
+    from ..models import load_model
+
+    model, tokenizer = load_model(model_name)
+    renderer = ChatRenderer(tokenizer)
+    samples = [
+        Sample(prompt=[{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} in a few sentences."}])
+        for i in range(episodes)
+    ]
+    prompts = [renderer.prompt_ids(s.prompt) + renderer.generation_prompt for s in samples]
+    stop_ids = list(renderer.stop_token_ids)
+    config = RolloutConfig(max_turns=1, greedy=True, max_new_tokens=max_new_tokens, concurrency=episodes)
+
+    def raw() -> tuple[int, float]:
+        width = max(map(len, prompts))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, T) left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                eos_token_id=stop_ids, pad_token_id=pad,
+            )
+        seconds = time.perf_counter() - started
+        return sum(_useful(row[width:].tolist(), stop_ids) for row in out), seconds
+
+    def ours() -> tuple[int, float]:
+        backend = HFBackend(model, tokenizer, max_batch_size=episodes)
+        try:
+            started = time.perf_counter()
+            result = asyncio.run(arollout(samples, {"default": _SingleTurn()}, backend, renderer, config))
+            seconds = time.perf_counter() - started
+        finally:
+            asyncio.run(backend.close())
+        return sum(t.generated_tokens for t in result.trajectories), seconds
+
+    raw()  # warm-up (allocations, kernels)
+    raw_runs, our_runs = [], []
+    for _ in range(repeats):
+        raw_runs.append(raw())
+        our_runs.append(ours())
+    raw_tokens, raw_seconds = min(raw_runs, key=lambda r: r[1])
+    our_tokens, our_seconds = min(our_runs, key=lambda r: r[1])
+    raw_tps, our_tps = raw_tokens / raw_seconds, our_tokens / our_seconds
+    return {
+        "benchmark": "hf-throughput",
+        "model": model_name,
+        "episodes": episodes,
+        "max_new_tokens": max_new_tokens,
+        "torch_threads": torch.get_num_threads(),
+        "raw_generate": {"tokens": raw_tokens, "seconds": round(raw_seconds, 3), "tokens_per_second": round(raw_tps, 2)},
+        "rollforge_hf": {"tokens": our_tokens, "seconds": round(our_seconds, 3), "tokens_per_second": round(our_tps, 2)},
+        "ratio_to_raw_generate": round(our_tps / raw_tps, 4),
+    }
+
+
+def _useful(row: list[int], stop_ids: list[int]) -> int:
+    for i, token in enumerate(row):
+        if token in stop_ids:
+            return i + 1
+    return len(row)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(json.dumps(run(), indent=2))
