@@ -50,6 +50,7 @@ class ScriptedBackend:
         self.per_token_latency = per_token_latency
         self.calls = 0
         self._closed = False
+        self._cache: dict[str, list[int]] = {}
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         if self._closed:
@@ -57,7 +58,7 @@ class ScriptedBackend:
         request = ScriptedRequest(tuple(prompt_ids), params, self.calls)
         self.calls += 1
         reply = self._script(request)
-        ids = self._encode(reply) if isinstance(reply, str) else list(reply)
+        ids = self._encoded(reply) if isinstance(reply, str) else list(reply)
         ends = [self._end] if self._end is not None else list(params.stop_token_ids[:1])
         ids, finish = _apply_limits(ids + ends, params, StopStrings(self._decode, params.stop))
         delay = self.latency + self.per_token_latency * len(ids)
@@ -69,6 +70,15 @@ class ScriptedBackend:
 
     async def close(self) -> None:
         self._closed = True
+
+    def _encoded(self, text: str) -> list[int]:
+        """Scripts repeat themselves; the tokenizer's cost is not what a scripted run measures."""
+        ids = self._cache.get(text)
+        if ids is None:
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            ids = self._cache[text] = self._encode(text)
+        return list(ids)
 
 
 def _apply_limits(ids: list[int], params: SamplingParams, stop: StopStrings) -> tuple[list[int], str]:

@@ -62,7 +62,8 @@ class ChatRenderer:
         self.stop_token_ids = _turn_end_ids(tokenizer, self.closing)
         self._base_cache: dict[str, str] = {}
         self._supports_tools: bool | None = None
-        self._prefix_cache: dict[tuple, tuple] = {}
+        self._prompt_cache: dict[tuple, tuple] = {}
+        self._frames: dict[tuple, tuple] = {}  # (role, name, tools) -> text before/after content
 
     # -- text and ids ---------------------------------------------------------------------------
 
@@ -105,30 +106,42 @@ class ChatRenderer:
         """The opening messages, without the generation prompt.
 
         Prompts of one environment usually share everything but the last message (a long system
-        prompt describing the tools); the shared part is tokenized once and cached, after checking
-        once that tokenizing it apart gives exactly the ids of tokenizing the whole."""
-        text = self.render_text(messages, tools)
+        prompt describing the tools). That shared part is rendered and tokenized once; the last
+        message is then framed by the text the template puts around its content. Both shortcuts are
+        checked once against a full rendering and dropped for templates where they do not hold."""
         if len(messages) < 2:
-            return self.encode(text)
-        key = (tuple((m.role, m.content, m.name) for m in messages[:-1]), _tools_key(tools))
-        prefix = self._prefix_cache.get(key)
-        if prefix is None:
-            if len(self._prefix_cache) >= 256:
-                self._prefix_cache.clear()
-            prefix = self._prefix_cache[key] = self._shared_prefix(messages, tools, text)
-        if prefix and text.startswith(prefix[0]):
-            return prefix[1] + self.encode(text[len(prefix[0]) :])
-        return self.encode(text)
+            return self.encode(self.render_text(messages, tools))
+        last = messages[-1]
+        key = (tuple((m.role, m.content, m.name) for m in messages[:-1]), _tools_key(tools), last.role, last.name)
+        shortcut = self._prompt_cache.get(key)
+        if shortcut is None:
+            if len(self._prompt_cache) >= 256:
+                self._prompt_cache.clear()
+            shortcut = self._prompt_cache[key] = self._prompt_shortcut(messages, tools)
+        if not shortcut:
+            return self.encode(self.render_text(messages, tools))
+        prefix_ids, before, after = shortcut
+        return prefix_ids + self.encode(before + last.content + after)
 
-    def _shared_prefix(self, messages, tools, text: str) -> tuple[str, list[int]] | tuple[()]:
+    def _prompt_shortcut(self, messages: Sequence[Message], tools) -> tuple[list[int], str, str] | tuple[()]:
+        """(ids of all but the last message, text before and after the last message's content),
+        when tokenizing those pieces reproduces the full rendering exactly; else ``()``."""
         try:
-            prefix_text = self.render_text(messages[:-1], tools)
+            prefix = self.render_text(messages[:-1], tools)
         except TemplateError:  # some templates refuse a conversation without a user message
             return ()
-        prefix_ids = self.encode(prefix_text)
-        if text.startswith(prefix_text) and prefix_ids + self.encode(text[len(prefix_text) :]) == self.encode(text):
-            return prefix_text, prefix_ids
-        return ()
+        last = messages[-1]
+        probe = self.render_text([*messages[:-1], Message(last.role, _SENTINEL, name=last.name)], tools)
+        if not probe.startswith(prefix) or probe.count(_SENTINEL) != 1:
+            return ()
+        before, after = probe[len(prefix) :].split(_SENTINEL)
+        prefix_ids = self.encode(prefix)
+        full = self.render_text(messages, tools)
+        if full != prefix + before + last.content + after:
+            return ()
+        if prefix_ids + self.encode(before + last.content + after) != self.encode(full):
+            return ()
+        return prefix_ids, before, after
 
     def closing_ids(self, generated: Sequence[int]) -> list[int]:
         """Tokens that end an assistant turn after ``generated``: the template's closing text minus
@@ -149,6 +162,17 @@ class ChatRenderer:
         if not messages:
             return []
         key = _tools_key(tools)
+        if len(messages) == 1:
+            shape = (messages[0].role, messages[0].name, key)
+            frame = self._frames.get(shape)
+            if frame:
+                return self.encode(frame[0] + messages[0].content + frame[1])
+        text = self._delta_text(messages, tools, key)
+        if len(messages) == 1 and shape not in self._frames:
+            self._frames[shape] = self._frame(messages[0], tools, key, text)
+        return self.encode(text)
+
+    def _delta_text(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], key: str) -> str:
         base_msgs = [{"role": "user", "content": _BASE_USER}, {"role": "assistant", "content": _BASE_USER}]
         base = self._base_cache.get(key)
         if base is None:
@@ -161,7 +185,18 @@ class ChatRenderer:
                 f"the chat template is not prefix-preserving: adding {[m.role for m in messages]} "
                 f"messages changes the text before them ({_first_difference(base, full)})"
             )
-        return self.encode(full[len(base) :])
+        return full[len(base) :]
+
+    def _frame(self, message: Message, tools, key: str, rendered: str) -> tuple[str, str] | tuple[()]:
+        """The text the template puts around one message of this role and name, when it renders the
+        content verbatim between them (checked against a real rendering); else ``()``: always render."""
+        if len(self._frames) >= 256:
+            self._frames.clear()
+        probe = self._delta_text([Message(message.role, _SENTINEL, name=message.name)], tools, key)
+        if probe.count(_SENTINEL) != 1:
+            return ()
+        before, after = probe.split(_SENTINEL)
+        return (before, after) if before + message.content + after == rendered else ()
 
     # -- tools -----------------------------------------------------------------------------------
 

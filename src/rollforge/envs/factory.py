@@ -28,6 +28,7 @@ list — go to ``Message.images``; PIL itself is never imported.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from dataclasses import replace
 from typing import Any, Callable, Mapping
@@ -132,11 +133,18 @@ class FactorySession(BaseSession):
         return False if callable(flag) else bool(flag)  # a method named done is a tool, not the flag
 
     async def reset(self, sample: Sample) -> Reset:
-        self._obj = await self._run(self.factory)
+        if self.run_in_thread and not inspect.iscoroutinefunction(self.factory):
+            # one trip to a worker thread for construction and a sync reset (each trip costs)
+            self._obj, observation, pending = await asyncio.to_thread(self._construct_and_reset, sample.row)
+            if inspect.isawaitable(self._obj):
+                self._obj = await self._obj
+        else:
+            self._obj, observation, pending = await self._run(self.factory), None, True
         obj_reset = getattr(self._obj, "reset", None)
         prompt = sample.prompt
         if callable(obj_reset):
-            observation = await self._run(obj_reset, **_reset_kwargs(obj_reset, sample.row))
+            if pending:
+                observation = await self._run(obj_reset, **_reset_kwargs(obj_reset, sample.row))
             if observation is not None and not isinstance(observation, str):
                 raise EnvironmentError_(
                     f"{type(self._obj).__name__}.reset() must return a str or None, "
@@ -146,6 +154,16 @@ class FactorySession(BaseSession):
                 prompt = _append_to_last_user(prompt, observation)
         self.tools = discover_tools(self._obj)
         return Reset(prompt=prompt, tools=tuple(tool.schema() for tool in self.tools.values()))
+
+    def _construct_and_reset(self, row: Mapping[str, Any]) -> tuple[Any, Any, bool]:
+        """In a worker thread: (the object, what a sync reset returned, whether reset is pending)."""
+        obj = self.factory()
+        if inspect.isawaitable(obj):  # a sync callable returning a coroutine: awaited by the caller
+            return obj, None, True
+        reset = getattr(obj, "reset", None)
+        if not callable(reset) or inspect.iscoroutinefunction(reset):
+            return obj, None, True
+        return obj, reset(**_reset_kwargs(reset, row)), False
 
     async def step(self, conversation: tuple[Message, ...]) -> Step:
         if self._obj is None:
@@ -214,21 +232,33 @@ class FactorySession(BaseSession):
 def _reset_kwargs(reset: Callable[..., Any], row: Mapping[str, Any]) -> dict[str, Any]:
     """The row columns ``reset`` receives: all but ``prompt``, or only those it names."""
     columns = {k: v for k, v in row.items() if k != "prompt"}
-    try:
-        parameters = inspect.signature(reset).parameters.values()
-    except (TypeError, ValueError):
+    function = getattr(reset, "__func__", None)  # a bound method: inspect its function, minus self
+    accepted, required = _reset_parameters(function or reset, function is not None)
+    if accepted is None:
         return columns
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return columns
-    accepted = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    missing = [p.name for p in parameters if p.name in accepted and p.default is p.empty]
-    missing = [name for name in missing if name not in columns]
+    missing = [name for name in required if name not in columns]
     if missing:
         raise ConfigError(
             f"reset() needs the column(s) {', '.join(missing)}, which the row does not have "
             f"(row columns: {', '.join(columns) or 'none'})"
         )
     return {k: v for k, v in columns.items() if k in accepted}
+
+
+@functools.lru_cache(maxsize=256)
+def _reset_parameters(reset: Callable[..., Any], bound: bool) -> tuple[frozenset[str] | None, tuple[str, ...]]:
+    """(names ``reset`` accepts, or None when it takes ``**kwargs``; names it requires), computed
+    once per function: signatures are slow to inspect and every episode resets."""
+    try:
+        parameters = list(inspect.signature(reset).parameters.values())
+    except (TypeError, ValueError):
+        return None, ()
+    if bound:
+        parameters = parameters[1:]
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None, ()
+    accepted = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return accepted, tuple(p.name for p in parameters if p.name in accepted and p.default is p.empty)
 
 
 def _append_to_last_user(prompt: tuple[Message, ...], text: str) -> tuple[Message, ...]:
