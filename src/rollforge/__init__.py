@@ -1,1 +1,59 @@
-"""rollforge: multi-turn rollouts between language-model policies and environments."""
+"""rollforge: multi-turn rollouts between language-model policies and environments.
+
+The public API is re-exported here; everything else is internal. Names that need torch
+(``HFBackend``, ``load_model``, ``load_tokenizer``) are imported on first use, so that
+``import rollforge`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backends.base import Backend, SamplingParams
+from .backends.scripted import ScriptedBackend
+from .chat.render import ChatRenderer, token_fidelity_gap
+from .chat.toolcalls import ToolCallParser, get_parser
+from .envs.base import BaseSession, Environment, EnvSession, Reset, Step
+from .envs.check import acheck_env, check_env
+from .envs.factory import FactoryEnvironment
+from .envs.library import ENV_NAMES, EnvSpec, get_env_spec
+from .envs.stepwise import StepwiseEnvironment, StepwiseReturn
+from .errors import (
+    BackendError,
+    ConfigError,
+    EnvironmentError_,
+    InvariantError,
+    MissingDependency,
+    ModelError,
+    RollforgeError,
+    TemplateError,
+)
+from .rollout.config import RolloutConfig
+from .rollout.engine import RolloutResult, arollout, rollout
+from .rollout.metrics import rollout_metrics
+from .types import Completion, Failure, Message, Sample, ToolCall, Trajectory
+
+_LAZY = {
+    "HFBackend": ("rollforge.backends.hf", "HFBackend"),
+    "load_model": ("rollforge.models", "load_model"),
+    "load_tokenizer": ("rollforge.models", "load_tokenizer"),
+}
+
+__all__ = [
+    "Backend", "BackendError", "BaseSession", "ChatRenderer", "Completion", "ConfigError", "ENV_NAMES",
+    "EnvSession", "EnvSpec", "Environment", "EnvironmentError_", "Failure", "FactoryEnvironment",
+    "HFBackend", "InvariantError", "Message", "MissingDependency", "ModelError", "Reset", "RollforgeError",
+    "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "ScriptedBackend", "Step",
+    "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "ToolCall", "ToolCallParser", "Trajectory",
+    "acheck_env", "arollout", "check_env", "get_env_spec", "get_parser", "load_model", "load_tokenizer",
+    "rollout", "rollout_metrics", "token_fidelity_gap",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'rollforge' has no attribute {name!r}")
