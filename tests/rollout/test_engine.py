@@ -269,3 +269,31 @@ def test_config_rejects_unknown_and_bad_values():
         RolloutConfig.build(max_turn=3)
     with pytest.raises(ConfigError, match="concurrency"):
         RolloutConfig.build(concurrency=0)
+
+
+async def test_concurrency_limit_and_greedy_switch_reach_the_episodes(renderer):
+    open_now, peak, temperatures = [0], [0], []
+
+    class Counting(Scripted):
+        async def reset(self, sample):
+            open_now[0] += 1
+            peak[0] = max(peak[0], open_now[0])
+            return await super().reset(sample)
+
+        async def close(self):
+            open_now[0] -= 1
+
+    class CountingEnv(Env):
+        def open(self, sample):
+            return Counting(self.behave)
+
+    def script(request):
+        temperatures.append(request.params.temperature)
+        return "ok"
+
+    samples = [Sample(prompt=prompt(i)) for i in range(7)]
+    result = await arollout(samples, {"default": CountingEnv(observe)}, backend(renderer, script, latency=0.01),
+                            renderer, RolloutConfig(concurrency=2, greedy=True, temperature=0.7))
+    assert peak[0] == 2 and open_now[0] == 0
+    assert len(temperatures) == 21 and set(temperatures) == {0.0}
+    assert all(t.terminated for t in result.trajectories)
