@@ -5,7 +5,7 @@ For each sample the checker plays scripted episodes with synthetic assistant mes
 environments (``Reset.tools`` not empty) one tool call per turn with random arguments that are valid
 for the tool's JSON schema (enum values included); for step-style environments short plain-text
 answers ("7", "The answer is 12.", ...). The script comes from a seeded RNG, so it is the same every
-time. Rules, checked in this order:
+time (``envs/check_actions.py`` writes it). Rules, checked in this order:
 
 1. the environment has ``open(sample)`` and ``max_sessions`` (None or a positive int); ``open``
    returns an ``EnvSession`` whose methods return awaitables;
@@ -41,6 +41,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 from ..errors import ConfigError, EnvironmentError_
 from ..types import Failure, Message, Sample, ToolCall
 from .base import Environment, EnvSession, Reset, Step
+from .check_actions import invalid_arguments, scripted_action, tool_call_message
 from .library import EnvSpec, get_env_spec
 
 __all__ = ["check_env", "acheck_env"]
@@ -48,9 +49,6 @@ __all__ = ["check_env", "acheck_env"]
 T = TypeVar("T")
 
 _UNKNOWN_TOOL = "__check_env_no_such_tool__"
-_STRINGS = ("apple", "crane", "hello world", "42", "", "Ünïcode ✓", "left")
-_ANSWERS = ("{n}", "The answer is {n}.", "I am not sure.", "{a} + {b} = {n}", "Let me think... {n}")
-_NOT_A_VALUE = object()  # no value is invalid for this schema (Any, unions)
 
 
 async def acheck_env(
@@ -166,7 +164,7 @@ class _Checker:
         except Exception as exc:
             raise self.fail(f"{what} raised {_describe(exc)}") from exc
 
-    # -- one sample ------------------------------------------------------------------------------
+    # -- one sample, rule 5 ----------------------------------------------------------------------
 
     async def check_sample(self, index: int, sample: Sample) -> None:
         first = await self.episode(index, sample)
@@ -200,7 +198,7 @@ class _Checker:
             rng = random.Random(f"{self.seed}:{index}")
             conversation = list(reset.prompt)
             for turn in range(1, self.steps + 1):
-                conversation.append(_action(rng, turn, tools))
+                conversation.append(scripted_action(rng, turn, tools))
                 where = f"step {turn} (sample {index})"
                 step = await self.call(where, session.step, tuple(conversation))
                 self.check_step(step, where)
@@ -303,13 +301,13 @@ class _Checker:
         if stop is not None and (not isinstance(stop, tuple) or not all(isinstance(s, str) for s in stop)):
             raise self.fail(f"{where}: {what} must be None or a tuple of str, got {stop!r}")
 
-    # -- rule 5 ----------------------------------------------------------------------------------
+    # -- rule 6 ----------------------------------------------------------------------------------
 
     async def check_invalid_calls(self, index: int, sample: Sample, tools: tuple[str, ...]) -> None:
         functions = [json.loads(t)["function"] for t in tools]
         rng = random.Random(f"{self.seed}:{index}:invalid")
         target = rng.choice(functions)
-        bad_arguments = _invalid_arguments(rng, target.get("parameters", {}))
+        bad_arguments = invalid_arguments(rng, target.get("parameters", {}))
         calls = {
             "a call to an unknown tool": ToolCall(name=_UNKNOWN_TOOL, arguments={}, id="call_bad"),
             f"a call to {target['name']} with invalid arguments {_short(bad_arguments)}": ToolCall(
@@ -323,7 +321,7 @@ class _Checker:
             session = self.open(sample)
             try:
                 reset = await self.call(f"reset (sample {index})", session.reset, sample)
-                conversation = (*reset.prompt, _tool_call_message(call))
+                conversation = (*reset.prompt, tool_call_message(call))
                 where = f"step with {what} (sample {index})"
                 step = await self.call(
                     f"{where}, which must report a failure rather than raise,", session.step, conversation
@@ -338,102 +336,6 @@ class _Checker:
                     await session.close()
                 raise
             await self.check_close(session, index)
-
-
-# -- scripted actions ------------------------------------------------------------------------------
-
-
-def _action(rng: random.Random, turn: int, tools: tuple[str, ...]) -> Message:
-    """The scripted assistant message of one turn: a valid tool call, or a plain-text answer."""
-    if not tools:
-        a, b = rng.randint(0, 9), rng.randint(0, 9)
-        n = rng.choice((a + b, rng.randint(0, 20)))
-        return Message("assistant", rng.choice(_ANSWERS).format(a=a, b=b, n=n))
-    function = json.loads(rng.choice(tools))["function"]
-    arguments = _valid_value(rng, function["parameters"])
-    return _tool_call_message(ToolCall(function["name"], arguments, id=f"call_{turn}"))
-
-
-def _tool_call_message(call: ToolCall) -> Message:
-    """An assistant message carrying ``call``, its content written the way Qwen/Hermes models do."""
-    if call.error is not None:
-        content = '<tool_call>\n{"name": "oops", "arguments": {\n</tool_call>'
-    else:
-        content = f"<tool_call>\n{_json({'name': call.name, 'arguments': dict(call.arguments)})}\n</tool_call>"
-    return Message("assistant", content, tool_calls=(call,))
-
-
-def _valid_value(rng: random.Random, schema: Mapping[str, Any], depth: int = 0) -> Any:
-    """A random value that satisfies ``schema`` (the subset of JSON schema tools use)."""
-    if "enum" in schema:
-        return rng.choice(list(schema["enum"]))
-    if "const" in schema:
-        return schema["const"]
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            return _valid_value(rng, rng.choice(list(schema[key])), depth + 1)
-    if schema.get("nullable") and rng.random() < 0.2:
-        return None
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = rng.choice(kind)
-    if kind == "string":
-        return rng.choice(_STRINGS)
-    if kind in ("integer", "number"):
-        low = schema.get("minimum", -3)
-        high = schema.get("maximum", low + 13)
-        if kind == "integer":
-            return rng.randint(math.ceil(low), math.floor(high))
-        return round(rng.uniform(low, high), 2)
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "null":
-        return None
-    if kind == "array":
-        length = rng.randint(0, 2) if depth < 3 else 0
-        return [_valid_value(rng, schema.get("items", {}), depth + 1) for _ in range(length)]
-    if kind == "object":
-        properties = schema.get("properties")
-        if properties is not None:
-            required = set(schema.get("required", ()))
-            return {
-                key: _valid_value(rng, sub, depth + 1)
-                for key, sub in properties.items()
-                if key in required or rng.random() < 0.5
-            }
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, Mapping) and depth < 3:
-            return {"key": _valid_value(rng, extra, depth + 1)}
-        return {}
-    return rng.choice(("text", 1, True))  # no type: anything goes
-
-
-def _invalid_value(schema: Mapping[str, Any]) -> Any:
-    """A value that breaks ``schema``, or ``_NOT_A_VALUE`` when every value fits."""
-    if "enum" in schema:
-        return "__not_one_of_the_choices__" if "__not_one_of_the_choices__" not in schema["enum"] else 0.5
-    kind = schema.get("type")
-    if isinstance(kind, list) or "anyOf" in schema or "oneOf" in schema:
-        return _NOT_A_VALUE
-    return {
-        "string": {"not": "a string"},
-        "integer": "not a number",
-        "number": "not a number",
-        "boolean": "maybe",
-        "array": 5,
-        "object": 5,
-        "null": 5,
-    }.get(kind, _NOT_A_VALUE)
-
-
-def _invalid_arguments(rng: random.Random, parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """Valid arguments with one made invalid; an unexpected extra argument when none can be."""
-    arguments = _valid_value(rng, {**parameters, "type": "object"})
-    for key, schema in parameters.get("properties", {}).items():
-        value = _invalid_value(schema)
-        if value is not _NOT_A_VALUE:
-            return {**arguments, key: value}
-    return {**arguments, "__unexpected_argument__": 1}
 
 
 # -- transcripts -----------------------------------------------------------------------------------
