@@ -189,12 +189,15 @@ class Trajectory:
                 f"trajectory {self.index}: {n} token ids, {len(self.loss_mask)} mask entries, "
                 f"{len(self.logprobs)} logprobs; they must agree"
             )
-        for position, (bit, logprob) in enumerate(zip(self.loss_mask, self.logprobs)):
-            if bit not in (0, 1) or (bit == 1) != (logprob is not None):
-                raise InvariantError(
-                    f"trajectory {self.index}: token {position} has mask {bit!r} and logprob "
-                    f"{logprob!r}; policy tokens (mask 1) and only they carry a logprob"
-                )
+        if not _mask_matches_logprobs(self.loss_mask, self.logprobs):
+            position, bit, logprob = next(
+                (i, b, lp) for i, (b, lp) in enumerate(zip(self.loss_mask, self.logprobs))
+                if b not in (0, 1) or (b == 1) != (lp is not None)
+            )
+            raise InvariantError(
+                f"trajectory {self.index}: token {position} has mask {bit!r} and logprob "
+                f"{logprob!r}; policy tokens (mask 1) and only they carry a logprob"
+            )
         if len(self.rewards) != self.turns:
             raise InvariantError(f"trajectory {self.index}: {self.turns} turns, {len(self.rewards)} rewards")
         if not math.isclose(sum(self.rewards), self.total_reward, rel_tol=1e-9, abs_tol=1e-9):
@@ -242,6 +245,11 @@ class Trajectory:
             "generation_seconds": self.generation_seconds,
             "environment_seconds": self.environment_seconds,
         }
+
+
+def _mask_matches_logprobs(mask: tuple[int, ...], logprobs: tuple[float | None, ...]) -> bool:
+    """Fast path of the check (runs on every trajectory): all bits 0/1, logprobs exactly on 1s."""
+    return set(mask) <= {0, 1} and [bit == 1 for bit in mask] == [lp is not None for lp in logprobs]
 
 
 def _jsonable(value: Any) -> Any:

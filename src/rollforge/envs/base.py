@@ -37,7 +37,8 @@ class Reset:
     ``prompt`` is the opening conversation to render (the sample's prompt, possibly with the text
     ``reset`` returned appended to the last user message). ``tools`` are the JSON schemas of the
     tools offered, in the OpenAI function format (``{"type": "function", "function": {...}}``).
-    ``stop`` replaces the sample's first-turn stop strings when not None.
+    ``stop`` replaces the sample's first-turn stop strings when not None. Schemas may be shared
+    between episodes of one environment class: read them, do not mutate them.
     """
 
     prompt: tuple[Message, ...]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import weakref
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
@@ -153,7 +154,7 @@ class FactorySession(BaseSession):
             if observation:
                 prompt = _append_to_last_user(prompt, observation)
         self.tools = discover_tools(self._obj)
-        return Reset(prompt=prompt, tools=tuple(tool.schema() for tool in self.tools.values()))
+        return Reset(prompt=prompt, tools=_schemas(type(self._obj), self.tools))
 
     def _construct_and_reset(self, row: Mapping[str, Any]) -> tuple[Any, Any, bool]:
         """In a worker thread: (the object, what a sync reset returned, whether reset is pending)."""
@@ -243,6 +244,18 @@ def _reset_kwargs(reset: Callable[..., Any], row: Mapping[str, Any]) -> dict[str
             f"(row columns: {', '.join(columns) or 'none'})"
         )
     return {k: v for k, v in columns.items() if k in accepted}
+
+
+#: Tool schemas per environment class: they depend on the class only, and sharing one tuple lets
+#: the engine reuse what it derives from it (the fallback tool prompt) across episodes.
+_SCHEMAS: "weakref.WeakKeyDictionary[type, tuple[dict[str, Any], ...]]" = weakref.WeakKeyDictionary()
+
+
+def _schemas(cls: type, tools: Mapping[str, Tool]) -> tuple[dict[str, Any], ...]:
+    schemas = _SCHEMAS.get(cls)
+    if schemas is None or [s["function"]["name"] for s in schemas] != list(tools):
+        schemas = _SCHEMAS[cls] = tuple(tool.schema() for tool in tools.values())
+    return schemas
 
 
 @functools.lru_cache(maxsize=256)
