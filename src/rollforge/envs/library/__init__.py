@@ -43,36 +43,11 @@ class EnvSpec:
 _SPECS: dict[str, EnvSpec] = {
     spec.name: spec
     for spec in (
-        EnvSpec(
-            name="echo",
-            description="Call the echo tool with the requested word (one tool call).",
-            build=echo.build,
-            samples=echo.samples,
-        ),
-        EnvSpec(
-            name="arithmetic",
-            description="One-digit addition in one turn; 1.0 when the last number is the sum.",
-            build=arithmetic.build,
-            samples=arithmetic.samples,
-        ),
-        EnvSpec(
-            name="catch",
-            description="Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).",
-            build=catch.build,
-            samples=catch.samples,
-        ),
-        EnvSpec(
-            name="wordle",
-            description="Find a five-letter word in six guesses with G/Y/_ feedback (tool game).",
-            build=wordle.build,
-            samples=wordle.samples,
-        ),
-        EnvSpec(
-            name="guess_number",
-            description="Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).",
-            build=guess_number.build,
-            samples=guess_number.samples,
-        ),
+        EnvSpec("echo", "Call the echo tool with the requested word (one tool call).", echo.build, echo.samples),
+        EnvSpec("arithmetic", "One-digit addition in one turn; 1.0 when the last number is the sum.", arithmetic.build, arithmetic.samples),
+        EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples),
+        EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples),
+        EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples),
     )
 }
 
