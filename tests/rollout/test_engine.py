@@ -297,3 +297,28 @@ async def test_concurrency_limit_and_greedy_switch_reach_the_episodes(renderer):
     assert peak[0] == 2 and open_now[0] == 0
     assert len(temperatures) == 21 and set(temperatures) == {0.0}
     assert all(t.terminated for t in result.trajectories)
+
+
+async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_others(renderer):
+    def slow_for_task_one(request):
+        return "answer"
+
+    class Uneven(ScriptedBackend):
+        async def generate(self, prompt_ids, params):
+            if "Task number 1." in renderer.decode(prompt_ids):
+                await asyncio.sleep(0.6)  # episode 1 generates slowly: the others wait for it
+            return await super().generate(prompt_ids, params)
+
+    async def quick(turn, conversation):
+        return Step(messages=(Message("user", "more"),), terminated=turn == 2)
+
+    samples = [Sample(prompt=prompt(i)) for i in range(3)]
+    scripted = Uneven(slow_for_task_one, renderer, end_token_id=renderer.stop_token_ids[0])
+    config = RolloutConfig(mode="lockstep", episode_timeout=1.0, step_timeout=0.5)
+    result = await arollout(samples, {"default": Env(quick)}, scripted, renderer, config)
+    # Episode 1 needs 2 x 0.6 s of generation and times out; 0 and 2 wait for it at the barriers
+    # and the first of them to time out must not cancel the barrier for the rest.
+    kinds = [t.error.kind if t.error else "ok" for t in result.trajectories]
+    assert kinds[1] == "episode_timeout"
+    assert all(kind in ("ok", "episode_timeout") for kind in kinds)
+    assert result.metrics["episodes"] == 3

@@ -19,6 +19,7 @@ nothing is coerced from strings: ``"3"`` is not the integer 3. An unsupported hi
 
 from __future__ import annotations
 
+import abc
 import enum
 import json
 import types
@@ -50,20 +51,21 @@ def _mismatch(where: str, expected: str, value: Any) -> ArgumentMismatch:
 # --- type specs: one small class per kind of hint, each renders a schema and converts a value ---
 
 
-class TypeSpec:
+class TypeSpec(abc.ABC):
     """A compiled type hint: renders its JSON schema and checks (and converts) one value."""
 
     @property
+    @abc.abstractmethod
     def expected(self) -> str:
         """How the type is named in error messages."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def schema(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The JSON schema of the type."""
 
+    @abc.abstractmethod
     def convert(self, value: Any, where: str) -> Any:
         """The value to pass to the tool; raises ``ArgumentMismatch`` naming ``where`` if it does not fit."""
-        raise NotImplementedError
 
 
 class AnySpec(TypeSpec):

@@ -60,7 +60,14 @@ class LockstepGate:
             future = self._release[phase] = asyncio.get_running_loop().create_future()
         self._arrived[phase] = self._arrived.get(phase, 0) + 1
         self._maybe_release(phase)
-        await future
+        try:
+            # shielded: an episode cancelled here (its episode timeout) must not cancel the
+            # future the other episodes of the wave wait on
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not future.done():
+                self._arrived[phase] -= 1
+            raise
 
     def leave(self) -> None:
         self._parties -= 1
