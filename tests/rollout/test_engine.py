@@ -322,3 +322,14 @@ async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_othe
     assert kinds[1] == "episode_timeout"
     assert all(kind in ("ok", "episode_timeout") for kind in kinds)
     assert result.metrics["episodes"] == 3
+
+
+async def test_a_prompt_longer_than_max_seq_len_is_truncated_before_generating(renderer):
+    scripted = backend(renderer, lambda r: "never")
+    long_prompt = [{"role": "user", "content": "word " * 100}]
+    result = await arollout([Sample(prompt=long_prompt)], {"default": Env(observe)}, scripted, renderer,
+                            RolloutConfig(max_seq_len=50))
+    t = result.trajectories[0]
+    assert t.truncated and t.turns == 0 and len(t.token_ids) == 50 == t.prompt_length
+    assert scripted.calls == 0
+    assert_faithful([t], renderer)

@@ -271,9 +271,11 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
         return None
     if rendered.startswith(decoded) and renderer._closing_text.endswith(rendered[len(decoded) :]):
         return None
-    if decoded == renderer.render_text(trajectory.messages, trajectory.tools, add_generation_prompt=True):
+    prompted = renderer.render_text(trajectory.messages, trajectory.tools, add_generation_prompt=True)
+    if decoded == prompted:
         return None
-    if (trajectory.truncated or trajectory.error) and rendered.startswith(decoded.rstrip("\ufffd")):
+    cut = decoded.rstrip("\ufffd")  # a cut may split a multi-byte character
+    if (trajectory.truncated or trajectory.error) and (rendered.startswith(cut) or prompted.startswith(cut)):
         return None
     return _first_difference(rendered, decoded)
 

@@ -253,4 +253,5 @@ async def _close(state: _State, session: Any, ctx: EpisodeContext) -> None:
 
 def _cut_to(state: _State, limit: int) -> None:
     del state.ids[limit:], state.mask[limit:], state.logprobs[limit:]
+    state.prompt_length = min(state.prompt_length, limit)
 
