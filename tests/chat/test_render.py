@@ -102,12 +102,22 @@ def test_missing_template_is_a_clear_error(tokenizer):
         ChatRenderer(bare)
 
 
+class Describe:
+    """A tool-call parser stand-in whose fallback description is fixed."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def system_prompt(self, tools) -> str:
+        return self.text
+
+
 def test_tools_go_to_the_template_or_to_a_fallback_system_prompt(renderer, tokenizer):
     tools = ({"type": "function", "function": {"name": "move", "parameters": {"type": "object", "properties": {}}}},)
     assert not renderer.supports_tools()  # ChatML without tool support, like SmolLM2's
-    messages, template_tools = renderer.with_tool_prompt([Message("user", "go")], tools, "TOOLS: move")
+    messages, template_tools = renderer.with_tool_prompt([Message("user", "go")], tools, Describe("TOOLS: move"))
     assert template_tools == () and messages == (Message("system", "TOOLS: move"), Message("user", "go"))
-    merged, _ = renderer.with_tool_prompt([Message("system", "Be nice."), Message("user", "go")], tools, "TOOLS")
+    merged, _ = renderer.with_tool_prompt([Message("system", "Be nice."), Message("user", "go")], tools, Describe("TOOLS"))
     assert merged[0] == Message("system", "Be nice.\n\nTOOLS")
 
     aware = with_template(
@@ -118,7 +128,7 @@ def test_tools_go_to_the_template_or_to_a_fallback_system_prompt(renderer, token
     )
     aware_renderer = ChatRenderer(aware)
     assert aware_renderer.supports_tools()
-    messages, template_tools = aware_renderer.with_tool_prompt([Message("user", "go")], tools, "unused")
+    messages, template_tools = aware_renderer.with_tool_prompt([Message("user", "go")], tools, Describe("unused"))
     assert messages == (Message("user", "go"),) and template_tools == tools
     assert "move" in aware_renderer.render_text(messages, template_tools)
 

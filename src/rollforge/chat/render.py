@@ -25,7 +25,7 @@ system prompt, which states the tools and the call format (see ``with_tools``).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import TemplateError
 from ..types import Message, Trajectory
@@ -64,6 +64,7 @@ class ChatRenderer:
         self._supports_tools: bool | None = None
         self._prompt_cache: dict[tuple, tuple] = {}
         self._frames: dict[tuple, tuple] = {}  # (role, name, tools) -> text before/after content
+        self._memos: dict[tuple, tuple] = {}  # ids of objects -> (the objects, a value derived from them)
 
     # -- text and ids ---------------------------------------------------------------------------
 
@@ -112,7 +113,7 @@ class ChatRenderer:
         if len(messages) < 2:
             return self.encode(self.render_text(messages, tools))
         last = messages[-1]
-        key = (tuple((m.role, m.content, m.name) for m in messages[:-1]), _tools_key(tools), last.role, last.name)
+        key = (tuple((m.role, m.content, m.name) for m in messages[:-1]), self._tools_key(tools), last.role, last.name)
         shortcut = self._prompt_cache.get(key)
         if shortcut is None:
             if len(self._prompt_cache) >= 256:
@@ -161,7 +162,7 @@ class ChatRenderer:
         """Tokens for ``messages`` appended after a closed assistant turn (no generation prompt)."""
         if not messages:
             return []
-        key = _tools_key(tools)
+        key = self._tools_key(tools)
         if len(messages) == 1:
             shape = (messages[0].role, messages[0].name, key)
             frame = self._frames.get(shape)
@@ -207,23 +208,43 @@ class ChatRenderer:
         return self._text(probe, False, [tool]) != self._text(probe, False)
 
     def with_tool_prompt(
-        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], fallback_prompt: str
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], parser: Any
     ) -> tuple[tuple[Message, ...], tuple[Mapping[str, Any], ...]]:
         """The messages and template tools to render for a conversation offering ``tools``.
 
         A template that renders ``tools=`` gets them as they are. Otherwise (the documented fallback)
-        ``fallback_prompt`` -- the tool-call parser's description of the tools and the call format --
-        becomes the system message, placed before an existing system message's content."""
+        ``parser.system_prompt(tools)`` -- the tool-call parser's description of the tools and the
+        call format -- becomes the system message, placed after an existing system prompt. The
+        description is written once per tools tuple and parser (environment classes share one
+        tools tuple across their episodes)."""
         if not tools:
             return tuple(messages), ()
         if self._supports_tools is None:
             self._supports_tools = self.supports_tools()
         if self._supports_tools:
             return tuple(messages), tuple(tools)
+        fallback = self._memo((tools, parser), lambda: parser.system_prompt(tools))
         if messages and messages[0].role == "system":
-            merged = Message("system", f"{messages[0].content}\n\n{fallback_prompt}")
+            merged = Message("system", f"{messages[0].content}\n\n{fallback}")
             return (merged, *messages[1:]), ()
-        return (Message("system", fallback_prompt), *messages), ()
+        return (Message("system", fallback), *messages), ()
+
+    def _tools_key(self, tools: Sequence[Mapping[str, Any]]) -> str:
+        """A cache key for tool schemas (a JSON dump, computed once per tools tuple)."""
+        if not tools:
+            return ""
+        return self._memo((tools,), lambda: json.dumps(list(tools), sort_keys=True, default=str))
+
+    def _memo(self, objects: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()`` cached by the identity of ``objects``, which the cache keeps alive so that
+        their ids cannot be reused by other objects."""
+        key = tuple(map(id, objects))
+        hit = self._memos.get(key)
+        if hit is None:
+            if len(self._memos) >= 256:
+                self._memos.clear()
+            hit = self._memos[key] = (objects, compute())
+        return hit[1]
 
     # -- start-up check --------------------------------------------------------------------------
 
@@ -278,10 +299,6 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
     if (trajectory.truncated or trajectory.error) and (rendered.startswith(cut) or prompted.startswith(cut)):
         return None
     return _first_difference(rendered, decoded)
-
-
-def _tools_key(tools: Sequence[Mapping[str, Any]]) -> str:
-    return json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
 
 
 def _turn_end_ids(tokenizer: Any, closing: Sequence[int]) -> tuple[int, ...]:

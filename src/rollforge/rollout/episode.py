@@ -57,17 +57,6 @@ class EpisodeContext:
     renderer: ChatRenderer
     parser: ToolCallParser
     config: RolloutConfig
-    _tool_prompts: dict[int, tuple] = field(default_factory=dict)
-
-    def tool_prompt(self, tools: tuple) -> str:
-        """The parser's fallback description of ``tools``, once per tools tuple (environment
-        classes share one tuple across their episodes); the tuple is kept so its id stays unique."""
-        hit = self._tool_prompts.get(id(tools))
-        if hit is None or hit[0] is not tools:
-            if len(self._tool_prompts) >= 256:
-                self._tool_prompts.clear()
-            hit = self._tool_prompts[id(tools)] = (tools, self.parser.system_prompt(tools))
-        return hit[1]
 
 
 class _Stop(Exception):
@@ -157,8 +146,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
     config, renderer = ctx.config, ctx.renderer
     reset = await _env_call(state, session.reset(state.sample), "reset", config)
     stop = reset.stop if reset.stop is not None else state.sample.stop
-    fallback = ctx.tool_prompt(reset.tools) if reset.tools else ""
-    prompt, template_tools = renderer.with_tool_prompt(reset.prompt, reset.tools, fallback)
+    prompt, template_tools = renderer.with_tool_prompt(reset.prompt, reset.tools, ctx.parser)
     state.tools = template_tools
     state.messages += prompt
     state.extend(renderer.prompt_ids(prompt, template_tools))
