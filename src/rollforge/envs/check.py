@@ -103,13 +103,11 @@ def check_env(
     """Synchronous ``acheck_env``; inside a running event loop, ``await acheck_env(...)`` instead."""
     try:
         asyncio.get_running_loop()
-    except RuntimeError:
-        pass  # no loop running: the normal case
-    else:
-        raise ConfigError("check_env() cannot run inside an event loop; use await acheck_env(...)")
-    asyncio.run(
-        acheck_env(env_or_spec, samples=samples, steps=steps, seed=seed, timeout=timeout)
-    )
+    except RuntimeError:  # no loop running: the normal case
+        return asyncio.run(
+            acheck_env(env_or_spec, samples=samples, steps=steps, seed=seed, timeout=timeout)
+        )
+    raise ConfigError("check_env() cannot run inside an event loop; use await acheck_env(...)")
 
 
 class _Checker:
