@@ -113,3 +113,14 @@ def _useful(row: list[int], stop_ids: list[int]) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     print(json.dumps(run(), indent=2))
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="alternating measurements of each side")
+
+
+def main(args: Any) -> dict[str, Any]:
+    return run(args.model, args.episodes, args.max_new_tokens, args.repeats)

@@ -117,3 +117,14 @@ def _tokenizer(directory: str | None):
 
 if __name__ == "__main__":  # pragma: no cover
     print(json.dumps(run(), indent=2))
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--episodes", type=int, default=1024)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--latency", type=float, default=1.0, help="seconds per backend request")
+    parser.add_argument("--mode", choices=["async", "lockstep"], default="async")
+
+
+def main(args: Any) -> dict[str, Any]:
+    return run(args.episodes, args.turns, args.latency, args.mode)
