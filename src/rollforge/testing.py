@@ -120,3 +120,36 @@ def _make_model(tokenizer, seed: int):
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model.eval()
+
+
+#: The two kinds of request of ``FirstCharacter`` and their prompts.
+FIRST_CHARACTER_KINDS = {"digit": "Reply with a digit.", "upper": "Reply with a capital letter."}
+
+
+class FirstCharacter:
+    """A single-turn, step-style task that the tiny model can learn in a few dozen GRPO steps.
+
+    The reward is 1.0 when the reply's first character is of the kind the prompt asks for (a
+    digit, or a capital letter; ``metadata["kind"]``). A random model almost never does either,
+    and a policy that ignores the prompt gets at most half: above 0.9 means it reads the prompt.
+    """
+
+    def step(self, message_logs, metadata):
+        from .envs.stepwise import StepwiseReturn
+
+        rewards = []
+        for log, info in zip(message_logs, metadata):
+            first = log[-1]["content"][:1]
+            ok = first.isdigit() if info["kind"] == "digit" else (first.isalpha() and first.isupper())
+            rewards.append(1.0 if ok else 0.0)
+        n = len(message_logs)
+        return StepwiseReturn([{"role": "user", "content": ""}] * n, list(metadata), [None] * n, rewards, [True] * n)
+
+
+def first_character_rows(n: int) -> list[dict]:
+    """``n`` prompt rows for ``FirstCharacter``, alternating kinds, each with an ``id`` column."""
+    kinds = list(FIRST_CHARACTER_KINDS)
+    return [
+        {"prompt": f"{FIRST_CHARACTER_KINDS[kinds[i % 2]]} ({i})", "metadata": {"kind": kinds[i % 2]}, "id": i}
+        for i in range(n)
+    ]

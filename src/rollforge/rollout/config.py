@@ -10,7 +10,7 @@ from ..errors import ConfigError
 
 
 class RolloutConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     mode: Literal["async", "lockstep"] = "async"
     """``async``: each episode proceeds on its own (generation of one overlaps environment steps of

@@ -1,0 +1,120 @@
+"""``rollforge train``, ``rollforge quickstart`` and ``rollforge eval``.
+
+``train CONFIG.yaml [--set key=value ...] [--resume]`` runs the GRPO loop of ``train/loop.py``.
+``quickstart`` is ``train`` on the packaged ``presets/quickstart.yaml`` followed by the report
+(reward before and after, reward curve). ``eval`` rolls a model or checkpoint out greedily (or
+``--samples N`` times per prompt) and prints mean reward and pass@k as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+PRESETS = Path(__file__).resolve().parent.parent / "train" / "presets"
+
+
+def add_parser(commands: Any) -> None:
+    train = commands.add_parser("train", help="train a model with GRPO from a YAML config")
+    train.add_argument("config", nargs="?", type=Path, help="YAML config (omit with --help-config)")
+    _common(train)
+    train.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    train.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
+    train.set_defaults(run=_train)
+
+    quick = commands.add_parser("quickstart", help="train SmolLM2-135M on CPU on arithmetic + guess_number (~10 min)")
+    quick.add_argument("--out", type=Path, default=Path("runs/quickstart"))
+    quick.add_argument("--steps", type=int, default=None)
+    quick.add_argument("--model", default=None, help="model directory or alias (default smollm2-135m)")
+    quick.add_argument("--backend", choices=["hf", "vllm", "openai"], default=None)
+    quick.add_argument("--base-url", default=None, help="server URL for --backend openai")
+    quick.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    quick.add_argument("--resume", action="store_true")
+    quick.set_defaults(run=_quickstart)
+
+    ev = commands.add_parser("eval", help="evaluate a model or checkpoint: mean reward and pass@k")
+    ev.add_argument("--model", default="smollm2-135m", help="model directory, checkpoint model/ directory or alias")
+    ev.add_argument("--env", action="append", dest="envs", metavar="NAME", help="bundled environment (repeatable)")
+    ev.add_argument("--episodes", type=int, default=64, help="prompts (spread over the environments)")
+    ev.add_argument("--samples", type=int, default=1, help="samples per prompt (1: greedy)")
+    ev.add_argument("--max-turns", type=int, default=4)
+    ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument("--success-threshold", type=float, default=1.0, help="total reward counted as a pass")
+    ev.add_argument("--seed", type=int, default=1234)
+    ev.add_argument("--out", type=Path, default=None, help="write metrics.json (this result) and trajectories.jsonl here")
+    ev.set_defaults(run=_eval)
+
+
+def _common(p: Any) -> None:
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set algorithm.batch_size=4 (repeatable)")
+
+
+def _train(args: Any) -> int:
+    from ..errors import ConfigError
+    from ..train.config import describe_config, load_config
+    from ..train.loop import train
+
+    if args.help_config:
+        print(describe_config())
+        return 0
+    if args.config is None:
+        raise ConfigError("rollforge train needs a config file (see examples/), or --help-config")
+    config = load_config(args.config, args.overrides)
+    result = train(config, resume=args.resume)
+    print(f"trained {result.steps} steps -> {result.out}")
+    return 0
+
+
+def _quickstart(args: Any) -> int:
+    from ..train.config import load_config
+    from ..train.loop import train
+    from ..train.report import write_report
+
+    overrides = [f"out={args.out}"]
+    for key, value in (("steps", args.steps), ("model.name", args.model), ("model.backend", args.backend),
+                       ("model.base_url", args.base_url)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    config = load_config(PRESETS / "quickstart.yaml", [*overrides, *args.overrides])
+    began = time.perf_counter()
+    result = train(config, resume=args.resume)
+    report = write_report(Path(config.out), result.evaluations.get("before"), result.evaluations.get("after"),
+                          time.perf_counter() - began)
+    print(report.read_text())
+    return 0
+
+
+def _eval(args: Any) -> int:
+    import asyncio
+
+    from ..chat.render import ChatRenderer
+    from ..cli.rollout import split_samples, write_results
+    from ..envs.library import get_env_spec
+    from ..rollout.config import RolloutConfig
+    from ..train.evaluate import aevaluate
+
+    specs = [get_env_spec(name) for name in args.envs or ["arithmetic"]]
+    prompts = split_samples(specs, args.episodes, args.seed)
+    config = RolloutConfig.build(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                                 greedy=args.samples == 1, seed=args.seed)
+
+    async def run():
+        from ..backends.hf import HFBackend
+        from ..models import load_model
+
+        model, tokenizer = load_model(args.model)
+        backend = HFBackend(model, tokenizer)
+        try:
+            return await aevaluate(prompts, {s.name: s.build() for s in specs}, backend, ChatRenderer(tokenizer),
+                                   config, samples_per_prompt=args.samples, success_threshold=args.success_threshold)
+        finally:
+            await backend.close()
+
+    result = asyncio.run(run())
+    print(json.dumps(result.to_json(), indent=2))
+    if args.out is not None:
+        write_results(args.out, result.trajectories, result.to_json())
+    return 0

@@ -1,0 +1,221 @@
+"""Training settings: one closed, typed, documented tree, loaded from YAML and overridable with
+``--set section.key=value``.
+
+Every section forbids unknown keys; a misspelled key is a ``ConfigError`` that names the nearest
+valid key. Each field is documented by the docstring under it (``rollforge train --help-config``
+prints them).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigError
+from ..rollout.config import RolloutConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m"
+    """A local model directory, a cached hub id, or an alias (``smollm2-135m``)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and compute precision of the trained model."""
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    """Generation backend. ``hf`` generates with the trained model object itself (no sync needed);
+    the others receive the new weights after every update."""
+    base_url: str | None = None
+    """Server URL for the ``openai`` backend."""
+    max_batch_size: int = Field(64, ge=1)
+    """Rows the HF backend decodes together."""
+
+
+class LoraConfig(_Section):
+    enabled: bool = False
+    """Train a LoRA adapter (``peft``) instead of all weights."""
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | str = "all-linear"
+    """Module names to adapt, or ``all-linear``."""
+
+
+class EnvConfig(_Section):
+    name: str
+    """A bundled environment (``rollforge env list``) or ``module:attribute`` naming an environment
+    class, a step-style object, a factory or an ``Environment``; it is also the samples' task name."""
+    weight: float = Field(1.0, gt=0)
+    """Share of the prompts drawn from this environment's own generator (when ``data.path`` is unset)."""
+    options: dict[str, Any] = {}
+    """Keyword arguments of the bundled environment's sample generator (e.g. ``digits: 2``)."""
+    task_name: str | None = None
+    """Task name routed to this environment; default: the bundled name or the attribute's name."""
+
+
+class DataConfig(_Section):
+    path: str | None = None
+    """Prompts file (``.jsonl``/``.json``/``.parquet``) or a saved ``datasets`` directory. Columns:
+    ``prompt`` (text or a list of messages), optional ``task_name``/``environment``; the others reach
+    ``reset(**row)`` and reward functions. Unset: prompts come from the environments' generators."""
+    size: int = Field(2048, ge=1)
+    """Prompts drawn from the environments' generators (when ``path`` is unset)."""
+    system_prompt: str | None = None
+    """Prepended as a system message to prompts given as text."""
+    shuffle: bool = True
+    """Shuffle prompts every epoch (seeded by ``seed`` and the epoch)."""
+
+
+class RewardConfig(_Section):
+    function: str
+    """``module:function`` with the signature ``f(prompts, completions, environments, **columns)``
+    returning one float or None (not applicable) per sample; ``async def`` is awaited."""
+    weight: float = 1.0
+
+
+class AlgorithmConfig(_Section):
+    batch_size: int = Field(8, ge=1)
+    """Prompts per step."""
+    group_size: int = Field(4, ge=2)
+    """Episodes per prompt (the GRPO group)."""
+    advantage: Literal["grpo", "grpo_no_std", "dr_grpo", "rloo"] = "grpo"
+    """``grpo``: (r - group mean) / group std. ``grpo_no_std`` and ``dr_grpo``: r - group mean
+    (Dr.GRPO, pair it with ``loss_aggregation: fixed``). ``rloo``: r - mean of the other members."""
+    loss_aggregation: Literal["token", "sequence", "fixed"] = "token"
+    """``token``: mean over all policy tokens of the batch. ``sequence``: mean per episode, then over
+    episodes. ``fixed``: sum over tokens / (episodes x ``max_loss_tokens``) (Dr.GRPO)."""
+    max_loss_tokens: int | None = Field(None, ge=1)
+    """Normaliser of ``fixed`` aggregation; default: rollout max_new_tokens x max_turns."""
+    clip_low: float = Field(0.2, ge=0)
+    """Importance ratios below 1 - clip_low are clipped."""
+    clip_high: float = Field(0.2, ge=0)
+    """Importance ratios above 1 + clip_high are clipped (raise it for DAPO's clip-higher)."""
+    kl_beta: float = Field(0.0, ge=0)
+    """Weight of the k3 KL estimate to the reference (initial) model; 0 loads no reference."""
+    epochs_per_batch: int = Field(1, ge=1)
+    """Optimizer steps on each rollout batch (ratios use the generation logprobs throughout)."""
+    env_reward_weight: float = 1.0
+    """Weight of the environments' own rewards (step rewards and ``get_reward()``)."""
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm; None: no clipping."""
+    micro_batch_tokens: int = Field(4096, ge=1)
+    """Padded tokens per forward/backward pass; the batch is accumulated over as many passes as needed."""
+
+
+class TrainConfig(_Section):
+    out: str = "runs/train"
+    """Run directory: metrics.jsonl, checkpoints/, trajectories/, report."""
+    steps: int = Field(40, ge=1)
+    seed: int = 0
+    model: ModelConfig = ModelConfig()
+    lora: LoraConfig = LoraConfig()
+    environments: list[EnvConfig] = [EnvConfig(name="arithmetic")]
+    data: DataConfig = DataConfig()
+    rewards: list[RewardConfig] = []
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    optim: OptimConfig = OptimConfig()
+    rollout: RolloutConfig = RolloutConfig(max_turns=4, max_new_tokens=64, max_seq_len=1024, concurrency=32)
+    checkpoint_every: int = Field(10, ge=0)
+    """Steps between checkpoints (0: only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    save_trajectories: bool = True
+    """Write each step's trajectories to ``trajectories/step-NNNNNN.jsonl``."""
+    eval_episodes: int = Field(0, ge=0)
+    """Greedy held-out episodes evaluated before and after training (0: none)."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), **values: Any) -> TrainConfig:
+    """A ``TrainConfig`` from a YAML file, then ``key.sub=value`` overrides, then keyword values."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(loaded).__name__}")
+        data = loaded
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        _set_path(data, key.split("."), yaml.safe_load(raw))
+    data.update(values)
+    return build_config(data)
+
+
+def build_config(data: dict[str, Any]) -> TrainConfig:
+    _check_keys(TrainConfig, data, ())
+    try:
+        return TrainConfig(**data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise ConfigError(f"invalid training config: {problems}") from None
+
+
+def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    for key in keys[:-1]:
+        data = data.setdefault(key, {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"cannot set {'.'.join(keys)}: {key!r} is not a section")
+    data[keys[-1]] = value
+
+
+def _check_keys(model: type[BaseModel], data: Any, where: tuple[str, ...]) -> None:
+    """Unknown keys, with the nearest valid one, before pydantic's less helpful message."""
+    if not isinstance(data, dict):
+        return
+    fields = model.model_fields
+    for key, value in data.items():
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {'.'.join((*where, near[0]))!r}?" if near else ""
+            valid = ", ".join(fields)
+            raise ConfigError(f"unknown config key {'.'.join((*where, str(key)))!r}{hint} (valid here: {valid})")
+        annotation = fields[key].annotation
+        inner = _section_type(annotation)
+        if inner is not None:
+            for item in value if isinstance(value, list) else [value]:
+                _check_keys(inner, item, (*where, key))
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def describe_config(model: type[BaseModel] = TrainConfig, prefix: str = "") -> str:
+    """Every key with its default and documentation, one per line (``--help-config``)."""
+    lines = []
+    for name, field in model.model_fields.items():
+        inner = _section_type(field.annotation)
+        key = f"{prefix}{name}"
+        if inner is not None:
+            lines.append(f"{key}:")
+            lines.append(describe_config(inner, key + "."))
+            continue
+        doc = " ".join((field.description or "").split())
+        default = "(required)" if field.is_required() else repr(field.default)
+        lines.append(f"  {key} = {default}" + (f"  # {doc}" if doc else ""))
+    return "\n".join(lines)

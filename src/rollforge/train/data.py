@@ -1,0 +1,151 @@
+"""Prompts for training: where they come from, and the seeded order in which they are drawn.
+
+Sources: a file (``.jsonl``, ``.json``, ``.parquet``) or a saved ``datasets`` directory, an in-memory
+``datasets.Dataset`` or list of dicts, or, without either, the bundled environments' own sample
+generators. A row's ``prompt`` is text (one user message, after the optional system prompt) or a
+list of ``{role, content}`` messages; ``task_name`` routes it (default: the only environment, else
+its ``environment`` column when that names a configured task); every other column reaches
+``reset(**row)`` and the reward functions.
+
+``PromptSource`` walks a fresh seeded permutation per epoch. Its state is (epoch, cursor): saving
+and restoring it in a checkpoint makes a resumed run draw exactly the prompts the uninterrupted run
+would have, none twice and none skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..envs.library import get_env_spec
+from ..errors import ConfigError, InvariantError
+from ..types import Message, Sample
+from .config import EnvConfig
+
+
+class PromptSource:
+    def __init__(self, samples: Sequence[Sample], seed: int = 0, shuffle: bool = True):
+        if not samples:
+            raise ConfigError("the prompt source is empty: expected at least one prompt")
+        self.samples = list(samples)
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.cursor = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.samples)))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self, n: int) -> list[Sample]:
+        out = []
+        for _ in range(n):
+            if self.cursor == len(self._order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            out.append(self.samples[self._order[self.cursor]])
+            self.cursor += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "size": len(self.samples)}
+
+    def load_state(self, state: Mapping[str, int]) -> None:
+        if state.get("size") != len(self.samples):
+            raise ConfigError(
+                f"the checkpoint was taken with {state.get('size')} prompts but the data now has "
+                f"{len(self.samples)}; resume with the same data"
+            )
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._order = self._permutation(self.epoch)
+
+
+def generated_samples(envs: Sequence[EnvConfig], size: int, seed: int) -> list[Sample]:
+    """``size`` prompts from bundled environments' generators, shared by weight, interleaved."""
+    for env in envs:
+        if ":" in env.name:
+            raise ConfigError(
+                f"environment {env.name!r} has no prompt generator; give prompts with data.path"
+            )
+    total = sum(e.weight for e in envs)
+    counts = [max(1, round(size * e.weight / total)) for e in envs]
+    groups = []
+    for i, (env, count) in enumerate(zip(envs, counts)):
+        try:
+            samples = get_env_spec(env.name).samples(count, seed + i, **env.options)
+        except TypeError as exc:
+            raise ConfigError(f"bad options {env.options} for environment {env.name!r}: {exc}") from None
+        if env.task_name:
+            samples = [Sample(s.prompt, env.task_name, s.row, s.stop) for s in samples]
+        groups.append(samples)
+    return [g[j] for j in range(max(counts)) for g in groups if j < len(g)]
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"data.path {str(path)!r} does not exist")
+    if path.is_dir():
+        return _datasets_rows(path)
+    if path.suffix == ".jsonl":
+        with path.open() as f:
+            return [_row(json.loads(line), path, n) for n, line in enumerate(f, 1) if line.strip()]
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if not isinstance(data, list):
+            raise ConfigError(f"{str(path)!r} must hold a JSON list of rows, got {type(data).__name__}")
+        return [_row(r, path, n) for n, r in enumerate(data, 1)]
+    if path.suffix == ".parquet":
+        from ..errors import require
+
+        pq = require("pyarrow.parquet", extra="train", feature="parquet prompt files")
+        return pq.read_table(path).to_pylist()
+    raise ConfigError(f"data.path {str(path)!r}: expected .jsonl, .json, .parquet or a saved datasets directory")
+
+
+def _datasets_rows(path: Path) -> list[dict[str, Any]]:
+    from ..errors import require
+
+    datasets = require("datasets", extra="train", feature="saved datasets directories")
+    return list(datasets.load_from_disk(str(path)))
+
+
+def _row(row: Any, path: Path, line: int) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ConfigError(f"{str(path)!r} row {line}: expected an object, got {type(row).__name__}")
+    return row
+
+
+def rows_to_samples(rows: Iterable[Mapping[str, Any]], tasks: Sequence[str], system_prompt: str | None = None) -> list[Sample]:
+    out = []
+    for n, row in enumerate(rows, 1):
+        if "prompt" not in row:
+            raise ConfigError(f"prompt row {n} has no 'prompt' column (columns: {sorted(row)})")
+        prompt = _messages(row["prompt"], system_prompt, n)
+        task = row.get("task_name") or (row.get("environment") if row.get("environment") in tasks else None)
+        if task is None:
+            if len(tasks) != 1:
+                raise ConfigError(
+                    f"prompt row {n} has no task_name column and there are several environments {list(tasks)}"
+                )
+            task = tasks[0]
+        if task not in tasks:
+            raise ConfigError(f"prompt row {n}: task_name {task!r} is not a configured environment {list(tasks)}")
+        columns = {k: v for k, v in row.items() if k not in ("prompt", "task_name")}
+        out.append(Sample(prompt=prompt, task_name=task, row=columns))
+    return out
+
+
+def _messages(prompt: Any, system_prompt: str | None, n: int) -> tuple[Message, ...]:
+    if isinstance(prompt, str):
+        head = (Message("system", system_prompt),) if system_prompt else ()
+        return (*head, Message("user", prompt))
+    if isinstance(prompt, list) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        try:
+            return tuple(Message(m["role"], m["content"]) for m in prompt)
+        except (KeyError, TypeError, InvariantError) as exc:
+            raise ConfigError(f"prompt row {n}: bad message list ({exc})") from None
+    raise ConfigError(f"prompt row {n}: 'prompt' must be text or a list of {{role, content}} messages, got {prompt!r:.80}")

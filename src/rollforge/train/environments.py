@@ -1,0 +1,71 @@
+"""Environments named in a training config, built into the engine's ``task_to_env`` mapping.
+
+A name is either a bundled environment (``arithmetic``) or ``module:attribute``. The attribute may
+be an ``Environment`` (used as is), a class or object with a NeMo-RL-style ``step(message_logs,
+metadata)`` (wrapped in ``StepwiseEnvironment``), a dict ``{name: factory}`` or any other class or
+zero-argument callable (TRL-style, wrapped in ``FactoryEnvironment``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Mapping
+
+from ..envs.base import Environment
+from ..envs.factory import FactoryEnvironment
+from ..envs.library import ENV_NAMES, get_env_spec
+from ..envs.stepwise import StepwiseEnvironment
+from ..errors import ConfigError
+from .config import EnvConfig
+
+
+def task_name(config: EnvConfig) -> str:
+    return config.task_name or config.name.rpartition(":")[2]
+
+
+def build_environments(configs: list[EnvConfig]) -> dict[str, Environment]:
+    if not configs:
+        raise ConfigError("no environments configured: give at least one under 'environments'")
+    out: dict[str, Environment] = {}
+    for config in configs:
+        name = task_name(config)
+        if name in out:
+            raise ConfigError(f"two environments have the task name {name!r}; set task_name on one of them")
+        out[name] = _build(config.name)
+    return out
+
+
+def _build(name: str) -> Environment:
+    if ":" not in name:
+        if name not in ENV_NAMES:
+            get_env_spec(name)  # raises with the list of valid names
+        return get_env_spec(name).build()
+    target = import_attribute(name)
+    if isinstance(target, Environment) and not inspect.isclass(target):
+        return target
+    if isinstance(target, Mapping):
+        return FactoryEnvironment(target)
+    if inspect.isclass(target) and callable(getattr(target, "step", None)) and not hasattr(target, "reset"):
+        return StepwiseEnvironment(target())
+    if not inspect.isclass(target) and callable(getattr(target, "step", None)):
+        return StepwiseEnvironment(target)
+    if callable(target):
+        return FactoryEnvironment(target)
+    raise ConfigError(f"{name!r} is a {type(target).__name__}; expected an environment class, factory or Environment")
+
+
+def import_attribute(path: str) -> Any:
+    """``module:attribute`` (dots allowed in both parts) -> the object."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError(f"{path!r} must look like 'module:attribute'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (from {path!r})")
+        target = getattr(target, part)
+    return target

@@ -1,0 +1,75 @@
+"""Evaluation: roll a policy out on prompts, ``n`` times each, and report mean reward and pass@k.
+
+Greedy evaluation (the default) runs each prompt once. Sampled evaluation runs it ``n`` times and
+reports the unbiased pass@k estimate of Chen et al. (2021) for every k <= n: with c of n samples
+successful (total reward >= ``success_threshold``), pass@k = 1 - C(n - c, k) / C(n, k), averaged
+over prompts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..chat.render import ChatRenderer
+from ..envs.base import Environment
+from ..errors import ConfigError
+from ..rollout.config import RolloutConfig
+from ..rollout.engine import arollout
+from ..types import Sample, Trajectory
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    episodes: int
+    mean_reward: float
+    pass_at_k: dict[int, float]
+    per_task: dict[str, float]
+    trajectories: tuple[Trajectory, ...] = field(repr=False, default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "episodes": self.episodes,
+            "mean_reward": self.mean_reward,
+            "pass_at_k": {str(k): v for k, v in self.pass_at_k.items()},
+            "per_task": self.per_task,
+        }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ConfigError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+async def aevaluate(
+    prompts: Sequence[Sample],
+    task_to_env: Mapping[str, Environment],
+    backend: Any,
+    renderer: ChatRenderer,
+    config: RolloutConfig,
+    *,
+    samples_per_prompt: int = 1,
+    success_threshold: float = 1.0,
+) -> EvalResult:
+    n = samples_per_prompt
+    if n < 1:
+        raise ConfigError(f"samples_per_prompt must be >= 1, got {n}")
+    if config.greedy and n > 1:
+        raise ConfigError(f"greedy evaluation gives the same answer every time; use samples_per_prompt=1, not {n}")
+    samples = [s for s in prompts for _ in range(n)]
+    result = await arollout(samples, task_to_env, backend, renderer, config)
+    trajectories = result.trajectories
+    rewards = [t.total_reward for t in trajectories]
+    passes: dict[int, float] = {}
+    for k in range(1, n + 1):
+        passes[k] = statistics.fmean(
+            pass_at_k(n, sum(r >= success_threshold for r in rewards[i : i + n]), k) for i in range(0, len(rewards), n)
+        )
+    tasks = sorted({t.task_name for t in trajectories})
+    per_task = {task: statistics.fmean(t.total_reward for t in trajectories if t.task_name == task) for task in tasks}
+    return EvalResult(len(trajectories), statistics.fmean(rewards), passes, per_task, trajectories)

@@ -1,0 +1,97 @@
+"""What a training run records: ``metrics.jsonl`` (one JSON object per step, flushed as written),
+TensorBoard scalars when ``tensorboard`` is installed, one console line per step, and each step's
+trajectories under ``trajectories/step-NNNNNN.jsonl`` with their reward and advantage.
+
+On resume, lines of ``metrics.jsonl`` for steps after the checkpoint (written by the run that
+died) are dropped, so the file ends up with every step exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..types import Trajectory
+
+
+class Logbook:
+    def __init__(self, out: Path, total_steps: int, start_step: int = 0, console: bool = True):
+        self.out = out
+        self.total_steps = total_steps
+        self.console = console
+        out.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = out / "metrics.jsonl"
+        _truncate_after(self.metrics_path, start_step)
+        self._metrics = self.metrics_path.open("a")
+        self._tensorboard = _tensorboard_writer(out / "tensorboard")
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(metrics) + "\n")
+        self._metrics.flush()
+        if self._tensorboard is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                    self._tensorboard.add_scalar(key, value, metrics["step"])
+            self._tensorboard.flush()
+        if self.console:
+            print(console_line(metrics, self.total_steps), file=sys.stderr, flush=True)
+
+    def save_trajectories(
+        self, step: int, trajectories: Sequence[Trajectory], rewards: Sequence[float], advantages: Sequence[float]
+    ) -> None:
+        folder = self.out / "trajectories"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"step-{step:06d}.jsonl"
+        tmp = path.with_suffix(".jsonl.tmp")
+        with tmp.open("w") as f:
+            for t, reward, advantage in zip(trajectories, rewards, advantages):
+                f.write(json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n")
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+def console_line(m: dict[str, Any], total_steps: int) -> str:
+    per_env = "  ".join(
+        f"{k.removeprefix('reward/env/')} {v:.2f}" for k, v in m.items() if k.startswith("reward/env/") and v is not None
+    )
+    return (
+        f"step {m['step']:>4}/{total_steps}  reward {m['reward/mean']:.3f}  [{per_env}]  "
+        f"loss {m['loss']:+.4f}  kl {m['kl']:.4f}  clip {m['clip_fraction']:.3f}  "
+        f"gnorm {m['grad_norm']:.3f}  {m['time/step']:.1f}s (gen+env {m['time/rollout']:.1f}s, "
+        f"train {m['time/update']:.1f}s)"
+    )
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of ``path`` (a torn last line from a killed run is skipped)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    kept = [m for m in read_metrics(path) if m.get("step", 0) <= step] if step else []
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
+    os.replace(tmp, path)
+
+
+def _tensorboard_writer(folder: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    return SummaryWriter(str(folder))

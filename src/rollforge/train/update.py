@@ -1,0 +1,183 @@
+"""One policy update on a batch of trajectories: micro-batches sized by tokens, accumulated
+gradients, clipping, one optimizer step.
+
+Trajectories become ``Episode`` tensors: the token ids exactly as rolled out, the loss mask, and
+the generation logprobs aligned to the ids (0 where the mask is 0). The current policy's logprob
+of token i comes from the logits at position i - 1, so a forward pass over ids[:-1] scores ids[1:].
+The vocabulary projection runs only on the positions that predict a policy token.
+
+Episodes are sorted by length and packed greedily into micro-batches whose padded size
+(rows x longest row) stays within ``micro_batch_tokens`` (one over-long episode is a micro-batch of
+its own). The loss weights are computed for the whole batch beforehand (see ``losses``), so the
+accumulated gradient equals the full-batch gradient whatever the packing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ..types import Trajectory
+from .losses import ClippedPolicyLoss
+
+
+@dataclass(frozen=True)
+class Episode:
+    ids: torch.Tensor  # (T,) long
+    mask: torch.Tensor  # (T,) float, 1 on policy tokens
+    old_logprobs: torch.Tensor  # (T,) float, 0 off the mask
+
+    @classmethod
+    def from_trajectory(cls, trajectory: Trajectory) -> "Episode":
+        mask = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
+        old = torch.tensor([lp if lp is not None else 0.0 for lp in trajectory.logprobs], dtype=torch.float32)
+        return cls(torch.tensor(trajectory.token_ids, dtype=torch.long), mask, old)
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    loss: float
+    policy_loss: float
+    kl: float
+    clip_fraction: float
+    mean_ratio: float
+    grad_norm: float
+    micro_batches: int
+    tokens: int  # tokens forwarded (policy and context)
+    policy_tokens: int
+
+
+def pack_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[list[int]]:
+    """Indices grouped so that rows x longest row <= micro_batch_tokens (longest first)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= micro_batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def sequence_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, T) logprob under ``model`` of each token where ``targets`` is true, given the tokens
+    before it; 0 elsewhere (and at position 0, which has no context).
+
+    The vocabulary projection is the costliest matmul of a small model's forward and backward
+    (576 x 49152 per token for SmolLM2-135M), so when the model's logits are plain ``lm_head(h)``
+    it is applied only to the hidden states that predict a target token; otherwise the logits are
+    computed from the first target onward.
+    """
+    batch, length = ids.shape
+    rows, cols = targets[:, 1:].nonzero(as_tuple=True)  # token cols + 1 is a target
+    out = torch.zeros(batch, length)
+    if rows.numel() == 0:
+        return out
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if _plain_lm_head(base):
+        hidden = base.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+        logits = base.get_output_embeddings()(hidden[rows, cols]).float()  # (N, V)
+    else:
+        first = int(cols.min())
+        keep = length - first
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
+        logits = logits[rows, cols - first].float()  # (N, V)
+    picked = ids[rows, cols + 1]
+    out[rows, cols + 1] = logits.gather(-1, picked[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return out
+
+
+def _plain_lm_head(model: Any) -> bool:
+    """Whether the model's logits are exactly ``get_output_embeddings()(decoder output)``."""
+    config = model.config.get_text_config(decoder=True)
+    scaled = any(getattr(config, name, None) not in (None, 1, 1.0) for name in ("final_logit_softcapping", "logit_scale"))
+    return not scaled and callable(getattr(model, "get_decoder", None)) and model.get_output_embeddings() is not None
+
+
+def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int):
+    length = max(e.ids.numel() for e in episodes)
+    ids = torch.full((len(episodes), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(episodes), length), dtype=torch.long)
+    old = torch.zeros((len(episodes), length))
+    w = torch.zeros((len(episodes), length))
+    for row, (e, wt) in enumerate(zip(episodes, weights)):
+        n = e.ids.numel()
+        ids[row, :n], attention[row, :n], old[row, :n], w[row, :n] = e.ids, 1, e.old_logprobs, wt
+    return ids, attention, old, w
+
+
+def policy_update(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    episodes: Sequence[Episode],
+    advantages: torch.Tensor,  # (N,)
+    weights: Sequence[torch.Tensor],  # per episode, (T_i,)
+    loss_fn: ClippedPolicyLoss,
+    *,
+    micro_batch_tokens: int,
+    pad_id: int,
+    max_grad_norm: float | None = None,
+    reference: Any = None,
+) -> UpdateStats:
+    """Accumulate the loss over micro-batches and take one optimizer step."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    totals = dict(loss=0.0, policy_loss=0.0, kl=0.0, clipped=0, tokens=0, policy_tokens=0, ratio=0.0)
+    batches = pack_micro_batches([e.ids.numel() for e in episodes], micro_batch_tokens)
+    for rows in batches:
+        if not any(float(weights[i].abs().sum()) for i in rows):
+            continue  # nothing to learn from these rows (zero weight everywhere)
+        ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id)
+        ref = None
+        if reference is not None:
+            with torch.no_grad(), _reference_context(reference):
+                ref = sequence_logprobs(reference.model, ids, attention, w != 0)
+        logprobs = sequence_logprobs(model, ids, attention, w != 0)
+        parts = loss_fn(logprobs, old, advantages[rows], w, ref)
+        parts.loss.backward()
+        totals["loss"] += float(parts.loss.detach())
+        totals["policy_loss"] += parts.policy_loss
+        totals["kl"] += parts.kl
+        totals["clipped"] += parts.clipped_tokens
+        totals["policy_tokens"] += parts.tokens
+        totals["ratio"] += parts.ratio_sum
+        totals["tokens"] += int(attention.sum())
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_grad_norm is not None:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    else:
+        grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    n = max(totals["policy_tokens"], 1)
+    return UpdateStats(
+        loss=totals["loss"],
+        policy_loss=totals["policy_loss"],
+        kl=totals["kl"],
+        clip_fraction=totals["clipped"] / n,
+        mean_ratio=totals["ratio"] / n,
+        grad_norm=grad_norm,
+        micro_batches=len(batches),
+        tokens=totals["tokens"],
+        policy_tokens=totals["policy_tokens"],
+    )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The frozen policy the KL term is measured against: a separate model, or the trained
+    model itself with its LoRA adapter switched off."""
+
+    model: Any
+    disable_adapter: bool = False
+
+
+def _reference_context(reference: Reference):
+    if reference.disable_adapter:
+        return reference.model.disable_adapter()
+    return contextlib.nullcontext()
