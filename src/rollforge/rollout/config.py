@@ -23,8 +23,11 @@ class RolloutConfig(BaseModel):
     max_new_tokens: int = Field(256, ge=1)
     """Token budget of one assistant turn."""
     temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature (0 is greedy)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens with this much probability."""
     top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens (0: all)."""
     greedy: bool = False
     """Greedy decoding (evaluation); overrides temperature."""
     concurrency: int = Field(64, ge=1)

@@ -41,8 +41,11 @@ class LoraConfig(_Section):
     enabled: bool = False
     """Train a LoRA adapter (``peft``) instead of all weights."""
     r: int = Field(16, ge=1)
+    """Rank of the adapter matrices."""
     alpha: int = Field(32, ge=1)
+    """Scale of the adapter update (alpha / r)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input."""
     target_modules: list[str] | str = "all-linear"
     """Module names to adapt, or ``all-linear``."""
 
@@ -77,6 +80,7 @@ class RewardConfig(_Section):
     """``module:function`` with the signature ``f(prompts, completions, environments, **columns)``
     returning one float or None (not applicable) per sample; ``async def`` is awaited."""
     weight: float = 1.0
+    """Multiplies the function's rewards in the episode total."""
 
 
 class AlgorithmConfig(_Section):
@@ -106,10 +110,15 @@ class AlgorithmConfig(_Section):
 
 class OptimConfig(_Section):
     lr: float = Field(1e-5, gt=0)
+    """Peak learning rate of AdamW."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW moment decay rates."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up (decaying to 0 at the last step)."""
     warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warm-up from 0."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm; None: no clipping."""
     micro_batch_tokens: int = Field(4096, ge=1)
@@ -120,7 +129,9 @@ class TrainConfig(_Section):
     out: str = "runs/train"
     """Run directory: metrics.jsonl, checkpoints/, trajectories/, report."""
     steps: int = Field(40, ge=1)
+    """Training steps (one rollout batch and its update each)."""
     seed: int = 0
+    """Seeds the prompt order, sampling and initialisation of everything random."""
     model: ModelConfig = ModelConfig()
     lora: LoraConfig = LoraConfig()
     environments: list[EnvConfig] = [EnvConfig(name="arithmetic")]
@@ -132,6 +143,7 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(10, ge=0)
     """Steps between checkpoints (0: only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
+    """Most recent checkpoints kept on disk."""
     save_trajectories: bool = True
     """Write each step's trajectories to ``trajectories/step-NNNNNN.jsonl``."""
     eval_episodes: int = Field(0, ge=0)

@@ -65,8 +65,10 @@ class PromptSource:
 
 def generated_samples(envs: Sequence[EnvConfig], size: int, seed: int) -> list[Sample]:
     """``size`` prompts from bundled environments' generators, shared by weight, interleaved."""
+    from .environments import is_bundled
+
     for env in envs:
-        if ":" in env.name:
+        if not is_bundled(env.name):
             raise ConfigError(
                 f"environment {env.name!r} has no prompt generator; give prompts with data.path"
             )

@@ -9,19 +9,33 @@ zero-argument callable (TRL-style, wrapped in ``FactoryEnvironment``).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import sys
+from pathlib import Path
 from typing import Any, Mapping
 
 from ..envs.base import Environment
 from ..envs.factory import FactoryEnvironment
-from ..envs.library import ENV_NAMES, get_env_spec
+from ..envs.library import get_env_spec
 from ..envs.stepwise import StepwiseEnvironment
 from ..errors import ConfigError
 from .config import EnvConfig
 
 
 def task_name(config: EnvConfig) -> str:
-    return config.task_name or config.name.rpartition(":")[2]
+    return config.task_name or (config.name if is_bundled(config.name) else config.name.rpartition(":")[2])
+
+
+def is_bundled(name: str) -> bool:
+    """A bundled environment or family member (``reasoning_gym:leg_counting``), not an import path."""
+    if ":" not in name:
+        return True
+    try:
+        get_env_spec(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def build_environments(configs: list[EnvConfig]) -> dict[str, Environment]:
@@ -37,9 +51,7 @@ def build_environments(configs: list[EnvConfig]) -> dict[str, Environment]:
 
 
 def _build(name: str) -> Environment:
-    if ":" not in name:
-        if name not in ENV_NAMES:
-            get_env_spec(name)  # raises with the list of valid names
+    if is_bundled(name):
         return get_env_spec(name).build()
     target = import_attribute(name)
     if isinstance(target, Environment) and not inspect.isclass(target):
@@ -56,12 +68,13 @@ def _build(name: str) -> Environment:
 
 
 def import_attribute(path: str) -> Any:
-    """``module:attribute`` (dots allowed in both parts) -> the object."""
-    module_name, sep, attribute = path.partition(":")
+    """``module:attribute`` or ``path/to/file.py:attribute`` (relative to the working directory;
+    dots allowed in the attribute) -> the object."""
+    module_name, sep, attribute = path.rpartition(":")
     if not sep or not module_name or not attribute:
-        raise ConfigError(f"{path!r} must look like 'module:attribute'")
+        raise ConfigError(f"{path!r} must look like 'module:attribute' or 'file.py:attribute'")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from None
     for part in attribute.split("."):
@@ -69,3 +82,17 @@ def import_attribute(path: str) -> Any:
             raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (from {path!r})")
         target = getattr(target, part)
     return target
+
+
+def _import_file(filename: str) -> Any:
+    file = Path(filename).resolve()
+    if not file.is_file():
+        raise ImportError(f"no such file {str(file)!r}")
+    name = f"rollforge_user_{file.stem}"
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(file):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before executing: dataclasses and pickling look modules up by name
+    spec.loader.exec_module(module)
+    return module
