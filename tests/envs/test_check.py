@@ -16,7 +16,8 @@ from rollforge.envs.factory import FactoryEnvironment
 from rollforge.envs.library import ENV_NAMES, get_env_spec
 from rollforge.envs.library.guess_number import GuessNumberEnv
 from rollforge.envs.stepwise import StepwiseEnvironment, StepwiseReturn
-from rollforge.errors import ConfigError, EnvironmentError_
+from rollforge.envs.sandbox import SandboxUnavailable
+from rollforge.errors import ConfigError, EnvironmentError_, MissingDependency
 from rollforge.types import Failure, Message, Sample
 
 SAMPLES = [Sample(prompt=(Message("user", "play"),), row={"seed": 1})]
@@ -24,7 +25,12 @@ SAMPLES = [Sample(prompt=(Message("user", "play"),), row={"seed": 1})]
 
 @pytest.mark.parametrize("name", ENV_NAMES)
 def test_every_bundled_environment_passes(name):
-    check_env(get_env_spec(name))
+    try:
+        spec = get_env_spec(name)
+        spec.build()
+    except (MissingDependency, SandboxUnavailable) as exc:  # an optional extra; CI installs them all
+        pytest.skip(str(exc))
+    check_env(spec)
 
 
 def test_a_bundled_environment_by_name():

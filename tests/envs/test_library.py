@@ -16,18 +16,48 @@ from rollforge.envs.library.catch import CatchEnv
 from rollforge.envs.library.echo import EchoEnv
 from rollforge.envs.library.wordle import WordleEnv, score_guess
 from rollforge.envs.library.words import WORDS
-from rollforge.errors import ConfigError
+from rollforge.envs.sandbox import SandboxUnavailable
+from rollforge.errors import ConfigError, MissingDependency
 from rollforge.types import Message, Sample, ToolCall
 
 # -- registry ----------------------------------------------------------------------------------
 
 
 def test_registry_names_and_specs():
-    assert ENV_NAMES == ("echo", "arithmetic", "catch", "wordle", "guess_number")
-    for name in ENV_NAMES:
-        spec = get_env_spec(name)
-        assert isinstance(spec, EnvSpec) and spec.name == name and spec.description
-        assert isinstance(spec.build(), Environment)
+    assert ENV_NAMES == (
+        "echo", "arithmetic", "catch", "wordle", "guess_number", "python_code", "math", "frozenlake",
+        "reasoning_gym:basic_arithmetic", "reasoning_gym:leg_counting", "textarena:GuessTheNumber-v0",
+        "textarena:Mastermind-v0", "textarena:Sudoku-v0-very-easy", "gymnasium:CliffWalking-v1",
+    )
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
+def test_every_spec_builds_an_environment(name):
+    spec = spec_or_skip(name)
+    assert isinstance(spec, EnvSpec) and spec.name == name and spec.description
+    assert isinstance(build_or_skip(spec), Environment)
+
+
+def spec_or_skip(name: str) -> EnvSpec:
+    """The spec, or a skip naming the optional dependency that is not installed."""
+    try:
+        return get_env_spec(name)
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+
+
+def build_or_skip(spec: EnvSpec) -> Environment:
+    try:
+        return spec.build()
+    except (MissingDependency, SandboxUnavailable) as exc:
+        pytest.skip(str(exc))
+
+
+def test_family_members_are_built_on_demand_and_cached():
+    spec = spec_or_skip("reasoning_gym:chain_sum")  # not listed, still available
+    assert spec.name == "reasoning_gym:chain_sum" and "chain_sum" in spec.description
+    assert get_env_spec("reasoning_gym:chain_sum") is spec
+    assert {s.task_name for s in spec.samples(2, 0)} == {"reasoning_gym:chain_sum"}
 
 
 def test_unknown_name_lists_the_valid_ones():
@@ -35,11 +65,15 @@ def test_unknown_name_lists_the_valid_ones():
         get_env_spec("chess")
     for name in ENV_NAMES:
         assert name in str(info.value)
+    assert "families: reasoning_gym:<name>, textarena:<name>, gymnasium:<name>" in str(info.value)
+    for bad in ("reasoning_gym:", ":catch", None):
+        with pytest.raises(ConfigError, match="unknown environment"):
+            get_env_spec(bad)
 
 
 @pytest.mark.parametrize("name", ENV_NAMES)
 def test_samples_are_deterministic_and_routed(name):
-    spec = get_env_spec(name)
+    spec = spec_or_skip(name)
     samples = spec.samples(6, 11)
     assert len(samples) == 6
     assert samples == spec.samples(6, 11)

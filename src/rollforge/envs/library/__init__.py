@@ -11,17 +11,29 @@ Rewards are in [0, 1]. Prompts are written so that a small instruction-tuned mod
 - ``catch`` (tool class): move a paddle under a falling ball, four moves.
 - ``wordle`` (tool class): find a five-letter word in six guesses from G/Y/_ feedback.
 - ``guess_number`` (step-style): find a number in 1-20 from "Too high."/"Too low." hints.
+- ``python_code`` (tool class): write a function, run code and submit it in a sandbox; hidden tests.
+
+Adapters of task libraries (``envs/adapters``, optional extras; importing them here is light, the
+library itself is imported when an environment is built or sampled):
+
+- ``math`` (step-style): generated problems, answers verified by math-verify;
+- ``frozenlake`` (tool class): gymnasium's FrozenLake on a seeded 4x4 map;
+- families named ``family:item``, built on demand by ``get_env_spec``: ``reasoning_gym:<dataset>``,
+  ``textarena:<game id>``, ``gymnasium:<env id>``. A few members are listed in ``ENV_NAMES`` so
+  that ``check_env`` runs on them in CI like on every other bundled environment.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 from ...errors import ConfigError
 from ...types import Sample
 from ..base import Environment
-from . import arithmetic, catch, echo, guess_number, wordle
+from ..adapters import gymnasium_env, math_env, reasoning_gym_env, textarena_env
+from . import arithmetic, catch, echo, guess_number, python_code, wordle
 
 __all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec"]
 
@@ -48,18 +60,58 @@ _SPECS: dict[str, EnvSpec] = {
         EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples),
         EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples),
         EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples),
+        EnvSpec("python_code", "Write a Python function; run and submit code in a sandbox; hidden tests grade it.", python_code.build, python_code.samples),
+        EnvSpec("math", "Generated math problems; the answer is verified symbolically by math-verify.", math_env.build, math_env.samples),
+        EnvSpec("frozenlake", "Gymnasium FrozenLake 4x4 (not slippery) as a tool game: move(direction).", gymnasium_env.build_frozenlake, gymnasium_env.samples_frozenlake),
     )
 }
 
-#: The names of the bundled environments, in registry order.
-ENV_NAMES: tuple[str, ...] = tuple(_SPECS)
+#: ``family:item`` names: (what the family is, the check that raises for a bad item, the adapter).
+_FAMILIES = {
+    "reasoning_gym": ("reasoning-gym dataset {}: one turn, scored by the dataset's score_answer.", reasoning_gym_env.check_dataset, reasoning_gym_env),
+    "textarena": ("textarena single-player game {} (multi-turn; moves in square brackets).", textarena_env.check_game, textarena_env),
+    "gymnasium": ("gymnasium environment {} as a tool game: act(action).", gymnasium_env.check_env_id, gymnasium_env),
+}
+
+#: Family members checked in CI like the bundled environments (all run offline).
+_LISTED_MEMBERS = (
+    "reasoning_gym:basic_arithmetic",
+    "reasoning_gym:leg_counting",
+    "textarena:GuessTheNumber-v0",
+    "textarena:Mastermind-v0",
+    "textarena:Sudoku-v0-very-easy",
+    "gymnasium:CliffWalking-v1",
+)
+
+#: The names of the bundled environments, in registry order, then the listed family members.
+ENV_NAMES: tuple[str, ...] = (*_SPECS, *_LISTED_MEMBERS)
 
 
 def get_env_spec(name: str) -> EnvSpec:
-    """The bundled environment called ``name``; a ``ConfigError`` lists the valid names."""
-    try:
+    """The bundled environment called ``name``, or the member of a family (``family:item``).
+
+    A ``ConfigError`` lists the valid names; a family member needs its library (else
+    ``MissingDependency``), which checks the item.
+    """
+    if isinstance(name, str) and name in _SPECS:
         return _SPECS[name]
-    except (KeyError, TypeError):
-        raise ConfigError(
-            f"unknown environment {name!r}; bundled environments are: {', '.join(ENV_NAMES)}"
-        ) from None
+    family, _, item = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if family in _FAMILIES and item:
+        return _family_member(family, item)
+    families = ", ".join(f"{f}:<name>" for f in _FAMILIES)
+    raise ConfigError(
+        f"unknown environment {name!r}; bundled environments are: {', '.join(ENV_NAMES)}; "
+        f"families: {families}"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _family_member(family: str, item: str) -> EnvSpec:
+    description, check, adapter = _FAMILIES[family]
+    check(item)
+    return EnvSpec(
+        f"{family}:{item}",
+        description.format(item),
+        functools.partial(adapter.build, item),
+        functools.partial(adapter.samples, item),
+    )

@@ -1,0 +1,6 @@
+"""A Linux sandbox for untrusted programs (model-written code): see ``runner.py`` for what it
+contains and what it does not, ``_launcher.py`` for how the jail is built."""
+
+from .runner import SandboxLimits, SandboxResult, SandboxUnavailable, run_sandboxed, sandbox_support
+
+__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_sandboxed", "sandbox_support"]

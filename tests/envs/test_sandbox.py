@@ -1,0 +1,374 @@
+"""The sandbox: each escape an untrusted program might try is attempted here and must fail.
+
+Every attempt runs with small limits (a few processes, 1-3 s, 128 MiB) so that a containment bug
+cannot harm the machine running the tests; network attempts only target a socket this test
+opened on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import socket
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rollforge.envs.sandbox import SandboxLimits, SandboxResult, run_sandboxed, sandbox_support
+from rollforge.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}")
+
+# The wall time only matters when something goes wrong; it is generous for loaded CI machines.
+SMALL = SandboxLimits(cpu_seconds=2, wall_seconds=8.0, memory_bytes=128 << 20, processes=8, output_bytes=4096)
+SHORT = SandboxLimits(cpu_seconds=2, wall_seconds=2.0, memory_bytes=128 << 20, processes=8, output_bytes=4096)
+
+
+def run(code: str, limits: SandboxLimits = SMALL, **files: str) -> SandboxResult:
+    return run_sandboxed({"main.py": textwrap.dedent(code), **files}, [sys.executable, "-I", "-S", "main.py"], limits)
+
+
+def processes_with(marker: str) -> list[int]:
+    """Host processes whose command line contains ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+# -- what works -----------------------------------------------------------------------------------
+
+
+def test_runs_a_program_and_returns_its_streams_and_status():
+    result = run(
+        """
+        import os, sys
+        print("out", open("data.txt").read())
+        print("err", file=sys.stderr)
+        os.write(3, b'{"report": 1}')
+        open("new.txt", "w").write("scratch space is writable")
+        sys.exit(3)
+        """,
+        **{"data.txt": "hello"},
+    )
+    assert (result.outcome, result.exit_code, result.signal) == ("exited", 3, None)
+    assert result.stdout == "out hello\n" and result.stderr == "err\n"
+    assert result.report == '{"report": 1}'
+    assert result.describe() == "exit status 3" and not result.ok
+
+
+def test_the_program_sees_a_private_root_as_an_unprivileged_user():
+    result = run(
+        """
+        import json, os
+        print(json.dumps([os.getcwd(), os.getpid(), os.getuid(), os.listdir("/"), os.listdir("/work")]))
+        """
+    )
+    assert result.ok, result.stderr
+    cwd, pid, uid, top, work = json.loads(result.stdout)
+    assert (cwd, pid, work) == ("/work", 2, ["main.py"])  # PID 1 is the jail's init
+    assert uid != 0
+    python_home = Path(sys.base_prefix).parts[1]  # e.g. usr, opt or root (pyenv)
+    assert set(top) - {python_home} <= {"bin", "sbin", "lib", "lib32", "lib64", "usr", "dev", "work"}
+    assert {"dev", "work", "usr"} <= set(top)
+
+
+# -- filesystem -----------------------------------------------------------------------------------
+
+
+def test_cannot_read_files_outside_its_directory(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    project = Path(__file__).resolve()
+    result = run(
+        f"""
+        import os
+        for path in ["/etc/passwd", "/etc/shadow", {str(secret)!r}, {str(project)!r}, "/proc/1/environ",
+                     "/root/.bashrc", "/work/../etc/hostname"]:
+            try:
+                open(path).read()
+                print("READ", path)
+            except OSError as exc:
+                print("blocked", type(exc).__name__)
+        for path in ["/tmp", "/home", {str(tmp_path)!r}, "/proc", "/sys"]:
+            print("listed" if os.path.exists(path) else "absent", path)
+        """
+    )
+    assert result.ok, result.stderr
+    assert "READ" not in result.stdout and result.stdout.count("blocked") == 7
+    assert "listed" not in result.stdout
+
+
+def test_cannot_write_outside_its_directory(tmp_path):
+    result = run(
+        f"""
+        for path in ["/evil", "/usr/evil", "/dev/evil", {str(tmp_path / "evil")!r}, "/bin/python3"]:
+            try:
+                open(path, "a").write("x")
+                print("WROTE", path)
+            except OSError as exc:
+                print("blocked", exc.errno)
+        """
+    )
+    assert result.ok, result.stderr
+    assert "WROTE" not in result.stdout and result.stdout.count("blocked") == 5
+    assert not (tmp_path / "evil").exists()
+
+
+def test_cannot_regain_privileges():
+    result = run(
+        """
+        import os
+        for attempt in (lambda: os.setuid(0), lambda: os.chroot("/work"), lambda: os.mknod("/work/sda", 0o600 | 0o60000, os.makedev(8, 0))):
+            try:
+                attempt()
+                print("SUCCEEDED")
+            except OSError as exc:
+                print("blocked", exc.errno)
+        """
+    )
+    assert result.ok, result.stderr
+    assert result.stdout == "blocked 1\n" * 3
+
+
+def test_a_nested_user_namespace_cannot_unlock_the_read_only_mounts():
+    # Creating a user namespace is allowed (no seccomp filter) and gives capabilities over new
+    # namespaces only: the jail's mounts stay locked read-only and cannot be peeled off.
+    result = run(
+        """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def call(result):
+            return "ok" if result == 0 else os.strerror(ctypes.get_errno())
+        print(call(libc.unshare(0x10000000 | 0x00020000)))  # CLONE_NEWUSER | CLONE_NEWNS
+        print(call(libc.mount(None, b"/usr", None, ctypes.c_ulong(4096 | 32), None)))  # MS_BIND | MS_REMOUNT
+        print(call(libc.mount(None, b"/", None, ctypes.c_ulong(4096 | 32), None)))
+        print(call(libc.umount2(b"/work", 2)))  # MNT_DETACH
+        try:
+            open("/usr/evil", "w")
+            print("WROTE")
+        except OSError as exc:
+            print(exc.strerror)
+        """
+    )
+    assert result.ok, result.stderr
+    unshared, *attempts, write = result.stdout.splitlines()
+    assert unshared in ("ok", "Operation not permitted")  # the latter where user namespaces are off
+    assert all(a in ("Operation not permitted", "Invalid argument") for a in attempts) and len(attempts) == 3
+    assert write == "Read-only file system"
+
+
+def test_disk_use_is_bounded():
+    result = run(
+        """
+        import errno
+        try:
+            open("big", "wb").write(b"x" * (64 << 20))
+        except OSError as exc:
+            print("big file", errno.errorcode[exc.errno])
+        try:
+            for i in range(100000):
+                open(f"f{i}", "w").close()
+        except OSError as exc:
+            print("many files", errno.errorcode[exc.errno])
+        """
+    )
+    assert result.ok, result.stderr
+    assert result.stdout == "big file EFBIG\nmany files ENOSPC\n"
+
+
+# -- network --------------------------------------------------------------------------------------
+
+
+def test_cannot_reach_the_network():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = run(
+            f"""
+            import socket
+            for family, address in [(socket.AF_INET, ("127.0.0.1", {port})), (socket.AF_INET, ("1.1.1.1", 53))]:
+                with socket.socket(family) as s:
+                    s.settimeout(1)
+                    try:
+                        s.connect(address)
+                        print("CONNECTED", address)
+                    except OSError as exc:
+                        print("blocked", type(exc).__name__)
+            try:
+                socket.getaddrinfo("pypi.org", 443)
+                print("RESOLVED")
+            except OSError:
+                print("blocked dns")
+            """
+        )
+        server.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            server.accept()
+    assert result.ok, result.stderr
+    assert result.stdout == "blocked OSError\nblocked OSError\nblocked dns\n"
+
+
+def test_cannot_reach_host_unix_sockets():
+    name = f"\0rollforge-test-{uuid.uuid4().hex}"  # abstract: no file, scoped by network namespace
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(name)
+        server.listen()
+        result = run(
+            f"""
+            import socket
+            with socket.socket(socket.AF_UNIX) as s:
+                try:
+                    s.connect({name!r})
+                    print("CONNECTED")
+                except OSError as exc:
+                    print("blocked", type(exc).__name__)
+            """
+        )
+    assert result.ok, result.stderr
+    assert result.stdout == "blocked ConnectionRefusedError\n"
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+def test_host_processes_are_invisible_and_unsignalable():
+    result = run(
+        f"""
+        import os
+        try:
+            os.kill({os.getpid()}, 0)
+            print("SEES HOST")
+        except ProcessLookupError:
+            print("blocked")
+        try:
+            os.kill(1, 9)
+        except PermissionError:
+            print("init protected")
+        """
+    )
+    assert result.ok, result.stderr
+    assert result.stdout == "blocked\ninit protected\n"
+
+
+@pytest.mark.parametrize("ending", ["exit", "timeout"])
+def test_leaves_no_process_behind(ending):
+    marker = f"rollforge-daemon-{uuid.uuid4().hex}"
+    seen: list[int] = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(
+            run,
+            f"""
+            import os, sys, time
+            if os.fork() == 0:
+                os.setsid()  # a daemon: its own session, orphaned when its parent exits
+                if os.fork() == 0:
+                    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(30)", {marker!r}])
+                os._exit(0)
+            print("daemon started", flush=True)
+            time.sleep(1.0 if {ending!r} == "exit" else 30)
+            """,
+            SHORT if ending == "timeout" else SMALL,
+        )
+        while not future.done() and not seen:  # the daemon is visible from the host while the jail runs
+            seen = processes_with(marker)
+            time.sleep(0.05)
+        result = future.result()
+    assert seen, "the daemon never started, so this test proves nothing"
+    assert result.stdout == "daemon started\n"
+    assert result.outcome == ("exited" if ending == "exit" else "timeout")
+    assert processes_with(marker) == []
+
+
+def test_process_count_is_limited():
+    result = run(
+        """
+        import os, time
+        made = 0
+        for _ in range(50):
+            try:
+                if os.fork() == 0:
+                    time.sleep(5)
+                    os._exit(0)
+                made += 1
+            except OSError as exc:
+                print("fork failed:", exc.strerror)
+                break
+        print(made)
+        """
+    )
+    assert result.ok, result.stderr
+    failed, made = result.stdout.splitlines()
+    assert failed == "fork failed: Resource temporarily unavailable"
+    assert int(made) == SMALL.processes - 1  # the program itself is the first process of its uid
+
+
+def test_fork_bomb_is_contained():
+    limits = SandboxLimits(cpu_seconds=1, wall_seconds=1.5, memory_bytes=128 << 20, processes=8)
+    started = time.monotonic()
+    result = run(
+        """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+        """,
+        limits,
+    )
+    assert result.outcome in ("timeout", "signaled")  # wall time, or SIGXCPU of the first process
+    assert time.monotonic() - started < limits.wall_seconds + 3
+
+
+# -- resources ------------------------------------------------------------------------------------
+
+
+def test_cpu_time_is_limited():
+    result = run("while True: pass", SandboxLimits(cpu_seconds=1, wall_seconds=30))
+    # SIGXCPU, not the wall time: the CPU limit ended the run (on a loaded machine 1 CPU second
+    # may take several wall seconds, hence the generous wall limit).
+    assert result.outcome == "signaled" and result.describe() == "killed by signal SIGXCPU (CPU-time limit)"
+
+
+def test_wall_time_is_limited():
+    result = run("import time; print('started', flush=True); time.sleep(60)", SandboxLimits(wall_seconds=1))
+    assert result.outcome == "timeout" and result.stdout == "started\n"
+    assert 1 <= result.seconds < 4
+    assert result.describe() == "killed: wall-time limit exceeded"
+
+
+def test_memory_is_limited():
+    result = run("x = bytearray(1 << 30)\nprint('ALLOCATED')")
+    assert result.exit_code == 1 and "MemoryError" in result.stderr and "ALLOCATED" not in result.stdout
+
+
+def test_output_is_capped():
+    result = run("import sys\nwhile True: sys.stdout.write('x' * 1000); sys.stderr.write('y' * 1000)")
+    assert result.outcome == "output_limit"
+    assert len(result.stdout) + len(result.stderr) == SMALL.output_bytes
+    assert set(result.stdout) == {"x"}
+
+
+def test_bad_arguments_are_config_errors():
+    with pytest.raises(ConfigError, match="absolute path"):
+        run_sandboxed({}, ["python"])
+    with pytest.raises(ConfigError, match=r"relative paths inside /work, got '\.\./x'"):
+        run_sandboxed({"../x": ""}, [sys.executable])
+    with pytest.raises(ConfigError, match="the sandbox files hold 9000 bytes; keep them under half of disk_bytes"):
+        run_sandboxed({"big.txt": "x" * 9000}, [sys.executable], SandboxLimits(disk_bytes=16000))
+    with pytest.raises(ConfigError, match="SandboxLimits.cpu_seconds must be a positive number, got 0"):
+        SandboxLimits(cpu_seconds=0)
+    with pytest.raises(ConfigError, match="SandboxLimits.processes must be an int, got 2.5"):
+        SandboxLimits(processes=2.5)
