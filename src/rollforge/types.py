@@ -86,7 +86,7 @@ class Message:
         if self.tool_calls:
             out["tool_calls"] = [c.to_json() for c in self.tool_calls]
         if self.images:
-            out["images"] = len(self.images)
+            out["images"] = [image_json(image) for image in self.images]
         return out
 
     @classmethod
@@ -97,6 +97,33 @@ class Message:
         if not isinstance(value, Mapping) or "role" not in value or "content" not in value:
             raise InvariantError(f"expected a message dict with 'role' and 'content', got {value!r}")
         return cls(role=value["role"], content=value["content"], name=value.get("name"))
+
+
+def image_bytes(image: Any) -> tuple[str, bytes]:
+    """An image of ``Message.images`` as (MIME type, encoded bytes): encoded bytes as they are, a
+    PIL image (anything with ``save``) as PNG. PIL itself is never imported here."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data = bytes(image)
+        mime = next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), "application/octet-stream")
+        return mime, data
+    if callable(getattr(image, "save", None)):
+        import io
+
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return "image/png", buffer.getvalue()
+    raise InvariantError(f"an image must be encoded bytes or a PIL image, got {type(image).__name__}")
+
+
+def image_json(image: Any) -> dict[str, str]:
+    """The trajectory-JSON form of an image: ``{"type": "image", "mime", "base64"}``, lossless."""
+    import base64
+
+    mime, data = image_bytes(image)
+    return {"type": "image", "mime": mime, "base64": base64.b64encode(data).decode("ascii")}
+
+
+_IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"), (b"RIFF", "image/webp"))
 
 
 @dataclass(frozen=True)

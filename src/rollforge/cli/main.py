@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..errors import RollforgeError
-from . import bench, rollout
+from . import bench, env, rollout, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     rollout.add_parser(commands)
     bench.add_parser(commands)
+    env.add_parser(commands)
+    train.add_parser(commands)
     return parser
 
 

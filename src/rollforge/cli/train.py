@@ -116,5 +116,6 @@ def _eval(args: Any) -> int:
     result = asyncio.run(run())
     print(json.dumps(result.to_json(), indent=2))
     if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
         write_results(args.out, result.trajectories, result.to_json())
     return 0

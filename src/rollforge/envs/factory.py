@@ -22,12 +22,18 @@ Per episode:
 
 Tool results become the content of the tool message (``str(result)``, ``None`` is empty). Images —
 objects with ``save``, ``size`` and ``mode`` like PIL images, alone or mixed with strings in a
-list — go to ``Message.images``; PIL itself is never imported.
+list — go to ``Message.images``; PIL itself is never imported. Image content blocks
+(``{"type": "image", "image": <PIL image or bytes>}``, or MCP-style ``{"type": "image", "data":
+<base64>}``) count as images too, and text blocks (``{"type": "text", "text": ...}``) as text.
+Declare ``produces_images=True`` so that a text-only backend is refused before the rollout starts
+(an undeclared image fails its episode instead, with that reason).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
 import inspect
 import weakref
@@ -68,6 +74,7 @@ class FactoryEnvironment:
         *,
         max_sessions: int | None = None,
         run_in_thread: bool = True,
+        produces_images: bool = False,
     ):
         if isinstance(factory, Mapping):
             if not factory:
@@ -85,6 +92,8 @@ class FactoryEnvironment:
         self.factory = dict(factory) if isinstance(factory, Mapping) else factory
         self.max_sessions = max_sessions
         self.run_in_thread = run_in_thread
+        #: Tools may return images: the engine then requires a backend that accepts them.
+        self.produces_images = bool(produces_images)
 
     def open(self, sample: Sample) -> FactorySession:
         if not isinstance(self.factory, dict):
@@ -290,14 +299,35 @@ def _is_image(value: Any) -> bool:
     return callable(getattr(value, "save", None)) and hasattr(value, "size") and hasattr(value, "mode")
 
 
+def _block(item: Any) -> tuple[str, Any] | None:
+    """("image", image) or ("text", str) for an image, an image block or a text block; else None."""
+    if _is_image(item):
+        return "image", item
+    if not isinstance(item, Mapping) or item.get("type") not in ("image", "text"):
+        return None
+    if item["type"] == "text":
+        return "text", str(item.get("text", ""))
+    image = item.get("image")
+    if image is None and isinstance(item.get("data", item.get("base64")), str):
+        try:
+            image = base64.b64decode(item.get("data", item.get("base64")), validate=True)
+        except (binascii.Error, ValueError):
+            raise EnvironmentError_("an image block's data is not valid base64") from None
+    if not (_is_image(image) or isinstance(image, (bytes, bytearray))):
+        raise EnvironmentError_(
+            f"an image block needs 'image' (a PIL image or bytes) or base64 'data', got keys {sorted(item)}"
+        )
+    return "image", bytes(image) if isinstance(image, bytearray) else image
+
+
 def _render_result(result: Any) -> tuple[str, tuple[Any, ...]]:
     """A tool's return value as tool-message content and images."""
     if result is None:
         return "", ()
-    if _is_image(result):
-        return "", (result,)
-    if isinstance(result, (list, tuple)) and any(_is_image(item) for item in result):
-        images = tuple(item for item in result if _is_image(item))
-        text = "\n".join(str(item) for item in result if not _is_image(item))
-        return text, images
-    return str(result), ()
+    items = list(result) if isinstance(result, (list, tuple)) else [result]
+    blocks = [_block(item) for item in items]
+    if not any(block is not None and block[0] == "image" for block in blocks):
+        return str(result), ()
+    texts = [block[1] if block is not None else str(item) for item, block in zip(items, blocks)
+             if block is None or block[0] == "text"]
+    return "\n".join(texts), tuple(block[1] for block in blocks if block is not None and block[0] == "image")

@@ -23,7 +23,11 @@ An exception from ``env.step`` fails every episode of that batch: each one's ``s
 
 Per session: the initial metadata is ``sample.row["metadata"]`` when the row has that column, else
 a dict of the whole row (deep-copied, so an environment that mutates it in place cannot leak state
-between episodes); it is replaced by what each step returns. An observation's role defaults to
+between episodes). As in NeMo-RL, the metadata a step returns replaces it unless the entry is None
+(None keeps the current metadata; the trajectory records the last metadata, also that of the
+terminating step, which NeMo-RL drops), and a None entry of ``next_stop_strings`` keeps the
+current stop strings (NeMo-RL's per-sample rule; its batched loop clears them instead, which is
+the same for environments that always return None). An observation's role defaults to
 ``"user"`` (NeMo-RL's ``"environment"`` role also maps to ``"user"``); an observation with empty
 content on a terminating step adds no message.
 """
@@ -277,7 +281,8 @@ class StepwiseSession(BaseSession):
             )
         finally:
             self._stepping = False
-        self._metadata = outcome.metadata
+        if outcome.metadata is not None:  # NeMo-RL's rule: None keeps the current metadata
+            self._metadata = outcome.metadata
         return outcome.step
 
     @property

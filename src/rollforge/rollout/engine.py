@@ -10,12 +10,17 @@
 Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Before anything is
 generated the engine checks the inputs: every ``task_name`` has an environment, environments that
 limit their sessions allow the concurrency needed, and the chat template is prefix-preserving for
-the prompts in use. Results come back in input order. The engine does not know what a tool is.
+the prompts in use. Environments may have two optional hooks, ``async prepare(sessions)`` and
+``async release()``, called once around the rollout (remote environments connect there and check
+the server's capacity for real); after ``prepare``, an environment that declares
+``produces_images`` needs a backend that declares ``accepts_images``. Results come back in input
+order. The engine does not know what a tool is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections import Counter
@@ -99,14 +104,16 @@ async def arollout(
             renderer.check_prefix_preserving(prompt)
     ctx = EpisodeContext(backend, renderer, get_parser(config.tool_parser), config)
     results: list[Trajectory | None] = [None] * len(samples)
-    started = time.perf_counter()
-    # Objects alive now (the model, the libraries) are not garbage; without this, every full
-    # collection during the rollout walks all of them again (measured: +10% wall time at 1k episodes).
-    gc.freeze()
-    try:
-        await _schedule(samples, task_to_env, ctx, results, on_episode)
-    finally:
-        gc.unfreeze()
+    async with _prepared(samples, task_to_env, config):
+        _check_images(samples, task_to_env, backend)
+        started = time.perf_counter()
+        # Objects alive now (the model, the libraries) are not garbage; without this, every full
+        # collection during the rollout walks all of them again (measured: +10% wall time at 1k episodes).
+        gc.freeze()
+        try:
+            await _schedule(samples, task_to_env, ctx, results, on_episode)
+        finally:
+            gc.unfreeze()
     trajectories = tuple(t for t in results if t is not None)
     return RolloutResult(trajectories, rollout_metrics(trajectories, time.perf_counter() - started))
 
@@ -151,6 +158,43 @@ def _check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environmen
             f"unknown task name(s) {unknown}: no environment is registered for them; "
             f"task_to_env has {sorted(task_to_env)}"
         )
+
+
+def _sessions_needed(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig) -> dict[int, int]:
+    """Per environment object (by id): how many of its sessions may run at once."""
+    counts = Counter(id(task_to_env[s.task_name]) for s in samples)
+    return {env_id: min(count, config.concurrency) for env_id, count in counts.items()}
+
+
+@contextlib.asynccontextmanager
+async def _prepared(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig):
+    """Environments with the optional hooks ``prepare(sessions)`` (connect, read schemas, check a
+    server's capacity for real; raise ``ConfigError`` when it does not fit) and ``release()`` get
+    them called once around the rollout, before anything is generated."""
+    envs = {id(env): env for env in task_to_env.values()}
+    needed = _sessions_needed(samples, task_to_env, config)
+    async with contextlib.AsyncExitStack() as stack:
+        for env_id, sessions in needed.items():
+            env = envs[env_id]
+            if callable(getattr(env, "prepare", None)):
+                release = getattr(env, "release", None)
+                if callable(release):
+                    stack.push_async_callback(release)
+                await env.prepare(sessions)
+        yield
+
+
+def _check_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend) -> None:
+    """An environment that declares ``produces_images`` needs a backend with ``accepts_images``."""
+    if getattr(backend, "accepts_images", False):
+        return
+    for task in sorted({s.task_name for s in samples}):
+        if getattr(task_to_env[task], "produces_images", False):
+            raise ConfigError(
+                f"the environment for task {task!r} may return images (produces_images=True) but the "
+                f"backend {type(backend).__name__} is text-only (accepts_images=False); use a backend for "
+                "a vision-language model, or an environment that returns text"
+            )
 
 
 def _check_capacity(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig) -> None:

@@ -12,6 +12,8 @@ turn's reward. The episode ends when the environment terminates it (natural term
 observation or generation reaches ``max_seq_len`` (the observation is cut to what fits: truncated),
 after ``max_turns`` (max-turns-reached), or on a failure (recorded as ``error`` with its reason,
 keeping every token produced so far). Scheduling (lockstep barriers) comes in through ``Gate``.
+Images in messages go to backends that declare ``accepts_images`` (``generate(..., images=...)``,
+all images so far in order); with a text-only backend they fail the episode with that reason.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Protocol, TypeVar
+from typing import Any, Awaitable, Protocol, Sequence, TypeVar
 
 from ..backends.base import Backend, SamplingParams
 from ..chat.render import ChatRenderer
@@ -57,6 +59,26 @@ class EpisodeContext:
     renderer: ChatRenderer
     parser: ToolCallParser
     config: RolloutConfig
+    #: The backend takes ``generate(..., images=...)`` (it declares ``accepts_images = True``).
+    accepts_images: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.accepts_images = bool(getattr(self.backend, "accepts_images", False))
+
+
+def _check_images(messages: Sequence[Message], ctx: EpisodeContext) -> None:
+    """Images reaching a text-only backend end the episode with a clear reason (the environment
+    did not declare ``produces_images``, or the engine would have refused to start)."""
+    if ctx.accepts_images:
+        return
+    count = sum(len(m.images) for m in messages)
+    if count:
+        raise _Stop(Failure(
+            "env_error",
+            f"the environment returned {count} image(s) but the backend {type(ctx.backend).__name__} is "
+            "text-only (accepts_images=False); declare produces_images=True on the environment to have "
+            "this checked before the rollout starts",
+        ))
 
 
 class _Stop(Exception):
@@ -149,6 +171,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
     prompt, template_tools = renderer.with_tool_prompt(reset.prompt, reset.tools, ctx.parser)
     state.tools = template_tools
     state.messages += prompt
+    _check_images(prompt, ctx)  # after keeping them: a failed trajectory still shows the images
     state.extend(renderer.prompt_ids(prompt, template_tools))
     state.prompt_length = len(state.ids)
 
@@ -175,6 +198,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         else:
             observation = renderer.closing_ids(generated) + renderer.delta_ids(step.messages, template_tools)
         state.messages += step.messages
+        _check_images(step.messages, ctx)
         if len(state.ids) + len(observation) >= config.max_seq_len and (observation or not step.terminated):
             state.extend(observation[: config.max_seq_len - len(state.ids)])
             state.ending = "truncated"
@@ -203,6 +227,9 @@ def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, in
 async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
     started = time.perf_counter()
     try:
+        if ctx.accepts_images:  # every image of the conversation so far, in order
+            images = tuple(image for m in state.messages for image in m.images)
+            return await ctx.backend.generate(state.ids, params, images=images)
         return await ctx.backend.generate(state.ids, params)
     except Exception as exc:
         raise _Stop(Failure("backend_error", f"{type(exc).__name__}: {exc}")) from exc

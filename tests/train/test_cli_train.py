@@ -1,0 +1,62 @@
+"""``rollforge train``, ``quickstart`` and ``eval`` end to end on the tiny model."""
+
+import json
+
+import pytest
+import yaml
+
+from rollforge.cli.main import main
+from rollforge.errors import ConfigError
+from rollforge.train.evaluate import pass_at_k
+
+
+def test_train_from_yaml_with_overrides(tiny_config, tmp_path, capsys):
+    config = tiny_config()
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    assert main(["train", str(path), "--set", "steps=2", "--set", "algorithm.group_size=2"]) == 0
+    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    assert {"reward/mean", "loss", "kl", "clip_fraction", "grad_norm", "tokens_per_second", "time/rollout",
+            "time/update", "advantage/zero_variance_groups", "reward/env/first", "rollout/mean_gen_tokens_per_sample"} <= set(lines[0])
+    assert len((tmp_path / "run" / "trajectories" / "step-000002.jsonl").read_text().splitlines()) == 8  # 4 x 2
+    assert "step    2/2  reward" in capsys.readouterr().err
+    assert main(["train", str(path), "--set", "algorithm.batchsize=2"]) == 2
+    assert "did you mean 'algorithm.batch_size'" in capsys.readouterr().err
+
+
+def test_help_config_lists_documented_keys(capsys):
+    assert main(["train", "--help-config"]) == 0
+    assert "algorithm.clip_high = 0.2  # Importance ratios above 1 + clip_high" in capsys.readouterr().out
+
+
+def test_quickstart_writes_metrics_and_report(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "qs"
+    code = main(["quickstart", "--out", str(out), "--model", str(tiny_model_dir), "--steps", "2",
+                 "--set", "eval_episodes=4", "--set", "rollout.max_new_tokens=4", "--set", "rollout.max_turns=2"])
+    assert code == 0
+    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    report = (out / "report.md").read_text()
+    assert "Held-out greedy evaluation (4 episodes)" in report and "arithmetic" in report
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    evaluations = json.loads((out / "eval.json").read_text())
+    assert set(evaluations) == {"before", "after"}
+
+
+def test_eval_reports_mean_reward_and_pass_at_k(tiny_model_dir, tmp_path, capsys):
+    code = main(["eval", "--model", str(tiny_model_dir), "--env", "arithmetic", "--episodes", "4", "--samples", "3",
+                 "--max-new-tokens", "3", "--out", str(tmp_path / "e")])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 12 and set(result["pass_at_k"]) == {"1", "2", "3"}
+    assert result["pass_at_k"]["1"] <= result["pass_at_k"]["2"] <= result["pass_at_k"]["3"]
+    assert len((tmp_path / "e" / "trajectories.jsonl").read_text().splitlines()) == 12
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 3, 2) == 1.0
+    with pytest.raises(ConfigError, match="k=5"):
+        pass_at_k(4, 1, 5)
