@@ -88,7 +88,7 @@ def _make_tokenizer():
         pad_token=END_OF_TEXT,
         unk_token=END_OF_TEXT,
         clean_up_tokenization_spaces=False,
-        model_max_length=256,
+        model_max_length=1024,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
@@ -105,7 +105,7 @@ def _make_model(tokenizer, seed: int):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,
         # Larger than the usual 0.02 so that the random model has peaked next-token distributions:
         # greedy ties become vanishingly rare and sampled text is not uniform noise.
         initializer_range=0.2,

@@ -49,3 +49,20 @@ def test_every_key_is_documented():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_configs_load(path):
     assert load_config(path).steps >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_configs_train_one_step(path, tiny_model_dir, tmp_path, monkeypatch):
+    """Every example runs (tiny model, one small step): environments, data files and reward
+    functions named in it resolve, from the repository root as the examples say."""
+    from rollforge.train.loop import train
+
+    monkeypatch.chdir(Path(__file__).parents[2])
+    config = load_config(path, [f"model.name={tiny_model_dir}", f"out={tmp_path}", "steps=1", "data.size=16",
+                                "algorithm.batch_size=4", "algorithm.group_size=2", "rollout.max_new_tokens=4",
+                                "rollout.max_turns=2", "checkpoint_every=0"])
+    result = train(config, console=False)
+    assert result.history[0]["rollout/error_rate"] == 0
+    if config.rewards:
+        assert any(k.startswith("reward/fn/") for k in result.history[0])
