@@ -17,7 +17,8 @@ def rolled(tiny_model_dir):
     spec = get_env_spec("guess_number")
     backend = HFBackend(model, tokenizer)
     try:
-        result = rollout(spec.samples(6, 0), {"guess_number": spec.build()}, backend, ChatRenderer(tokenizer),
+        samples = [s for s in spec.samples(2, 0) for _ in range(3)]  # two groups of three
+        result = rollout(samples, {"guess_number": spec.build()}, backend, ChatRenderer(tokenizer),
                          RolloutConfig(max_turns=3, max_new_tokens=6, seed=1))
     finally:
         import asyncio
@@ -46,13 +47,15 @@ def test_packing_respects_the_token_budget():
     assert pack_micro_batches([100], 10) == [[0]]  # an over-long episode still trains, alone
 
 
-def test_micro_batching_gives_the_full_batch_gradient(rolled):
+def test_micro_batching_and_shared_prompts_give_the_full_batch_gradient(rolled):
     model, tokenizer, trajectories = rolled
     episodes = [Episode.from_trajectory(t) for t in trajectories]
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.linspace(-1, 1, len(episodes))
-    grads, losses = [], []
-    for budget in (100_000, 1):  # one micro-batch vs one episode per micro-batch
+    grads, results = [], []
+    # (group_size, budget): one padded batch; one episode per pass; groups sharing their prompt;
+    # groups split into single rows (each still sharing nothing but its own prompt pass)
+    for group_size, budget in ((1, 100_000), (1, 1), (3, 100_000), (3, 1)):
         captured = []
 
         class Capture(torch.optim.SGD):
@@ -60,12 +63,18 @@ def test_micro_batching_gives_the_full_batch_gradient(rolled):
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
         stats = policy_update(model, Capture(model.parameters(), lr=0.0), episodes, advantages, weights,
-                              ClippedPolicyLoss(), micro_batch_tokens=budget, pad_id=tokenizer.pad_token_id)
+                              ClippedPolicyLoss(), micro_batch_tokens=budget, pad_id=tokenizer.pad_token_id,
+                              group_size=group_size)
         grads.append(captured)
-        losses.append(stats.loss)
-        assert stats.micro_batches == (1 if budget > 1 else len(episodes))
-    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, atol=1e-6)
-    assert stats.mean_ratio == pytest.approx(1.0, abs=1e-4)  # on-policy: ratio 1
-    assert stats.policy_tokens == sum(int(e.mask.sum()) for e in episodes)
+        results.append(stats)
+    assert [r.micro_batches for r in results] == [1, 6, 2, 6]
+    for stats in results[1:]:
+        assert stats.loss == pytest.approx(results[0].loss, abs=1e-6)
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert torch.allclose(a, b, atol=1e-5)
+    prompt = episodes[0].prompt_length
+    total = sum(e.ids.numel() for e in episodes)
+    assert results[2].tokens == total - 2 * 2 * prompt  # each group's prompt forwarded once, not 3 times
+    assert results[0].mean_ratio == pytest.approx(1.0, abs=1e-4)  # on-policy: ratio 1
+    assert results[0].policy_tokens == sum(int(e.mask.sum()) for e in episodes)

@@ -120,7 +120,7 @@ async def atrain(
                 stats = await asyncio.to_thread(
                     policy_update, model, optimizer, episodes, advantages.values, weights, loss_fn,
                     micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=tokenizer.pad_token_id,
-                    max_grad_norm=config.optim.max_grad_norm, reference=reference,
+                    max_grad_norm=config.optim.max_grad_norm, reference=reference, group_size=algo.group_size,
                 )
                 scheduler.step()
             updated = time.perf_counter()

@@ -6,9 +6,11 @@ the generation logprobs aligned to the ids (0 where the mask is 0). The current 
 of token i comes from the logits at position i - 1, so a forward pass over ids[:-1] scores ids[1:].
 The vocabulary projection runs only on the positions that predict a policy token.
 
-Episodes are sorted by length and packed greedily into micro-batches whose padded size
-(rows x longest row) stays within ``micro_batch_tokens`` (one over-long episode is a micro-batch of
-its own). The loss weights are computed for the whole batch beforehand (see ``losses``), so the
+The rollouts of one prompt (a GRPO group) share their prompt tokens: each group runs as one
+micro-batch whose prompt is computed once and whose rows continue from its cached keys and values
+(``plan_micro_batches``); that removes (group_size - 1) / group_size of the prompt compute.
+Without groups, episodes are sorted by length and packed greedily into micro-batches whose padded
+size (rows x longest row) stays within ``micro_batch_tokens``. The loss weights are computed for the whole batch beforehand (see ``losses``), so the
 accumulated gradient equals the full-batch gradient whatever the packing.
 """
 
@@ -30,12 +32,19 @@ class Episode:
     ids: torch.Tensor  # (T,) long
     mask: torch.Tensor  # (T,) float, 1 on policy tokens
     old_logprobs: torch.Tensor  # (T,) float, 0 off the mask
+    prompt_length: int = 0
 
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory) -> "Episode":
         mask = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
         old = torch.tensor([lp if lp is not None else 0.0 for lp in trajectory.logprobs], dtype=torch.float32)
-        return cls(torch.tensor(trajectory.token_ids, dtype=torch.long), mask, old)
+        return cls(torch.tensor(trajectory.token_ids, dtype=torch.long), mask, old, trajectory.prompt_length)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: list[int]  # episode indices
+    prefix: int = 0  # length of a prompt all rows share, computed once (0: none)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,39 @@ class UpdateStats:
     policy_tokens: int
 
 
+def plan_micro_batches(episodes: Sequence[Episode], group_size: int, micro_batch_tokens: int) -> list[MicroBatch]:
+    """Groups (``group_size`` consecutive episodes of one prompt) whose prompt tokens are identical
+    share one forward pass of that prompt: the group's rows run as a batch on top of its cached
+    keys and values (gradients flow back through them), so a prompt is computed once instead of
+    ``group_size`` times. A group too large for the budget is split into row chunks (each computes
+    the prompt once). Without groups, episodes are packed by length."""
+    if group_size < 2:
+        return [MicroBatch(rows) for rows in pack_micro_batches([e.ids.numel() for e in episodes], micro_batch_tokens)]
+    out = []
+    for start in range(0, len(episodes), group_size):
+        members = list(range(start, min(start + group_size, len(episodes))))
+        prefix = shared_prefix([episodes[i] for i in members])
+        chunk: list[int] = []
+        for i in sorted(members, key=lambda i: -episodes[i].ids.numel()):
+            longest = episodes[chunk[0]].ids.numel() if chunk else episodes[i].ids.numel()
+            if chunk and prefix + (len(chunk) + 1) * (longest - prefix) > micro_batch_tokens:
+                out.append(MicroBatch(chunk, prefix))
+                chunk = []
+            chunk.append(i)
+        out.append(MicroBatch(chunk, prefix))
+    return out
+
+
+def shared_prefix(episodes: Sequence[Episode]) -> int:
+    """The prompt length when every episode starts with the same prompt ids and continues past it
+    (at least one token each); else 0."""
+    length = min(e.prompt_length for e in episodes)
+    first = episodes[0].ids[:length]
+    if length < 1 or any(e.ids.numel() <= length or not torch.equal(e.ids[:length], first) for e in episodes):
+        return 0
+    return length
+
+
 def pack_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[list[int]]:
     """Indices grouped so that rows x longest row <= micro_batch_tokens (longest first)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -63,9 +105,12 @@ def pack_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[
     return batches
 
 
-def sequence_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def sequence_logprobs(
+    model: Any, ids: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor, prefix: int = 0
+) -> torch.Tensor:
     """(B, T) logprob under ``model`` of each token where ``targets`` is true, given the tokens
-    before it; 0 elsewhere (and at position 0, which has no context).
+    before it; 0 elsewhere (and at position 0, which has no context). With ``prefix`` > 0 every
+    row starts with the same ``prefix`` ids, which are computed once for the batch.
 
     The vocabulary projection is the costliest matmul of a small model's forward and backward
     (576 x 49152 per token for SmolLM2-135M), so when the model's logits are plain ``lm_head(h)``
@@ -79,7 +124,15 @@ def sequence_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, ta
         return out
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if _plain_lm_head(base):
-        hidden = base.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+        decoder = base.get_decoder()
+        if prefix:
+            shared = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+            cache = shared.past_key_values
+            cache.batch_repeat_interleave(batch)
+            rest = decoder(input_ids=ids[:, prefix:], attention_mask=attention, past_key_values=cache, use_cache=True)
+            hidden = torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest.last_hidden_state], dim=1)
+        else:
+            hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
         logits = base.get_output_embeddings()(hidden[rows, cols]).float()  # (N, V)
     else:
         first = int(cols.min())
@@ -122,21 +175,24 @@ def policy_update(
     pad_id: int,
     max_grad_norm: float | None = None,
     reference: Any = None,
+    group_size: int = 1,
 ) -> UpdateStats:
-    """Accumulate the loss over micro-batches and take one optimizer step."""
+    """Accumulate the loss over micro-batches and take one optimizer step. ``group_size``: episodes
+    come in groups of that many rollouts of one prompt (their shared prompt is computed once)."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = dict(loss=0.0, policy_loss=0.0, kl=0.0, clipped=0, tokens=0, policy_tokens=0, ratio=0.0)
-    batches = pack_micro_batches([e.ids.numel() for e in episodes], micro_batch_tokens)
-    for rows in batches:
+    batches = plan_micro_batches(episodes, group_size, micro_batch_tokens)
+    for batch in batches:
+        rows = batch.rows
         if not any(float(weights[i].abs().sum()) for i in rows):
             continue  # nothing to learn from these rows (zero weight everywhere)
         ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id)
         ref = None
         if reference is not None:
             with torch.no_grad(), _reference_context(reference):
-                ref = sequence_logprobs(reference.model, ids, attention, w != 0)
-        logprobs = sequence_logprobs(model, ids, attention, w != 0)
+                ref = sequence_logprobs(reference.model, ids, attention, w != 0, batch.prefix)
+        logprobs = sequence_logprobs(model, ids, attention, w != 0, batch.prefix)
         parts = loss_fn(logprobs, old, advantages[rows], w, ref)
         parts.loss.backward()
         totals["loss"] += float(parts.loss.detach())
@@ -145,7 +201,7 @@ def policy_update(
         totals["clipped"] += parts.clipped_tokens
         totals["policy_tokens"] += parts.tokens
         totals["ratio"] += parts.ratio_sum
-        totals["tokens"] += int(attention.sum())
+        totals["tokens"] += int(attention.sum()) - (len(rows) - 1) * batch.prefix
     params = [p for p in model.parameters() if p.requires_grad]
     if max_grad_norm is not None:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
