@@ -46,3 +46,10 @@ def test_full_fine_tuning_with_kl_uses_a_frozen_reference(tiny_config, tiny_mode
     initial, _ = load_model(tiny_model_dir)
     name = "model.layers.0.mlp.down_proj.weight"
     assert not torch.equal(trained[name], initial.state_dict()[name])
+
+
+def test_bfloat16_training_runs_with_ratios_near_one(tiny_config):
+    result = train(tiny_config("steps=1", "model.dtype=bfloat16"), reward_functions=DENSE, console=False)
+    step = result.history[0]
+    assert step["policy_tokens"] > 0 and step["grad_norm"] > 0
+    assert step["mean_ratio"] == pytest.approx(1.0, abs=0.05)  # bf16 trainer vs bf16 engine numerics
