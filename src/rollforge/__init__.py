@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends.base import Backend, SamplingParams
+from .backends.base import Backend, SamplingParams, WeightSync
 from .backends.scripted import ScriptedBackend
 from .chat.render import ChatRenderer, token_fidelity_gap
 from .chat.toolcalls import ToolCallParser, get_parser
@@ -37,16 +37,22 @@ _LAZY = {
     "HFBackend": ("rollforge.backends.hf", "HFBackend"),
     "load_model": ("rollforge.models", "load_model"),
     "load_tokenizer": ("rollforge.models", "load_tokenizer"),
+    "OpenEnvEnvironment": ("rollforge.envs.openenv", "OpenEnvEnvironment"),
+    "VLLMBackend": ("rollforge.backends.vllm", "VLLMBackend"),
+    "OpenAICompatBackend": ("rollforge.backends.openai_compat", "OpenAICompatBackend"),
+    "open_backend": ("rollforge.backends.select", "open_backend"),
 }
 
 __all__ = [
     "Backend", "BackendError", "BaseSession", "ChatRenderer", "Completion", "ConfigError", "ENV_NAMES",
     "EnvSession", "EnvSpec", "Environment", "EnvironmentError_", "Failure", "FactoryEnvironment",
-    "HFBackend", "InvariantError", "Message", "MissingDependency", "ModelError", "Reset", "RollforgeError",
+    "HFBackend", "InvariantError", "Message", "MissingDependency", "ModelError", "OpenEnvEnvironment", "Reset",
+    "RollforgeError",
     "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "ScriptedBackend", "Step",
     "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "ToolCall", "ToolCallParser", "Trajectory",
     "acheck_env", "arollout", "check_env", "get_env_spec", "get_parser", "load_model", "load_tokenizer",
     "rollout", "rollout_metrics", "token_fidelity_gap",
+    "OpenAICompatBackend", "VLLMBackend", "WeightSync", "open_backend",
 ]
 
 

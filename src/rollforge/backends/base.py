@@ -17,7 +17,7 @@ nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from ..errors import ConfigError
 from ..types import Completion
@@ -52,7 +52,13 @@ class SamplingParams:
 
 @runtime_checkable
 class Backend(Protocol):
-    """A generation backend. ``generate`` is called concurrently by many episodes."""
+    """A generation backend. ``generate`` is called concurrently by many episodes.
+
+    Images: a backend for a vision-language model sets the class attribute ``accepts_images =
+    True`` and takes ``generate(prompt_ids, params, images=...)``, the conversation's images so far
+    in order (``Message.images``: PIL images or encoded bytes). Backends without the attribute are
+    text-only: the engine refuses environments that declare ``produces_images`` with them before
+    the rollout starts, and fails an episode that gets an image anyway."""
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Continue ``prompt_ids``; raise ``BackendError`` when the request fails."""
@@ -60,6 +66,25 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Release engines, threads and connections. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Optional protocol of a backend that does not share the trainer's model object (vLLM in-process,
+    a served model). After each optimizer step the trainer calls ``update_weights(model)`` with its
+    model (a transformers model, or a peft model: merged, or loaded as an adapter where the backend
+    supports it); once it returns, every *new* request is generated with those weights. Requests in
+    flight during the call finish first (on the old weights) and are not mixed with the new ones.
+    A backend that cannot guarantee this raises ``BackendError`` rather than serve a stale policy.
+    ``weight_version`` counts completed updates (0: the weights the backend started with).
+    The HF backend needs no sync: it generates with the trainer's own model object.
+    """
+
+    weight_version: int
+
+    async def update_weights(self, model: Any) -> None:
+        """Make the backend generate with ``model``'s current weights; raise ``BackendError`` on failure."""
         ...
 
 

