@@ -32,9 +32,9 @@ class ModelConfig(_Section):
     """Generation backend. ``hf`` generates with the trained model object itself (no sync needed);
     the others receive the new weights after every update."""
     base_url: str | None = None
-    """Server URL for the ``openai`` backend."""
-    max_batch_size: int = Field(64, ge=1)
-    """Rows the HF backend decodes together."""
+    """Server URL for the ``openai`` backend (a ``vllm serve`` of the same model; see README)."""
+    served_model_name: str | None = None
+    """The server's model name for the ``openai`` backend (None: its only model)."""
 
 
 class LoraConfig(_Section):

@@ -16,13 +16,14 @@ seeds derive from (seed, step), so a resumed run repeats the uninterrupted run's
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import yaml
@@ -65,7 +66,10 @@ async def atrain(
     reward_functions: Sequence[RewardFunction] = (),
     resume: bool = False,
     console: bool = True,
+    on_step: Callable[..., Any] | None = None,
 ) -> TrainResult:
+    """Train per ``config``. ``on_step(step, metrics, model, backend)`` (sync or async) runs after
+    each step's weight sync, e.g. for custom evaluation."""
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
@@ -95,7 +99,8 @@ async def atrain(
     logbook = Logbook(out, config.steps, start, console)
     backend = _open_backend(config, model, tokenizer)
     sync = WeightSync(backend, model)
-    await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
+    if start or config.lora.enabled:
+        await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
     evaluations = _read_json(out / "eval.json")
     eval_prompts = _eval_prompts(config, list(task_to_env), dataset) if config.eval_episodes else []
     step = start
@@ -133,6 +138,8 @@ async def atrain(
                 times={"rollout": rolled - began, "update": updated - rolled, "sync": synced - updated},
             )
             logbook.log(metrics)
+            if on_step is not None and inspect.isawaitable(hook := on_step(step, metrics, model, backend)):
+                await hook
             if config.save_trajectories:
                 logbook.save_trajectories(step, trajectories, rewards.totals, advantages.values.tolist())
             if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
@@ -181,10 +188,12 @@ def _prompts(config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, 
 
 
 def _open_backend(config: TrainConfig, model: Any, tokenizer: Any):
-    if config.model.backend == "hf":
-        from ..backends.hf import HFBackend
-
-        return HFBackend(model, tokenizer, max_batch_size=config.model.max_batch_size, seed=config.seed)
     from ..backends.select import open_backend
 
-    return open_backend(config.model.backend, config.model.name, tokenizer, base_url=config.model.base_url)
+    kind = config.model.backend
+    options = {"enable_lora": True} if kind == "vllm" and config.lora.enabled else None
+    return open_backend(
+        kind, config.model.name, tokenizer, base_url=config.model.base_url, hf_model=model,
+        served_model_name=config.model.served_model_name, concurrency=config.rollout.concurrency,
+        seed=config.seed, options=options,
+    )
