@@ -52,8 +52,9 @@ class LoraConfig(_Section):
 
 class EnvConfig(_Section):
     name: str
-    """A bundled environment (``rollforge env list``) or ``module:attribute`` naming an environment
-    class, a step-style object, a factory or an ``Environment``; it is also the samples' task name."""
+    """A bundled environment (``rollforge env list``), an OpenEnv server URL, or
+    ``module:attribute`` / ``file.py:attribute`` naming an environment class, a step-style object,
+    a factory or an ``Environment``."""
     weight: float = Field(1.0, gt=0)
     """Share of the prompts drawn from this environment's own generator (when ``data.path`` is unset)."""
     options: dict[str, Any] = {}

@@ -1,6 +1,7 @@
 """Environments named in a training config, built into the engine's ``task_to_env`` mapping.
 
-A name is either a bundled environment (``arithmetic``) or ``module:attribute``. The attribute may
+A name is a bundled environment (``arithmetic``), the URL of an OpenEnv server
+(``http://127.0.0.1:8000``: one WebSocket session per episode), or ``module:attribute``. The attribute may
 be an ``Environment`` (used as is), a class or object with a NeMo-RL-style ``step(message_logs,
 metadata)`` (wrapped in ``StepwiseEnvironment``), a dict ``{name: factory}`` or any other class or
 zero-argument callable (TRL-style, wrapped in ``FactoryEnvironment``).
@@ -24,13 +25,23 @@ from .config import EnvConfig
 
 
 def task_name(config: EnvConfig) -> str:
-    return config.task_name or (config.name if is_bundled(config.name) else config.name.rpartition(":")[2])
+    if config.task_name:
+        return config.task_name
+    if _is_url(config.name):
+        return "openenv"
+    return config.name if is_bundled(config.name) else config.name.rpartition(":")[2]
+
+
+def _is_url(name: str) -> bool:
+    return name.startswith(("http://", "https://", "ws://", "wss://"))
 
 
 def is_bundled(name: str) -> bool:
     """A bundled environment or family member (``reasoning_gym:leg_counting``), not an import path."""
     if ":" not in name:
         return True
+    if _is_url(name):
+        return False
     try:
         get_env_spec(name)
     except ConfigError:
@@ -51,6 +62,10 @@ def build_environments(configs: list[EnvConfig]) -> dict[str, Environment]:
 
 
 def _build(name: str) -> Environment:
+    if _is_url(name):
+        from ..envs.openenv import OpenEnvEnvironment
+
+        return OpenEnvEnvironment(name)
     if is_bundled(name):
         return get_env_spec(name).build()
     target = import_attribute(name)
