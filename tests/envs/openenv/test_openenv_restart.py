@@ -34,7 +34,8 @@ async def test_server_killed_mid_run_fails_only_the_running_episodes(server, ren
     for t in first:  # were running when the server died: failed with the reason, tokens kept
         assert t.error is not None and t.error.kind == "env_error", t
         assert "connection to the OpenEnv server" in t.error.message and "lost" in t.error.message
-        assert len(t.token_ids) > t.prompt_length and 1 <= t.turns < 5
+        # generated tokens are kept; how many turns finished before the kill depends on timing
+        assert len(t.token_ids) > t.prompt_length and t.turns < 5
     for t in second:  # started after the crash: reconnected to the restarted server
         assert t.error is None and t.terminated and t.total_reward == 1.0 and t.turns == 5
     assert result.metrics["errors"] == {"env_error": 4}
