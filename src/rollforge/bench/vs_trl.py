@@ -1,0 +1,189 @@
+"""``rollforge bench vs-trl``: seconds per GRPO step of rollforge's trainer vs TRL's ``GRPOTrainer``.
+
+Both trainers train the same warmed-up tiny tool-calling model (``vs_trl_setup``) on the same
+``environment_factory`` class (``vs_trl_env.GuessNumber``: ``guess(number)``, ``hint(kind)``, reward 1
+when a guess was right), the same prompt rows, with the same algorithm: 4 prompts x 4 generations per step, one
+optimizer step per batch, group-normalised advantages, token-level clipped loss (TRL's ``dapo``,
+rollforge's ``token``), no KL, AdamW with the same learning rate and betas, constant schedule,
+gradient norm clipped at 1, temperature 1, fp32 on CPU, no gradient checkpointing. Each episode may
+call tools ``max_tool_calls`` times (TRL ``max_tool_calling_iterations``; rollforge ``max_turns`` =
+calls + 1) within ``max_completion_tokens`` tokens after the prompt, tool results included (TRL
+``max_completion_length``; rollforge ``max_seq_len`` = prompt + that, ``max_new_tokens`` the same).
+
+Timing: a step is TRL's ``on_step_begin`` -> ``on_step_end`` (generation, tools, rewards, loss,
+optimizer) and rollforge's ``time/step`` (rollout, rewards, update, weight sync); neither includes
+logging. The two trainers run in this process at the same time but take strictly alternating steps
+(``vs_trl_runners.Turns``), so that load from other processes on a shared machine falls on both alike. The first
+step of every run is a warm-up and is not timed; ``--rounds`` repeats the whole pair of runs from the
+warmed-up model. ``ratio_step_time`` is rollforge's mean timed step over TRL's. Learning curves are
+the mean reward of every step of each run; with ``--out`` they are also written as JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .vs_trl_env import MAX_TOOL_CALLS, QWEN25_TEMPLATE, prompt_rows
+from .vs_trl_runners import run_alternating, run_rollforge, run_trl
+from .vs_trl_setup import prepare_model
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--steps", type=int, default=8, help="steps per run, the first one untimed (default 8)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each trainer (default 1)")
+    parser.add_argument("--batch-size", type=int, default=4, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=4, help="episodes per prompt (the GRPO group)")
+    parser.add_argument("--max-completion-tokens", type=int, default=128)
+    parser.add_argument("--max-tool-calls", type=int, default=MAX_TOOL_CALLS)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rollforge-mode", choices=["async", "lockstep"], default="async",
+                        help="rollforge's rollout mode (default async)")
+    parser.add_argument("--sides", default="trl,rollforge", help="comma-separated subset (for profiling one side)")
+    parser.add_argument("--out", default=None, help="directory for result.json and learning_curves.png")
+
+
+def main(args: Any) -> dict[str, Any]:
+    settings = {
+        "steps": args.steps, "rounds": args.rounds, "batch_size": args.batch_size, "generations": args.generations,
+        "max_completion_tokens": args.max_completion_tokens, "max_tool_calls": args.max_tool_calls, "lr": args.lr,
+        "seed": args.seed, "rollforge_mode": args.rollforge_mode,
+    }
+    return run(settings, sides=tuple(args.sides.split(",")), out=args.out)
+
+
+def run(settings: dict[str, Any], sides: tuple[str, ...] = ("trl", "rollforge"), out: str | None = None) -> dict[str, Any]:
+    import torch
+
+    _check_trl()
+    if settings["steps"] < 2:
+        raise ConfigError(f"--steps must be at least 2 (one warm-up step, then timed steps), got {settings['steps']}")
+    model_dir = prepare_model()
+    rows = prompt_rows(64, settings["seed"])
+    runners = {"trl": run_trl, "rollforge": run_rollforge}
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    with tempfile.TemporaryDirectory(prefix="rollforge-vs-trl-") as scratch:
+        for round_ in range(settings["rounds"]):
+            folder = Path(scratch) / f"round-{round_}"
+            if set(sides) == {"trl", "rollforge"}:
+                trl_run, rollforge_run = run_alternating(model_dir, rows, settings, folder)
+                runs["trl"].append(trl_run)
+                runs["rollforge"].append(rollforge_run)
+            else:
+                for side in sides:
+                    runs[side].append(runners[side](model_dir, rows, settings, folder / side))
+    result: dict[str, Any] = {
+        "benchmark": "vs-trl",
+        "ratio_step_time": None,
+        "settings": {**settings, "model": str(model_dir), "torch_threads": torch.get_num_threads()},
+    }
+    for side in sides:
+        result[side] = _summary(runs[side])
+    if "trl" in result and "rollforge" in result:
+        result["ratio_step_time"] = round(result["rollforge"]["seconds_per_step"] / result["trl"]["seconds_per_step"], 4)
+    result["learning_curves"] = {side: [r["rewards"] for r in runs[side]] for side in sides}
+    result["notes"] = _notes(runs)
+    if out is not None:
+        _write(Path(out), result)
+    return result
+
+
+def _check_trl() -> None:
+    from ..errors import require
+
+    require("trl", extra="bench-trl", feature="the TRL comparison benchmark")
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    if qwen2_5_chat_template != QWEN25_TEMPLATE:
+        import trl
+
+        raise ConfigError(
+            f"trl {trl.__version__} ships a different Qwen2.5 chat template than the one this benchmark's model "
+            "uses (trl 1.16.0's), so TRL would not parse its tool calls; pip install 'rollforge[bench-trl]'"
+        )
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    timed = [t for r in runs for t in r["step_seconds"][1:]]
+    steps = [s for r in runs for s in r["steps"][1:]]
+    summary = {
+        "seconds_per_step": round(statistics.fmean(timed), 4),
+        "seconds_per_step_median": round(statistics.median(timed), 4),
+        "seconds_per_step_per_round": [round(statistics.fmean(r["step_seconds"][1:]), 4) for r in runs],
+        "timed_steps": len(timed),
+        "generated_tokens_per_step": round(statistics.fmean(s["generated_tokens"] for s in steps), 1),
+        "assistant_turns_per_step": round(statistics.fmean(s["assistant_turns"] for s in steps), 2),
+        "tool_calls_per_step": round(statistics.fmean(s["tool_calls"] for s in steps), 2),
+        "rollout_seconds_per_step": round(statistics.fmean(s["rollout_seconds"] for s in steps), 4),
+        "rollout_seconds_per_step_per_round": [
+            round(statistics.fmean(s["rollout_seconds"] for s in r["steps"][1:]), 4) for r in runs
+        ],
+        "mean_reward": round(statistics.fmean(s["reward"] for s in steps), 4),
+        "prompt_tokens": runs[0]["prompt_tokens"],
+        "run_seconds": [round(r["run_seconds"], 2) for r in runs],
+        "step_seconds": [[round(t, 3) for t in r["step_seconds"]] for r in runs],
+    }
+    if steps[0].get("context_tokens") is not None:
+        summary["context_tokens_per_step"] = round(statistics.fmean(s["context_tokens"] for s in steps), 1)
+    if "tool_failures" in steps[0]:
+        summary["tool_call_failures_per_step"] = round(statistics.fmean(s["tool_failures"] for s in steps), 2)
+    return summary
+
+
+def _notes(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    notes = [
+        "both trainers start from the same warmed-up weights and take alternating steps in one process; "
+        "the first step of each is untimed",
+        "tool-call budget: TRL max_tool_calling_iterations = rollforge max_turns - 1; token budget after the "
+        "prompt (tool results included): TRL max_completion_length = rollforge max_seq_len - prompt tokens",
+        "TRL keeps going after a correct guess until the model answers without a tool call, and so does "
+        "rollforge (the environment has no `done` attribute)",
+        "a tool call that does not parse: TRL takes the reply as a final answer (the episode ends), "
+        "rollforge answers with an 'Error: ...' tool message and the episode goes on (a counted failure); "
+        "TRL's tool_call_failures_per_step counts only calls that raised",
+        "both re-read each episode's whole history at every turn (no KV cache kept across turns); TRL in "
+        "lockstep (one left-padded model.generate per turn over the episodes still calling tools, each call "
+        "decoding until its longest row ends), rollforge's HF backend by continuous batching (an episode's "
+        "next turn joins the running batch as soon as its tool result is in; finished rows leave)",
+    ]
+    if "trl" in runs and "rollforge" in runs:
+        ours, theirs = runs["rollforge"][0]["prompt_tokens"], runs["trl"][0]["prompt_tokens"]
+        if ours != theirs:
+            notes.append(f"prompt tokens differ: rollforge {ours}, TRL {theirs} (tool schemas rendered from the "
+                         "same methods by each library)")
+    return notes
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import matplotlib
+    except ImportError:
+        result["notes"].append("learning_curves.png needs matplotlib (the bench-trl extra)")
+        matplotlib = None
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    if matplotlib is None:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for side, color in (("trl", "tab:orange"), ("rollforge", "tab:blue")):
+        for i, curve in enumerate(result["learning_curves"].get(side, [])):
+            ax.plot(range(1, len(curve) + 1), curve, color=color, alpha=1.0 if i == 0 else 0.5,
+                    marker="o", label=f"{side} ({result[side]['seconds_per_step']:.2f} s/step)" if i == 0 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(f"GuessNumber, {result['settings']['batch_size']}x{result['settings']['generations']} "
+                 f"episodes/step (one line per run)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "learning_curves.png", dpi=100)
+    plt.close(fig)
