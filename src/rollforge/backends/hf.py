@@ -49,6 +49,7 @@ from ..types import Completion
 from .base import SamplingParams, StopStrings
 from .cpu_speedups import FAST_GQA_ATTENTION, can_switch_to_fast_gqa, release_idle_openmp_threads
 from .hf_batch import Request, Row, RunningBatch, check_cache_support
+from .hf_prefix import PrefixStore
 from .sampling import RowSampling, filtered_probs, sample
 
 # RowSampling, filtered_probs and sample are re-exported: callers import them from here.
@@ -60,6 +61,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN = object()  # queue sentinel
+_FORGET_PREFIXES = object()  # queue item: the weights changed, stored caches are stale
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class BackendStats:
     generated_tokens: int = 0
     completed: int = 0  # requests answered with a Completion
     failed: int = 0  # requests answered with a BackendError
+    prefix_hits: int = 0  # requests that continued a finished request's stored cache
+    prefix_tokens_reused: int = 0  # prompt tokens those requests did not prefill again
 
     @property
     def forward_passes(self) -> int:
@@ -100,6 +104,10 @@ class HFBackend:
       numerically identical ``FAST_GQA_ATTENTION`` instead of "sdpa" (``close`` switches it back).
     - ``release_openmp``: on CPU, ``generate`` releases the idle OpenMP threads of the calling
       (event-loop) thread; see ``release_idle_openmp_threads``.
+    - ``prefix_cache_mb``: memory for the caches of finished requests, which requests that extend
+      them (the next turn of an episode) reuse instead of prefilling their history again
+      (``hf_prefix``); 0 disables it. After changing the weights in place, call
+      ``invalidate_cache()``.
 
     Call ``close()`` when done: the worker thread holds the model until then.
     """
@@ -116,6 +124,7 @@ class HFBackend:
         seed: int | None = None,
         fast_gqa: bool = True,
         release_openmp: bool = True,
+        prefix_cache_mb: float = 512.0,
     ):
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -139,6 +148,7 @@ class HFBackend:
         self._eos_ids = _eos_ids(tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._seeds = random.Random(seed)
+        self._prefixes = PrefixStore(int(prefix_cache_mb * 2**20))  # worker-owned
         self._release_openmp = release_openmp and self._device.type == "cpu"
         self._switched_attention = fast_gqa and can_switch_to_fast_gqa(model, self._device)
         if self._switched_attention:
@@ -179,6 +189,11 @@ class HFBackend:
         if self._switched_attention and self.model.config._attn_implementation == FAST_GQA_ATTENTION:
             self.model.set_attn_implementation("sdpa")
         self._switched_attention = False
+
+    def invalidate_cache(self) -> None:
+        """The model's weights changed in place (a training step): stored prefix caches are stale.
+        Requests enqueued after this call never reuse a cache computed before it."""
+        self._queue.put(_FORGET_PREFIXES)
 
     @property
     def stats(self) -> BackendStats:
@@ -229,27 +244,34 @@ class HFBackend:
         """Move queued requests to ``_waiting``; when ``block``, wait for the first one and then up
         to ``max_wait_ms`` for company. False when the shutdown sentinel arrives."""
         if block:
-            item = self._queue.get()
-            if item is _SHUTDOWN:
-                return False
-            self._waiting.append(item)
+            while not self._waiting:
+                if not self._receive(self._queue.get()):
+                    return False
             deadline = time.monotonic() + self.max_wait_ms / 1000
             while (remaining := deadline - time.monotonic()) > 0:
                 try:
                     item = self._queue.get(timeout=remaining)
                 except queue.Empty:
                     break
-                if item is _SHUTDOWN:
+                if not self._receive(item):
                     return False
-                self._waiting.append(item)
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return True
-            if item is _SHUTDOWN:
+            if not self._receive(item):
                 return False
+
+    def _receive(self, item: Any) -> bool:
+        """Handle one queue item in order; False for the shutdown sentinel."""
+        if item is _SHUTDOWN:
+            return False
+        if item is _FORGET_PREFIXES:
+            self._prefixes.clear()
+        else:
             self._waiting.append(item)
+        return True
 
     def _make_row(self, request: Request) -> Row | None:
         """Validate a request; fail it alone (and return None) when it cannot run."""
@@ -263,7 +285,11 @@ class HFBackend:
             budget = min(budget, self._max_positions - len(request.prompt_ids))
         stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids else self._eos_ids
         stop_strings = StopStrings(self.tokenizer.decode, params.stop)
-        return Row(request, budget, stop_ids, stop_strings)
+        prefix = self._prefixes.take(request.prompt_ids)
+        if prefix is not None:
+            self._counts["prefix_hits"] += 1
+            self._counts["prefix_tokens_reused"] += len(prefix.ids)
+        return Row(request, budget, stop_ids, stop_strings, prefix=prefix)
 
     def _check_prompt(self, prompt: tuple[int, ...]) -> str | None:
         if not prompt:
@@ -341,6 +367,10 @@ class HFBackend:
             self._counts["completed"] += 1
             self._counts["generated_tokens"] += len(row.token_ids)
             row.request.settle(row.completion(reason))
+            if self._prefixes.max_bytes > 0:
+                stored = batch.row_prefix(i)
+                if stored is not None:
+                    self._prefixes.put(stored)
         if not keep:
             return None
         if len(keep) < len(batch):
@@ -369,7 +399,7 @@ class HFBackend:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is not _SHUTDOWN:
+            if item is not _SHUTDOWN and item is not _FORGET_PREFIXES:
                 pending.append(item)
         for request in pending:
             self._fail(request, error)

@@ -33,6 +33,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from ..errors import ConfigError
 from ..types import Completion, FinishReason
 from .base import SamplingParams, StopStrings
+from .hf_prefix import CachedPrefix
 from .sampling import RowSampling, draw_uniforms
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class Row:
     stop_strings: StopStrings
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    prefix: CachedPrefix | None = None  # a stored cache of the start of its prompt, to reuse
 
     def accept(self, token: int, logprob: float) -> FinishReason | None:
         """Append one sampled token; return the finish reason if the row is done."""
@@ -118,14 +120,20 @@ class RunningBatch:
         Return the batch holding their cache, with the uniforms of each row's sampler (``seeds``
         seeds the requests that carry no seed), and the logits (B, V) of their first tokens."""
         prompts = [row.request.prompt_ids for row in rows]
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([(pad_id,) * (width - len(p)) + p for p in prompts], device=device)
+        reused = [len(row.prefix.ids) if row.prefix is not None else 0 for row in rows]
+        held = max(reused)  # columns of stored cache in front of the new tokens
+        news = [p[n:] for p, n in zip(prompts, reused)]
+        width = max(len(p) for p in news)
+        ids = torch.tensor([(pad_id,) * (width - len(p)) + p for p in news], device=device)
         mask = torch.tensor(
-            [[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=device
+            [[False] * (held - n) + [True] * n + [False] * (width - len(p)) + [True] * len(p) for p, n in zip(news, reused)],
+            device=device,
+        )  # (B, held + T): stored columns (left-padded), then the new tokens (left-padded)
+        positions = torch.tensor(
+            [[0] * (width - len(p)) + list(range(n, n + len(p))) for p, n in zip(news, reused)], device=device
         )  # (B, T)
-        positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
-        cache = Cache(layer_class_to_replicate=SlackLayer)
-        padded = any(len(p) < width for p in prompts)
+        cache = _stored_cache(rows, held) if held else Cache(layer_class_to_replicate=SlackLayer)
+        padded = bool(held) or any(len(p) < width for p in news)
         out = model(
             input_ids=ids,
             attention_mask=mask if padded else None,  # None: the causal fast path
@@ -146,6 +154,16 @@ class RunningBatch:
             ),
         )
         return batch, out.logits[:, -1]  # (B, V)
+
+    def row_prefix(self, i: int) -> CachedPrefix | None:
+        """Row ``i``'s cache without its padding, under the ids it holds (prompt and generated
+        tokens but the last); None if the counts disagree."""
+        row = self.rows[i]
+        ids = row.request.prompt_ids + tuple(row.token_ids[:-1])
+        keep = self.mask[i]
+        if int(keep.sum()) != len(ids):
+            return None
+        return CachedPrefix(ids, tuple((k[i][:, keep], v[i][:, keep]) for k, v in _cache_tensors(self.cache)))
 
     def decode(self, model: Any) -> torch.Tensor:
         """One forward pass of every row's last token, which the cache then holds; return the
@@ -271,6 +289,24 @@ def _cache_tensors(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _make_cache(tensors: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Cache:
     return Cache(layers=[SlackLayer.holding(keys, values) for keys, values in tensors])
+
+
+def _stored_cache(rows: list[Row], held: int) -> Cache:
+    """A cache of ``held`` columns: each row's stored prefix, left-padded (zeros without one)."""
+    template = next(row.prefix for row in rows if row.prefix is not None).layers
+    layers = []
+    for layer, (k0, v0) in enumerate(template):
+        keys, values = [], []
+        for row in rows:
+            if row.prefix is None:
+                keys.append(k0.new_zeros(k0.shape[0], held, k0.shape[2]))
+                values.append(v0.new_zeros(v0.shape[0], held, v0.shape[2]))
+            else:
+                k, v = row.prefix.layers[layer]
+                keys.append(_pad_left(k, held, dim=1))
+                values.append(_pad_left(v, held, dim=1))
+        layers.append((torch.stack(keys), torch.stack(values)))  # (B, H_kv, held, D)
+    return _make_cache(layers)
 
 
 def _pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Weight sync: after every update, the generation backend must serve the new policy before the
 next rollout starts, or the run silently trains on stale samples.
 
-A backend that generates with the trained model object itself (``HFBackend(model)``) needs
-nothing. Any other backend must implement the optional ``update_weights(model)`` coroutine (see
+A backend that generates with the trained model object itself (``HFBackend(model)``) only has
+to forget caches computed with the old weights (``invalidate_cache()``). Any other backend must implement the optional ``update_weights(model)`` coroutine (see
 ``backends/base.py``); one that has neither is rejected when training starts, not after a step.
 """
 
@@ -26,6 +26,9 @@ class WeightSync:
 
     async def push(self, model: Any) -> None:
         if self.shared:
+            invalidate = getattr(self.backend, "invalidate_cache", None)
+            if callable(invalidate):  # caches computed with the old weights must not be reused
+                invalidate()
             return
         await self.backend.update_weights(model)
         self.syncs += 1
