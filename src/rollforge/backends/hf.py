@@ -39,7 +39,7 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Sequence
 
 import torch
@@ -48,7 +48,7 @@ from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .base import SamplingParams, StopStrings
 from .cpu_speedups import FAST_GQA_ATTENTION, can_switch_to_fast_gqa, release_idle_openmp_threads
-from .hf_batch import Request, Row, RunningBatch, check_cache_support
+from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_support
 from .hf_prefix import PrefixStore
 from .sampling import RowSampling, filtered_probs, sample
 
@@ -62,31 +62,6 @@ logger = logging.getLogger(__name__)
 
 _SHUTDOWN = object()  # queue sentinel
 _FORGET_PREFIXES = object()  # queue item: the weights changed, stored caches are stale
-
-
-@dataclass(frozen=True)
-class BackendStats:
-    """Counters of the work the backend did (a snapshot; read ``HFBackend.stats`` again to refresh)."""
-
-    prefill_passes: int = 0  # forward passes over newly admitted prompts
-    prefill_rows: int = 0  # prompts prefilled (sum of prefill batch sizes)
-    joins: int = 0  # prefills whose rows joined a batch that was already decoding
-    decode_steps: int = 0  # one-token forward passes of the running batch
-    decode_rows: int = 0  # sum of the running batch size over decode steps
-    max_running: int = 0  # largest running batch seen
-    generated_tokens: int = 0
-    completed: int = 0  # requests answered with a Completion
-    failed: int = 0  # requests answered with a BackendError
-    prefix_hits: int = 0  # requests that continued a finished request's stored cache
-    prefix_tokens_reused: int = 0  # prompt tokens those requests did not prefill again
-
-    @property
-    def forward_passes(self) -> int:
-        return self.prefill_passes + self.decode_steps
-
-    @property
-    def mean_decode_batch(self) -> float:
-        return self.decode_rows / self.decode_steps if self.decode_steps else 0.0
 
 
 class HFBackend:

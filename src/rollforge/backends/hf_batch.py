@@ -2,6 +2,7 @@
 
 Design:
 
+- ``BackendStats`` counts the worker's work for ``HFBackend.stats``.
 - A ``Request`` is what ``generate`` enqueued; ``settle`` hands its outcome back to the awaiting
   event loop from the worker thread. A ``Row`` is a request admitted to the batch: its stop rules,
   budget and the tokens generated so far.
@@ -37,6 +38,31 @@ from .hf_prefix import CachedPrefix
 from .sampling import RowSampling, draw_uniforms
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BackendStats:
+    """Counters of the work the backend did (a snapshot; read ``HFBackend.stats`` again to refresh)."""
+
+    prefill_passes: int = 0  # forward passes over newly admitted prompts
+    prefill_rows: int = 0  # prompts prefilled (sum of prefill batch sizes)
+    joins: int = 0  # prefills whose rows joined a batch that was already decoding
+    decode_steps: int = 0  # one-token forward passes of the running batch
+    decode_rows: int = 0  # sum of the running batch size over decode steps
+    max_running: int = 0  # largest running batch seen
+    generated_tokens: int = 0
+    completed: int = 0  # requests answered with a Completion
+    failed: int = 0  # requests answered with a BackendError
+    prefix_hits: int = 0  # requests that continued a finished request's stored cache
+    prefix_tokens_reused: int = 0  # prompt tokens those requests did not prefill again
+
+    @property
+    def forward_passes(self) -> int:
+        return self.prefill_passes + self.decode_steps
+
+    @property
+    def mean_decode_batch(self) -> float:
+        return self.decode_rows / self.decode_steps if self.decode_steps else 0.0
 
 
 @dataclass(eq=False)

@@ -59,8 +59,12 @@ class RolloutConfig(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
-                for e in exc.errors()
-            )
-            raise ConfigError(f"invalid rollout config: {problems}") from None
+            raise ConfigError(f"invalid rollout config: {describe_validation_error(exc)}") from None
+
+
+def describe_validation_error(exc) -> str:
+    """Each problem of a pydantic ``ValidationError`` as ``key.path: message (got value)``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
+        for e in exc.errors()
+    )

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
-from ..rollout.config import RolloutConfig
+from ..rollout.config import RolloutConfig, describe_validation_error
 
 
 class _Section(BaseModel):
@@ -176,11 +176,7 @@ def build_config(data: dict[str, Any]) -> TrainConfig:
     try:
         return TrainConfig(**data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
-        raise ConfigError(f"invalid training config: {problems}") from None
+        raise ConfigError(f"invalid training config: {describe_validation_error(exc)}") from None
 
 
 def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
