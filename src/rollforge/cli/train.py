@@ -24,7 +24,7 @@ def add_parser(commands: Any) -> None:
     train.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     train.set_defaults(run=_train)
 
-    quick = commands.add_parser("quickstart", help="train SmolLM2-135M on CPU on arithmetic + guess_number (~10 min)")
+    quick = commands.add_parser("quickstart", help="train SmolLM2-135M on CPU on arithmetic + guess_number (~12 min)")
     quick.add_argument("--out", type=Path, default=Path("runs/quickstart"))
     quick.add_argument("--steps", type=int, default=None)
     quick.add_argument("--model", default=None, help="model directory or alias (default smollm2-135m)")
