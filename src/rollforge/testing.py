@@ -142,8 +142,7 @@ class FirstCharacter:
             first = log[-1]["content"][:1]
             ok = first.isdigit() if info["kind"] == "digit" else (first.isalpha() and first.isupper())
             rewards.append(1.0 if ok else 0.0)
-        n = len(message_logs)
-        return StepwiseReturn([{"role": "user", "content": ""}] * n, list(metadata), [None] * n, rewards, [True] * n)
+        return StepwiseReturn.final(rewards, metadata)
 
 
 def first_character_rows(n: int) -> list[dict]:

@@ -73,6 +73,12 @@ class StepwiseReturn:
     #: Whether each sample's episode ended naturally.
     terminateds: list[bool]
 
+    @classmethod
+    def final(cls, rewards: list[float], metadata: list[Any]) -> "StepwiseReturn":
+        """A single-turn verdict: every sample ends now with its reward, and no observation."""
+        n = len(rewards)
+        return cls([{"role": "user", "content": ""}] * n, list(metadata), [None] * n, list(rewards), [True] * n)
+
 
 @dataclass(frozen=True)
 class _Outcome:

@@ -125,14 +125,7 @@ class MathVerifyEnv:
             correct, verdict = self.worker.verify(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", reply)
             rewards.append(1.0 if correct else 0.0)
             new_metadata.append({**info, "verdict": verdict})
-        n = len(message_logs)
-        return StepwiseReturn(
-            observations=[{"role": "user", "content": ""}] * n,
-            metadata=new_metadata,
-            next_stop_strings=[None] * n,
-            rewards=rewards,
-            terminateds=[True] * n,
-        )
+        return StepwiseReturn.final(rewards, new_metadata)
 
 
 def build() -> StepwiseEnvironment:

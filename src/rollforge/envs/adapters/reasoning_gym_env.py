@@ -66,14 +66,7 @@ class ReasoningGymEnv:
                 info["score_error"] = f"{type(exc).__name__}: {exc}"
             rewards.append(reward)
             new_metadata.append(info)
-        n = len(message_logs)
-        return StepwiseReturn(
-            observations=[{"role": "user", "content": ""}] * n,
-            metadata=new_metadata,
-            next_stop_strings=[None] * n,
-            rewards=rewards,
-            terminateds=[True] * n,
-        )
+        return StepwiseReturn.final(rewards, new_metadata)
 
 
 def build(dataset: str) -> StepwiseEnvironment:

@@ -41,14 +41,7 @@ class ArithmeticEnv:
         for log, info in zip(message_logs, metadata):
             reply = next((m["content"] for m in reversed(log) if m["role"] == "assistant"), "")
             rewards.append(score_answer(reply, int(info["answer"])))
-        n = len(message_logs)
-        return StepwiseReturn(
-            observations=[{"role": "user", "content": ""}] * n,
-            metadata=list(metadata),
-            next_stop_strings=[None] * n,
-            rewards=rewards,
-            terminateds=[True] * n,
-        )
+        return StepwiseReturn.final(rewards, list(metadata))
 
 
 def build() -> Environment:
