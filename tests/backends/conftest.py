@@ -17,6 +17,21 @@ from pathlib import Path
 import pytest
 from rollout_checks import free_port
 
+@pytest.fixture(scope="module")
+def hf(smollm2_dir):
+    """SmolLM2-135M in transformers: ``(model, tokenizer)``, the reference the engines must match."""
+    from rollforge.models import load_model
+
+    return load_model(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def renderer(hf):
+    from rollforge.chat.render import ChatRenderer
+
+    return ChatRenderer(hf[1])
+
+
 SERVER_START_TIMEOUT = 420.0  # a cold CPU start (imports, weights, warm-up) under a loaded machine
 
 

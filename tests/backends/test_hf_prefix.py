@@ -1,7 +1,6 @@
 """The HF backend reuses a finished request's cache for the request that continues it (the next
 turn of an episode): same tokens, same logprobs, fewer tokens prefilled."""
 
-import asyncio
 
 import pytest
 

