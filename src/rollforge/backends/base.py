@@ -16,11 +16,18 @@ nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason 
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from ..errors import ConfigError
 from ..types import Completion
+
+
+#: The episode a ``generate`` call comes from: the engine sets it in each episode's task to an object
+#: that lives exactly as long as the episode (weak references work). A router of replicas keys its
+#: sticky placement on it; backends may ignore it. None outside the engine.
+CURRENT_EPISODE: ContextVar[object | None] = ContextVar("rollforge_current_episode", default=None)
 
 
 @dataclass(frozen=True)

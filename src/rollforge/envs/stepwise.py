@@ -127,6 +127,17 @@ class StepwiseEnvironment:
             weakref.WeakKeyDictionary()
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (shipped to an environment actor) starts with no pending batches: those belong
+        to this process's event loops."""
+        state = dict(self.__dict__)
+        del state["_queues"], state["_workers"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._queues, self._workers = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
+
     def __repr__(self) -> str:
         return f"StepwiseEnvironment({self.name}, max_sessions={self.max_sessions})"
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Protocol, Sequence, TypeVar
 
-from ..backends.base import Backend, SamplingParams
+from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
@@ -144,6 +144,7 @@ class _State:
 async def run_episode(index: int, sample: Sample, env: Environment, ctx: EpisodeContext, gate: Gate) -> Trajectory:
     """Run one episode to its end; never raises for a failure inside the episode."""
     state = _State(index, sample)
+    CURRENT_EPISODE.set(state)  # this episode's own task: routers keep its turns on one replica
     session = None
     try:
         session = env.open(sample)

@@ -1,0 +1,90 @@
+"""Connecting to Ray: a running cluster (``auto``, ``ray://host:port``, ``host:port``) or, with no
+address, a private Ray instance started on this machine's loopback interface.
+
+A local instance is started with ``RAY_AUTH_MODE=disabled`` only when the user has not set it, with
+usage statistics off, no dashboard, a bounded object store, and every Ray process bound to
+127.0.0.1 (Ray otherwise picks the address of the first network interface).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+import sysconfig
+from typing import Any
+
+from ..errors import ConfigError, MissingDependency
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependency("ray", "ray", "executor: ray") from None
+    return ray
+
+
+def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, object_store_mb: int = 256) -> Any:
+    """Connect to Ray once per process and return the ``ray`` module. An already initialised Ray
+    (a test fixture, the user's own ``ray.init``) is used as it is."""
+    if not address and "ray" not in sys.modules:
+        for key, value in LOCAL_ENV.items():  # read by Ray when it is imported
+            os.environ.setdefault(key, value)
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    if address is not None and not isinstance(address, str):
+        raise ConfigError(f"ray address must be a string such as 'auto' or 'ray://host:10001', got {address!r}")
+    if address:
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except ConnectionError as exc:
+            raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {exc}") from None
+        return ray
+    if object_store_mb < 75:
+        raise ConfigError(f"object_store_mb must be >= 75 (Ray's minimum), got {object_store_mb}")
+    for key, value in LOCAL_ENV.items():
+        os.environ.setdefault(key, value)
+    from ray._private import ray_constants
+
+    # Ray reads this one at import; when it was imported before (by the user, by a library), its
+    # "bind to the first interface" default would put a private instance on the network.
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false", "False")
+    ray.init(
+        num_cpus=num_cpus,
+        object_store_memory=object_store_mb * 1024 * 1024,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    return ray
+
+
+#: Environment of a local instance: no auth token on loopback, no usage reports, and Ray's
+#: "single machine" address resolution (127.0.0.1 instead of the first interface's address).
+LOCAL_ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+}
+
+
+def worker_runtime_env() -> dict[str, Any]:
+    """What Ray workers need to unpickle the user's environments and backends: this process's
+    ``sys.path`` (the user's project, a test directory), and the code of modules that no path can
+    import (a ``file.py:attr`` environment loaded from a file) shipped by value."""
+    from ray import cloudpickle
+
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or "." in name or name == "__main__" or file.startswith(_INSTALLED):
+            continue
+        if importlib.machinery.PathFinder.find_spec(name, sys.path) is None:
+            cloudpickle.register_pickle_by_value(module)
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
+
+
+_INSTALLED = tuple({sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")})

@@ -1,0 +1,182 @@
+"""Environments in a pool of Ray actors, on the session's local Ray instance (loopback only)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from transformers import AutoTokenizer
+
+from rollforge.backends.scripted import ScriptedBackend
+from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.cluster.env_pool import RayEnvironmentPool
+from rollforge.envs.factory import FactoryEnvironment
+from rollforge.envs.library import get_env_spec
+from rollforge.errors import ConfigError
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout
+from rollforge.types import Sample
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    return ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def scripted(renderer, script, **kwargs):
+    return ScriptedBackend(script, renderer, end_token_id=renderer.stop_token_ids[0], **kwargs)
+
+
+class Counter:
+    """Adds numbers; the reward is 1 when the total reaches 3. Records the actor's pid."""
+
+    def reset(self, **row) -> str:
+        self.total, self.pid = 0, os.getpid()
+        return "Reach 3."
+
+    def add(self, n: int) -> str:
+        """Add to the total.
+
+        Args:
+            n: How much to add.
+        """
+        self.total += n
+        return f"total={self.total}"
+
+    def get_reward(self) -> float:
+        return float(self.total == 3)
+
+
+class Slow(Counter):
+    """Each add takes a while (a simulator step), so an actor can be killed mid-episode."""
+
+    async def add(self, n: int) -> str:
+        """Add to the total, slowly.
+
+        Args:
+            n: How much to add.
+        """
+        await asyncio.sleep(0.4)
+        return super().add(n)
+
+
+def add_until_three(renderer):
+    def script(request) -> str:
+        if "total=3" in renderer.decode(request.prompt_ids[-40:]):
+            return "Done: three."
+        return '<tool_call>\n{"name": "add", "arguments": {"n": 1}}\n</tool_call>'
+
+    return script
+
+
+def samples(n: int, task: str = "count") -> list[Sample]:
+    return [Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name=task) for i in range(n)]
+
+
+def comparable(t):
+    return (t.token_ids, t.loss_mask, t.logprobs, t.rewards, t.messages, t.terminated, t.error)
+
+
+async def test_pool_gives_the_same_trajectories_as_local_and_spreads_episodes(ray_session, renderer):
+    config = RolloutConfig(max_turns=6, concurrency=8)
+    local = await arollout(samples(8), {"count": FactoryEnvironment(Counter)}, scripted(renderer, add_until_three(renderer)), renderer, config)
+    pool = RayEnvironmentPool(FactoryEnvironment(Counter), actors=2, num_cpus=0)
+    try:
+        remote = await arollout(samples(8), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config)
+    finally:
+        pool.shutdown()
+    assert [comparable(t) for t in remote.trajectories] == [comparable(t) for t in local.trajectories]
+    assert [(t.total_reward, t.turns, t.error) for t in remote.trajectories] == [(1.0, 4, None)] * 8
+    for t in remote.trajectories:
+        assert token_fidelity_gap(t, renderer) is None
+    # reward functions get the episode's environment object back, as it was on its actor
+    handles = [t.environment for t in remote.trajectories]
+    assert all(isinstance(h, Counter) and h.total == 3 for h in handles)
+    pids = {h.pid for h in handles}
+    assert len(pids) == 2 and os.getpid() not in pids  # least-loaded placement used both actors
+
+
+async def test_bundled_environment_on_actors_passes_the_same_checks(ray_session, renderer):
+    spec = get_env_spec("guess_number")
+    rows = spec.samples(6, 0)
+
+    config = RolloutConfig(max_turns=4, concurrency=6, max_new_tokens=16)
+    local = await arollout(rows, {spec.name: spec.build()}, scripted(renderer, lambda r: "10"), renderer, config)
+    pool = RayEnvironmentPool(spec.build(), actors=2, num_cpus=0, name=spec.name)
+    try:
+        remote = await arollout(rows, {spec.name: pool}, scripted(renderer, lambda r: "10"), renderer, config)
+    finally:
+        pool.shutdown()
+    assert [comparable(t) for t in remote.trajectories] == [comparable(t) for t in local.trajectories]
+    assert all(t.error is None for t in remote.trajectories)
+
+
+async def test_killing_an_actor_mid_episode_fails_only_its_episodes_and_it_is_replaced(ray_session, renderer):
+    pool = RayEnvironmentPool(FactoryEnvironment(Slow), actors=2, num_cpus=0, name="slow")
+    victim = pool.actor(0)
+    killed = asyncio.Event()
+
+    async def kill_mid_episode():
+        while backend.calls < 8:  # all six episodes are past their first turn, inside a slow step
+            await asyncio.sleep(0.01)
+        ray_session.kill(victim)
+        killed.set()
+
+    backend = scripted(renderer, add_until_three(renderer))
+    config = RolloutConfig(max_turns=6, concurrency=6)
+    killer = asyncio.create_task(kill_mid_episode())
+    try:
+        result = await arollout(samples(6), {"count": pool}, backend, renderer, config)
+        await killer
+        assert killed.is_set()
+        failed = [t for t in result.trajectories if t.error is not None]
+        passed = [t for t in result.trajectories if t.error is None]
+        # placement alternates between the two actors: episodes 0, 2, 4 were on the victim
+        assert [t.index for t in failed] == [0, 2, 4]
+        for t in failed:
+            assert t.error.kind == "env_error"
+            assert "actor 0 of 'slow' died" in t.error.message and "ray.kill" in t.error.message
+            assert t.turns >= 1 and len(t.token_ids) > t.prompt_length  # what was produced is kept
+        assert all(t.total_reward == 1.0 for t in passed) and len(passed) == 3
+        assert pool.replacements == 1 and pool.actor(0) is not victim
+        # the replacement serves new episodes
+        again = await arollout(samples(4), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config)
+        assert all(t.error is None and t.total_reward == 1.0 for t in again.trajectories)
+    finally:
+        pool.shutdown()
+
+
+async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_session, renderer):
+    pool = RayEnvironmentPool(FactoryEnvironment(Counter), actors=1, num_cpus=0)
+    try:
+        await pool.prepare(1)
+        ray_session.kill(pool.actor(0))
+        config = RolloutConfig(max_turns=6, concurrency=2)
+        result = await arollout(samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config)
+        assert all(t.error is None and t.total_reward == 1.0 for t in result.trajectories)
+        assert pool.replacements == 1
+    finally:
+        pool.shutdown()
+
+
+async def test_environment_errors_on_actors_fail_their_episode_like_local_ones(ray_session, renderer):
+    class Broken(Counter):
+        def reset(self, **row):
+            raise RuntimeError("no simulator licence")
+
+    pool = RayEnvironmentPool(FactoryEnvironment(Broken), actors=1, num_cpus=0)
+    try:
+        result = await arollout(samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, RolloutConfig())
+    finally:
+        pool.shutdown()
+    assert all(t.error.kind == "env_error" and "no simulator licence" in t.error.message for t in result.trajectories)
+
+
+def test_bad_pool_settings_are_named(ray_session):
+    with pytest.raises(ConfigError, match="actors=0"):
+        RayEnvironmentPool(FactoryEnvironment(Counter), actors=0)
+    with pytest.raises(ConfigError, match="memory_mb"):
+        RayEnvironmentPool(FactoryEnvironment(Counter), memory_mb=-1)
