@@ -8,6 +8,7 @@ interleaved, so every environment runs from the start. Each finished episode is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -37,6 +38,12 @@ def add_parser(commands: Any) -> None:
                    help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model")
     p.add_argument("--base-url", default=None, help="server of the openai backend, e.g. http://127.0.0.1:8000")
     p.add_argument("--served-model-name", default=None, help="model name on the openai backend's server")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="where environments run: this process, or pools of Ray actors")
+    p.add_argument("--ray-address", default=None,
+                   help="with --executor ray: the cluster to join (auto, ray://host:10001); default a private local instance")
+    p.add_argument("--env-actors", type=int, default=2, help="with --executor ray: Ray actors per environment")
+    p.add_argument("--env-actor-cpus", type=float, default=1.0, help="with --executor ray: CPUs reserved per actor")
     p.set_defaults(run=run)
 
 
@@ -72,13 +79,28 @@ def run(args: Any) -> int:
         args.backend, args.model, tokenizer, base_url=args.base_url, served_model_name=args.served_model_name,
         concurrency=args.concurrency, seed=args.seed,
     )
-    result = run_with_progress(samples, task_to_env, backend, ChatRenderer(tokenizer), config, args.out)
+    with _placed(args, task_to_env) as placed:
+        result = run_with_progress(samples, placed, backend, ChatRenderer(tokenizer), config, args.out)
     m = result.metrics
     print(
         f"{m['episodes']} episodes, {m['total_turns']} turns, mean reward {m['mean_total_reward']:.3f}, "
         f"errors {m['errors'] or 'none'}, {m['wall_seconds']:.1f}s -> {args.out}"
     )
     return 0
+
+
+def _placed(args: Any, task_to_env: dict):
+    if args.executor == "local":
+        return contextlib.nullcontext(task_to_env)
+    from ..cluster.config import RayConfig
+    from ..cluster.executor import environments_on_ray
+    from ..rollout.config import describe_validation_error
+
+    try:
+        ray_config = RayConfig(address=args.ray_address, env_actors=args.env_actors, env_actor_cpus=args.env_actor_cpus)
+    except ValueError as exc:
+        raise ConfigError(f"invalid Ray options: {describe_validation_error(exc)}") from None
+    return environments_on_ray(task_to_env, ray_config)
 
 
 def split_samples(specs: list, episodes: int, seed: int) -> list[Sample]:

@@ -30,7 +30,7 @@ def add_parser(commands: Any) -> None:
     quick.add_argument("--model", default=None, help="model directory or alias (default smollm2-135m)")
     quick.add_argument("--backend", choices=["hf", "vllm", "openai"], default=None)
     quick.add_argument("--base-url", default=None, help="server URL for --backend openai")
-    quick.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    _common(quick)
     quick.add_argument("--resume", action="store_true")
     quick.set_defaults(run=_quickstart)
 
@@ -50,6 +50,17 @@ def add_parser(commands: Any) -> None:
 def _common(p: Any) -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="override a config key, e.g. --set algorithm.batch_size=4 (repeatable)")
+    p.add_argument("--executor", choices=["local", "ray"], default=None,
+                   help="where environments run (overrides the config's executor; ray: see the ray section)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join with --executor ray (auto, ray://host:10001); default: a private local instance")
+
+
+def _overrides(args: Any) -> list[str]:
+    extra = [f"executor={args.executor}"] if args.executor else []
+    if args.ray_address:
+        extra.append(f"ray.address={args.ray_address}")
+    return [*args.overrides, *extra]
 
 
 def _train(args: Any) -> int:
@@ -62,7 +73,7 @@ def _train(args: Any) -> int:
         return 0
     if args.config is None:
         raise ConfigError("rollforge train needs a config file (see examples/), or --help-config")
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, _overrides(args))
     result = train(config, resume=args.resume)
     print(f"trained {result.steps} steps -> {result.out}")
     return 0
@@ -78,7 +89,7 @@ def _quickstart(args: Any) -> int:
                        ("model.base_url", args.base_url)):
         if value is not None:
             overrides.append(f"{key}={value}")
-    config = load_config(PRESETS / "quickstart.yaml", [*overrides, *args.overrides])
+    config = load_config(PRESETS / "quickstart.yaml", [*overrides, *_overrides(args)])
     began = time.perf_counter()
     result = train(config, resume=args.resume)
     report = write_report(Path(config.out), result.evaluations.get("before"), result.evaluations.get("after"),

@@ -118,7 +118,14 @@ class RayEnvironmentPool:
         if memory_mb is not None:
             options["memory"] = memory_mb * 1024 * 1024
         self._actor_class = ray.remote(EnvironmentHost).options(**options)
-        self._shipped = ray.put(environment)
+        try:
+            self._shipped = ray.put(environment)
+        except TypeError as exc:
+            raise ConfigError(
+                f"environment {name!r} ({environment!r}) cannot be shipped to Ray actors: "
+                f"{str(exc).splitlines()[0]}; it must pickle (cloudpickle): open connections, locks and "
+                "processes in reset() or lazily, not in __init__, or give the class __getstate__"
+            ) from None
         self._slots: list[Any] = [self._start() for _ in range(actors)]
         self._load = [0] * actors
         self._ids = itertools.count()

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..cluster.config import RayConfig
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig, describe_validation_error
 
@@ -141,6 +142,10 @@ class TrainConfig(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
     rollout: RolloutConfig = RolloutConfig(max_turns=4, max_new_tokens=64, max_seq_len=1024, concurrency=32)
+    executor: Literal["local", "ray"] = "local"
+    """Where environments run: ``local`` (this process) or ``ray`` (pools of Ray actors, see the
+    ``ray`` section; needs ``rollforge[ray]``)."""
+    ray: RayConfig = RayConfig()
     checkpoint_every: int = Field(10, ge=0)
     """Steps between checkpoints (0: only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -16,6 +16,7 @@ seeds derive from (seed, step), so a resumed run repeats the uninterrupted run's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -76,8 +77,8 @@ async def atrain(
     random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    task_to_env = build_environments(config.environments)
-    prompts = _prompts(config, list(task_to_env), dataset)
+    local_envs = build_environments(config.environments)
+    prompts = _prompts(config, list(local_envs), dataset)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
     model, tokenizer = load_policy(config)
@@ -97,14 +98,17 @@ async def atrain(
         source.load_state(restored.data_state)
         start = restored.step
     logbook = Logbook(out, config.steps, start, console)
-    backend = _open_backend(config, model, tokenizer)
-    sync = WeightSync(backend, model)
-    if start or config.lora.enabled:
-        await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
-    evaluations = _read_json(out / "eval.json")
-    eval_prompts = _eval_prompts(config, list(task_to_env), dataset) if config.eval_episodes else []
-    step = start
+    placement = contextlib.ExitStack()  # environments on Ray actors stop with the run
+    task_to_env = placement.enter_context(_placed(config, local_envs))
+    backend = None
     try:
+        backend = _open_backend(config, model, tokenizer)
+        sync = WeightSync(backend, model)
+        if start or config.lora.enabled:
+            await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
+        evaluations = _read_json(out / "eval.json")
+        eval_prompts = _eval_prompts(config, list(task_to_env), dataset) if config.eval_episodes else []
+        step = start
         if eval_prompts and start == 0:
             evaluations = {"before": await _evaluate(eval_prompts, task_to_env, backend, renderer, config)}
             _write_json(out / "eval.json", evaluations)
@@ -152,7 +156,9 @@ async def atrain(
             _write_json(out / "eval.json", evaluations)
     finally:
         logbook.close()
-        await backend.close()
+        if backend is not None:
+            await backend.close()
+        placement.close()
     return TrainResult(out, step, read_metrics(out / "metrics.jsonl"), evaluations)
 
 
@@ -187,13 +193,28 @@ def _prompts(config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, 
     return generated_samples(config.environments, config.data.size, config.seed)
 
 
+def _placed(config: TrainConfig, task_to_env: dict[str, Any]):
+    """The environments where ``executor`` says they run."""
+    if config.executor == "ray":
+        from ..cluster.executor import environments_on_ray
+
+        return environments_on_ray(task_to_env, config.ray)
+    return contextlib.nullcontext(task_to_env)
+
+
 def _open_backend(config: TrainConfig, model: Any, tokenizer: Any):
     from ..backends.select import open_backend
 
     kind = config.model.backend
     options = {"enable_lora": True} if kind == "vllm" and config.lora.enabled else None
+    replicas = config.ray.generation_replicas if config.executor == "ray" else 1
     return open_backend(
-        kind, config.model.name, tokenizer, base_url=config.model.base_url, hf_model=model,
-        served_model_name=config.model.served_model_name, concurrency=config.rollout.concurrency,
-        seed=config.seed, options=options,
+        kind, config.model.name, tokenizer, base_url=config.model.base_url,
+        hf_model=model if replicas == 1 else None, served_model_name=config.model.served_model_name,
+        concurrency=config.rollout.concurrency, seed=config.seed, options=options,
+        **({"replicas": replicas, "replica_resources": _replica_resources(config)} if replicas > 1 else {}),
     )
+
+
+def _replica_resources(config: TrainConfig) -> dict[str, float]:
+    return {"num_cpus": config.ray.replica_cpus, "num_gpus": config.ray.replica_gpus}

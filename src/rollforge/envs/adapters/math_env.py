@@ -45,6 +45,13 @@ class VerifyWorker:
         self._buffer = b""
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (shipped to an environment actor) starts its own worker process."""
+        return {"timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["timeout"])
+
     def _start(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(

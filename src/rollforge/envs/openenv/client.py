@@ -103,6 +103,16 @@ class OpenEnvEnvironment:
         self.mode = "tool"
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Connection]] = weakref.WeakKeyDictionary()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (shipped to an environment actor) opens its own connections."""
+        state = dict(self.__dict__)
+        del state["_pools"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pools = weakref.WeakKeyDictionary()
+
     def __repr__(self) -> str:
         return f"OpenEnvEnvironment({self.base_url!r}, mode={self.mode!r})"
 

@@ -1,0 +1,32 @@
+"""Ray settings (``executor: ray``): closed, typed, documented next to each field. Importing this
+module does not import Ray."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    address: str | None = None
+    """Cluster to join: ``auto`` (the cluster this machine belongs to), ``ray://host:10001`` or
+    ``host:6379``. None starts a private Ray instance on this machine, bound to 127.0.0.1."""
+    env_actors: int = Field(2, ge=1)
+    """Ray actors per environment; each holds many episodes at once, new episodes go to the actor
+    holding the fewest."""
+    env_actor_cpus: float = Field(1.0, ge=0)
+    """CPUs Ray reserves for each environment actor (0: schedule regardless of free CPUs)."""
+    env_actor_memory_mb: int | None = Field(None, gt=0)
+    """Memory Ray reserves for each environment actor (None: no reservation)."""
+    generation_replicas: int = Field(1, ge=1)
+    """Generation backend replicas on Ray actors behind a router (``hf`` and ``vllm`` backends),
+    with each episode kept on one replica. 1: the backend runs in this process."""
+    replica_cpus: float = Field(1.0, ge=0)
+    """CPUs Ray reserves for each generation replica."""
+    replica_gpus: float = Field(0.0, ge=0)
+    """GPUs Ray reserves for each generation replica (a vLLM engine on a GPU node: 1)."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of a private local instance (None: all of this machine's)."""
+    object_store_mb: int = Field(256, ge=75)
+    """Object store size of a private local instance, in MiB."""

@@ -1,0 +1,40 @@
+"""``executor: ray``: the same rollout, with every environment in a pool of Ray actors.
+
+``environments_on_ray(task_to_env, config)`` connects to Ray (``connect.ensure_ray``) and gives a
+``task_to_env`` of the same shape whose environments are ``RayEnvironmentPool``s; tasks that share
+one environment object share one pool. The pools stop when the ``with`` block ends. The engine,
+the trainer and the trajectories are unchanged: only where environment code runs differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Mapping
+
+from ..envs.base import Environment
+from .config import RayConfig
+from .connect import ensure_ray
+from .env_pool import RayEnvironmentPool
+
+EXECUTORS = ("local", "ray")
+
+
+@contextlib.contextmanager
+def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfig) -> Iterator[dict[str, Environment]]:
+    connect(config)
+    pools: dict[int, RayEnvironmentPool] = {}
+    try:
+        for task, env in task_to_env.items():
+            if id(env) not in pools:
+                pools[id(env)] = RayEnvironmentPool(
+                    env, actors=config.env_actors, num_cpus=config.env_actor_cpus,
+                    memory_mb=config.env_actor_memory_mb, name=task,
+                )
+        yield {task: pools[id(env)] for task, env in task_to_env.items()}
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+
+
+def connect(config: RayConfig):
+    return ensure_ray(config.address, num_cpus=config.num_cpus, object_store_mb=config.object_store_mb)

@@ -1,0 +1,239 @@
+"""Generation replicas on Ray actors: the engine or model lives on a Ray worker, the driver holds a
+``Backend`` proxy. Several of them behind ``backends.router.RouterBackend`` are "replicas".
+
+- ``RayBackendReplica(kind, model, ...)`` starts one async Ray actor (``BackendHost``, reserving
+  ``num_cpus``/``num_gpus``) that builds its backend with ``open_backend(kind, model, ...)`` on the
+  worker: a vLLM engine (``vllm``) or a transformers model with dynamic batching (``hf``; each
+  actor loads the model itself). ``start_replicas`` starts several at once and waits until every
+  one runs; one that cannot start is named, and all are stopped.
+- ``generate`` is one actor call; the ``Completion`` comes back pickled. Cancelling the caller (an
+  episode timeout) cancels the actor's task, so the HF batch drops the row and vLLM aborts it.
+- Weight sync: ``share_weights(model)`` exports the state dict on the driver once
+  (``weights.state_dict_for_export``: a peft model merged, tied weights once) and puts it in
+  Ray's object store; a router calls it once for all its replicas and each actor fetches it. In
+  the actor, new requests wait and those in flight finish on the old weights; then an HF replica
+  loads the state dict into its model and forgets its prefix cache, a vLLM replica writes it in the
+  export format to a scratch directory and reloads from there
+  (``VLLMBackend.update_weights_from_directory``). ``weight_version`` counts completed updates.
+- Failures: when the actor dies (crash, OOM kill, ``ray.kill``, lost node), the request in flight
+  and every later one fail at once with ``BackendError`` naming the replica and Ray's reason, and
+  ``dead`` holds that reason, so a router places no new episodes there. An error of the backend
+  inside the actor comes back as ``BackendError`` naming the replica.
+- ``close`` closes the backend on the actor (bounded by ``close_timeout``), then kills the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from typing import Any, Sequence
+
+from ..backends.base import SamplingParams
+from ..backends.weights import save_state_dict, scratch_directory, state_dict_for_export
+from ..errors import BackendError, ConfigError
+from ..types import Completion
+from .connect import import_ray, worker_runtime_env
+
+REPLICA_KINDS = ("hf", "vllm")
+
+
+class BackendHost:
+    """The actor body: one backend built on this worker, and the gate of weight updates."""
+
+    def __init__(self, kind: str, model: str, options: dict[str, Any]):
+        from ..backends.select import open_backend
+
+        self._kind = kind
+        self._backend = open_backend(kind, model, **options)
+        self._running = 0  # generate calls in progress
+        self._updating: asyncio.Future | None = None  # new requests wait on it during an update
+        self._drained: asyncio.Future | None = None  # an update waits on it for running == 0
+
+    async def ready(self) -> int:
+        return os.getpid()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        while self._updating is not None:
+            await asyncio.shield(self._updating)
+        self._running += 1
+        try:
+            return await self._backend.generate(prompt_ids, params)
+        finally:
+            self._running -= 1
+            if not self._running and self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
+
+    async def update_weights(self, state: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        self._updating = loop.create_future()
+        try:
+            if self._running:
+                self._drained = loop.create_future()
+                await self._drained
+            if self._kind == "hf":
+                await asyncio.to_thread(load_exported, self._backend.model, state)
+                self._backend.invalidate_cache()
+            else:
+                directory = scratch_directory("rollforge-replica-weights-")
+                try:
+                    await asyncio.to_thread(save_state_dict, state, directory)
+                    await self._backend.update_weights_from_directory(directory)
+                finally:
+                    shutil.rmtree(directory, ignore_errors=True)
+        finally:
+            self._drained = None
+            self._updating.set_result(None)
+            self._updating = None
+
+    async def close(self) -> None:
+        await self._backend.close()
+
+
+def load_exported(model: Any, state: dict[str, Any]) -> None:
+    """Load a ``state_dict_for_export`` result into ``model`` in place. Keys it lacks must be tied to
+    keys it has (an output head sharing the embedding's storage)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded = {own[name].untyped_storage().data_ptr() for name in state if name in own}
+    untied = [name for name in missing if own[name].untyped_storage().data_ptr() not in loaded]
+    if unexpected or untied:
+        raise BackendError(
+            f"the weights do not fit this replica's model: missing {untied[:5]}, unexpected {list(unexpected)[:5]}"
+        )
+
+
+class SharedWeights:
+    """A model's exported weights, put once in Ray's object store (``RayBackendReplica.share_weights``)."""
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+
+class RayBackendReplica:
+    """A ``Backend`` whose ``kind`` backend (``hf`` or ``vllm``) of ``model`` runs on a Ray actor (see
+    the module docstring). ``backend_kwargs`` are ``open_backend``'s keyword arguments
+    (``concurrency``, ``seed``, ``request_timeout``, ``options``); ``num_cpus``/``num_gpus`` are
+    reserved for the actor. Ray must already be initialised (``cluster.connect.ensure_ray``)."""
+
+    def __init__(
+        self, kind: str, model: str, *, name: str | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
+        close_timeout: float = 120.0, **backend_kwargs: Any,
+    ):
+        if kind not in REPLICA_KINDS:
+            raise ConfigError(f"a Ray replica runs one of {', '.join(REPLICA_KINDS)}, not {kind!r}")
+        if num_cpus < 0 or num_gpus < 0:
+            raise ConfigError(f"num_cpus and num_gpus per replica must be >= 0, got {num_cpus} and {num_gpus}")
+        if backend_kwargs.get("hf_model") is not None:
+            raise ConfigError("a Ray replica loads its own model from the model path; hf_model cannot be shared")
+        ray = import_ray()
+        if not ray.is_initialized():
+            raise ConfigError("Ray is not initialised: call rollforge.cluster.connect.ensure_ray() first")
+        self.kind, self.model = kind, str(model)
+        self.name = name or f"{kind} replica"
+        self.close_timeout = close_timeout
+        self.weight_version = 0
+        self.dead: str | None = None  # why the actor died, once it has
+        options = {
+            "num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 100_000, "max_restarts": 0,
+            "runtime_env": worker_runtime_env(),
+        }
+        self.actor = ray.remote(BackendHost).options(**options).remote(kind, self.model, backend_kwargs)
+        self._closed = False
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self._check_usable()
+        ref = self.actor.generate.remote([int(i) for i in prompt_ids], params)
+        try:
+            return await self._call(ref, "generation")
+        except asyncio.CancelledError:
+            import_ray().cancel(ref)
+            raise
+
+    @staticmethod
+    def share_weights(model: Any) -> SharedWeights:
+        """Export ``model``'s weights once for every replica (a router calls this before updating)."""
+        return SharedWeights(import_ray().put(state_dict_for_export(model)))
+
+    async def update_weights(self, model: Any) -> None:
+        """Serve ``model``'s weights (or ``share_weights(model)``) from the next request on."""
+        self._check_usable()
+        shared = model if isinstance(model, SharedWeights) else await asyncio.to_thread(self.share_weights, model)
+        await self._call(self.actor.update_weights.remote(shared.ref), "the weight update")
+        self.weight_version += 1
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.dead is None:
+                async with asyncio.timeout(self.close_timeout):
+                    await self._call(self.actor.close.remote(), "closing")
+        except BackendError:
+            if self.dead is None:  # the backend's own close failed; a dead actor has nothing to close
+                raise
+        except TimeoutError:
+            raise BackendError(f"{self.name} did not close within {self.close_timeout} s; it was killed") from None
+        finally:
+            import_ray().kill(self.actor)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise BackendError(f"{self.name} is closed")
+        if self.dead is not None:
+            raise BackendError(f"{self.name} died: {self.dead}")
+
+    async def _call(self, ref: Any, what: str) -> Any:
+        ray = import_ray()
+        try:
+            return await ref
+        except ray.exceptions.RayActorError as exc:
+            self.dead = actor_death_reason(exc)
+            raise BackendError(f"{self.name} died: {self.dead}") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause
+            raise BackendError(f"{self.name}: {what} failed: {type(cause).__name__}: {cause}") from None
+
+
+def start_replicas(
+    kind: str, model: str, count: int, *, seed: int | None = None, start_timeout: float = 600.0, **kwargs: Any
+) -> list[RayBackendReplica]:
+    """Start ``count`` replicas named ``<kind> replica <i>`` (replica ``i`` seeded ``seed + i``, so that
+    unseeded requests do not repeat each other's samples) and wait until all run. ``kwargs`` go to
+    ``RayBackendReplica``."""
+    if count < 1:
+        raise ConfigError(f"replicas must be >= 1, got {count}")
+    ray = import_ray()
+    replicas: list[RayBackendReplica] = []
+    try:
+        for i in range(count):
+            replica_seed = None if seed is None else seed + i
+            replicas.append(RayBackendReplica(kind, model, name=f"{kind} replica {i}", seed=replica_seed, **kwargs))
+        deadline = time.monotonic() + start_timeout
+        pending = [(replica, replica.actor.ready.remote()) for replica in replicas]
+        for replica, ref in pending:
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except ray.exceptions.RayActorError as exc:
+                raise BackendError(f"{replica.name} failed to start: {actor_death_reason(exc)}") from None
+            except ray.exceptions.GetTimeoutError:
+                raise BackendError(
+                    f"{replica.name} did not start within {start_timeout} s; does the cluster have the CPUs/GPUs "
+                    "each replica reserves?"
+                ) from None
+    except BaseException:
+        for replica in replicas:
+            ray.kill(replica.actor)
+        raise
+    return replicas
+
+
+def actor_death_reason(exc: Exception) -> str:
+    """Ray's reason for an actor's death, short: its "died because" line and, when the actor's
+    constructor raised, that error's last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    why = [line for line in lines if "died because" in line.lower() or "dead because" in line.lower()]
+    errors = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
+    return " ".join(why[:1] + errors[-1:]) or (lines[0] if lines else type(exc).__name__)
