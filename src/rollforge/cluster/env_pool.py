@@ -45,9 +45,12 @@ class EnvironmentHost:
     async def ready(self) -> int:
         return os.getpid()
 
-    async def prepare(self, sessions: int) -> None:
+    async def prepare(self, sessions: int) -> bool:
+        """Run the environment's own ``prepare``; whether it may now produce images (a remote
+        environment knows once it has read its server's schema)."""
         if callable(getattr(self._env, "prepare", None)):
             await self._env.prepare(sessions)
+        return bool(getattr(self._env, "produces_images", False))
 
     async def release(self) -> None:
         if callable(getattr(self._env, "release", None)):
@@ -152,9 +155,9 @@ class RayEnvironmentPool:
                 f"environment actors of {self.name!r} did not start within {self.start_timeout}s; does the "
                 "cluster have the CPUs and memory they reserve?"
             ) from None
-        if callable(getattr(self.environment, "prepare", None)):
-            share = math.ceil(sessions / len(self._slots))
-            await asyncio.gather(*(actor.prepare.remote(share) for actor in self._slots))
+        share = math.ceil(sessions / len(self._slots))
+        images = await asyncio.gather(*(actor.prepare.remote(share) for actor in self._slots))
+        self.produces_images = any(images)
 
     async def _started(self, slot: int, attempts: int = 3) -> None:
         ray = import_ray()

@@ -88,5 +88,28 @@ async def test_rollforge_client_on_served_catch_matches_the_local_environment(ca
         assert y.terminated and y.total_reward == 1.0 and token_fidelity_gap(y, renderer) is None
 
 
+@pytest.mark.slow
+async def test_openenv_client_on_ray_actors_matches_the_local_environment(catch_url, renderer, scripted, ray_session):
+    from rollforge.cluster.env_pool import RayEnvironmentPool
+
+    def play(request) -> str:
+        direction = best_move(renderer.decode(request.prompt_ids[-120:]))
+        return f'<tool_call>\n{{"name": "move", "arguments": {{"direction": "{direction}"}}}}\n</tool_call>'
+
+    samples = catch.samples(6, seed=11)
+    config = RolloutConfig(max_turns=6, concurrency=6)
+    local = await arollout(samples, {"catch": catch.build()}, scripted(play), renderer, config)
+    pool = RayEnvironmentPool(OpenEnvEnvironment(catch_url), actors=2, num_cpus=0, name="catch")
+    try:
+        remote = await arollout(samples, {"catch": pool}, scripted(play), renderer, config)
+    finally:
+        pool.shutdown()
+    for x, y in zip(local.trajectories, remote.trajectories, strict=True):
+        assert (x.token_ids, x.loss_mask, x.logprobs, x.rewards, x.messages, x.tools) == (
+            y.token_ids, y.loss_mask, y.logprobs, y.rewards, y.messages, y.tools
+        )
+        assert y.terminated and y.total_reward == 1.0
+
+
 async def test_check_env_passes_for_served_catch_through_the_client(catch_url):
     await acheck_env(OpenEnvEnvironment(catch_url), samples=catch.samples(2, seed=3), steps=6)
