@@ -43,3 +43,8 @@ class Slow(Counter):
 class Broken(Counter):
     def reset(self, **row):
         raise RuntimeError("no simulator licence")
+
+
+class LeakyClose(Counter):
+    def close(self):
+        raise OSError("simulator did not shut down")

@@ -18,7 +18,7 @@ from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.types import Sample
 
-from ray_envs import Broken, Counter, Slow
+from ray_envs import Broken, Counter, LeakyClose, Slow
 
 pytestmark = pytest.mark.slow
 
@@ -138,6 +138,17 @@ async def test_environment_errors_on_actors_fail_their_episode_like_local_ones(r
     finally:
         pool.shutdown()
     assert all(t.error.kind == "env_error" and "no simulator licence" in t.error.message for t in result.trajectories)
+
+
+async def test_a_failing_close_on_an_actor_is_a_recorded_failure_not_an_error(ray_session, renderer):
+    pool = RayEnvironmentPool(FactoryEnvironment(LeakyClose), actors=1, num_cpus=0)
+    try:
+        result = await arollout(samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, RolloutConfig())
+    finally:
+        pool.shutdown()
+    for t in result.trajectories:
+        assert t.error is None and t.total_reward == 1.0
+        assert [f.kind for f in t.failures] == ["env_error"] and "did not shut down" in t.failures[0].message
 
 
 def test_bad_pool_settings_are_named(ray_session):

@@ -16,8 +16,9 @@ import torch
 from rollforge.backends.router import RouterBackend
 from rollforge.backends.select import open_backend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
-from rollforge.cluster.replicas import RayBackendReplica
+from rollforge.cluster.replicas import RayBackendReplica, start_replicas
 from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
@@ -155,3 +156,10 @@ async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_
         assert all(t.error is None for t in again) and owner(again[0], replicas) == owner(again[1], replicas) == 1
     finally:
         await router.close()
+
+
+def test_a_replica_that_cannot_start_is_named(ray_session, tmp_path):
+    with pytest.raises(BackendError, match=r"hf replica 0 failed to start: .*ModelError: .*does not exist"):
+        start_replicas("hf", str(tmp_path / "missing"), 1, num_cpus=0, start_timeout=120)
+    with pytest.raises(ConfigError, match=r"a Ray replica runs one of hf, vllm, not 'openai'"):
+        RayBackendReplica("openai", str(tmp_path))

@@ -68,10 +68,21 @@ class EnvironmentHost:
         step = await session.step(tuple(conversation))
         return step, session.metadata
 
-    async def finish(self, sid: int) -> tuple[float, Any, Any]:
+    async def finish(self, sid: int) -> tuple[float, Any, Any, Exception | None]:
+        """The final reward, then close (the engine closes right after, so one round trip does
+        both); an error of ``close`` comes back to be raised by the driver's ``close``."""
         session = self._session(sid)
-        bonus = await session.finish()
-        return bonus, session.metadata, _picklable_or_none(session.handle)
+        try:
+            bonus = await session.finish()
+            result = bonus, session.metadata, _picklable_or_none(session.handle)
+        except BaseException:
+            await self.close(sid)
+            raise
+        try:
+            await self.close(sid)
+        except Exception as exc:
+            return (*result, exc)
+        return (*result, None)
 
     async def close(self, sid: int) -> None:
         self._conversations.pop(sid, None)
@@ -205,6 +216,8 @@ class RemoteSession(BaseSession):
         self._sent = 0
         self._metadata: Any = None
         self._handle: Any = None
+        self._remote_open = True
+        self._close_error: Exception | None = None
         self._closed = False
 
     async def reset(self, sample: Sample) -> Reset:
@@ -220,7 +233,8 @@ class RemoteSession(BaseSession):
         return step
 
     async def finish(self) -> float:
-        bonus, self._metadata, self._handle = await self._call("finish")
+        self._remote_open = False  # the actor closes the session after finishing it
+        bonus, self._metadata, self._handle, self._close_error = await self._call("finish")
         return bonus
 
     async def close(self) -> None:
@@ -228,10 +242,13 @@ class RemoteSession(BaseSession):
             return
         self._closed = True
         self._pool.done(self._slot)
-        try:
-            await self._call("close")
-        except ActorDied:
-            pass  # its sessions died with it
+        if self._close_error is not None:
+            raise self._close_error
+        if self._remote_open:
+            try:
+                await self._call("close")
+            except ActorDied:
+                pass  # its sessions died with it
 
     @property
     def metadata(self) -> Any:

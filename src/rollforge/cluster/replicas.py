@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import time
 from typing import Any, Sequence
@@ -233,7 +234,8 @@ def start_replicas(
 def actor_death_reason(exc: Exception) -> str:
     """Ray's reason for an actor's death, short: its "died because" line and, when the actor's
     constructor raised, that error's last line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # Ray colours the actor's name
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     why = [line for line in lines if "died because" in line.lower() or "dead because" in line.lower()]
     errors = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
     return " ".join(why[:1] + errors[-1:]) or (lines[0] if lines else type(exc).__name__)
