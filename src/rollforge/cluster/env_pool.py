@@ -9,7 +9,8 @@ locally.
 
 - **Placement**: a new episode goes to the actor holding the fewest live sessions.
 - **Traffic**: each step sends only the messages added since the last one (the actor keeps the
-  conversation), so a long episode costs O(new messages) per turn, not O(conversation).
+  conversation), so a long episode costs O(new messages) per turn, not O(conversation); the calls
+  of all episodes on one actor travel in batches (``env_host``, ``channel``), not one Ray call each.
 - **Actor death** (a crash, an OOM kill, ``ray.kill``, a lost node) fails exactly the episodes that
   actor held, each with ``actor died`` and Ray's reason, and the pool starts a replacement in its
   slot. An episode whose first call (``reset``) finds its actor dead held nothing yet: it is moved
@@ -25,76 +26,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import os
-from typing import Any, Sequence
+from typing import Any
 
 from ..envs.base import BaseSession, Environment, Reset, Step
 from ..errors import ConfigError, EnvironmentError_
 from ..types import Message, Sample
+from .channel import ActorDied, Channel
 from .connect import import_ray, worker_runtime_env
-
-
-class EnvironmentHost:
-    """The actor body: one copy of the user's environment and the sessions open on it."""
-
-    def __init__(self, environment: Environment):
-        self._env = environment
-        self._sessions: dict[int, Any] = {}
-        self._conversations: dict[int, list[Message]] = {}
-
-    async def ready(self) -> int:
-        return os.getpid()
-
-    async def prepare(self, sessions: int) -> bool:
-        """Run the environment's own ``prepare``; whether it may now produce images (a remote
-        environment knows once it has read its server's schema)."""
-        if callable(getattr(self._env, "prepare", None)):
-            await self._env.prepare(sessions)
-        return bool(getattr(self._env, "produces_images", False))
-
-    async def release(self) -> None:
-        if callable(getattr(self._env, "release", None)):
-            await self._env.release()
-
-    async def reset(self, sid: int, sample: Sample) -> Reset:
-        session = self._sessions[sid] = self._env.open(sample)
-        self._conversations[sid] = []
-        return await session.reset(sample)
-
-    async def step(self, sid: int, new_messages: Sequence[Message]) -> tuple[Step, Any]:
-        session = self._session(sid)
-        conversation = self._conversations[sid]
-        conversation += new_messages
-        step = await session.step(tuple(conversation))
-        return step, session.metadata
-
-    async def finish(self, sid: int) -> tuple[float, Any, Any, Exception | None]:
-        """The final reward, then close (the engine closes right after, so one round trip does
-        both); an error of ``close`` comes back to be raised by the driver's ``close``."""
-        session = self._session(sid)
-        try:
-            bonus = await session.finish()
-            result = bonus, session.metadata, _picklable_or_none(session.handle)
-        except BaseException:
-            await self.close(sid)
-            raise
-        try:
-            await self.close(sid)
-        except Exception as exc:
-            return (*result, exc)
-        return (*result, None)
-
-    async def close(self, sid: int) -> None:
-        self._conversations.pop(sid, None)
-        session = self._sessions.pop(sid, None)
-        if session is not None:
-            await session.close()
-
-    def _session(self, sid: int) -> Any:
-        try:
-            return self._sessions[sid]
-        except KeyError:
-            raise EnvironmentError_(f"session {sid} is not open on this environment actor (pid {os.getpid()})") from None
+from .env_host import EnvironmentHost
 
 
 class RayEnvironmentPool:
@@ -140,17 +79,24 @@ class RayEnvironmentPool:
                 f"{str(exc).splitlines()[0]}; it must pickle (cloudpickle): open connections, locks and "
                 "processes in reset() or lazily, not in __init__, or give the class __getstate__"
             ) from None
-        self._slots: list[Any] = [self._start() for _ in range(actors)]
+        self._channels: list[Channel] = [self._start(slot) for slot in range(actors)]
         self._load = [0] * actors
         self._ids = itertools.count()
         self.replacements = 0
 
-    def _start(self) -> Any:
-        return self._actor_class.remote(self._shipped)
+    def _start(self, slot: int) -> Channel:
+        channel = Channel(self._actor_class.remote(self._shipped), f"{slot} of {self.name!r}", lambda: self._replace(slot, channel))
+        return channel
+
+    def _replace(self, slot: int, dead: Channel) -> None:
+        """Start a new actor in ``slot`` (once per death)."""
+        if self._channels[slot] is dead:
+            self._channels[slot] = self._start(slot)
+            self.replacements += 1
 
     # -- Environment protocol -------------------------------------------------------------------
     def open(self, sample: Sample) -> "RemoteSession":
-        slot = min(range(len(self._slots)), key=self._load.__getitem__)
+        slot = min(range(len(self._channels)), key=self._load.__getitem__)
         self._load[slot] += 1
         return RemoteSession(self, slot, next(self._ids))
 
@@ -160,48 +106,45 @@ class RayEnvironmentPool:
         environment's own ``prepare``."""
         try:
             async with asyncio.timeout(self.start_timeout):
-                await asyncio.gather(*(self._started(slot) for slot in range(len(self._slots))))
+                await asyncio.gather(*(self._started(slot) for slot in range(len(self._channels))))
         except TimeoutError:
             raise ConfigError(
                 f"environment actors of {self.name!r} did not start within {self.start_timeout}s; does the "
                 "cluster have the CPUs and memory they reserve?"
             ) from None
-        share = math.ceil(sessions / len(self._slots))
-        images = await asyncio.gather(*(actor.prepare.remote(share) for actor in self._slots))
+        share = math.ceil(sessions / len(self._channels))
+        images = await asyncio.gather(*(channel.actor.prepare.remote(share) for channel in self._channels))
         self.produces_images = any(images)
 
     async def _started(self, slot: int, attempts: int = 3) -> None:
         ray = import_ray()
         for attempt in range(attempts):
-            actor = self._slots[slot]
+            channel = self._channels[slot]
             try:
-                await actor.ready.remote()
+                await channel.actor.ready.remote()
                 return
             except ray.exceptions.RayActorError as exc:
                 if attempt == attempts - 1:
                     raise EnvironmentError_(
-                        f"environment actor {slot} of {self.name!r} died {attempts} times while starting: {_reason(exc)}"
+                        f"environment actor {slot} of {self.name!r} died {attempts} times while starting: {exc}"
                     ) from None
-                self.replace(slot, actor)
+                self._replace(slot, channel)
 
     async def release(self) -> None:
         if callable(getattr(self.environment, "release", None)):
-            await asyncio.gather(*(actor.release.remote() for actor in self._slots), return_exceptions=True)
+            await asyncio.gather(*(c.actor.release.remote() for c in self._channels), return_exceptions=True)
 
     def shutdown(self) -> None:
         ray = import_ray()
-        for actor in self._slots:
-            ray.kill(actor)
+        for channel in self._channels:
+            ray.kill(channel.actor)
 
-    # -- used by sessions -------------------------------------------------------------------------
+    # -- used by sessions and tests ----------------------------------------------------------------
+    def channel(self, slot: int) -> Channel:
+        return self._channels[slot]
+
     def actor(self, slot: int) -> Any:
-        return self._slots[slot]
-
-    def replace(self, slot: int, dead: Any) -> None:
-        """Start a new actor in ``slot`` unless another session already did."""
-        if self._slots[slot] is dead:
-            self._slots[slot] = self._start()
-            self.replacements += 1
+        return self._channels[slot].actor
 
     def done(self, slot: int) -> None:
         self._load[slot] -= 1
@@ -212,7 +155,7 @@ class RemoteSession(BaseSession):
 
     def __init__(self, pool: RayEnvironmentPool, slot: int, sid: int):
         self._pool, self._slot, self._sid = pool, slot, sid
-        self._actor = pool.actor(slot)
+        self._channel = pool.channel(slot)
         self._sent = 0
         self._metadata: Any = None
         self._handle: Any = None
@@ -224,7 +167,7 @@ class RemoteSession(BaseSession):
         try:
             return await self._call("reset", sample)
         except ActorDied:
-            self._actor = self._pool.actor(self._slot)  # held nothing yet: start on the replacement
+            self._channel = self._pool.channel(self._slot)  # held nothing yet: start on the replacement
             return await self._call("reset", sample)
 
     async def step(self, conversation: tuple[Message, ...]) -> Step:
@@ -258,35 +201,5 @@ class RemoteSession(BaseSession):
     def handle(self) -> Any:
         return self._handle
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        ray = import_ray()
-        actor = self._actor
-        try:
-            return await getattr(actor, method).remote(self._sid, *args)
-        except ray.exceptions.RayActorError as exc:
-            self._pool.replace(self._slot, actor)
-            raise ActorDied(f"environment actor {self._slot} of {self._pool.name!r} died: {_reason(exc)}") from None
-        except ray.exceptions.RayTaskError as exc:
-            raise exc.as_instanceof_cause() from None  # the environment's own exception, as locally
-
-
-class ActorDied(EnvironmentError_):
-    """The environment actor holding this episode died."""
-
-
-def _reason(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    why = [line for line in lines if "actor is dead because" in line.lower() or "died because" in line.lower()]
-    return " ".join(why or lines[:1]) or type(exc).__name__
-
-
-def _picklable_or_none(value: Any) -> Any:
-    if value is None:
-        return None
-    from ray import cloudpickle
-
-    try:
-        cloudpickle.dumps(value)
-    except Exception:
-        return None
-    return value
+    def _call(self, method: str, *args: Any) -> asyncio.Future:
+        return self._channel.call(method, self._sid, *args)
