@@ -57,3 +57,33 @@ def test_hf_and_openai_backends_are_built(tiny_model_dir):
 def test_cli_rejects_openai_without_base_url(tmp_path, capsys):
     assert main(["rollout", "--backend", "openai", "--out", str(tmp_path), "--episodes", "1"]) == 2
     assert "needs base_url" in capsys.readouterr().err
+
+
+def test_several_openai_urls_give_a_router_with_one_backend_each(tiny_model_dir, tmp_path):
+    pytest.importorskip("httpx")
+    from rollforge.backends.router import RouterBackend
+
+    urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    for base_url, replicas in ((" http://127.0.0.1:8001,http://127.0.0.1:8002/v1 ", 1), (urls, 2)):
+        router = open_backend("openai", str(tiny_model_dir), base_url=base_url, replicas=replicas, concurrency=5,
+                              seed=7, options={"weights_dir": str(tmp_path)})
+        assert isinstance(router, RouterBackend) and isinstance(router, Backend)
+        assert [(r.base_url, r.max_concurrency) for r in router.replicas] == [(u, 5) for u in urls]  # per replica
+        assert router.names == tuple(f"replica {i} ({u})" for i, u in enumerate(urls))
+        assert [r._weights_dir for r in router.replicas] == [tmp_path / "replica-0", tmp_path / "replica-1"]
+        assert callable(router.update_weights) and router.weight_version == 0
+        asyncio.run(router.close())
+    single = open_backend("openai", str(tiny_model_dir), base_url=["http://127.0.0.1:8001"])
+    assert not isinstance(single, RouterBackend)
+
+
+def test_bad_replica_settings_are_config_errors(tiny_model_dir):
+    with pytest.raises(ConfigError, match=r"replicas must be an integer >= 1, got 0"):
+        open_backend("hf", str(tiny_model_dir), replicas=0)
+    with pytest.raises(ConfigError, match=r"hf_model cannot be shared by 2 replicas"):
+        open_backend("hf", str(tiny_model_dir), hf_model=object(), replicas=2)
+    pytest.importorskip("httpx")
+    with pytest.raises(ConfigError, match=r"one replica per URL: replicas=3 but base_url names 2 server\(s\)"):
+        open_backend("openai", str(tiny_model_dir), base_url="http://a:1,http://b:2", replicas=3)
+    with pytest.raises(ConfigError, match=r"base_url must name one or more servers"):
+        open_backend("openai", str(tiny_model_dir), base_url="http://a:1,,")

@@ -38,3 +38,19 @@ def test_executor_must_be_local_or_ray(tiny_config):
         tiny_config("executor=dask")
     with pytest.raises(ConfigError, match="ray.env_actors"):
         tiny_config("executor=ray", "ray.env_actors=0")
+
+
+def test_training_with_generation_replicas_on_ray_keeps_them_in_sync(ray_session, tiny_config, tmp_path):
+    """Two HF replicas of the policy on Ray actors generate; after every update both must serve the
+    new weights, or the next step's importance ratios (trainer / generation logprobs) leave 1."""
+    result = train(
+        tiny_config(
+            f"out={tmp_path / 'replicas'}", "executor=ray", "ray.env_actor_cpus=0",
+            "ray.generation_replicas=2", "ray.replica_cpus=0",
+        ),
+        console=False,
+    )
+    assert [m["step"] for m in result.history] == [1, 2, 3]
+    assert not [k for m in result.history for k in m if k.startswith("rollout/errors/")]
+    for m in result.history:
+        assert abs(m["mean_ratio"] - 1) < 1e-3 and m["clip_fraction"] == 0, m

@@ -25,6 +25,8 @@ Design:
   until in-flight requests finish (they are never mixed with new weights), every worker reloads
   the weights in place (``reload_weights``), the prefix cache (KV of the old weights) is dropped
   and generation resumes. The reload runs in the workers (``vllm_worker.WeightSyncExtension``).
+  ``update_weights_from_directory`` does the same with weights already written in that format
+  (a replica on a Ray actor receives a state dict and writes it, ``cluster/replicas.py``).
 - With ``enable_lora=True`` a peft model is loaded as a LoRA adapter instead of being merged: its
   adapter is saved and registered under a new id, requests use it, the previous one is retired.
   This assumes the base weights are frozen (peft's default); a later sync of a plain model
@@ -176,24 +178,39 @@ class VLLMBackend:
         """Serve ``model``'s current weights from the next request on (see the module docstring)."""
         if self._closed:
             raise BackendError("the vLLM backend is closed")
-        version = self.weight_version + 1
         if self._weights_dir is None:
             self._weights_dir = scratch_directory("rollforge-weights-")
-        directory = self._weights_dir / f"v{version}"
+        directory = self._weights_dir / f"v{self.weight_version + 1}"
         as_adapter = self._lora_enabled and is_peft_model(model)
         try:
-            if as_adapter:
-                await asyncio.to_thread(model.save_pretrained, str(directory))
-            else:
-                await asyncio.to_thread(export_weights, model, directory)
+            try:
+                if as_adapter:
+                    await asyncio.to_thread(model.save_pretrained, str(directory))
+                else:
+                    await asyncio.to_thread(export_weights, model, directory)
+            except Exception as exc:
+                raise BackendError(f"updating the vLLM engine's weights failed: {type(exc).__name__}: {exc}") from exc
+            await self._load(directory, as_adapter)
+        finally:
+            if not as_adapter:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    async def update_weights_from_directory(self, directory: str | Path) -> None:
+        """Serve the full weights in ``directory/model.safetensors`` (the format of
+        ``weights.export_weights``; a Ray replica writes it from a shared state dict) from the next
+        request on, as ``update_weights`` does. The caller owns and removes the directory."""
+        if self._closed:
+            raise BackendError("the vLLM backend is closed")
+        await self._load(Path(directory), as_adapter=False)
+
+    async def _load(self, directory: Path, as_adapter: bool) -> None:
+        version = self.weight_version + 1
+        try:
             await asyncio.wrap_future(self._thread.submit(self._swap(directory, version, as_adapter)))
         except BackendError:
             raise
         except Exception as exc:
             raise BackendError(f"updating the vLLM engine's weights failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            if not as_adapter:
-                shutil.rmtree(directory, ignore_errors=True)
         self.weight_version = version
 
     # --- on the engine's loop ----------------------------------------------------------------

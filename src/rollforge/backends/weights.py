@@ -60,11 +60,16 @@ def state_dict_for_export(model: Any) -> dict[str, Any]:
 
 def export_weights(model: Any, directory: Path) -> Path:
     """Write ``model``'s weights to ``directory/model.safetensors`` (atomically) and return the directory."""
+    return save_state_dict(state_dict_for_export(model), directory)
+
+
+def save_state_dict(state: dict[str, Any], directory: Path) -> Path:
+    """Write a ``state_dict_for_export`` result to ``directory/model.safetensors`` (atomically)."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file(state_dict_for_export(model), str(tmp))
+    save_file(state, str(tmp))
     os.replace(tmp, directory / WEIGHTS_FILE)
     return directory
 

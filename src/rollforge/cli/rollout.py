@@ -44,6 +44,9 @@ def add_parser(commands: Any) -> None:
                    help="with --executor ray: the cluster to join (auto, ray://host:10001); default a private local instance")
     p.add_argument("--env-actors", type=int, default=2, help="with --executor ray: Ray actors per environment")
     p.add_argument("--env-actor-cpus", type=float, default=1.0, help="with --executor ray: CPUs reserved per actor")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="with --executor ray and --backend hf|vllm: generation replicas on Ray actors behind a sticky router")
+    p.add_argument("--replica-cpus", type=float, default=1.0, help="with --replicas: CPUs reserved per replica")
     p.set_defaults(run=run)
 
 
@@ -74,10 +77,16 @@ def run(args: Any) -> int:
     from ..chat.render import ChatRenderer
     from ..models import load_tokenizer
 
+    if args.replicas != 1 and args.executor != "ray":
+        raise ConfigError(f"--replicas {args.replicas} needs --executor ray (generation replicas run on Ray actors)")
     tokenizer = load_tokenizer(args.model)
+    if args.executor == "ray":
+        from ..cluster.connect import ensure_ray
+
+        ensure_ray(args.ray_address)
     backend = open_backend(
         args.backend, args.model, tokenizer, base_url=args.base_url, served_model_name=args.served_model_name,
-        concurrency=args.concurrency, seed=args.seed,
+        concurrency=args.concurrency, seed=args.seed, replicas=args.replicas, replica_cpus=args.replica_cpus,
     )
     with _placed(args, task_to_env) as placed:
         result = run_with_progress(samples, placed, backend, ChatRenderer(tokenizer), config, args.out)

@@ -212,9 +212,5 @@ def _open_backend(config: TrainConfig, model: Any, tokenizer: Any):
         kind, config.model.name, tokenizer, base_url=config.model.base_url,
         hf_model=model if replicas == 1 else None, served_model_name=config.model.served_model_name,
         concurrency=config.rollout.concurrency, seed=config.seed, options=options,
-        **({"replicas": replicas, "replica_resources": _replica_resources(config)} if replicas > 1 else {}),
+        replicas=replicas, replica_cpus=config.ray.replica_cpus, replica_gpus=config.ray.replica_gpus,
     )
-
-
-def _replica_resources(config: TrainConfig) -> dict[str, float]:
-    return {"num_cpus": config.ray.replica_cpus, "num_gpus": config.ray.replica_gpus}
