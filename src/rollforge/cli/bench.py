@@ -17,6 +17,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "hf-throughput": ("hf_throughput", "rollout tokens/s on the HF backend vs raw model.generate"),
     "vllm-throughput": ("vllm_throughput", "multi-turn rollout tokens/s on the vLLM backend vs vLLM's LLM.generate"),
     "env-throughput": ("env_throughput", "OpenEnv client steps/s at 1/16/64 sessions vs a bare WebSocket loop"),
+    "async-vs-lockstep": ("async_vs_lockstep", "async vs lockstep wall time under heavy-tailed tool latency, vs the critical path"),
+    "long-horizon": ("long_horizon", "fraction of wall time spent rendering 128-turn episodes, vs full re-rendering"),
+    "scale": ("scale", "10,000 concurrent episodes on one machine: peak memory per episode, wall vs the lower bound"),
 }
 
 

@@ -1,0 +1,126 @@
+"""10,000 concurrent episodes in one process (``rollforge bench scale``).
+
+Every episode is in flight at once (concurrency = episodes): the overhead benchmark's tool-calling
+conversation (a Hermes ``note`` call per turn, the real chat template of the tiny test tokenizer),
+a scripted backend with a fixed latency per request (1 s) and a light environment (``async def``
+tool and construction on the event loop: ``run_in_thread=False``, nothing blocks).
+
+Memory: the resident set is read from ``/proc/self/status`` right before the rollout
+(``rss_before_mb``, after a full collection) and its high-water mark after it. Earlier peaks (the
+tokenizer's training) would hide the rollout's own, so the mark is reset first by writing ``5`` to
+``/proc/self/clear_refs`` (Linux >= 4.0; ``peak_reset`` says whether it worked, else the peak is an
+upper bound). ``memory_per_episode_kb`` = (peak - before) / episodes, and includes the finished
+trajectories the result holds. ``--tracemalloc`` adds a second, traced run (slower) and reports
+Python's own allocation peak per episode.
+
+Time: no scheduler finishes before ``turns x latency`` (each turn waits for its own generation);
+``ratio_to_lower_bound`` is the wall time over that and ``engine_ms_per_turn`` the excess per turn,
+as in ``overhead``. At this size the process's CPU time (``cpu_seconds``: the event loop's render,
+parse, tool and bookkeeping for 40,000 turns, on one core) exceeds that bound, so the loop, not the
+backend, sets the pace: every turn the 10,000 episodes wake together and queue for it.
+
+``run(..., wrap_environment=f)`` replaces the environment by ``f(environment)`` (e.g. a pool of
+remote workers) before the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+import time
+import tracemalloc
+from typing import Any, Callable
+
+from ..backends.scripted import ScriptedBackend
+from ..chat.render import ChatRenderer
+from ..envs.base import Environment
+from ..envs.factory import FactoryEnvironment
+from ..rollout.config import RolloutConfig
+from ..rollout.engine import arollout
+from ..types import Sample
+from .overhead import AsyncNotebook, _reply, _tokenizer
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def run(
+    episodes: int = 10_000,
+    turns: int = 4,
+    latency: float = 1.0,
+    trace: bool = False,
+    tokenizer_dir: str | None = None,
+    wrap_environment: Callable[[Environment], Environment] | None = None,
+) -> dict[str, Any]:
+    renderer = ChatRenderer(_tokenizer(tokenizer_dir))
+    env: Environment = FactoryEnvironment(AsyncNotebook, run_in_thread=False)
+    if wrap_environment is not None:
+        env = wrap_environment(env)
+    config = RolloutConfig(max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64)
+
+    def rollout():
+        backend = ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+        samples = [Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)]
+        return asyncio.run(arollout(samples, {"notes": env}, backend, renderer, config))
+
+    gc.collect()
+    rss_before = _status_kb("VmRSS")
+    peak_reset = _reset_peak()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = rollout()
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    peak = _status_kb("VmHWM")
+    bound = turns * latency
+    done_turns = result.metrics["total_turns"]
+    out = {
+        "benchmark": "scale",
+        "episodes": episodes,
+        "concurrency": episodes,
+        "turns_per_episode": turns,
+        "backend_latency_s": latency,
+        "rss_before_mb": round(rss_before / 1024, 1),
+        "peak_rss_mb": round(peak / 1024, 1),
+        "peak_reset": peak_reset,
+        "memory_per_episode_kb": round((peak - rss_before) / episodes, 2),
+        "wall_seconds": round(wall, 3),
+        "lower_bound_seconds": bound,
+        "ratio_to_lower_bound": round(wall / bound, 4),
+        "engine_ms_per_turn": round(1000 * (wall - bound) / max(done_turns, 1), 4),
+        "cpu_seconds": round(cpu, 3),
+        "turns_completed": done_turns,
+        "errors": result.metrics["errors"],
+        "tool_failures": result.metrics["failures"],
+    }
+    if trace:
+        del result
+        gc.collect()
+        tracemalloc.start()
+        try:
+            rollout()
+            out["tracemalloc_peak_kb_per_episode"] = round(tracemalloc.get_traced_memory()[1] / 1024 / episodes, 2)
+        finally:
+            tracemalloc.stop()
+    return out
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--episodes", type=int, default=10_000, help="episodes, all in flight at once")
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--latency", type=float, default=1.0, help="seconds per backend request")
+    parser.add_argument("--tracemalloc", action="store_true", help="add a traced run: Python allocation peak per episode")
+
+
+def main(args: Any) -> dict[str, Any]:
+    return run(args.episodes, args.turns, args.latency, args.tracemalloc)
