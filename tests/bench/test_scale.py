@@ -38,3 +38,12 @@ def test_scale_reports_memory_and_time_and_wraps_the_environment(tiny_model_dir)
 
 def test_status_fields_are_read_in_kilobytes():
     assert scale._status_kb("VmHWM") >= scale._status_kb("VmRSS") > 0
+
+
+@pytest.mark.slow
+def test_scale_with_the_environment_on_ray_actors(ray_session, tiny_model_dir):
+    result = scale.run_on_ray(episodes=400, turns=2, latency=0.05, actors=2, tokenizer_dir=str(tiny_model_dir))
+    assert result["executor"] == "ray" and result["env_actors"] == 2
+    assert result["turns_completed"] == 800 and result["errors"] == {} and result["tool_failures"] == {}
+    assert len(result["actor_peak_rss_mb"]) == 2 and all(mb > 0 for mb in result["actor_peak_rss_mb"])
+    assert result["wall_seconds"] >= result["lower_bound_seconds"]

@@ -19,8 +19,10 @@ as in ``overhead``. At this size the process's CPU time (``cpu_seconds``: the ev
 parse, tool and bookkeeping for 40,000 turns, on one core) exceeds that bound, so the loop, not the
 backend, sets the pace: every turn the 10,000 episodes wake together and queue for it.
 
-``run(..., wrap_environment=f)`` replaces the environment by ``f(environment)`` (e.g. a pool of
-remote workers) before the rollout.
+``run(..., wrap_environment=f)`` replaces the environment by ``f(environment)`` before the rollout;
+``--executor ray`` uses that to put the environment in a pool of Ray actors (``--env-actors``, on a
+private local Ray instance): the same episodes, with every reset, step and finish crossing to
+another process. ``peak_rss_mb`` is then the driver's; ``actor_peak_rss_mb`` lists the actors'.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from ..types import Sample
 from .overhead import AsyncNotebook, _reply, _tokenizer
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
+def _status_kb(field: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as status:
         return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
 
 
@@ -115,12 +117,38 @@ def run(
     return out
 
 
+def run_on_ray(episodes: int, turns: int, latency: float, actors: int, tokenizer_dir: str | None = None) -> dict[str, Any]:
+    from ..cluster.connect import ensure_ray
+    from ..cluster.env_pool import RayEnvironmentPool
+
+    ray = ensure_ray()
+    pools: list[RayEnvironmentPool] = []
+
+    def on_actors(env: Environment) -> Environment:
+        pools.append(RayEnvironmentPool(env, actors=actors, num_cpus=0, name="notes"))
+        return pools[0]
+
+    try:
+        out = run(episodes, turns, latency, tokenizer_dir=tokenizer_dir, wrap_environment=on_actors)
+        pids = ray.get([pools[0].actor(slot).ready.remote() for slot in range(actors)])
+        out["actor_peak_rss_mb"] = [round(_status_kb("VmHWM", pid) / 1024, 1) for pid in pids]
+    finally:
+        for pool in pools:
+            pool.shutdown()
+    return {**out, "executor": "ray", "env_actors": actors}
+
+
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--episodes", type=int, default=10_000, help="episodes, all in flight at once")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per backend request")
     parser.add_argument("--tracemalloc", action="store_true", help="add a traced run: Python allocation peak per episode")
+    parser.add_argument("--executor", choices=["local", "ray"], default="local",
+                        help="ray: the environment in a pool of Ray actors on a private local instance")
+    parser.add_argument("--env-actors", type=int, default=2, help="with --executor ray: actors in the pool")
 
 
 def main(args: Any) -> dict[str, Any]:
-    return run(args.episodes, args.turns, args.latency, args.tracemalloc)
+    if args.executor == "ray":
+        return run_on_ray(args.episodes, args.turns, args.latency, args.env_actors)
+    return {**run(args.episodes, args.turns, args.latency, args.tracemalloc), "executor": "local"}

@@ -108,11 +108,16 @@ async def arollout(
         _check_images(samples, task_to_env, backend)
         started = time.perf_counter()
         # Objects alive now (the model, the libraries) are not garbage; without this, every full
-        # collection during the rollout walks all of them again (measured: +10% wall time at 1k episodes).
+        # collection during the rollout walks all of them again (measured: +10% wall time at 1k
+        # episodes). Episode state lives until its episode ends, so full collections find little:
+        # one per 100 middle-generation ones instead of 10 (measured at 10k episodes: 12.4 -> 9.5 s).
         gc.freeze()
+        thresholds = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], max(thresholds[2], 100))
         try:
             await _schedule(samples, task_to_env, ctx, results, on_episode)
         finally:
+            gc.set_threshold(*thresholds)
             gc.unfreeze()
     trajectories = tuple(t for t in results if t is not None)
     return RolloutResult(trajectories, rollout_metrics(trajectories, time.perf_counter() - started))
