@@ -2,10 +2,11 @@
 
 32 episodes of 128 tool-calling turns each (``CodeRunner`` from ``async_vs_lockstep``: a ``run``
 call of 1-12 lines of code per turn, a result of 1-48 output lines, ~520 characters on average),
-through the real chat template of the tiny test tokenizer, with ``max_seq_len`` large enough that
-nothing is cut (``turns_completed`` and ``every_episode_reached_max_turns`` check it). Generation
-costs what it costs in ``async-vs-lockstep``: 50 ms per request plus 4 ms per token of the tiny
-tokenizer (~100 real tokens/s per sequence), ~0.85 s per turn; the tool returns at once.
+through the real chat template and tokenizer of SmolLM2-135M-Instruct (``--tokenizer``; the tests
+use the tiny test tokenizer), with ``max_seq_len`` large enough that nothing is cut
+(``turns_completed`` and ``every_episode_reached_max_turns`` check it). Generation costs 50 ms per
+request plus 10 ms per token (~100 tokens/s per sequence, a served 7B model's decode speed); the
+tool returns at once.
 
 What is measured: every ``ChatRenderer`` method the engine and the episode loop call
 (``check_prefix_preserving``, ``with_tool_prompt``, ``prompt_ids``, ``content_ids``, ``decode``,
@@ -97,9 +98,16 @@ def full_rerender_seconds(trajectory: Trajectory, tokenizer: Any) -> tuple[float
     return total, tuple(ids) == trajectory.token_ids
 
 
-def run(episodes: int = 32, turns: int = 128, latency: float = 0.05, per_token_latency: float = 0.004,
+def run(episodes: int = 32, turns: int = 128, latency: float = 0.05, per_token_latency: float = 0.01,
         max_output_lines: int = 48, tokenizer_dir: str | None = None) -> dict[str, Any]:
-    tokenizer = _tokenizer(tokenizer_dir)
+    """``tokenizer_dir``: a model directory or alias whose tokenizer and template to use (None: the
+    tiny test model's)."""
+    if tokenizer_dir is None:
+        tokenizer = _tokenizer(None)
+    else:
+        from ..models import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir)
     renderer = TimedRenderer(tokenizer)
     backend = ScriptedBackend(code_script(12), tokenizer, end_token_id=renderer.stop_token_ids[0],
                               latency=latency, per_token_latency=per_token_latency)
@@ -126,6 +134,7 @@ def run(episodes: int = 32, turns: int = 128, latency: float = 0.05, per_token_l
         "max_turns": turns,
         "backend_latency_s": latency,
         "per_token_latency_s": per_token_latency,
+        "tokenizer": getattr(tokenizer, "name_or_path", None) or "tiny test model",
         "turns_completed": result.metrics["total_turns"],
         "every_episode_reached_max_turns": all(t.turns == turns and t.max_turns_reached for t in trajectories),
         "mean_tokens_per_episode": round(result.metrics["mean_total_tokens_per_sample"]),
@@ -148,9 +157,11 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--turns", type=int, default=128)
     parser.add_argument("--latency", type=float, default=0.05, help="seconds per backend request")
-    parser.add_argument("--per-token-latency", type=float, default=0.004, help="seconds per generated token")
+    parser.add_argument("--per-token-latency", type=float, default=0.01, help="seconds per generated token")
+    parser.add_argument("--tokenizer", default="smollm2-135m",
+                        help="model directory or alias whose tokenizer and chat template render the turns")
     parser.add_argument("--max-output-lines", type=int, default=48, help="tool result lines per turn: 1..N")
 
 
 def main(args: Any) -> dict[str, Any]:
-    return run(args.episodes, args.turns, args.latency, args.per_token_latency, args.max_output_lines)
+    return run(args.episodes, args.turns, args.latency, args.per_token_latency, args.max_output_lines, args.tokenizer)

@@ -46,6 +46,8 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         # The Rust tokenizer: ~2x faster than the Python wrapper, and it never cleans up spaces.
         self._fast = getattr(tokenizer, "backend_tokenizer", None)
+        # Without character offsets (which rendering never reads): ~25% faster per call (tokenizers >= 0.20).
+        self._encode_fast = getattr(self._fast, "encode_batch_fast", None)
         user_only = [{"role": "user", "content": _BASE_USER}]
         without = self._text(user_only, add_generation_prompt=False)
         with_prompt = self._text(user_only, add_generation_prompt=True)
@@ -69,6 +71,8 @@ class ChatRenderer:
     # -- text and ids ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
+        if self._encode_fast is not None:
+            return self._encode_fast([text], add_special_tokens=False)[0].ids
         if self._fast is not None:
             return self._fast.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)

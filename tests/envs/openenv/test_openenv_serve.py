@@ -72,11 +72,18 @@ def test_openenv_client_and_a_trl_style_class_play_served_catch(catch_url):
         env.client.close()
 
 
-async def test_rollforge_client_on_served_catch_matches_the_local_environment(catch_url, renderer, scripted):
+def catch_player(renderer):
+    """A scripted policy that moves the paddle under the ball every turn."""
+
     def play(request) -> str:
         direction = best_move(renderer.decode(request.prompt_ids[-120:]))
         return f'<tool_call>\n{{"name": "move", "arguments": {{"direction": "{direction}"}}}}\n</tool_call>'
 
+    return play
+
+
+async def test_rollforge_client_on_served_catch_matches_the_local_environment(catch_url, renderer, scripted):
+    play = catch_player(renderer)
     samples = catch.samples(6, seed=11)
     config = RolloutConfig(max_turns=6, concurrency=3)
     local = await arollout(samples, {"catch": catch.build()}, scripted(play), renderer, config)
@@ -92,10 +99,7 @@ async def test_rollforge_client_on_served_catch_matches_the_local_environment(ca
 async def test_openenv_client_on_ray_actors_matches_the_local_environment(catch_url, renderer, scripted, ray_session):
     from rollforge.cluster.env_pool import RayEnvironmentPool
 
-    def play(request) -> str:
-        direction = best_move(renderer.decode(request.prompt_ids[-120:]))
-        return f'<tool_call>\n{{"name": "move", "arguments": {{"direction": "{direction}"}}}}\n</tool_call>'
-
+    play = catch_player(renderer)
     samples = catch.samples(6, seed=11)
     config = RolloutConfig(max_turns=6, concurrency=6)
     local = await arollout(samples, {"catch": catch.build()}, scripted(play), renderer, config)
