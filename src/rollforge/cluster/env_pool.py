@@ -24,6 +24,7 @@ locally.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 from typing import Any
@@ -188,10 +189,8 @@ class RemoteSession(BaseSession):
         if self._close_error is not None:
             raise self._close_error
         if self._remote_open:
-            try:
+            with contextlib.suppress(ActorDied):  # its sessions died with it
                 await self._call("close")
-            except ActorDied:
-                pass  # its sessions died with it
 
     @property
     def metadata(self) -> Any:
