@@ -54,3 +54,16 @@ def test_training_with_generation_replicas_on_ray_keeps_them_in_sync(ray_session
     assert not [k for m in result.history for k in m if k.startswith("rollout/errors/")]
     for m in result.history:
         assert abs(m["mean_ratio"] - 1) < 1e-3 and m["clip_fraction"] == 0, m
+
+
+def test_train_cli_executor_flags_become_config_overrides():
+    from rollforge.cli.main import build_parser
+    from rollforge.cli.train import _overrides
+    from rollforge.train.config import load_config
+
+    args = build_parser().parse_args(
+        ["train", "x.yaml", "--executor", "ray", "--ray-address", "ray://head:10001", "--set", "steps=2"]
+    )
+    config = load_config(None, _overrides(args))
+    assert (config.executor, config.ray.address, config.steps) == ("ray", "ray://head:10001", 2)
+    assert load_config(None, _overrides(build_parser().parse_args(["train", "x.yaml"]))).executor == "local"
