@@ -79,16 +79,13 @@ def run(args: Any) -> int:
 
     if args.replicas != 1 and args.executor != "ray":
         raise ConfigError(f"--replicas {args.replicas} needs --executor ray (generation replicas run on Ray actors)")
+    ray_config = _ray_config(args)
     tokenizer = load_tokenizer(args.model)
-    if args.executor == "ray":
-        from ..cluster.connect import ensure_ray
-
-        ensure_ray(args.ray_address)
     backend = open_backend(
         args.backend, args.model, tokenizer, base_url=args.base_url, served_model_name=args.served_model_name,
         concurrency=args.concurrency, seed=args.seed, replicas=args.replicas, replica_cpus=args.replica_cpus,
     )
-    with _placed(args, task_to_env) as placed:
+    with _placed(ray_config, task_to_env) as placed:
         result = run_with_progress(samples, placed, backend, ChatRenderer(tokenizer), config, args.out)
     m = result.metrics
     print(
@@ -98,17 +95,27 @@ def run(args: Any) -> int:
     return 0
 
 
-def _placed(args: Any, task_to_env: dict):
+def _ray_config(args: Any):
+    """With ``--executor ray``: the Ray settings, connected (replicas start before the environments)."""
     if args.executor == "local":
-        return contextlib.nullcontext(task_to_env)
+        return None
     from ..cluster.config import RayConfig
-    from ..cluster.executor import environments_on_ray
+    from ..cluster.executor import connect
     from ..rollout.config import describe_validation_error
 
     try:
         ray_config = RayConfig(address=args.ray_address, env_actors=args.env_actors, env_actor_cpus=args.env_actor_cpus)
     except ValueError as exc:
         raise ConfigError(f"invalid Ray options: {describe_validation_error(exc)}") from None
+    connect(ray_config)
+    return ray_config
+
+
+def _placed(ray_config, task_to_env: dict):
+    if ray_config is None:
+        return contextlib.nullcontext(task_to_env)
+    from ..cluster.executor import environments_on_ray
+
     return environments_on_ray(task_to_env, ray_config)
 
 

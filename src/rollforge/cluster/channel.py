@@ -14,7 +14,7 @@ import itertools
 from typing import Any, Callable
 
 from ..errors import EnvironmentError_
-from .connect import import_ray
+from .connect import actor_death_reason, import_ray
 
 
 class ActorDied(EnvironmentError_):
@@ -31,7 +31,6 @@ class Channel:
         self._outbox: list[tuple] = []
         self._collector: asyncio.Task | None = None
         self._dead: str | None = None
-        self.submits = 0
 
     def call(self, method: str, sid: int, *args: Any) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -50,7 +49,6 @@ class Channel:
         if not calls or self._dead is not None:
             return
         self.actor.submit.remote(calls)  # a dead actor shows in collect
-        self.submits += 1
         if self._collector is None or self._collector.done():
             self._collector = asyncio.ensure_future(self._collect())
 
@@ -60,7 +58,7 @@ class Channel:
             try:
                 results = await self.actor.collect.remote()
             except ray.exceptions.RayActorError as exc:
-                self._die(f"environment actor {self._label} died: {_reason(exc)}")
+                self._die(f"environment actor {self._label} died: {actor_death_reason(exc)}")
                 return
             for call_id, ok, value in results:
                 future = self._pending.pop(call_id, None)
@@ -78,9 +76,3 @@ class Channel:
             if not future.done():
                 future.set_exception(ActorDied(reason))
         self._on_death()
-
-
-def _reason(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    why = [line for line in lines if "actor is dead because" in line.lower() or "died because" in line.lower()]
-    return " ".join(why or lines[:1]) or type(exc).__name__

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import re
 import sys
 import sysconfig
 from typing import Any
@@ -28,7 +29,7 @@ def import_ray() -> Any:
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, object_store_mb: int = 256) -> Any:
     """Connect to Ray once per process and return the ``ray`` module. An already initialised Ray
     (a test fixture, the user's own ``ray.init``) is used as it is."""
-    if not address and "ray" not in sys.modules:
+    if not address:
         for key, value in LOCAL_ENV.items():  # read by Ray when it is imported
             os.environ.setdefault(key, value)
     ray = import_ray()
@@ -44,8 +45,6 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, objec
         return ray
     if object_store_mb < 75:
         raise ConfigError(f"object_store_mb must be >= 75 (Ray's minimum), got {object_store_mb}")
-    for key, value in LOCAL_ENV.items():
-        os.environ.setdefault(key, value)
     from ray._private import ray_constants
 
     # Ray reads this one at import; when it was imported before (by the user, by a library), its
@@ -88,3 +87,13 @@ def worker_runtime_env() -> dict[str, Any]:
 
 
 _INSTALLED = tuple({sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def actor_death_reason(exc: Exception) -> str:
+    """Ray's reason for an actor's death, short: its "died because" line and, when the actor's
+    constructor raised, that error's last line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # Ray colours the actor's name
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    why = [line for line in lines if "died because" in line.lower() or "dead because" in line.lower()]
+    errors = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
+    return " ".join(why[:1] + errors[-1:]) or (lines[0] if lines else type(exc).__name__)

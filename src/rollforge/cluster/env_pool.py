@@ -33,7 +33,7 @@ from ..envs.base import BaseSession, Environment, Reset, Step
 from ..errors import ConfigError, EnvironmentError_
 from ..types import Message, Sample
 from .channel import ActorDied, Channel
-from .connect import import_ray, worker_runtime_env
+from .connect import actor_death_reason, import_ray, worker_runtime_env
 from .env_host import EnvironmentHost
 
 
@@ -127,7 +127,7 @@ class RayEnvironmentPool:
             except ray.exceptions.RayActorError as exc:
                 if attempt == attempts - 1:
                     raise EnvironmentError_(
-                        f"environment actor {slot} of {self.name!r} died {attempts} times while starting: {exc}"
+                        f"environment actor {slot} of {self.name!r} died {attempts} times while starting: {actor_death_reason(exc)}"
                     ) from None
                 self._replace(slot, channel)
 

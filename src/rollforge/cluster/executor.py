@@ -16,9 +16,6 @@ from .config import RayConfig
 from .connect import ensure_ray
 from .env_pool import RayEnvironmentPool
 
-EXECUTORS = ("local", "ray")
-
-
 @contextlib.contextmanager
 def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfig) -> Iterator[dict[str, Environment]]:
     connect(config)

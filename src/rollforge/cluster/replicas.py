@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import time
 from typing import Any, Sequence
@@ -35,7 +34,7 @@ from ..backends.base import SamplingParams
 from ..backends.weights import save_state_dict, scratch_directory, state_dict_for_export
 from ..errors import BackendError, ConfigError
 from ..types import Completion
-from .connect import import_ray, worker_runtime_env
+from .connect import actor_death_reason, import_ray, worker_runtime_env
 
 REPLICA_KINDS = ("hf", "vllm")
 
@@ -229,13 +228,3 @@ def start_replicas(
             ray.kill(replica.actor)
         raise
     return replicas
-
-
-def actor_death_reason(exc: Exception) -> str:
-    """Ray's reason for an actor's death, short: its "died because" line and, when the actor's
-    constructor raised, that error's last line."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # Ray colours the actor's name
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    why = [line for line in lines if "died because" in line.lower() or "dead because" in line.lower()]
-    errors = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
-    return " ".join(why[:1] + errors[-1:]) or (lines[0] if lines else type(exc).__name__)
