@@ -25,6 +25,7 @@ A family is detected from the tokenizer's template text (``detect_family``) or n
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
@@ -62,8 +63,18 @@ class Family:
     #: The reasoning block the family's models write, (open, close), or None.
     reasoning: tuple[str, str] | None = None
     #: With ``structured_calls``: where the calls start in generated text (the content the template
-    #: gets is the text before it).
+    #: gets is the text before it; None when that is empty and ``empty_content`` is None).
     call_start: str | None = None
+    #: What the template wants as the content of an assistant message that only calls tools.
+    empty_content: str | None = ""
+    #: How ``tool_calls`` arguments reach the template: a dict, or a JSON string (OpenAI's wire form).
+    arguments: Literal["dict", "json"] = "dict"
+    #: Tokens that end a generation besides the template's end of turn and eos (GPT-OSS ends a
+    #: tool call with ``<|call|>``, Llama with ``<|eom_id|>``).
+    stop_tokens: tuple[str, ...] = ()
+    #: Harmony channels: an assistant reply's analysis goes to ``thinking``, its final message to
+    #: ``content`` (the template raises on channel markup in either).
+    channels: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "template_kwargs", MappingProxyType(dict(self.template_kwargs)))
@@ -77,20 +88,55 @@ class Family:
             return "".join(alphabet[b % len(alphabet)] for b in digest[:9])
         return f"call_{episode}_{turn}_{k}"
 
+    def assistant_chat(self, text: str, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The template's fields of an assistant message whose generated text is ``text`` and
+        whose parsed calls are ``calls`` (OpenAI shape), for families with ``structured_calls``."""
+        out: dict[str, Any] = {"role": "assistant"}
+        if self.channels:
+            thinking, final = _harmony_parts(text)
+            if calls:
+                final = ""
+            out["content"] = final
+            if thinking:
+                out["thinking"] = thinking
+        else:
+            content = text
+            if calls and self.call_start and self.call_start in text:
+                content = text[: text.index(self.call_start)]
+            out["content"] = self.empty_content if calls and not content else content
+        if calls:
+            if self.arguments == "json":
+                calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}} for c in calls]
+            out["tool_calls"] = calls
+        return out
+
+
+def _harmony_parts(text: str) -> tuple[str, str]:
+    """(analysis, final) bodies of a harmony reply (the rest -- calls -- comes from the parser)."""
+    thinking, final = [], []
+    for block in text.split("<|channel|>")[1:]:
+        header, _, body = block.partition("<|message|>")
+        for end in ("<|end|>", "<|return|>", "<|call|>", "<|start|>"):
+            body = body.split(end)[0]
+        channel = header.split()[0] if header.split() else ""
+        if "to=" in header:
+            continue
+        (thinking if channel == "analysis" else final if channel == "final" else []).append(body)
+    return "\n".join(thinking), "\n".join(final)
+
 
 _THINK = ("<think>", "</think>")
 
 #: In detection order: the first family whose markers all occur in the template wins.
 FAMILIES: tuple[Family, ...] = (
     Family("gpt_oss", "GPT-OSS (harmony)", "harmony", ("<|channel|>", "<|start|>"), structured_calls=True,
-           call_start="<|channel|>commentary to=", template_kwargs={"reasoning_effort": "medium"}, drops_reasoning=True),
+           channels=True, stop_tokens=("<|call|>",), template_kwargs={"reasoning_effort": "medium"}, drops_reasoning=True),
     Family("mistral", "Mistral v0.3 / Nemo / Small", "mistral", ("[INST]",), structured_calls=True,
            call_ids="alnum9", call_start="[TOOL_CALLS]"),
-    Family("deepseek_v3", "DeepSeek-V3 / R1 (tool-calling template)", "deepseek", ("<｜tool▁calls▁begin｜>",),
-           structured_calls=True, drops_reasoning=True, reasoning=_THINK, call_start="<｜tool▁calls▁begin｜>"),
-    Family("deepseek_r1", "DeepSeek-R1-Distill", "hermes", ("<｜Assistant｜>",), drops_reasoning=True,
-           reasoning=_THINK),
-    Family("llama3", "Llama 3.1 / 3.2 / 3.3", "llama3_json", ("<|start_header_id|>",)),
+    Family("deepseek", "DeepSeek-V3 / R1 / R1-Distill", "deepseek", ("<｜Assistant｜>",), structured_calls=True,
+           drops_reasoning=True, reasoning=_THINK, call_start="<｜tool▁calls▁begin｜>", empty_content=None,
+           arguments="json"),
+    Family("llama3", "Llama 3.1 / 3.2 / 3.3", "llama3_json", ("<|start_header_id|>",), stop_tokens=("<|eom_id|>",)),
     Family("gemma2", "Gemma 2 (no system role)", "hermes", ("<start_of_turn>", "System role not supported"),
            system="first_user", tool_role="user", tool_fields=()),
     Family("gemma3", "Gemma 3", "hermes", ("<start_of_turn>",), tool_role="user", tool_fields=()),
@@ -104,7 +150,7 @@ FAMILIES: tuple[Family, ...] = (
 
 _BY_NAME = {f.name: f for f in FAMILIES}
 _ALIASES = {"smollm": "chatml", "qwen2": "qwen2_5", "harmony": "gpt_oss", "llama": "llama3",
-            "deepseek": "deepseek_v3", "gemma": "gemma3"}
+            "deepseek_v3": "deepseek", "deepseek_r1": "deepseek", "gemma": "gemma3"}
 FAMILY_NAMES: tuple[str, ...] = tuple(sorted([*_BY_NAME, *_ALIASES]))
 
 

@@ -104,7 +104,7 @@ class ChatRenderer:
             raise TemplateError("the chat template does not render assistant content verbatim")
         self._closing_text = base[base.index(_SENTINEL) + len(_SENTINEL) :]
         self.closing = self.encode(self._closing_text)
-        self.stop_token_ids = _turn_end_ids(tokenizer, self.closing)
+        self.stop_token_ids = _turn_end_ids(tokenizer, self.closing, self.family.stop_tokens)
         self._base_cache: dict[str, str] = {}
         self._supports_tools: bool | None = None
         self._prompt_cache: dict[tuple, tuple] = {}
@@ -201,10 +201,8 @@ class ChatRenderer:
         if message.role == "assistant":
             out = message.to_chat()
             calls = out.pop("tool_calls", None)
-            if family.structured_calls and calls:
-                out["tool_calls"] = calls
-                if family.call_start and family.call_start in message.content:
-                    out["content"] = message.content[: message.content.index(family.call_start)]
+            if family.structured_calls:
+                return {**out, **family.assistant_chat(message.content, calls)}
             return out
         out = {"role": message.role, "content": self.escape(message.content)}
         if message.role == "tool":
@@ -342,7 +340,7 @@ class ChatRenderer:
     def supports_tools(self) -> bool:
         """Whether the template renders ``tools=`` at all (SmolLM2's ChatML does not)."""
         probe = [{"role": "user", "content": _BASE_USER}]
-        tool = {"type": "function", "function": {"name": "probe_tool_" + _SENTINEL, "parameters": {}}}
+        tool = {"type": "function", "function": {"name": "probe_tool_" + _SENTINEL, "description": "", "parameters": {}}}
         return self._text(probe, False, [tool]) != self._text(probe, False)
 
     def with_tool_prompt(
@@ -447,6 +445,8 @@ class ChatRenderer:
         if think is None and "</think>" in str(self.tokenizer.chat_template):
             think = ("<think>", "</think>")
         reasoning = f"{think[0]}\nprobe reasoning\n{think[1]}\n\n" if think else ""
+        if think and self.decode(self.generation_prompt).endswith(think[0] + "\n"):
+            reasoning = reasoning[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
         turns: list[Message] = []
         if with_tools:
             call = ToolCall("probe_tool", {"x": 1}, self.family.call_id(0, 0, 0))
@@ -467,7 +467,7 @@ class ChatRenderer:
         if self.family.structured_calls:
             user = [{"role": "user", "content": _BASE_USER}]
             head = self._text(user, True)
-            full = self._text([*user, Message("assistant", "", tool_calls=(call,)).to_chat()], False)
+            full = self._text([*user, self.chat(Message("assistant", "", tool_calls=(call,)))], False)
             if full.startswith(head) and full.endswith(self._closing_text):
                 return full[len(head) : len(full) - len(self._closing_text)]
         arguments = json.dumps(dict(call.arguments))
@@ -557,9 +557,10 @@ def _is_closing_tail(rest: Sequence[int], closing: Sequence[int]) -> bool:
     return len(rest) <= len(closing) and list(closing[len(closing) - len(rest) :]) == list(rest)
 
 
-def _turn_end_ids(tokenizer: Any, closing: Sequence[int]) -> tuple[int, ...]:
+def _turn_end_ids(tokenizer: Any, closing: Sequence[int], extra: Sequence[str] = ()) -> tuple[int, ...]:
     """Token ids that end an assistant turn: the first closing token when it is a special token
-    (e.g. ``<|im_end|>``; never a plain newline) and the eos token(s)."""
+    (e.g. ``<|im_end|>``; never a plain newline), the eos token(s) and the family's ``extra``
+    tokens that the vocabulary has."""
     special = set(getattr(tokenizer, "all_special_ids", ())) | set(tokenizer.get_added_vocab().values())
     ids: list[int] = []
     if closing and closing[0] in special:
@@ -568,6 +569,8 @@ def _turn_end_ids(tokenizer: Any, closing: Sequence[int]) -> tuple[int, ...]:
     for token in eos if isinstance(eos, (list, tuple)) else [eos]:
         if token is not None and token not in ids:
             ids.append(int(token))
+    vocab = tokenizer.get_added_vocab()
+    ids += [vocab[text] for text in extra if text in vocab and vocab[text] not in ids]
     return tuple(ids)
 
 
