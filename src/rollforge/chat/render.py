@@ -452,17 +452,12 @@ class ChatRenderer:
         return report
 
     def _probe_turns(self, with_tools: bool) -> list[Message]:
-        think = self.family.reasoning
-        if think is None and "</think>" in str(self.tokenizer.chat_template):
-            think = ("<think>", "</think>")
-        reasoning = f"{think[0]}\nprobe reasoning\n{think[1]}\n\n" if think else ""
-        if think and self.decode(self.generation_prompt).endswith(think[0] + "\n"):
-            reasoning = reasoning[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
+        reasoning = self.reasoning_text("probe reasoning")
         turns: list[Message] = []
         if with_tools:
             call = ToolCall("probe_tool", {"x": 1}, self.family.call_id(0, 0, 0))
             turns += [
-                Message("assistant", reasoning + self._call_text(call), tool_calls=(call,)),
+                Message("assistant", reasoning + self.call_text(call), tool_calls=(call,)),
                 Message("tool", "probe result 17", name="probe_tool", tool_call_id=call.id),
             ]
         turns += [
@@ -472,7 +467,7 @@ class ChatRenderer:
         ]
         return turns
 
-    def _call_text(self, call: ToolCall) -> str:
+    def call_text(self, call: ToolCall) -> str:
         """How the family's models write ``call``: the template's own rendering of it where the
         template renders calls, else the parser's documented format."""
         if self.family.structured_calls:
@@ -482,12 +477,33 @@ class ChatRenderer:
             if full.startswith(head) and full.endswith(self._closing_text):
                 return full[len(head) : len(full) - len(self._closing_text)]
         arguments = json.dumps(dict(call.arguments))
-        if self.family.parser == "llama3_json":
+        parser = self.family.parser
+        if parser == "llama3_json":
             return f'{{"name": "{call.name}", "parameters": {arguments}}}'
-        if self.family.parser == "qwen3_coder":
+        if parser == "qwen3_coder":
             body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in call.arguments.items())
             return f"<tool_call>\n<function={call.name}>\n{body}</function>\n</tool_call>"
+        if parser == "harmony":
+            return f"<|channel|>commentary to=functions.{call.name} <|constrain|>json<|message|>{arguments}<|call|>"
+        if parser == "deepseek":
+            return (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{call.name}\n```json\n{arguments}\n```"
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+        if parser == "mistral":
+            return f'[TOOL_CALLS] [{{"name": "{call.name}", "arguments": {arguments}, "id": "{call.id}"}}]'
         return f'<tool_call>\n{{"name": "{call.name}", "arguments": {arguments}}}\n</tool_call>'
+
+    def reasoning_text(self, thought: str) -> str:
+        """A reasoning block as the family's models write it after the generation prompt ('' when
+        the family has none; without the opening tag when the generation prompt opens it)."""
+        think = self.family.reasoning
+        if think is None and "</think>" in str(self.tokenizer.chat_template):
+            think = ("<think>", "</think>")
+        if think is None:
+            return ""
+        text = f"{think[0]}\n{thought}\n{think[1]}\n\n"
+        if self.decode(self.generation_prompt).endswith(think[0] + "\n"):
+            return text[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
+        return text
 
     def _probe_incremental(self, opening, turns, tools) -> list[int]:
         ids = self.prompt_ids(opening, tools)
