@@ -292,6 +292,11 @@ def test_start_up_verdicts(base_tokenizer):
     for name in ("qwen3", "deepseek_v3", "gpt_oss", "mistral"):  # usable, in segments
         renderer = case_renderer(base_tokenizer, name)
         assert not renderer.check_template((), tools).incremental and renderer.check_template((), tools).reason
+    qwen3_6 = family_tokenizer(base_tokenizer, "qwen3_6", CHATML, None, "<|im_end|>")
+    assert not ChatRenderer(qwen3_6).check_template().incremental  # drops past reasoning: segments
+    keeping = ChatRenderer(qwen3_6, keep_reasoning=True)  # the family's keep-reasoning option
+    assert keeping.family.name == "qwen3_5" and keeping.template_kwargs["preserve_thinking"] is True
+    assert keeping.check_template().incremental and keeping.check_template((), tools).incremental
     phi = ChatRenderer(family_tokenizer(base_tokenizer, PHI4, CHATML + ["<|im_sep|>"], None, "<|im_end|>"))
     assert phi.family.name == "phi4" and phi.check_template().incremental  # fine without tools
     with pytest.raises(TemplateError, match="drops tool messages: 'probe result 17' never appears"):
