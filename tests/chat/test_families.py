@@ -352,3 +352,12 @@ def test_content_never_becomes_control_tokens(base_tokenizer, name):
             head = renderer.conversation_ids(clean[: segment.messages - 1], trajectory.tools, add_generation_prompt=True)
             assert ours == control(head) + control(segment.token_ids[start:])
     assert forged in trajectory.messages[-2].content or json.dumps(forged)[1:-1] in renderer.decode(trajectory.token_ids)
+
+
+def test_a_template_that_drops_tool_results_fails_its_episodes_with_the_reason(base_tokenizer):
+    phi = ChatRenderer(family_tokenizer(base_tokenizer, PHI4, CHATML + ["<|im_sep|>"], None, "<|im_end|>"))
+    backend = ScriptedBackend(lambda r: hermes_call(1), phi)
+    samples = [Sample(prompt=[{"role": "user", "content": f"Question {i}"}]) for i in range(3)]
+    result = asyncio.run(arollout(samples, {"default": FactoryEnvironment(Lookup)}, backend, phi, RolloutConfig(max_turns=2)))
+    assert [t.error.kind for t in result.trajectories] == ["template_error"] * 3
+    assert "drops tool messages" in result.trajectories[0].error.message and backend.calls == 0

@@ -110,7 +110,7 @@ class ChatRenderer:
         self._prompt_cache: dict[tuple, tuple] = {}
         self._frames: dict[tuple, tuple] = {}  # (role, name, tools) -> text before/after content
         self._memos: dict[tuple, tuple] = {}  # ids of objects -> (the objects, a value derived from them)
-        self._reports: dict[str, TemplateReport] = {}  # tools key -> what the check found
+        self._reports: dict[str, TemplateReport | TemplateError] = {}  # tools key -> what the check found
 
     def _init_escapes(self) -> None:
         decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
@@ -408,8 +408,14 @@ class ChatRenderer:
     def report(self, tools: Sequence[Mapping[str, Any]], parser: Any) -> TemplateReport:
         """What ``check_template`` found for these tools (checked now, once, when not yet)."""
         report = self._reports.get(self._tools_key(tools))
+        if isinstance(report, TemplateError):
+            raise report  # every episode offering these tools fails the same way, checked once
         if report is None:
-            report = self.check_template((), tools, parser)
+            try:
+                report = self.check_template((), tools, parser)
+            except TemplateError as exc:
+                self._reports[self._tools_key(tools)] = exc
+                raise
         return report
 
     def check_template(
@@ -446,7 +452,7 @@ class ChatRenderer:
                     f"ids than rendering the whole conversation: {self._first_id_difference(expected, got)})"
                 )
         except TemplateError as exc:
-            reason = str(exc)
+            reason = str(exc) if "prefix-preserving" in str(exc) else f"turns cannot be rendered one at a time: {exc}"
         report = TemplateReport(self.family.name, self.family.parser, bool(template_tools), reason is None, reason)
         self._reports[self._tools_key(tools)] = report
         return report
