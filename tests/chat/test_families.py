@@ -361,3 +361,14 @@ def test_a_template_that_drops_tool_results_fails_its_episodes_with_the_reason(b
     result = asyncio.run(arollout(samples, {"default": FactoryEnvironment(Lookup)}, backend, phi, RolloutConfig(max_turns=2)))
     assert [t.error.kind for t in result.trajectories] == ["template_error"] * 3
     assert "drops tool messages" in result.trajectories[0].error.message and backend.calls == 0
+
+
+def test_call_ids_are_deterministic_and_in_the_form_the_family_accepts():
+    from rollforge.chat.families import get_family
+
+    mistral = get_family("mistral")
+    ids = {mistral.call_id(episode, turn, k) for episode in range(20) for turn in range(5) for k in range(3)}
+    assert len(ids) == 300 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)
+    assert mistral.call_id(3, 1, 0) == mistral.call_id(3, 1, 0) != mistral.call_id(3, 1, 1)
+    assert get_family("qwen2_5").call_id(3, 1, 0) == "call_3_1_0"
+    assert get_family("harmony") is get_family("gpt_oss") and get_family("deepseek_r1") is get_family("deepseek")
