@@ -257,10 +257,10 @@ class Trajectory:
             "messages": [m.to_json() for m in self.messages],
             "token_ids": list(self.token_ids),
             "loss_mask": list(self.loss_mask),
-            "logprobs": list(self.logprobs),
+            "logprobs": [_json_float(lp) for lp in self.logprobs],
             "prompt_length": self.prompt_length,
-            "rewards": list(self.rewards),
-            "total_reward": self.total_reward,
+            "rewards": [_json_float(r) for r in self.rewards],
+            "total_reward": _json_float(self.total_reward),
             "turns": self.turns,
             "terminated": self.terminated,
             "truncated": self.truncated,
@@ -269,8 +269,8 @@ class Trajectory:
             "failures": [f.to_json() for f in self.failures],
             "metadata": _jsonable(self.metadata),
             "tools": _jsonable(self.tools),
-            "generation_seconds": self.generation_seconds,
-            "environment_seconds": self.environment_seconds,
+            "generation_seconds": _json_float(self.generation_seconds),
+            "environment_seconds": _json_float(self.environment_seconds),
         }
 
 
@@ -279,8 +279,21 @@ def _mask_matches_logprobs(mask: tuple[int, ...], logprobs: tuple[float | None, 
     return set(mask) <= {0, 1} and [bit == 1 for bit in mask] == [lp is not None for lp in logprobs]
 
 
+def _json_float(value: float | None) -> float | str | None:
+    """Strict JSON has no NaN or infinities: those are written as the strings ``"NaN"``,
+    ``"Infinity"`` and ``"-Infinity"``, which ``float()`` reads back (``null`` would be ambiguous:
+    a null logprob marks a token the policy did not generate)."""
+    if value is None or math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+
+
 def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool)):
+    """``value`` as strict JSON data: mappings and sequences recursively, non-finite floats as
+    ``_json_float`` writes them, anything else that JSON cannot hold as its ``repr``."""
+    if isinstance(value, float):
+        return _json_float(value)
+    if value is None or isinstance(value, (str, int, bool)):
         return value
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
