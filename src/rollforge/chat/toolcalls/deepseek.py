@@ -59,7 +59,7 @@ class DeepSeekParser:
         problem = valid_name(name, word=True)
         if problem is not None:
             return broken(f"the tool name in {CALL_BEGIN} {problem}")
-        payload = text[args_at:stop].strip()
+        payload = text[args_at:stop].lstrip()
         if payload.startswith(_FENCE_OPEN):
             payload = payload[len(_FENCE_OPEN):]
         try:
@@ -67,8 +67,8 @@ class DeepSeekParser:
         except BadJSON as exc:
             return broken(f"invalid JSON in the arguments of tool call {name}: {exc}", name)
         rest = payload[end:].strip()
-        if rest.startswith(_FENCE):
-            rest = rest[len(_FENCE):]
+        fence = next((k for k in range(len(_FENCE), 0, -1) if rest.startswith(_FENCE[:k])), 0)
+        rest = rest[fence:]  # the closing fence, or what a cut generation left of it
         if not only_trailing_special(rest, 0, CALL_END):
             return broken(f"tool call {name}: text follows its JSON arguments before {CALL_END}", name)
         arguments = arguments_object(data, "arguments", name)
