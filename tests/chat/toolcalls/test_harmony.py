@@ -58,6 +58,7 @@ def test_other_recipients_pass_through_as_unknown_tools(parser):
 
 def test_cut_generations(parser):
     assert parser.parse(REPLY.removesuffix("<|call|>") + "<|ca") == (ToolCall("get_weather", {"city": "Paris"}),)
+    assert parser.parse("Set the width to=5 and go.") == ()  # prose, not a header
     cut = "<|channel|>commentary to=functions.get_weather <|constrain|>json"
     assert parser.parse(cut) == (
         ToolCall("get_weather", {}, error="tool call get_weather: the reply ends before <|message|> and the arguments"),

@@ -61,7 +61,7 @@ class HarmonyParser:
             header = stop if closer == START else stop + len(closer)
             at = scan.find(MESSAGE, header)
         cut = _RECIPIENT.search(text, header)
-        if cut is not None:
+        if cut is not None and "<|" in text[header:cut.start()]:  # a header, not prose saying "to="
             name = _tool_name(cut.group(1))
             calls.append(broken(f"tool call {name}: the reply ends before {MESSAGE} and the arguments", name))
         return tuple(calls)
