@@ -7,6 +7,7 @@ carrying the tool name where the format makes it readable.
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -96,3 +97,23 @@ def test_parsing_is_linear_in_the_reply(name):
         worst = max(worst, time.perf_counter() - started)
     # a complexity guard, not a benchmark: quadratic parsing takes tens of seconds here
     assert worst < 1.0, f"{name} took {worst:.2f}s on a 200 KB reply"
+
+
+#: Pieces of every family's markup and of JSON, hostile values and stray characters.
+FRAGMENTS = (
+    *ADVERSARIAL_UNITS, "</tool_call>", "</function>", "</parameter>", "[ARGS]", "[CALL_ID]", "</s>",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "```json\n", "```", "<|channel|>", "commentary",
+    "<|constrain|>json", "<|call|>", "<|end|>", "<|return|>", "<|python_tag|>", '"name": "move"', '"arguments": ',
+    '"parameters": ', "}", "]", ",", ":", "NaN", "-Infinity", "1e999", "9" * 4400, "\\ud800", "\ud800", "null", "true",
+    '"\\u0000"', "\n", "move", "é", "𝔘", "\x00",
+)
+
+
+@pytest.mark.parametrize("name", PARSER_NAMES)
+def test_random_markup_never_raises(name):
+    parser, rng = get_parser(name), random.Random(name)
+    for _ in range(3000):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 12)))
+        for call in parser.parse(text):
+            assert isinstance(call.name, str) and isinstance(call.arguments, dict)
+            assert call.error is None or call.arguments == {}
