@@ -7,9 +7,12 @@ import json
 import random
 from collections import Counter
 
+import pytest
+
 from rollforge.bench.fuzz import FAMILIES, make_case, run
 from rollforge.chat.toolcalls import get_parser
 from rollforge.cli.main import main
+from rollforge.errors import ConfigError
 
 
 def test_every_fuzzed_reply_parses_as_the_fuzzer_expects():
@@ -54,3 +57,8 @@ def test_same_seed_same_cases():
         return [make_case(family, rng) for family in FAMILIES for _ in range(20)]
 
     assert cases(1) == cases(1) and cases(1) != cases(2)
+
+
+def test_too_few_calls_is_a_clear_error():
+    with pytest.raises(ConfigError, match=r"--calls must be an integer of at least 6 \(one per family\), got 0"):
+        run(calls=0)

@@ -29,12 +29,13 @@ import random
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..backends.scripted import ScriptedBackend
 from ..chat.render import ChatRenderer, token_fidelity_gap
 from ..envs.factory import FactoryEnvironment
+from ..errors import ConfigError
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..types import Sample
@@ -195,36 +196,47 @@ def make_case(family: str, rng: random.Random) -> Case:
     return Case(text + close, BAD_ARGUMENTS, mutation)
 
 
+@dataclass
+class _Tally:
+    """What the checks found, over all families."""
+
+    failures: Counter[str] = field(default_factory=Counter)
+    expected_failures: Counter[str] = field(default_factory=Counter)
+    mutations: Counter[str] = field(default_factory=Counter)
+    failed_episodes: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
 def run(calls: int = 100_000, seed: int = 0, turns: int = 8, tokenizer_dir: str | None = None) -> dict[str, Any]:
+    """Fuzz ``calls`` tool calls, split evenly over ``FAMILIES``, ``turns`` per episode."""
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < len(FAMILIES):
+        raise ConfigError(f"--calls must be an integer of at least {len(FAMILIES)} (one per family), got {calls!r}")
     renderer = ChatRenderer(_tokenizer(tokenizer_dir))
     rng = random.Random(seed)
-    totals: Counter[str] = Counter()
-    report: dict[str, Any] = {"failures_by_kind": Counter(), "expected_failures_by_kind": Counter(),
-                              "mutations": Counter(), "failed_episodes": 0, "violations": []}
+    shares: dict[str, int] = {}
+    tally = _Tally()
     wall = 0.0
     for number, family in enumerate(FAMILIES):
-        share = calls // len(FAMILIES) + (1 if number < calls % len(FAMILIES) else 0)
-        cases = [make_case(family, rng) for _ in range(share)]
-        wall += _fuzz_family(family, cases, renderer, turns, report)
-        totals[family] = share
-    violations = report.pop("violations")
+        shares[family] = calls // len(FAMILIES) + (1 if number < calls % len(FAMILIES) else 0)
+        cases = [make_case(family, rng) for _ in range(shares[family])]
+        wall += _fuzz_family(family, cases, renderer, turns, tally)
     return {
         "benchmark": "fuzz",
         "seed": seed,
         "calls": calls,
-        "calls_per_family": dict(totals),
-        "mutations": dict(sorted(report["mutations"].items())),
-        "failures_by_kind": dict(sorted(report["failures_by_kind"].items())),
-        "expected_failures_by_kind": dict(sorted(report["expected_failures_by_kind"].items())),
-        "failed_episodes": report["failed_episodes"],
-        "invariant_violations": len(violations),
-        "violation_examples": violations[:5],
+        "calls_per_family": shares,
+        "mutations": dict(sorted(tally.mutations.items())),
+        "failures_by_kind": dict(sorted(tally.failures.items())),
+        "expected_failures_by_kind": dict(sorted(tally.expected_failures.items())),
+        "failed_episodes": tally.failed_episodes,
+        "invariant_violations": len(tally.violations),
+        "violation_examples": tally.violations[:5],
         "wall_seconds": round(wall, 3),
-        "ms_per_call": round(1000 * wall / max(calls, 1), 4),
+        "ms_per_call": round(1000 * wall / calls, 4),
     }
 
 
-def _fuzz_family(family: str, cases: list[Case], renderer: ChatRenderer, turns: int, report: dict[str, Any]) -> float:
+def _fuzz_family(family: str, cases: list[Case], renderer: ChatRenderer, turns: int, tally: _Tally) -> float:
     """Roll the cases out as episodes of ``turns`` replies each; check them; return the wall time."""
     replies = iter([case.text for case in cases])
     expected = {case.text: case for case in cases}
@@ -238,21 +250,21 @@ def _fuzz_family(family: str, cases: list[Case], renderer: ChatRenderer, turns: 
     result = asyncio.run(arollout(samples, {"walk": FactoryEnvironment(Walker)}, backend, renderer, config))
     wall = time.perf_counter() - started
     for trajectory in result.trajectories:
-        _check(trajectory, family, expected, renderer, report)
+        _check(trajectory, family, expected, renderer, tally)
     return wall
 
 
 _ANSWER = "Done."
 
 
-def _check(trajectory: Any, family: str, expected: dict[str, Case], renderer: ChatRenderer, report: dict[str, Any]) -> None:
-    violations: list[str] = report["violations"]
+def _check(trajectory: Any, family: str, expected: dict[str, Case], renderer: ChatRenderer, tally: _Tally) -> None:
+    violations = tally.violations
     where = f"{family} episode {trajectory.index}"
     if trajectory.error is not None:
-        report["failed_episodes"] += 1
+        tally.failed_episodes += 1
         violations.append(f"{where}: episode failed: {trajectory.error.kind}: {trajectory.error.message[:200]}")
         return
-    report["failures_by_kind"].update(f.kind for f in trajectory.failures)
+    tally.failures.update(f.kind for f in trajectory.failures)
     failures = iter(trajectory.failures)
     messages = trajectory.messages
     for i, message in enumerate(messages):
@@ -264,7 +276,7 @@ def _check(trajectory: Any, family: str, expected: dict[str, Case], renderer: Ch
         if case is None:
             violations.append(f"{where}: a reply came back changed: {message.content[:120]!r}")
             continue
-        report["mutations"][case.mutation] += 1
+        tally.mutations[case.mutation] += 1
         results = [m.role for m in messages[i + 1:i + 3]]
         if results[:1] != ["tool"] or results[1:] == ["tool"]:
             violations.append(f"{where}: {case.mutation} call {case.text[:80]!r} got {results.count('tool')} tool messages")
@@ -274,7 +286,7 @@ def _check(trajectory: Any, family: str, expected: dict[str, Case], renderer: Ch
             failure = next(failures, None)
             outcome = failure.kind if failure is not None else "uncounted error"
         if case.expected is not None:
-            report["expected_failures_by_kind"][case.expected] += 1
+            tally.expected_failures[case.expected] += 1
         if outcome != case.expected:
             violations.append(
                 f"{where}: {case.mutation} call {case.text[:80]!r}: expected {case.expected}, got {outcome} "
