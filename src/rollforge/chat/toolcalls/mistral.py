@@ -1,7 +1,10 @@
 """Mistral ``[TOOL_CALLS]``: the text form of what ``mistral-common`` encodes.
 
-Two forms, both read (the split is the one ``mistral_common.experimental.tools`` applies to
-token ids; ``parse`` gets text, so it applies it to the text):
+``mistral-common`` (1.13) encodes tool calls; it decodes them only from token ids, in private
+experimental functions (``mistral_common.experimental.tools._decode_tool_calls``) that raise on
+malformed output and need the model's Mistral tokenizer. ``parse`` gets text and must never raise,
+so it applies the same rules to the text; the tests check it against what mistral-common's v3 and
+v11 instruct tokenizers encode. Two forms, both read:
 
 - tokenizer v2-v7 (Mistral 7B v0.3, Nemo, Large 2): ``[TOOL_CALLS] [{"name": ..., "arguments":
   {...}, "id": "a1b2c3d4e"}, ...]`` -- one JSON list (a single object is accepted too);
