@@ -117,3 +117,5 @@ def test_random_markup_never_raises(name):
         for call in parser.parse(text):
             assert isinstance(call.name, str) and isinstance(call.arguments, dict)
             assert call.error is None or call.arguments == {}
+            # names and error messages go back to the model: no lone surrogate may reach the tokenizer
+            call.name.encode("utf-8"), (call.error or "").encode("utf-8")

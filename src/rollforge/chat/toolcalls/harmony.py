@@ -63,7 +63,9 @@ class HarmonyParser:
         cut = _RECIPIENT.search(text, header)
         if cut is not None and "<|" in text[header:cut.start()]:  # a header, not prose saying "to="
             name = _tool_name(cut.group(1))
-            calls.append(broken(f"tool call {name}: the reply ends before {MESSAGE} and the arguments", name))
+            if valid_name(name, word=True) is not None:
+                name = ""
+            calls.append(broken(f"tool call {name or '(unnamed)'}: the reply ends before {MESSAGE} and the arguments", name))
         return tuple(calls)
 
     def _call(self, recipient: str, text: str, body: int, stop: int, closer: str) -> ToolCall:

@@ -20,6 +20,7 @@ the tool messages supplies one. Text before the first ``[TOOL_CALLS]`` is the me
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Mapping, Sequence
 
@@ -81,7 +82,7 @@ class MistralParser:
 
     def _checked_id(self, call: ToolCall) -> ToolCall:
         if call.error is None and call.id is not None and not _ID.fullmatch(call.id):
-            shown = dumps(call.id[:40])
+            shown = json.dumps(call.id[:40])  # ASCII: the id is model output
             return broken(f"tool call {call.name}: id {shown} must be 9 letters and digits", call.name)
         return call
 
