@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from rollforge.chat.toolcalls import PARSER_NAMES, get_parser
+from rollforge.chat.toolcalls import PARSER_NAMES, _decode, get_parser
+from rollforge.types import ToolCall
 
 #: One call of tool ``move`` with ``@ARGS@`` as its JSON arguments, per family.
 CALL = {
@@ -86,17 +87,28 @@ ADVERSARIAL_UNITS = (
 )
 
 
-@pytest.mark.parametrize("name", PARSER_NAMES)
-def test_parsing_is_linear_in_the_reply(name):
-    parser = get_parser(name)
-    worst = 0.0
+def _worst_seconds(name: str) -> float:
+    parser, worst = get_parser(name), 0.0
     for unit in ADVERSARIAL_UNITS:
         text = unit * (200_000 // len(unit))
         started = time.perf_counter()
         parser.parse(text)
         worst = max(worst, time.perf_counter() - started)
-    # a complexity guard, not a benchmark: quadratic parsing takes tens of seconds here
-    assert worst < 1.0, f"{name} took {worst:.2f}s on a 200 KB reply"
+    return worst
+
+
+@pytest.mark.parametrize("name", PARSER_NAMES)
+def test_parsing_is_linear_in_the_reply(name):
+    # a complexity guard, not a benchmark: quadratic parsing takes tens of seconds here (the old
+    # Hermes regex took 10-30 s on 110 KB of "<tool_call>"); linear parsing takes milliseconds
+    assert _worst_seconds(name) < 1.0, f"{name} is too slow on a 200 KB reply"
+
+
+@pytest.mark.parametrize("name", PARSER_NAMES)
+def test_parsing_without_the_call_cap_is_linear_too(name, monkeypatch):
+    """The same replies with every call read (thousands of error calls): still linear."""
+    monkeypatch.setattr(_decode, "MAX_CALLS", 10**9)
+    assert _worst_seconds(name) < 3.0, f"{name} is too slow on a 200 KB reply"
 
 
 #: Pieces of every family's markup and of JSON, hostile values and stray characters.
@@ -119,3 +131,24 @@ def test_random_markup_never_raises(name):
             assert call.error is None or call.arguments == {}
             # names and error messages go back to the model: no lone surrogate may reach the tokenizer
             call.name.encode("utf-8"), (call.error or "").encode("utf-8")
+
+
+MANY = {
+    "hermes": '<tool_call>{"name": "look", "arguments": {}}</tool_call>',
+    "llama3_json": None,  # one call per reply by design
+    "mistral": "[TOOL_CALLS]look[ARGS]{}",
+    "qwen3_coder": "<tool_call>\n<function=look>\n</function>\n</tool_call>",
+    "deepseek": "<｜tool▁call▁begin｜>look<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+    "harmony": "<|start|>assistant<|channel|>commentary to=functions.look<|message|>{}<|call|>",
+}
+
+
+@pytest.mark.parametrize("family", [f for f, call in MANY.items() if call])
+def test_at_most_128_calls_are_read_from_one_reply(family):
+    parser = get_parser(family)
+    assert parser.parse(MANY[family] * 128) == (ToolCall("look", {}),) * 128
+    calls = parser.parse(MANY[family] * 5000)
+    assert calls[:128] == (ToolCall("look", {}),) * 128
+    assert calls[128:] == (ToolCall("", {}, error="more than 128 tool calls in one reply; the rest were not read"),)
+    json_list = "[TOOL_CALLS] [" + ", ".join(['{"name": "look", "arguments": {}}'] * 300) + "]"
+    assert len(get_parser("mistral").parse(json_list)) == 129

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, only_trailing_special, valid_name
+from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
 from ._prompt import DONE, dumps, example_arguments, tool_functions, tool_list
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -36,7 +36,7 @@ class DeepSeekParser:
         if start == -1:
             return (broken(f"{CALLS_BEGIN} is not followed by {CALL_BEGIN}"),) if CALLS_BEGIN in text else ()
         calls: list[ToolCall] = []
-        while start != -1:
+        while start != -1 and not full(calls):
             body = start + len(CALL_BEGIN)
             end, closer = scan.first((CALL_END, CALL_BEGIN), body)
             stop = len(text) if end == -1 else end

@@ -26,7 +26,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, only_trailing_special, valid_name
+from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
 from ._prompt import DONE, dumps, example_arguments, parameters_of, tool_functions
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
@@ -55,6 +55,8 @@ class HarmonyParser:
             stop = len(text) if end == -1 else end
             recipient = _RECIPIENT.search(text, header, at)
             if recipient is not None:
+                if full(calls):
+                    return tuple(calls)
                 calls.append(self._call(recipient.group(1), text, body, stop, closer))
             if end == -1:
                 return tuple(calls)

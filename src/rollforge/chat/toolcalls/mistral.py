@@ -25,7 +25,9 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, arguments_object, broken, call_from_object, decode_prefix, salvage_name, valid_name
+from ._decode import (
+    MAX_CALLS, BadJSON, arguments_object, broken, call_from_object, decode_prefix, full, salvage_name, valid_name,
+)
 from ._prompt import DONE, dumps, example_arguments, tool_functions
 
 _ID = re.compile(r"[A-Za-z0-9]{9}")
@@ -44,10 +46,10 @@ class MistralParser:
         calls: list[ToolCall] = []
         for chunk in text.split(self.TOOL_CALLS)[1:]:
             body = chunk.lstrip()
-            if body.startswith(("[", "{")):
-                calls.extend(self._json_form(body))
-            else:
-                calls.append(self._named_form(chunk))
+            for call in self._json_form(body) if body.startswith(("[", "{")) else [self._named_form(chunk)]:
+                if full(calls):
+                    return tuple(calls)
+                calls.append(call)
         return tuple(calls)
 
     def _json_form(self, body: str) -> list[ToolCall]:
@@ -58,7 +60,7 @@ class MistralParser:
         items = data if isinstance(data, list) else [data]
         if not items:
             return [broken(f"{self.TOOL_CALLS} is followed by an empty list")]
-        return [self._checked_id(call_from_object(item)) for item in items]
+        return [self._checked_id(call_from_object(item)) for item in items[:MAX_CALLS + 1]]
 
     def _named_form(self, chunk: str) -> ToolCall:
         args_at = chunk.find(self.ARGS)
