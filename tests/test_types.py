@@ -25,6 +25,26 @@ def test_a_valid_trajectory_serialises_every_documented_field():
     assert repr(make()) == "Trajectory(index=3, task_name='t', turns=2, tokens=4, total_reward=0.75, terminated)"
 
 
+def test_trajectory_json_is_strict_without_nan_or_infinity():
+    def refuse(constant):
+        raise ValueError(f"bare {constant} in trajectory JSON")
+
+    trajectory = make(
+        logprobs=(None, None, float("-inf"), -0.2),
+        rewards=(float("inf"), 0.25),
+        total_reward=float("inf"),
+        metadata={"score": float("nan"), "bounds": [float("-inf"), 1.5], "nested": ({"x": float("inf")},)},
+        generation_seconds=float("nan"),
+    )
+    line = json.dumps(trajectory.to_json())
+    record = json.loads(line, parse_constant=refuse)
+    assert record["logprobs"] == [None, None, "-Infinity", -0.2]
+    assert record["rewards"] == ["Infinity", 0.25] and record["total_reward"] == "Infinity"
+    assert record["metadata"] == {"score": "NaN", "bounds": ["-Infinity", 1.5], "nested": [{"x": "Infinity"}]}
+    assert record["generation_seconds"] == "NaN" and record["environment_seconds"] == 0.0
+    assert float(record["logprobs"][2]) == float("-inf")  # the strings read back with float()
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -88,3 +108,9 @@ def test_a_trajectory_reads_back_from_its_json_segments_and_images_included():
 def test_segments_must_lay_end_to_end_into_the_ids():
     with pytest.raises(InvariantError, match="segments laid end to end"):
         make(segments=(Segment((1, 2), (0, 0), (None, None), 2, 1), Segment((3,), (1,), (-0.1,), 0, 2)))
+
+
+def test_non_finite_numbers_read_back_from_strict_json():
+    t = make(logprobs=(None, None, float("-inf"), -0.2))
+    record = json.loads(json.dumps(t.to_json(), allow_nan=False))
+    assert record["logprobs"][2] == "-Infinity" and Trajectory.from_json(record) == t

@@ -253,7 +253,8 @@ class Segment:
 
     def to_json(self) -> dict[str, Any]:
         return {"token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
-                "logprobs": list(self.logprobs), "prompt_length": self.prompt_length, "messages": self.messages}
+                "logprobs": [_json_float(lp) for lp in self.logprobs], "prompt_length": self.prompt_length,
+                "messages": self.messages}
 
 
 @dataclass(frozen=True, repr=False)
@@ -350,10 +351,10 @@ class Trajectory:
             "messages": [m.to_json() for m in self.messages],
             "token_ids": list(self.token_ids),
             "loss_mask": list(self.loss_mask),
-            "logprobs": list(self.logprobs),
+            "logprobs": [_json_float(lp) for lp in self.logprobs],
             "prompt_length": self.prompt_length,
-            "rewards": list(self.rewards),
-            "total_reward": self.total_reward,
+            "rewards": [_json_float(r) for r in self.rewards],
+            "total_reward": _json_float(self.total_reward),
             "turns": self.turns,
             "terminated": self.terminated,
             "truncated": self.truncated,
@@ -362,8 +363,8 @@ class Trajectory:
             "failures": [f.to_json() for f in self.failures],
             "metadata": _jsonable(self.metadata),
             "tools": _jsonable(self.tools),
-            "generation_seconds": self.generation_seconds,
-            "environment_seconds": self.environment_seconds,
+            "generation_seconds": _json_float(self.generation_seconds),
+            "environment_seconds": _json_float(self.environment_seconds),
             **({"segments": [s.to_json() for s in self.segments]} if len(self.segments) > 1 else {}),
         }
 
@@ -375,21 +376,24 @@ class Trajectory:
         def failure(value: Any) -> Failure | None:
             return Failure(value["kind"], value["message"]) if value else None
 
+        def floats(values: Any) -> tuple:  # "NaN" / "Infinity" as _json_float writes them
+            return tuple(float(v) if isinstance(v, str) else v for v in values)
+
         segments = tuple(
-            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), tuple(s["logprobs"]), s["prompt_length"], s["messages"])
+            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), floats(s["logprobs"]), s["prompt_length"], s["messages"])
             for s in record.get("segments") or ()
         )
         return cls(
             index=record["index"], task_name=record["task_name"],
             messages=tuple(Message.from_json(m) for m in record["messages"]),
             token_ids=tuple(record["token_ids"]), loss_mask=tuple(record["loss_mask"]),
-            logprobs=tuple(record["logprobs"]), prompt_length=record["prompt_length"],
-            rewards=tuple(record["rewards"]), total_reward=record["total_reward"], turns=record["turns"],
+            logprobs=floats(record["logprobs"]), prompt_length=record["prompt_length"],
+            rewards=floats(record["rewards"]), total_reward=floats([record["total_reward"]])[0], turns=record["turns"],
             terminated=record["terminated"], truncated=record["truncated"],
             max_turns_reached=record["max_turns_reached"], error=failure(record.get("error")),
             failures=tuple(failure(f) for f in record.get("failures") or ()), metadata=record.get("metadata"),
-            tools=tuple(record.get("tools") or ()), generation_seconds=record.get("generation_seconds", 0.0),
-            environment_seconds=record.get("environment_seconds", 0.0), segments=segments,
+            tools=tuple(record.get("tools") or ()), generation_seconds=floats([record.get("generation_seconds", 0.0)])[0],
+            environment_seconds=floats([record.get("environment_seconds", 0.0)])[0], segments=segments,
         )
 
 
@@ -398,8 +402,21 @@ def _mask_matches_logprobs(mask: tuple[int, ...], logprobs: tuple[float | None, 
     return set(mask) <= {0, 1} and [bit == 1 for bit in mask] == [lp is not None for lp in logprobs]
 
 
+def _json_float(value: float | None) -> float | str | None:
+    """Strict JSON has no NaN or infinities: those are written as the strings ``"NaN"``,
+    ``"Infinity"`` and ``"-Infinity"``, which ``float()`` reads back (``null`` would be ambiguous:
+    a null logprob marks a token the policy did not generate)."""
+    if value is None or math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+
+
 def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool)):
+    """``value`` as strict JSON data: mappings and sequences recursively, non-finite floats as
+    ``_json_float`` writes them, anything else that JSON cannot hold as its ``repr``."""
+    if isinstance(value, float):
+        return _json_float(value)
+    if value is None or isinstance(value, (str, int, bool)):
         return value
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}

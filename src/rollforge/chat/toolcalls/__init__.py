@@ -7,8 +7,9 @@ whatever it holds: a call it cannot read becomes a ``ToolCall(name=..., argument
 (with the tool name whenever it is readable) that the environment reports back to the model as a
 counted failure. JSON is decoded strictly (``_decode.py``): ``NaN``/``Infinity``, numbers that
 overflow a double, integers past Python's digit limit, nesting deeper than 64 levels and lone
-surrogates are errors, never exceptions. Parsers are stateless and cheap; ``get_parser(name)``
-returns one by family name. Each parser's ``markers`` lists the text that signals a call attempt.
+surrogates are errors, never exceptions. At most 128 calls are read from one reply (the rest
+become one error call). Parsers are stateless and cheap; ``get_parser(name)`` returns one by
+family name. Each parser's ``markers`` lists the text that signals a call attempt.
 
 Each parser also writes the fallback system prompt for chat templates that ignore ``tools=``
 (SmolLM2's ChatML does): the tools, the exact call format with an example, and the instruction to

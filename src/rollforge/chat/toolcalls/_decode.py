@@ -26,8 +26,12 @@ from ...types import ToolCall
 
 #: Deepest nesting of objects and arrays accepted in tool arguments (real calls use a handful).
 MAX_DEPTH = 64
+#: Most calls read from one reply; the rest become one error call. Real replies hold a few; a reply
+#: with thousands of call markers would otherwise cost thousands of tool runs and tool messages.
+MAX_CALLS = 128
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_NOT_A_WORD = re.compile(r"[\s<>\[\]{}\ud800-\udfff]")
 # Special-token text a decoder may leave after the call (``<|im_end|>``, ``<|eot_id|>``, ``</s>``,
 # DeepSeek's ``<｜end▁of▁sentence｜>``).
 _TRAILING_SPECIAL = re.compile(r"(?:\s|<\|[A-Za-z0-9_]{1,40}\|>|<｜[^｜<>]{1,40}｜>|</s>)*")
@@ -123,6 +127,15 @@ def broken(message: str, name: str = "") -> ToolCall:
     return ToolCall(name=name, arguments={}, error=message)
 
 
+def full(calls: list[ToolCall]) -> bool:
+    """Whether ``calls`` holds ``MAX_CALLS``; if so, the error call saying so is appended once."""
+    if len(calls) < MAX_CALLS:
+        return False
+    if len(calls) == MAX_CALLS:
+        calls.append(broken(f"more than {MAX_CALLS} tool calls in one reply; the rest were not read"))
+    return True
+
+
 def salvage_name(payload: str) -> str:
     """The tool name written in broken JSON, when a ``"name": "..."`` pair is readable."""
     match = _NAME_FIELD.search(payload, 0, 4096)
@@ -134,7 +147,7 @@ def valid_name(name: Any, word: bool = False) -> str | None:
     name by text, not by JSON quotes, so it must also be one word without markup."""
     if not isinstance(name, str) or not name.strip():
         return f"must be a non-empty string, got {json.dumps(name)[:80]}"
-    if word and (len(name) > 256 or any(c.isspace() or c in "<>[]{}" for c in name) or _SURROGATE.search(name)):
+    if word and (len(name) > 256 or _NOT_A_WORD.search(name)):
         shown = json.dumps(name[:80])
         return f"must be one word without spaces or markup, got {shown}{'...' if len(name) > 80 else ''}"
     return None

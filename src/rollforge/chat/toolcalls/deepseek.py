@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, only_trailing_special, valid_name
+from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
 from ._prompt import DONE, dumps, example_arguments, tool_functions, tool_list
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -36,7 +36,7 @@ class DeepSeekParser:
         if start == -1:
             return (broken(f"{CALLS_BEGIN} is not followed by {CALL_BEGIN}"),) if CALLS_BEGIN in text else ()
         calls: list[ToolCall] = []
-        while start != -1:
+        while start != -1 and not full(calls):
             body = start + len(CALL_BEGIN)
             end, closer = scan.first((CALL_END, CALL_BEGIN), body)
             stop = len(text) if end == -1 else end
@@ -59,7 +59,7 @@ class DeepSeekParser:
         problem = valid_name(name, word=True)
         if problem is not None:
             return broken(f"the tool name in {CALL_BEGIN} {problem}")
-        payload = text[args_at:stop].strip()
+        payload = text[args_at:stop].lstrip()
         if payload.startswith(_FENCE_OPEN):
             payload = payload[len(_FENCE_OPEN):]
         try:
@@ -67,8 +67,8 @@ class DeepSeekParser:
         except BadJSON as exc:
             return broken(f"invalid JSON in the arguments of tool call {name}: {exc}", name)
         rest = payload[end:].strip()
-        if rest.startswith(_FENCE):
-            rest = rest[len(_FENCE):]
+        fence = next((k for k in range(len(_FENCE), 0, -1) if rest.startswith(_FENCE[:k])), 0)
+        rest = rest[fence:]  # the closing fence, or what a cut generation left of it
         if not only_trailing_special(rest, 0, CALL_END):
             return broken(f"tool call {name}: text follows its JSON arguments before {CALL_END}", name)
         arguments = arguments_object(data, "arguments", name)

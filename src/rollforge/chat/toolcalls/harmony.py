@@ -26,7 +26,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, only_trailing_special, valid_name
+from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
 from ._prompt import DONE, dumps, example_arguments, parameters_of, tool_functions
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
@@ -55,15 +55,19 @@ class HarmonyParser:
             stop = len(text) if end == -1 else end
             recipient = _RECIPIENT.search(text, header, at)
             if recipient is not None:
+                if full(calls):
+                    return tuple(calls)
                 calls.append(self._call(recipient.group(1), text, body, stop, closer))
             if end == -1:
                 return tuple(calls)
             header = stop if closer == START else stop + len(closer)
             at = scan.find(MESSAGE, header)
         cut = _RECIPIENT.search(text, header)
-        if cut is not None:
+        if cut is not None and "<|" in text[header:cut.start()]:  # a header, not prose saying "to="
             name = _tool_name(cut.group(1))
-            calls.append(broken(f"tool call {name}: the reply ends before {MESSAGE} and the arguments", name))
+            if valid_name(name, word=True) is not None:
+                name = ""
+            calls.append(broken(f"tool call {name or '(unnamed)'}: the reply ends before {MESSAGE} and the arguments", name))
         return tuple(calls)
 
     def _call(self, recipient: str, text: str, body: int, stop: int, closer: str) -> ToolCall:

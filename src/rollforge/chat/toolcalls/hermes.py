@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, broken, call_from_object, decode_prefix, loads, only_trailing_special, salvage_name
+from ._decode import BadJSON, broken, call_from_object, decode_prefix, full, loads, only_trailing_special, salvage_name
 from ._prompt import DONE, dumps, example_arguments, tool_functions, tool_list
 
 
@@ -26,7 +26,7 @@ class HermesParser:
     def parse(self, text: str) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
         start = text.find(self.OPEN)
-        while start != -1:
+        while start != -1 and not full(calls):
             body = start + len(self.OPEN)
             end = text.find(self.CLOSE, body)
             if end == -1:  # no closing tag anywhere after: this is the last call

@@ -1,7 +1,10 @@
 """Mistral ``[TOOL_CALLS]``: the text form of what ``mistral-common`` encodes.
 
-Two forms, both read (the split is the one ``mistral_common.experimental.tools`` applies to
-token ids; ``parse`` gets text, so it applies it to the text):
+``mistral-common`` (1.13) encodes tool calls; it decodes them only from token ids, in private
+experimental functions (``mistral_common.experimental.tools._decode_tool_calls``) that raise on
+malformed output and need the model's Mistral tokenizer. ``parse`` gets text and must never raise,
+so it applies the same rules to the text; the tests check it against what mistral-common's v3 and
+v11 instruct tokenizers encode. Two forms, both read:
 
 - tokenizer v2-v7 (Mistral 7B v0.3, Nemo, Large 2): ``[TOOL_CALLS] [{"name": ..., "arguments":
   {...}, "id": "a1b2c3d4e"}, ...]`` -- one JSON list (a single object is accepted too);
@@ -17,11 +20,14 @@ the tool messages supplies one. Text before the first ``[TOOL_CALLS]`` is the me
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, arguments_object, broken, call_from_object, decode_prefix, salvage_name, valid_name
+from ._decode import (
+    MAX_CALLS, BadJSON, arguments_object, broken, call_from_object, decode_prefix, full, salvage_name, valid_name,
+)
 from ._prompt import DONE, dumps, example_arguments, tool_functions
 
 _ID = re.compile(r"[A-Za-z0-9]{9}")
@@ -40,10 +46,10 @@ class MistralParser:
         calls: list[ToolCall] = []
         for chunk in text.split(self.TOOL_CALLS)[1:]:
             body = chunk.lstrip()
-            if body.startswith(("[", "{")):
-                calls.extend(self._json_form(body))
-            else:
-                calls.append(self._named_form(chunk))
+            for call in self._json_form(body) if body.startswith(("[", "{")) else [self._named_form(chunk)]:
+                if full(calls):
+                    return tuple(calls)
+                calls.append(call)
         return tuple(calls)
 
     def _json_form(self, body: str) -> list[ToolCall]:
@@ -54,7 +60,7 @@ class MistralParser:
         items = data if isinstance(data, list) else [data]
         if not items:
             return [broken(f"{self.TOOL_CALLS} is followed by an empty list")]
-        return [self._checked_id(call_from_object(item)) for item in items]
+        return [self._checked_id(call_from_object(item)) for item in items[:MAX_CALLS + 1]]
 
     def _named_form(self, chunk: str) -> ToolCall:
         args_at = chunk.find(self.ARGS)
@@ -78,7 +84,7 @@ class MistralParser:
 
     def _checked_id(self, call: ToolCall) -> ToolCall:
         if call.error is None and call.id is not None and not _ID.fullmatch(call.id):
-            shown = dumps(call.id[:40])
+            shown = json.dumps(call.id[:40])  # ASCII: the id is model output
             return broken(f"tool call {call.name}: id {shown} must be 9 letters and digits", call.name)
         return call
 

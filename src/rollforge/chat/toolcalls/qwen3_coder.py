@@ -22,7 +22,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, broken, loads, valid_name
+from ._decode import BadJSON, Scanner, broken, full, loads, valid_name
 from ._prompt import DONE, example_arguments, parameters_of, tool_functions
 
 _JSON_START = frozenset('{["-0123456789tfn')
@@ -52,7 +52,7 @@ class Qwen3CoderParser:
         start = scan.find(self.OPEN, 0)
         if start == -1:  # functions without the <tool_call> wrapper
             self._block(scan, 0, len(text), calls)
-        while start != -1:
+        while start != -1 and not full(calls):
             body = start + len(self.OPEN)
             end = scan.find(self.CLOSE, body)
             stop = len(text) if end == -1 else end
@@ -67,7 +67,7 @@ class Qwen3CoderParser:
         """Append the calls of the functions in ``text[start:stop]``; whether there was one."""
         found = False
         at = scan.find(self.FUNCTION, start)
-        while at != -1 and at < stop:
+        while at != -1 and at < stop and not full(calls):
             found = True
             name_start = at + len(self.FUNCTION)
             name_end = scan.find(">", name_start)
