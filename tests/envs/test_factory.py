@@ -491,7 +491,7 @@ async def test_finish_rejects_non_numbers():
             return "1.0"
 
     session = await started(Wordy)
-    with pytest.raises(EnvironmentError_, match=r"Wordy.get_reward\(\) must return a number, got '1.0'"):
+    with pytest.raises(EnvironmentError_, match=r"Wordy.get_reward\(\) must return a finite number, got '1.0'"):
         await session.finish()
 
 
