@@ -264,8 +264,9 @@ async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
         raise
     finally:
         state.generation_seconds += time.perf_counter() - started
-    bad = next((i for i in completion.token_ids if not 0 <= i < ctx.vocab_size), None)
-    if bad is not None:
+    ids = completion.token_ids
+    if ids and (min(ids) < 0 or max(ids) >= ctx.vocab_size):  # min/max: C speed on long replies
+        bad = next(i for i in ids if not 0 <= i < ctx.vocab_size)
         raise EpisodeFailed(Failure(
             "backend_error", f"the backend returned token id {bad}, outside the vocabulary of {ctx.vocab_size} tokens",
         ))

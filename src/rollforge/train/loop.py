@@ -32,6 +32,7 @@ import yaml
 from ..chat.render import ChatRenderer
 from ..rollout.engine import arollout
 from ..types import Sample
+from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
 from .advantages import compute_advantages
 from .config import TrainConfig
@@ -126,7 +127,7 @@ async def atrain(
             masks = [e.mask if t.error is None else torch.zeros_like(e.mask) for e, t in zip(episodes, trajectories)]
             weights = aggregation.weights(masks)
             for _ in range(algo.epochs_per_batch):
-                stats = await asyncio.to_thread(
+                stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
                     policy_update, model, optimizer, episodes, advantages.values, weights, loss_fn,
                     micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=tokenizer.pad_token_id,
                     max_grad_norm=config.optim.max_grad_norm, reference=reference, group_size=algo.group_size,
