@@ -110,12 +110,13 @@ class Workers:
                         return
                 continue
             self._execute(job)
-            with self._lock:
-                self._idle += 1
 
     def _execute(self, job: _Job) -> None:
+        """Run one job; the thread counts as idle again before the result is delivered, so the
+        caller's next call reuses it."""
         with self._lock:
             if job.future.cancelled():  # the caller gave up before the call started
+                self._idle += 1
                 return
             job.running = True
         result, error = None, None
@@ -127,6 +128,7 @@ class Workers:
             job.running = False
             if job.abandoned:
                 self._abandoned -= 1
+            self._idle += 1
         try:
             job.loop.call_soon_threadsafe(_deliver, job.future, result, error)
         except RuntimeError:  # the loop is closed: nobody waits for this result
