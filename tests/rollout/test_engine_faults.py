@@ -185,7 +185,7 @@ async def test_a_step_with_a_nan_reward_is_an_environment_error(renderer):
     result = await arollout([Sample(prompt=[{"role": "user", "content": "hi"}])], {"default": NanSteps()},
                             backend(renderer, lambda r: "ok"), renderer)
     (t,) = result.trajectories
-    assert t.error.kind == "env_error" and "reward must be a finite number, got nan" in t.error.message
+    assert t.error.kind == "env_error" and "Step.reward must be a finite number, got float nan" in t.error.message
     assert t.generated_tokens > 0  # the generated reply is kept
 
 

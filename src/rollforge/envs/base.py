@@ -73,7 +73,7 @@ class Step:
     def __post_init__(self) -> None:
         reward = self.reward
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise EnvironmentError_(f"a step's reward must be a finite number, got {reward!r}")
+            raise EnvironmentError_(f"Step.reward must be a finite number, got {type(reward).__name__} {reward!r}")
 
 
 @runtime_checkable
