@@ -94,6 +94,7 @@ async def test_fifty_hung_sync_tools_do_not_stall_fifty_healthy_episodes(rendere
         assert all(t.error is None and t.terminated and t.turns == 2 for t in healthy)
         assert elapsed < config.step_timeout + 1.0, elapsed
         assert ENVIRONMENT_WORKERS.abandoned - abandoned_before == 50
+        assert result.metrics["abandoned_worker_calls"] == ENVIRONMENT_WORKERS.abandoned
         # the stuck threads do not starve the next rollout of the process
         started = time.perf_counter()
         again = await arollout(rows(0, 40), {"default": env}, backend(renderer, probe_then_answer(renderer)),

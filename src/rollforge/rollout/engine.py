@@ -19,7 +19,8 @@ rollout (remote environments connect there and check the server's capacity for r
 Failures inside an episode are recorded on its trajectory; a bug in rollforge (see
 ``errors.boundary``) cancels the other episodes and propagates. ``on_episode`` runs as each episode
 ends; what it raises is logged and counted (``on_episode_errors`` in the metrics), and the rollout
-still completes and returns every trajectory.
+still completes and returns every trajectory. ``abandoned_worker_calls`` counts blocking calls (hung
+sync tools) still running on rollforge's worker threads after their episodes gave up on them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ..errors import ConfigError
 from ..types import Sample, Trajectory
 from .config import RolloutConfig
 from .episode import EpisodeContext, OpenGate, run_episode
+from ..workers import ENVIRONMENT_WORKERS
 from .metrics import rollout_metrics
 
 logger = logging.getLogger(__name__)
@@ -131,6 +133,9 @@ async def arollout(
     trajectories = tuple(t for t in results if t is not None)
     metrics = rollout_metrics(trajectories, time.perf_counter() - started)
     metrics["on_episode_errors"] = callback_errors
+    # calls on rollforge's worker threads still running after their episode gave up (hung sync tools),
+    # in this process now: each holds a thread until it returns
+    metrics["abandoned_worker_calls"] = ENVIRONMENT_WORKERS.abandoned
     return RolloutResult(trajectories, metrics)
 
 
