@@ -114,8 +114,7 @@ def test_a_program_whose_tools_hang_forever_still_exits(tiny_model_dir, tmp_path
     script.write_text(textwrap.dedent(f"""
         import threading, time
         from transformers import AutoTokenizer
-        from rollforge.backends.base import Backend
-from rollforge.backends.scripted import ScriptedBackend
+        from rollforge.backends.scripted import ScriptedBackend
         from rollforge.chat.render import ChatRenderer
         from rollforge.envs.factory import FactoryEnvironment
         from rollforge.rollout.config import RolloutConfig
