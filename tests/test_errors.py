@@ -11,6 +11,7 @@ import rollforge
 from rollforge import errors
 from rollforge.errors import EpisodeFailed, InvariantError, boundary, call_user, is_own_bug
 from rollforge.rollout.metrics import rollout_metrics
+from rollforge.types import Message
 
 
 def raised(function, *args, **kwargs) -> BaseException:
@@ -23,6 +24,10 @@ def raised(function, *args, **kwargs) -> BaseException:
 
 def users_typo():
     return len(5)
+
+
+def users_bad_message():
+    return Message("user", 42)
 
 
 def test_every_exception_class_of_the_package_is_defined_in_errors():
@@ -58,6 +63,8 @@ def test_a_type_error_raised_in_rollforges_code_is_a_bug_one_in_the_users_is_not
     assert not is_own_bug(raised(call_user, users_typo, 1))  # the user's signature refused the arguments
     assert not is_own_bug(raised(call_user, len, 5))  # a builtin the user handed over
     assert is_own_bug(InvariantError("a broken trajectory"))
+    assert is_own_bug(raised(Message, "user", 42))  # rollforge built an invalid message: its bug
+    assert not is_own_bug(raised(users_bad_message))  # the user's code built it: the user's failure
     assert not is_own_bug(ValueError("bad value"))
 
 

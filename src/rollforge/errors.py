@@ -25,17 +25,21 @@ Boundaries. Errors inside an episode never propagate out of the engine: ``bounda
 wraps each call across a boundary — ``backend`` (generation), ``environment`` (reset, step,
 reward, close), ``tool`` and ``reward`` (reward functions) — and turns what the other side raised
 into ``EpisodeFailed`` carrying a ``Failure`` of that boundary's kind. rollforge's own bugs are not
-the other side's failures and propagate instead (``is_own_bug``): an ``InvariantError``, or a
-``TypeError``/``AttributeError``/``NameError`` whose raising frame is rollforge's code. A user's
-environment raising ``TypeError`` in its own code is still ``env_error``, and so is calling the
-user's function with arguments its signature refuses: user code is always called through
-``call_user``, whose frame counts as the user's.
+the other side's failures and propagate instead (``is_own_bug``): an exception of a bug's type
+(``InvariantError`` and other ``AssertionError``s, ``TypeError``, ``AttributeError``, ``NameError``,
+``KeyError``, ``IndexError``) that never passed through code outside rollforge. Classification is
+by the traceback below the frame that caught it: one frame of the user's code (anything outside
+rollforge and the standard library: the user's files, installed packages) makes it the other side's
+failure, so a user's environment raising ``TypeError``, or building an invalid ``Message``, is
+``env_error``. Calling the user's function with arguments its signature refuses is the user's too:
+user code is called through ``call_user``, and a ``TypeError`` raised in that frame is the user's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sysconfig
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
@@ -142,7 +146,9 @@ def require(package: str, extra: str, feature: str):
 BOUNDARY_KINDS = {"backend": "backend_error", "environment": "env_error", "tool": "tool_raised", "reward": "reward_error"}
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_BUG_TYPES = (TypeError, AttributeError, NameError)
+_INSTALLED = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("purelib", "platlib")})
+_STDLIB = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
+_BUG_TYPES = (AssertionError, TypeError, AttributeError, NameError, KeyError, IndexError)
 
 
 def call_user(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -152,20 +158,32 @@ def call_user(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
 
 
 def is_own_bug(exc: BaseException) -> bool:
-    """Whether ``exc`` is a bug in rollforge rather than a failure of what it called: an
-    ``InvariantError``, or a ``TypeError``/``AttributeError``/``NameError`` raised by a frame of
-    rollforge's own code (not ``call_user``, where the user's signature refused the arguments)."""
-    if isinstance(exc, InvariantError):
-        return True
-    if not isinstance(exc, _BUG_TYPES) or isinstance(exc, RollforgeError):
+    """Whether ``exc``, caught by rollforge, is a bug in rollforge rather than a failure of the code
+    it called (see the module docstring)."""
+    if not isinstance(exc, _BUG_TYPES) or (isinstance(exc, RollforgeError) and not isinstance(exc, InvariantError)):
         return False
     tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
+    codes = []
+    while tb is not None:
+        codes.append(tb.tb_frame.f_code)
         tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    return code.co_filename.startswith(_PACKAGE_DIR) and code is not call_user.__code__
+    if codes and codes[0] is boundary.__wrapped__.__code__:  # thrown into boundary() by its with-statement
+        codes = codes[1:]
+    below = codes[1:]  # the first frame is the one that caught it
+    if not below:
+        return isinstance(exc, InvariantError)
+    if below[-1] is call_user.__code__:  # the user's signature refused the arguments
+        return False
+    return not any(_foreign(code.co_filename) for code in below)
+
+
+def _foreign(filename: str) -> bool:
+    """Code that is neither rollforge's nor the standard library's: the user's, or a package's."""
+    if filename.startswith(_PACKAGE_DIR):
+        return False
+    if filename.startswith(_INSTALLED) or "site-packages" in filename or "dist-packages" in filename:
+        return True
+    return not (filename.startswith(_STDLIB) or filename.startswith("<"))  # <string>: generated __init__s
 
 
 @contextlib.contextmanager

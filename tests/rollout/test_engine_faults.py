@@ -28,7 +28,7 @@ from rollforge.envs.factory import FactoryEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.rollout.metrics import rollout_metrics
-from rollforge.types import Completion, Sample
+from rollforge.types import Completion, Message, Sample
 from rollforge.workers import ENVIRONMENT_WORKERS
 
 PROBE = '<tool_call>\n{"name": "probe", "arguments": {}}\n</tool_call>'
@@ -274,6 +274,26 @@ async def test_a_hung_backend_request_is_bounded_by_the_request_timeout(renderer
     assert t.error.kind == "backend_error" and t.error.message == "generation exceeded the request timeout of 0.3s"
 
 
+class BadMessage(BaseSession):
+    async def reset(self, sample):
+        return Reset(prompt=sample.prompt)
+
+    async def step(self, conversation):
+        return Step(messages=(Message("user", 42),))  # content must be str: rollforge's InvariantError
+
+
+class BadMessages(Environment):
+    def open(self, sample):
+        return BadMessage()
+
+
+async def test_an_invalid_value_built_by_the_users_session_is_an_env_error_not_a_crash(renderer):
+    samples = [Sample(prompt=[{"role": "user", "content": "hi"}])] * 2
+    result = await arollout(samples, {"default": BadMessages()}, backend(renderer, lambda r: "ok"), renderer)
+    assert [t.error.kind for t in result.trajectories] == ["env_error", "env_error"]
+    assert "InvariantError: message content must be str, got int" in result.trajectories[0].error.message
+
+
 class TypoInUserCode:
     def reset(self, **kwargs) -> None:
         return None
@@ -288,10 +308,10 @@ async def test_a_users_type_error_is_an_env_error_but_a_rollforge_bug_propagates
     (t,) = result.trajectories
     assert t.error.kind == "env_error" and "TypeError: object of type 'int' has no len()" in t.error.message
 
-    # a TypeError raised by rollforge's own code inside the environment boundary (rendering a tool
-    # result) is a bug: it is not filed as env_error, it stops the rollout
-    monkeypatch.setattr(factory, "_render_result", lambda result: rollout_metrics(None, 0.0))
+    # an AttributeError raised by rollforge's own code inside the environment boundary (rendering a
+    # tool result) is a bug: it is not filed as env_error, it stops the rollout
+    monkeypatch.setattr(factory, "_render_result", rollout_metrics)  # handed a tool result, not trajectories
     samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}]) for i in range(5)]
-    with pytest.raises(TypeError):
+    with pytest.raises(AttributeError, match="'str' object has no attribute 'turns'"):
         await arollout(samples, {"default": FactoryEnvironment(Answers)},
                        backend(renderer, probe_then_answer(renderer)), renderer)
