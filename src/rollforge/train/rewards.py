@@ -10,7 +10,8 @@ message lists (``{role, content}`` dicts): a completion is exactly the messages 
 prompt the episode rendered (assistant and tool turns; an injected tool system prompt or text that
 ``reset`` added belongs to the prompt). ``environments`` are the per-episode environment objects
 (the TRL-style instance, or None); ``completion_ids`` the token ids after the prompt; every other
-dataset column arrives as a list keyword (``task_name`` and ``trajectories`` too). Sync functions
+dataset column but ``prompt`` and ``completion`` arrives as a list keyword (``task_name`` and
+``trajectories`` too). Sync functions
 run on rollforge's worker threads (``workers.py``) so a slow verifier does not block the event loop.
 A ``RewardFunction`` adds a name and a weight; a plain function is named after itself, weight 1.
 
@@ -106,9 +107,10 @@ async def compute_rewards(
         "trajectories": list(trajectories),
         "completion_ids": [list(t.token_ids[t.prompt_length :]) for t in trajectories],
     }
-    for key in sorted({k for s in samples for k in s.row}):
+    core = {"prompts": prompts, "completions": completions, "environments": [t.environment for t in trajectories]}
+    for key in sorted({k for s in samples for k in s.row} - {"prompt", "completion", *core}):  # as TRL passes them
         columns.setdefault(key, [s.row.get(key) for s in samples])
-    arguments = {"prompts": prompts, "completions": completions, "environments": [t.environment for t in trajectories], **columns}
+    arguments = {**core, **columns}
     positional = [_positional(f, arguments) for f in functions]
     results = await asyncio.gather(*(_call(f, p, arguments, len(samples)) for f, p in zip(functions, positional)))
     totals = [env_weight * t.total_reward for t in trajectories]
