@@ -315,3 +315,24 @@ async def test_a_users_type_error_is_an_env_error_but_a_rollforge_bug_propagates
     with pytest.raises(AttributeError, match="'str' object has no attribute 'turns'"):
         await arollout(samples, {"default": FactoryEnvironment(Answers)},
                        backend(renderer, probe_then_answer(renderer)), renderer)
+
+
+class DuckEnvironment:  # has open() but does not declare the contract's hooks
+    def open(self, sample):
+        return NanStep()
+
+
+async def test_objects_that_are_not_environments_or_backends_are_refused_in_one_line(renderer):
+    from rollforge.errors import ConfigError
+
+    samples = [Sample(prompt=[{"role": "user", "content": "hi"}])]
+    with pytest.raises(ConfigError, match=r"^the environment for task 'default' is a DuckEnvironment, not a rollforge "
+                                          r"Environment; .* subclass rollforge.envs.base.Environment$"):
+        await arollout(samples, {"default": DuckEnvironment()}, backend(renderer, lambda r: "ok"), renderer)
+
+    class DuckBackend:
+        async def generate(self, prompt_ids, params):
+            raise AssertionError("never called")
+
+    with pytest.raises(ConfigError, match=r"^the backend is a DuckBackend, not a rollforge Backend"):
+        await arollout(samples, {"default": NanSteps()}, DuckBackend(), renderer)
