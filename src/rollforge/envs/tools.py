@@ -29,7 +29,7 @@ import json
 import typing
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from ..errors import ArgumentMismatch, ConfigError, ToolArgumentError
 from .argtypes import AnySpec, NullableSpec, TypeSpec, compile_hint, show_value
