@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from typing import Any, Sequence
 
-from rollforge.backends.base import SamplingParams
+from rollforge.backends.base import Backend, SamplingParams
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.types import Completion, Sample, Trajectory
 
@@ -23,7 +23,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RecordingBackend:
+class RecordingBackend(Backend):
     def __init__(self, inner: Any):
         self.inner = inner
         self.calls: list[tuple[tuple[int, ...], Completion]] = []

@@ -39,6 +39,7 @@ FailureKind = Literal[
     "episode_timeout",  # the whole episode exceeded the per-episode timeout
     "backend_error",  # the generation backend failed this episode's request
     "template_error",  # the conversation could not be rendered into tokens
+    "reward_error",  # a reward function raised (never on a trajectory: its values count as None)
 ]
 
 
@@ -282,6 +283,9 @@ class Trajectory:
     tools: tuple[Mapping[str, Any], ...] = ()
     generation_seconds: float = 0.0
     environment_seconds: float = 0.0
+    #: How many of ``messages`` are the prompt the episode rendered (with an injected tool system
+    #: prompt and what ``reset`` added); the rest were generated after it. None: not recorded.
+    prompt_messages: int | None = None
     #: The live environment object of the episode (an ``environment_factory`` instance), kept for
     #: reward functions that take ``environments=``; never serialised.
     environment: Any = field(default=None, compare=False, repr=False)
@@ -353,6 +357,7 @@ class Trajectory:
             "loss_mask": list(self.loss_mask),
             "logprobs": [_json_float(lp) for lp in self.logprobs],
             "prompt_length": self.prompt_length,
+            "prompt_messages": self.prompt_messages,
             "rewards": [_json_float(r) for r in self.rewards],
             "total_reward": _json_float(self.total_reward),
             "turns": self.turns,

@@ -16,7 +16,7 @@ import pytest
 from rollforge.backends.base import Backend, SamplingParams, WeightSync
 from rollforge.backends.openai_compat import OpenAICompatBackend, completion_from_response
 from rollforge.chat.render import ChatRenderer
-from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_tokenizer
 from rollforge.rollout.config import RolloutConfig
@@ -229,7 +229,7 @@ class _Answer(BaseSession):
         return Step(terminated=True, reward=1.0)
 
 
-class _SingleTurn:
+class _SingleTurn(Environment):
     max_sessions = None
 
     def open(self, sample: Sample) -> _Answer:

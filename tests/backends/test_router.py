@@ -15,7 +15,7 @@ from rollforge.backends.base import CURRENT_EPISODE, Backend, SamplingParams, We
 from rollforge.backends.router import RouterBackend
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
-from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.errors import BackendError, ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
@@ -79,7 +79,7 @@ class Session(BaseSession):
         return Step(messages=(Message("user", f"observation {self.turn}"),), reward=0.5, terminated=self.turn == 3)
 
 
-class Env:
+class Env(Environment):
     def open(self, sample):
         return Session()
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from rollforge.bench import scale
+from rollforge.envs.base import Environment
 
 
 def test_scale_reports_memory_and_time_and_wraps_the_environment(tiny_model_dir):
     opened = []
 
-    class Counting:  # what a wrap_environment hook returns: any Environment around the local one
+    class Counting(Environment):  # what a wrap_environment hook returns: any Environment around the local one
         def __init__(self, env):
             self.env = env
 

@@ -17,7 +17,8 @@ from rollforge.backends.router import RouterBackend
 from rollforge.backends.select import open_backend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.cluster.replicas import RayBackendReplica, start_replicas
-from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.backends.base import Backend
+from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
 from rollforge.rollout.config import RolloutConfig
@@ -38,7 +39,7 @@ def renderer(tiny):
     return ChatRenderer(tiny[1])
 
 
-class Recording:
+class Recording(Backend):
     """A replica as it is, plus the prompt of every request sent to it."""
 
     def __init__(self, inner):
@@ -46,6 +47,9 @@ class Recording:
 
     def __getattr__(self, name):  # update_weights, share_weights, dead, name, ...
         return getattr(self.inner, name)
+
+    async def close(self):  # declared on Backend, so not found through __getattr__
+        await self.inner.close()
 
     async def generate(self, prompt_ids, params):
         self.prompts.append(tuple(prompt_ids))
@@ -67,7 +71,7 @@ class Session(BaseSession):
         return Step(messages=(Message("user", f"observation {self.turn}"),), terminated=self.turn == 3)
 
 
-class Env:
+class Env(Environment):
     def __init__(self, delay=0.0):
         self.delay = delay
 

@@ -211,7 +211,7 @@ class SharedState(GoodSession):
 @pytest.mark.parametrize(
     ("session_class", "complaint"),
     [
-        (NonFloatReward, "step 1 (sample 0): Step.reward must be a float, got str '1'"),
+        (NonFloatReward, "step 1 (sample 0) raised EnvironmentError_: Step.reward must be a finite number, got str '1'"),
         (IntReward, "Step.reward must be a float, got int 1"),
         (NanFinish, "finish (sample 0): the final reward must be finite, got nan"),
         (EmptyPrompt, "Reset.prompt must be a non-empty tuple of Message"),

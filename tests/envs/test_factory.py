@@ -428,6 +428,49 @@ async def test_none_result_is_empty_content():
     assert step.messages == (tool_message("", "echo"),)
 
 
+class Structured:
+    def lookup(self, kind: str) -> object:
+        """Return a value of the given kind.
+
+        Args:
+            kind: dict, list, number, flag, unicode, object or text.
+        """
+        return {
+            "dict": {"city": "Paris", "ok": True, "none": None},
+            "list": [1, 2.5, "three"],
+            "number": 42,
+            "flag": False,
+            "unicode": {"name": "Zoë"},
+            "object": {"when": Structured},  # what JSON cannot hold falls back to str
+            "text": "plain text stays as it is",
+        }[kind]
+
+
+async def test_non_string_tool_results_are_rendered_as_json():
+    session = await started(Structured)
+    kinds = ["dict", "list", "number", "flag", "unicode", "object", "text"]
+    step = await session.step(said(*(call("lookup", kind=k) for k in kinds)))
+    assert [m.content for m in step.messages] == [
+        '{"city": "Paris", "ok": true, "none": null}',
+        '[1, 2.5, "three"]',
+        "42",
+        "false",
+        '{"name": "Zoë"}',
+        '{"when": "' + str(Structured) + '"}',
+        "plain text stays as it is",
+    ]
+
+
+async def test_sync_tools_run_on_rollforges_own_worker_threads():
+    class Where:
+        def thread(self) -> str:
+            """Name the thread."""
+            return threading.current_thread().name
+
+    step = await (await started(Where)).step(said(call("thread")))
+    assert step.messages[0].content.startswith("rollforge-env-")
+
+
 async def test_images_from_tools_go_to_message_images():
     session = await started(Camera)
     step = await session.step(said(call("snapshot"), call("annotated")))
@@ -491,7 +534,7 @@ async def test_finish_rejects_non_numbers():
             return "1.0"
 
     session = await started(Wordy)
-    with pytest.raises(EnvironmentError_, match=r"Wordy.get_reward\(\) must return a number, got '1.0'"):
+    with pytest.raises(EnvironmentError_, match=r"Wordy.get_reward\(\) must return a finite number, got '1.0'"):
         await session.finish()
 
 

@@ -7,10 +7,9 @@ from typing import Any, Literal, Optional
 
 import pytest
 
-from rollforge.errors import ConfigError
+from rollforge.errors import ConfigError, ToolArgumentError
 from rollforge.envs.tools import (
     Tool,
-    ToolArgumentError,
     discover_tools,
     parse_docstring,
     tool_from_callable,

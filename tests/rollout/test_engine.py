@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
-from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
@@ -41,7 +41,7 @@ class Scripted(BaseSession):
         return await self.behave(self.turn, conversation)
 
 
-class Env:
+class Env(Environment):
     def __init__(self, behave, max_sessions=None):
         self.behave, self.max_sessions = behave, max_sessions
 

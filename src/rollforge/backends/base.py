@@ -12,10 +12,16 @@ trainer can use them as the behaviour policy.
 Stop conditions: generation ends at the first token in ``stop_token_ids`` (kept in the output), at
 the first token whose text completes one of the ``stop`` strings (kept in the output, token-exact:
 nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason ``length``).
+
+``Backend`` is a base class: everything the engine and the trainer may ask of a backend is declared
+on it with a default (``accepts_images``, ``shares_model``, ``invalidate_cache``, ``close``,
+``syncs_weights``); only ``generate`` must be written. Weight sync stays a separate optional
+protocol (``WeightSync``); ``syncs_weights`` says whether a backend implements it.
 """
 
 from __future__ import annotations
 
+import abc
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
@@ -57,23 +63,37 @@ class SamplingParams:
         return self.temperature == 0
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """A generation backend. ``generate`` is called concurrently by many episodes.
+class Backend(abc.ABC):
+    """A generation backend. ``generate`` is called concurrently by many episodes."""
 
-    Images: a backend for a vision-language model sets the class attribute ``accepts_images =
-    True`` and takes ``generate(prompt_ids, params, images=...)``, the conversation's images so far
-    in order (``Message.images``: PIL images or encoded bytes). Backends without the attribute are
-    text-only: the engine refuses environments that declare ``produces_images`` with them before
-    the rollout starts, and fails an episode that gets an image anyway."""
+    #: A backend for a vision-language model sets ``accepts_images = True`` and takes
+    #: ``generate(prompt_ids, params, images=...)``, the conversation's images so far in order
+    #: (``Message.images``: PIL images or encoded bytes). Text-only backends (the default): the
+    #: engine refuses environments that declare ``produces_images`` before the rollout starts, and
+    #: fails an episode that gets an image anyway.
+    accepts_images: bool = False
 
+    @abc.abstractmethod
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Continue ``prompt_ids``; raise ``BackendError`` when the request fails."""
-        ...
 
     async def close(self) -> None:
         """Release engines, threads and connections. Idempotent."""
-        ...
+        return None
+
+    def shares_model(self, model: Any) -> bool:
+        """Whether this backend generates with ``model`` itself (the trainer's object), so that
+        an optimizer step needs no weight sync, only ``invalidate_cache()``."""
+        return False
+
+    def invalidate_cache(self) -> None:
+        """The shared model's weights changed in place: forget what was computed with the old ones."""
+        return None
+
+    @property
+    def syncs_weights(self) -> bool:
+        """Whether this backend implements the ``WeightSync`` protocol (``update_weights``)."""
+        return isinstance(self, WeightSync)
 
 
 @runtime_checkable

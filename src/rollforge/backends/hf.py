@@ -46,7 +46,7 @@ import torch
 
 from ..errors import BackendError, ConfigError
 from ..types import Completion
-from .base import SamplingParams, StopStrings
+from .base import Backend, SamplingParams, StopStrings
 from .cpu_speedups import FAST_GQA_ATTENTION, can_switch_to_fast_gqa, release_idle_openmp_threads
 from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_support
 from .hf_prefix import PrefixStore
@@ -64,7 +64,7 @@ _SHUTDOWN = object()  # queue sentinel
 _FORGET_PREFIXES = object()  # queue item: the weights changed, stored caches are stale
 
 
-class HFBackend:
+class HFBackend(Backend):
     """Continuous-batching generation with a transformers causal LM (see the module docstring).
 
     - ``max_batch_size``: rows in the running batch at most; later arrivals wait.
@@ -164,6 +164,9 @@ class HFBackend:
         if self._switched_attention and self.model.config._attn_implementation == FAST_GQA_ATTENTION:
             self.model.set_attn_implementation("sdpa")
         self._switched_attention = False
+
+    def shares_model(self, model: Any) -> bool:
+        return self.model is model
 
     def invalidate_cache(self) -> None:
         """The model's weights changed in place (a training step): stored prefix caches are stale.

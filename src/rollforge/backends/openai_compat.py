@@ -45,7 +45,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import BackendError, ConfigError, require
 from ..types import Completion
-from .base import SamplingParams
+from .base import Backend, SamplingParams
 from .openai_wire import (
     completion_from_response,
     completion_request,
@@ -67,7 +67,7 @@ _SYNC_HELP = (
 )
 
 
-class OpenAICompatBackend:
+class OpenAICompatBackend(Backend):
     """Generation from an OpenAI-compatible server that returns token ids (see the module docstring).
 
     - ``base_url``: the server, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted).

@@ -41,7 +41,7 @@ from ..types import Completion
 from .base import CURRENT_EPISODE, Backend, SamplingParams
 
 
-class RouterBackend:
+class RouterBackend(Backend):
     """One backend over ``replicas`` (see the module docstring). ``names`` label the replicas in
     errors and ``stats()`` (default: each replica's ``name`` attribute, else ``replica <i>``);
     ``max_pinned`` bounds placements of episode objects that cannot be weakly referenced."""
@@ -52,8 +52,8 @@ class RouterBackend:
         if not replicas:
             raise ConfigError("RouterBackend needs at least one replica, got an empty list")
         for i, replica in enumerate(replicas):
-            if not callable(getattr(replica, "generate", None)):
-                raise ConfigError(f"replica {i} ({type(replica).__name__}) is not a backend: it has no generate()")
+            if not isinstance(replica, Backend):
+                raise ConfigError(f"replica {i} ({type(replica).__name__}) is not a backend: it does not subclass rollforge Backend")
         if names is None:
             names = [getattr(r, "name", None) or f"replica {i}" for i, r in enumerate(replicas)]
         if len(names) != len(replicas):
@@ -65,8 +65,8 @@ class RouterBackend:
         n = len(self.replicas)
         self.requests, self.episodes, self.live_episodes = [0] * n, [0] * n, [0] * n
         self.in_flight, self.failures = [0] * n, [0] * n
-        self.accepts_images = all(getattr(r, "accepts_images", False) for r in self.replicas)
-        if all(callable(getattr(r, "update_weights", None)) for r in self.replicas):
+        self.accepts_images = all(r.accepts_images for r in self.replicas)
+        if all(r.syncs_weights for r in self.replicas):
             self.update_weights = self._update_weights
         self._placed: dict[int, tuple[weakref.ref, int]] = {}
         self._pinned: collections.OrderedDict[int, tuple[object, int]] = collections.OrderedDict()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import BackendError
 from ..types import Completion
-from .base import SamplingParams, StopStrings
+from .base import Backend, SamplingParams, StopStrings
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ScriptedRequest:
 Script = Callable[[ScriptedRequest], "str | Sequence[int]"]
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """Replies from ``script``; ``tokenizer`` (an HF fast tokenizer, or any object whose
     ``encode(text)`` adds no special tokens and ``decode(ids)`` keeps them) turns text replies into ids and checks stop strings. ``end_token_id`` is appended to every
     reply that is not cut by a stop string or the budget (the model "ends its turn")."""

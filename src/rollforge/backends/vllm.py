@@ -47,7 +47,7 @@ from typing import Any, Coroutine, Mapping, Sequence
 
 from ..errors import BackendError, ConfigError, require
 from ..types import Completion
-from .base import SamplingParams
+from .base import Backend, SamplingParams
 from .vllm_worker import WORKER_EXTENSION
 from .weights import export_weights, is_peft_model, scratch_directory
 
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """Generation with vLLM's async engine, in this process (see the module docstring).
 
     - ``model``: a local model directory (or anything vLLM's ``model=`` accepts offline).

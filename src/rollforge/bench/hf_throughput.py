@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from ..chat.render import ChatRenderer
-from ..envs.base import BaseSession, Reset, Step
+from ..envs.base import BaseSession, Environment, Reset, Step
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..types import Sample
@@ -37,7 +37,7 @@ class _Answer(BaseSession):
         return Step(terminated=True)
 
 
-class _SingleTurn:
+class _SingleTurn(Environment):
     max_sessions = None
 
     def open(self, sample: Sample) -> _Answer:

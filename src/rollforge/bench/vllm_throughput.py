@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from ..backends.base import SamplingParams
 from ..chat.render import ChatRenderer
-from ..envs.base import BaseSession, Reset, Step
+from ..envs.base import BaseSession, Environment, Reset, Step
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..types import Completion, Message, Sample
@@ -43,7 +43,7 @@ class _Continue(BaseSession):
         return Step(messages=(Message("user", MORE),))
 
 
-class _Conversation:
+class _Conversation(Environment):
     max_sessions = None
 
     def open(self, sample: Sample) -> _Continue:

@@ -4,6 +4,11 @@ Episodes are split evenly over the ``--env`` environments (the first ones get th
 interleaved, so every environment runs from the start. Each finished episode is appended to
 ``trajectories.jsonl.partial`` as it completes (nothing produced is lost if the run dies); at the end
 ``trajectories.jsonl`` is written in input order and ``metrics.json`` beside it.
+
+``.partial`` never ends in a torn line: each record is one ``os.write`` of a whole line, and a
+write that fails part-way (a full disk) is cut back to the last whole line; the failure is
+reported by the engine (``on_episode_errors``) while the rollout goes on. ``read_partial`` reads
+the whole lines back and ignores an incomplete last one (a machine that lost power mid-write).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds per environment call")
+    p.add_argument("--episode-timeout", type=float, default=1800.0,
+                   help="seconds a whole episode may take (it then fails with episode_timeout)")
     p.add_argument("--tool-parser", default=None, help="tool-call format (default: the model family's)")
     p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
                    help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model")
@@ -67,6 +74,7 @@ def run(args: Any) -> int:
         greedy=args.greedy,
         concurrency=args.concurrency,
         step_timeout=args.step_timeout,
+        episode_timeout=args.episode_timeout,
         seed=args.seed,
         tool_parser=args.tool_parser,
     )
@@ -92,6 +100,9 @@ def run(args: Any) -> int:
         f"{m['episodes']} episodes, {m['total_turns']} turns, mean reward {m['mean_total_reward']:.3f}, "
         f"errors {m['errors'] or 'none'}, {m['wall_seconds']:.1f}s -> {args.out}"
     )
+    if m["on_episode_errors"]:
+        print(f"warning: {m['on_episode_errors']} episode(s) could not be appended to trajectories.jsonl.partial "
+              "(logged above); trajectories.jsonl holds every episode")
     return 0
 
 
@@ -134,13 +145,12 @@ def run_with_progress(samples, task_to_env, backend, renderer, config, out: Path
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "trajectories.jsonl.partial"
     bar = tqdm(total=len(samples), desc="episodes", unit="ep")
-    with partial.open("w") as stream:
+    with PartialWriter(partial) as stream:
 
         def on_episode(trajectory: Trajectory) -> None:
-            stream.write(json.dumps(trajectory.to_json()) + "\n")
-            stream.flush()
             bar.set_postfix(reward=f"{trajectory.total_reward:.2f}", refresh=False)
             bar.update()
+            stream.append(trajectory.to_json())
 
         try:
             result = rollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode)
@@ -150,6 +160,46 @@ def run_with_progress(samples, task_to_env, backend, renderer, config, out: Path
     write_results(out, result.trajectories, result.metrics)
     partial.unlink()
     return result
+
+
+class PartialWriter:
+    """Appends JSON records to a file, each as one whole line (see the module docstring)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._size = 0
+
+    def append(self, record: dict) -> None:
+        data = (json.dumps(record) + "\n").encode()
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError:
+            with contextlib.suppress(OSError):  # cut the torn line off again
+                os.ftruncate(self._fd, self._size)
+                os.lseek(self._fd, self._size, os.SEEK_SET)
+            raise
+        self._size += written
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "PartialWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_partial(path: Path) -> list[dict]:
+    """The records of a ``.partial`` file; an incomplete last line (no newline) is ignored."""
+    data = Path(path).read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in whole.decode().splitlines() if line]
 
 
 def write_results(out: Path, trajectories, metrics: dict) -> None:

@@ -13,12 +13,8 @@ import asyncio
 import itertools
 from typing import Any, Callable
 
-from ..errors import EnvironmentError_
+from ..errors import ActorDied
 from .connect import actor_death_reason, import_ray
-
-
-class ActorDied(EnvironmentError_):
-    """The environment actor holding this episode died."""
 
 
 class Channel:

@@ -62,13 +62,11 @@ class EnvironmentHost:
     async def prepare(self, sessions: int) -> bool:
         """Run the environment's own ``prepare``; whether it may now produce images (a remote
         environment knows once it has read its server's schema)."""
-        if callable(getattr(self._env, "prepare", None)):
-            await self._env.prepare(sessions)
-        return bool(getattr(self._env, "produces_images", False))
+        await self._env.prepare(sessions)
+        return bool(self._env.produces_images)
 
     async def release(self) -> None:
-        if callable(getattr(self._env, "release", None)):
-            await self._env.release()
+        await self._env.release()
 
     async def _reset(self, sid: int, sample: Sample) -> Reset:
         session = self._sessions[sid] = self._env.open(sample)

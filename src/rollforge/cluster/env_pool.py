@@ -30,14 +30,14 @@ import math
 from typing import Any
 
 from ..envs.base import BaseSession, Environment, Reset, Step
-from ..errors import ConfigError, EnvironmentError_
+from ..errors import ActorDied, ConfigError, EnvironmentError_
 from ..types import Message, Sample
-from .channel import ActorDied, Channel
+from .channel import Channel
 from .connect import actor_death_reason, import_ray, worker_runtime_env
 from .env_host import EnvironmentHost
 
 
-class RayEnvironmentPool:
+class RayEnvironmentPool(Environment):
     """An ``Environment`` whose sessions run on ``actors`` Ray actors (see the module docstring).
     ``num_cpus`` and ``memory_mb`` are reserved per actor; Ray must already be initialised
     (``cluster.connect.ensure_ray``)."""
@@ -63,8 +63,10 @@ class RayEnvironmentPool:
             raise ConfigError("Ray is not initialised: call rollforge.cluster.connect.ensure_ray() first")
         self.environment = environment
         self.name = name
-        self.max_sessions = getattr(environment, "max_sessions", None)
-        self.produces_images = bool(getattr(environment, "produces_images", False))
+        if not isinstance(environment, Environment):
+            raise ConfigError(f"environment {name!r} must be a rollforge Environment, got {type(environment).__name__}")
+        self.max_sessions = environment.max_sessions
+        self.produces_images = environment.produces_images
         self.start_timeout = start_timeout
         options: dict[str, Any] = {
             "num_cpus": num_cpus, "max_concurrency": 100_000, "max_restarts": 0, "runtime_env": worker_runtime_env(),
@@ -132,8 +134,7 @@ class RayEnvironmentPool:
                 self._replace(slot, channel)
 
     async def release(self) -> None:
-        if callable(getattr(self.environment, "release", None)):
-            await asyncio.gather(*(c.actor.release.remote() for c in self._channels), return_exceptions=True)
+        await asyncio.gather(*(c.actor.release.remote() for c in self._channels), return_exceptions=True)
 
     def shutdown(self) -> None:
         ray = import_ray()

@@ -30,7 +30,7 @@ import shutil
 import time
 from typing import Any, Sequence
 
-from ..backends.base import SamplingParams
+from ..backends.base import Backend, SamplingParams
 from ..backends.weights import save_state_dict, scratch_directory, state_dict_for_export
 from ..errors import BackendError, ConfigError
 from ..types import Completion
@@ -111,7 +111,7 @@ class SharedWeights:
         self.ref = ref
 
 
-class RayBackendReplica:
+class RayBackendReplica(Backend):
     """A ``Backend`` whose ``kind`` backend (``hf`` or ``vllm``) of ``model`` runs on a Ray actor (see
     the module docstring). ``backend_kwargs`` are ``open_backend``'s keyword arguments
     (``concurrency``, ``seed``, ``request_timeout``, ``options``); ``num_cpus``/``num_gpus`` are

@@ -27,11 +27,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
-from ..errors import ConfigError
-
-
-class ArgumentMismatch(Exception):
-    """Raised by a type spec when a value does not fit; ``tools.validate_arguments`` collects them."""
+from ..errors import ArgumentMismatch, ConfigError
 
 
 def show_value(value: Any) -> str:

@@ -18,15 +18,23 @@ The contract, per episode::
 
 ``conversation`` is the whole conversation so far; its last message is the assistant message just
 generated, whose ``tool_calls`` the engine has already parsed (unparseable calls carry ``error``).
-Environments know nothing of tokens. Sync user code runs in worker threads so that a slow or hung
-environment never blocks other episodes; the engine bounds every call with a timeout.
+Environments know nothing of tokens. Sync user code runs on rollforge's worker threads
+(``workers.py``) so that a slow or hung environment never blocks other episodes; the engine bounds
+every call with a timeout. A reward that is not a finite number is the environment's error.
+
+``Environment`` is a base class: everything the engine may ask of an environment is declared on it
+with a default (``max_sessions``, ``produces_images``, ``prepare``, ``release``); only ``open`` must
+be written. The engine refuses an object that does not subclass it.
 """
 
 from __future__ import annotations
 
+import abc
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
+from ..errors import EnvironmentError_
 from ..types import Failure, Message, Sample
 
 
@@ -62,6 +70,11 @@ class Step:
     stop: tuple[str, ...] | None = None
     failures: tuple[Failure, ...] = ()
 
+    def __post_init__(self) -> None:
+        reward = self.reward
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise EnvironmentError_(f"Step.reward must be a finite number, got {type(reward).__name__} {reward!r}")
+
 
 @runtime_checkable
 class EnvSession(Protocol):
@@ -88,14 +101,26 @@ class EnvSession(Protocol):
         ...
 
 
-@runtime_checkable
-class Environment(Protocol):
-    """Opens sessions. ``max_sessions`` is how many may run at once (None: no limit); the engine
-    checks it against its concurrency at start-up."""
+class Environment(abc.ABC):
+    """Opens one session per episode. Subclasses write ``open``; the rest has defaults."""
 
-    max_sessions: int | None
+    #: How many sessions may run at once (None: no limit); checked against the concurrency at start-up.
+    max_sessions: int | None = None
+    #: Whether sessions may return images; then the engine requires a backend that accepts them.
+    produces_images: bool = False
 
-    def open(self, sample: Sample) -> EnvSession: ...
+    @abc.abstractmethod
+    def open(self, sample: Sample) -> EnvSession:
+        """A new session for ``sample`` (cheap: real work belongs in ``reset``)."""
+
+    async def prepare(self, sessions: int) -> None:
+        """Called once before a rollout that may run ``sessions`` sessions at once: connect, read
+        schemas, check a server's capacity (raise ``ConfigError`` when it does not fit)."""
+        return None
+
+    async def release(self) -> None:
+        """Called once after the rollout whose ``prepare`` succeeded."""
+        return None
 
 
 class BaseSession:

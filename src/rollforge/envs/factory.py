@@ -17,10 +17,13 @@ Per episode:
   ``Failure``; the episode goes on. No calls means the model answered: the episode terminates.
   Once ``obj.done`` is truthy no further call runs and the episode terminates. Step rewards are 0;
   the reward is ``get_reward()``, collected by ``finish``.
-- Sync user methods run in a worker thread (``run_in_thread=True``, the default) so a slow
-  environment never blocks other episodes; ``async def`` methods are awaited on the loop.
+- Sync user methods run on rollforge's worker threads (``workers.py``; ``run_in_thread=True``, the
+  default) so a slow or hung environment never blocks other episodes; ``async def`` methods are
+  awaited on the loop. Every user call goes through ``errors.call_user`` (see ``errors.boundary``).
 
-Tool results become the content of the tool message (``str(result)``, ``None`` is empty). Images —
+Tool results become the content of the tool message: a string as it is, ``None`` as empty, any
+other value as JSON text (``json.dumps``; what JSON cannot hold falls back to ``str``), as OpenEnv
+observations are. Images —
 objects with ``save``, ``size`` and ``mode`` like PIL images, alone or mixed with strings in a
 list — go to ``Message.images``; PIL itself is never imported. Image content blocks
 (``{"type": "image", "image": <PIL image or bytes>}``, or MCP-style ``{"type": "image", "data":
@@ -31,19 +34,21 @@ Declare ``produces_images=True`` so that a text-only backend is refused before t
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import functools
 import inspect
+import json
+import math
 import weakref
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from ..errors import ConfigError, EnvironmentError_
+from ..errors import ConfigError, EnvironmentError_, EpisodeFailed, ToolArgumentError, boundary, call_user
 from ..types import Failure, FailureKind, Message, Sample, ToolCall
-from .base import BaseSession, Reset, Step
-from .tools import Tool, ToolArgumentError, discover_tools, validate_arguments
+from .base import BaseSession, Environment, Reset, Step
+from ..workers import run_blocking
+from .tools import Tool, discover_tools, validate_arguments
 
 #: The row column that selects a factory when ``environment_factory`` is a dict.
 ENVIRONMENT_COLUMN = "environment"
@@ -65,7 +70,7 @@ def _check_factory(factory: Any, label: str) -> None:
         raise ConfigError(f"{label} {factory!r} must be callable with no arguments: {exc}") from None
 
 
-class FactoryEnvironment:
+class FactoryEnvironment(Environment):
     """Opens one ``FactorySession`` per episode from a class, a callable or a dict of them."""
 
     def __init__(
@@ -129,11 +134,11 @@ class FactorySession(BaseSession):
 
     async def _run(self, function: Callable[..., Any], /, **kwargs: Any) -> Any:
         if inspect.iscoroutinefunction(function):
-            result = await function(**kwargs)
+            result = await call_user(function, **kwargs)
         elif self.run_in_thread:
-            result = await asyncio.to_thread(function, **kwargs)
+            result = await run_blocking(function, **kwargs)
         else:
-            result = function(**kwargs)
+            result = call_user(function, **kwargs)
         if inspect.isawaitable(result):  # a sync wrapper around a coroutine
             result = await result
         return result
@@ -145,7 +150,7 @@ class FactorySession(BaseSession):
     async def reset(self, sample: Sample) -> Reset:
         if self.run_in_thread and not inspect.iscoroutinefunction(self.factory):
             # one trip to a worker thread for construction and a sync reset (each trip costs)
-            self._obj, observation, pending = await asyncio.to_thread(self._construct_and_reset, sample.row)
+            self._obj, observation, pending = await run_blocking(self._construct_and_reset, sample.row)
             if inspect.isawaitable(self._obj):
                 self._obj = await self._obj
         else:
@@ -167,13 +172,13 @@ class FactorySession(BaseSession):
 
     def _construct_and_reset(self, row: Mapping[str, Any]) -> tuple[Any, Any, bool]:
         """In a worker thread: (the object, what a sync reset returned, whether reset is pending)."""
-        obj = self.factory()
+        obj = call_user(self.factory)
         if inspect.isawaitable(obj):  # a sync callable returning a coroutine: awaited by the caller
             return obj, None, True
         reset = getattr(obj, "reset", None)
         if not callable(reset) or inspect.iscoroutinefunction(reset):
             return obj, None, True
-        return obj, reset(**_reset_kwargs(reset, row)), False
+        return obj, call_user(reset, **_reset_kwargs(reset, row)), False
 
     async def step(self, conversation: tuple[Message, ...]) -> Step:
         if self._obj is None:
@@ -209,10 +214,11 @@ class FactorySession(BaseSession):
             kwargs = validate_arguments(tool, call.arguments)
         except ToolArgumentError as exc:
             return _error(tool.name, "tool_bad_arguments", str(exc))
-        try:
-            result = await self._run(tool.function, **kwargs)
-        except Exception as exc:  # the tool's own failure is reported to the model, not raised
-            return _error(tool.name, "tool_raised", f"{type(exc).__name__}: {exc}")
+        try:  # the tool's own failure is reported to the model, not raised
+            with boundary("tool", None):
+                result = await self._run(tool.function, **kwargs)
+        except EpisodeFailed as failed:
+            return _error(tool.name, failed.failure.kind, failed.failure.message)
         content, images = _render_result(result)
         return Message(role="tool", content=content, name=tool.name, images=images), None
 
@@ -225,9 +231,9 @@ class FactorySession(BaseSession):
             reward = None if isinstance(value, (str, bytes)) else float(value)
         except (TypeError, ValueError):
             reward = None
-        if reward is None:
+        if reward is None or not math.isfinite(reward):
             owner = type(self._obj).__name__
-            raise EnvironmentError_(f"{owner}.get_reward() must return a number, got {value!r}")
+            raise EnvironmentError_(f"{owner}.get_reward() must return a finite number, got {value!r}")
         return reward
 
     async def close(self) -> None:
@@ -327,7 +333,18 @@ def _render_result(result: Any) -> tuple[str, tuple[Any, ...]]:
     items = list(result) if isinstance(result, (list, tuple)) else [result]
     blocks = [_block(item) for item in items]
     if not any(block is not None and block[0] == "image" for block in blocks):
-        return str(result), ()
-    texts = [block[1] if block is not None else str(item) for item, block in zip(items, blocks)
+        return _text(result), ()
+    texts = [block[1] if block is not None else _text(item) for item, block in zip(items, blocks)
              if block is None or block[0] == "text"]
     return "\n".join(texts), tuple(block[1] for block in blocks if block is not None and block[0] == "image")
+
+
+def _text(value: Any) -> str:
+    """A tool result as text: a string as it is, anything else as JSON (``str`` for what JSON
+    cannot hold), so that ``{"ok": True}`` reaches the model as ``{"ok": true}``."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except ValueError:  # a circular structure: still readable as str
+        return str(value)

@@ -42,9 +42,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..errors import ConfigError, EnvironmentError_
+from ..errors import ConfigError, EnvironmentError_, call_user
 from ..types import Message, Sample
-from .base import BaseSession, Reset, Step
+from ..workers import run_blocking
+from .base import BaseSession, Environment, Reset, Step
 
 __all__ = ["StepwiseReturn", "StepwiseEnvironment", "StepwiseSession"]
 
@@ -95,14 +96,14 @@ class _Request:
     future: asyncio.Future[_Outcome]
 
 
-class StepwiseEnvironment:
+class StepwiseEnvironment(Environment):
     """Adapts a step-style environment object to ``Environment``.
 
     Args:
         env: An object with ``step(message_logs, metadata)``, sync or async.
         max_sessions: How many episodes may run at once (None: no limit).
-        run_in_thread: Run a sync ``step`` in a worker thread (``asyncio.to_thread``) so a slow
-            environment never blocks the event loop. Set False for trivial, fast environments.
+        run_in_thread: Run a sync ``step`` on rollforge's worker threads (``workers.py``) so a slow
+            or hung environment never blocks the event loop. Set False for trivial, fast environments.
     """
 
     def __init__(self, env: Any, *, max_sessions: int | None = None, run_in_thread: bool = True):
@@ -212,9 +213,9 @@ class StepwiseEnvironment:
     async def _call(self, message_logs: list[list[dict[str, Any]]], metadata: list[Any]) -> Any:
         step = self.env.step
         if inspect.iscoroutinefunction(step) or not self.run_in_thread:
-            result = step(message_logs, metadata)
+            result = call_user(step, message_logs, metadata)
         else:
-            result = await asyncio.to_thread(step, message_logs, metadata)
+            result = await run_blocking(step, message_logs, metadata)
         if inspect.isawaitable(result):
             result = await result
         return result

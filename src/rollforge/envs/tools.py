@@ -29,24 +29,14 @@ import json
 import typing
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
-from ..errors import ConfigError
-from .argtypes import AnySpec, ArgumentMismatch, NullableSpec, TypeSpec, compile_hint, show_value
+from ..errors import ArgumentMismatch, ConfigError, ToolArgumentError
+from .argtypes import AnySpec, NullableSpec, TypeSpec, compile_hint, show_value
 from .docstrings import parse_docstring
 
 #: Methods of an environment class that are part of its lifecycle, never offered as tools.
 LIFECYCLE_METHODS = frozenset({"reset", "get_reward", "close"})
-
-
-class ToolArgumentError(ConfigError):
-    """The arguments of a tool call do not match the tool's signature. ``problems`` lists every
-    mismatch found, each naming the argument, what was expected and what was given."""
-
-    def __init__(self, tool: str, problems: Sequence[str]):
-        self.tool = tool
-        self.problems = tuple(problems)
-        super().__init__(f"invalid arguments for tool {tool}: " + "; ".join(self.problems))
 
 
 @dataclass(frozen=True)

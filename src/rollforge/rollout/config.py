@@ -33,9 +33,13 @@ class RolloutConfig(BaseModel):
     concurrency: int = Field(64, ge=1)
     """Episodes running at once (lockstep: the size of each lockstep wave)."""
     step_timeout: float | None = Field(60.0, gt=0)
-    """Seconds one environment call (reset, step, reward, close) may take; None: no limit."""
-    episode_timeout: float | None = Field(None, gt=0)
-    """Seconds a whole episode may take; None: no limit."""
+    """Seconds one environment call (reset, step, reward, close) may take; None: no limit. A call
+    past it fails its episode (``env_timeout``); a sync call is abandoned on its worker thread."""
+    episode_timeout: float | None = Field(1800.0, gt=0)
+    """Seconds a whole episode may take (``episode_timeout`` failure); None: no limit."""
+    request_timeout: float | None = Field(600.0, gt=0)
+    """Seconds one generation request may take, waiting in the backend's queue included
+    (``backend_error``); None: no limit beyond ``episode_timeout``."""
     seed: int = 0
     """Sampling seeds of every request derive from it, the episode index and the turn."""
     tool_parser: str | None = None

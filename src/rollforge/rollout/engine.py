@@ -8,13 +8,20 @@
   finished episodes leave). Step-style environments then see one batched ``step`` per turn.
 
 Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Before anything is
-generated the engine checks the inputs: every ``task_name`` has an environment, environments that
-limit their sessions allow the concurrency needed, and the chat template renders the prompts in use
-(``ChatRenderer.check_template``; with tools, once per tool set when an environment offers them). Environments may have two optional hooks, ``async prepare(sessions)`` and
-``async release()``, called once around the rollout (remote environments connect there and check
-the server's capacity for real); after ``prepare``, an environment that declares
-``produces_images`` needs a backend that declares ``accepts_images``. Results come back in input
-order. The engine does not know what a tool is.
+generated the engine checks the inputs: every ``task_name`` has an environment (an
+``Environment``), the backend is a ``Backend``, environments that limit their sessions
+(``max_sessions``) allow the concurrency needed, and the chat template renders the prompts in use
+(``ChatRenderer.check_template``; with tools, once per tool set when an environment offers them).
+``Environment.prepare(sessions)`` and ``release()`` are called once around the rollout (remote
+environments connect there and check the server's capacity for real); after ``prepare``, an
+environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
+Results come back in input order. The engine does not know what a tool is.
+
+Failures inside an episode are recorded on its trajectory; a bug in rollforge (see
+``errors.boundary``) cancels the other episodes and propagates. ``on_episode`` runs as each episode
+ends; what it raises is logged and counted (``on_episode_errors`` in the metrics), and the rollout
+still completes and returns every trajectory. ``abandoned_worker_calls`` counts blocking calls (hung
+sync tools) still running on rollforge's worker threads after their episodes gave up on them.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +43,10 @@ from ..errors import ConfigError
 from ..types import Sample, Trajectory
 from .config import RolloutConfig
 from .episode import EpisodeContext, OpenGate, run_episode
+from ..workers import ENVIRONMENT_WORKERS
 from .metrics import rollout_metrics
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, repr=False)
@@ -98,6 +109,7 @@ async def arollout(
     config = config or RolloutConfig()
     samples = list(samples)
     _check_tasks(samples, task_to_env)
+    _check_contracts(task_to_env, backend)
     _check_capacity(samples, task_to_env, config)
     parser = get_parser(config.tool_parser or renderer.family.parser)
     if config.check_template:  # tools are checked when an environment first offers them
@@ -116,23 +128,36 @@ async def arollout(
         thresholds = gc.get_threshold()
         gc.set_threshold(thresholds[0], thresholds[1], max(thresholds[2], 100))
         try:
-            await _schedule(samples, task_to_env, ctx, results, on_episode)
+            callback_errors = await _schedule(samples, task_to_env, ctx, results, on_episode)
         finally:
             gc.set_threshold(*thresholds)
             gc.unfreeze()
     trajectories = tuple(t for t in results if t is not None)
-    return RolloutResult(trajectories, rollout_metrics(trajectories, time.perf_counter() - started))
+    metrics = rollout_metrics(trajectories, time.perf_counter() - started)
+    metrics["on_episode_errors"] = callback_errors
+    # calls on rollforge's worker threads still running after their episode gave up (hung sync tools),
+    # in this process now: each holds a thread until it returns
+    metrics["abandoned_worker_calls"] = ENVIRONMENT_WORKERS.abandoned
+    return RolloutResult(trajectories, metrics)
 
 
-async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on_episode) -> None:
+async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on_episode) -> int:
+    """Run every episode; returns how many ``on_episode`` calls raised."""
     config = ctx.config
+    callback_errors = 0
 
     async def run(index: int, gate) -> None:
+        nonlocal callback_errors
         sample = samples[index]
         trajectory = await run_episode(index, sample, task_to_env[sample.task_name], ctx, gate)
         results[index] = trajectory
         if on_episode is not None:
-            on_episode(trajectory)
+            try:
+                on_episode(trajectory)
+            except Exception as exc:  # the caller's callback (a full disk): reported, never fatal
+                callback_errors += 1
+                logger.warning("on_episode raised for episode %d (the rollout goes on): %s: %s",
+                               index, type(exc).__name__, exc)
 
     if config.mode == "async":
         limit = asyncio.Semaphore(config.concurrency)
@@ -142,12 +167,26 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
             async with limit:
                 await run(index, gate)
 
-        await asyncio.gather(*(limited(i) for i in range(len(samples))))
+        await _all(limited(i) for i in range(len(samples)))
     else:
         for first in range(0, len(samples), config.concurrency):
             wave = range(first, min(first + config.concurrency, len(samples)))
             gate = LockstepGate(len(wave))
-            await asyncio.gather(*(run(i, gate) for i in wave))
+            await _all(run(i, gate) for i in wave)
+    return callback_errors
+
+
+async def _all(coroutines) -> None:
+    """Await every coroutine; the first exception (a rollforge bug: episodes record their own
+    failures) cancels the others, waits for them to unwind, and propagates as it is."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def rollout(*args: Any, **kwargs: Any) -> RolloutResult:
@@ -174,28 +213,25 @@ def _sessions_needed(samples: Sequence[Sample], task_to_env: Mapping[str, Enviro
 
 @contextlib.asynccontextmanager
 async def _prepared(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig):
-    """Environments with the optional hooks ``prepare(sessions)`` (connect, read schemas, check a
-    server's capacity for real; raise ``ConfigError`` when it does not fit) and ``release()`` get
-    them called once around the rollout, before anything is generated."""
+    """``Environment.prepare(sessions)`` (connect, read schemas, check a server's capacity for
+    real; raise ``ConfigError`` when it does not fit) before anything is generated, and
+    ``release()`` after the rollout for each environment whose ``prepare`` returned."""
     envs = {id(env): env for env in task_to_env.values()}
     needed = _sessions_needed(samples, task_to_env, config)
     async with contextlib.AsyncExitStack() as stack:
         for env_id, sessions in needed.items():
             env = envs[env_id]
-            if callable(getattr(env, "prepare", None)):
-                release = getattr(env, "release", None)
-                if callable(release):
-                    stack.push_async_callback(release)
-                await env.prepare(sessions)
+            await env.prepare(sessions)
+            stack.push_async_callback(env.release)
         yield
 
 
 def _check_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend) -> None:
     """An environment that declares ``produces_images`` needs a backend with ``accepts_images``."""
-    if getattr(backend, "accepts_images", False):
+    if backend.accepts_images:
         return
     for task in sorted({s.task_name for s in samples}):
-        if getattr(task_to_env[task], "produces_images", False):
+        if task_to_env[task].produces_images:
             raise ConfigError(
                 f"the environment for task {task!r} may return images (produces_images=True) but the "
                 f"backend {type(backend).__name__} is text-only (accepts_images=False); use a backend for "
@@ -212,7 +248,7 @@ def _check_capacity(samples: Sequence[Sample], task_to_env: Mapping[str, Environ
         tasks.setdefault(id(env), []).append(name)
     for env_id, count in counts.items():
         task = tasks[env_id][0] if len(tasks[env_id]) == 1 else tasks[env_id]
-        limit = getattr(task_to_env[tasks[env_id][0]], "max_sessions", None)
+        limit = task_to_env[tasks[env_id][0]].max_sessions
         needed = min(count, config.concurrency)
         if limit is not None and limit < needed:
             raise ConfigError(
@@ -220,3 +256,19 @@ def _check_capacity(samples: Sequence[Sample], task_to_env: Mapping[str, Environ
                 f"needs {needed} (concurrency={config.concurrency}, {count} samples); lower the "
                 "concurrency or raise the environment's max_concurrent_envs / max_sessions"
             )
+
+
+def _check_contracts(task_to_env: Mapping[str, Environment], backend: Backend) -> None:
+    """The engine asks environments and backends only what their base classes declare."""
+    for task, env in task_to_env.items():
+        if not isinstance(env, Environment):
+            raise ConfigError(
+                f"the environment for task {task!r} is a {type(env).__name__}, not a rollforge Environment; "
+                "wrap an environment class with FactoryEnvironment, a step-style object with "
+                "StepwiseEnvironment, or subclass rollforge.envs.base.Environment"
+            )
+    if not isinstance(backend, Backend):
+        raise ConfigError(
+            f"the backend is a {type(backend).__name__}, not a rollforge Backend; subclass "
+            "rollforge.backends.base.Backend (generate(prompt_ids, params) -> Completion)"
+        )

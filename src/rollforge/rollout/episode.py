@@ -15,7 +15,16 @@ deterministic one. Each turn the environment is stepped with the conversation so
 is the turn's reward. The episode ends when the environment terminates it (natural termination),
 when an observation or generation reaches ``max_seq_len`` (the observation is cut to what fits and
 its message to the text the kept ids hold: truncated), after ``max_turns`` (max-turns-reached), or
-on a failure (recorded as ``error`` with its reason, keeping every token produced so far). Scheduling (lockstep barriers) comes in through ``Gate``.
+on a failure (recorded as ``error`` with its reason, keeping every token produced so far).
+Scheduling (lockstep barriers) comes in through ``Gate``.
+
+Failures: each call across a boundary is classified by ``errors.boundary`` (the backend's
+``generate`` as ``backend_error``, environment calls as ``env_error``; a call past the step timeout
+as ``env_timeout``, the whole episode past ``episode_timeout`` as ``episode_timeout``, a
+conversation the chat template cannot render as ``template_error``). rollforge's own bugs are not
+failures of the episode: they propagate and stop the rollout. A generation call is bounded by
+``request_timeout``; a completion with a token id outside the tokenizer's vocabulary is a
+``backend_error``. Tool-call parsing of long replies runs on a worker thread, off the event loop.
 Images in messages go to backends that declare ``accepts_images`` (``generate(..., images=...)``,
 all images so far in order); with a text-only backend they fail the episode with that reason.
 """
@@ -23,6 +32,7 @@ all images so far in order); with a text-only backend they fail the episode with
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Protocol, Sequence, TypeVar
@@ -31,8 +41,9 @@ from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
-from ..errors import TemplateError
+from ..errors import EpisodeFailed, TemplateError, boundary
 from ..types import Failure, Message, Sample, Segment, ToolCall, Trajectory
+from ..workers import run_blocking
 from .config import RolloutConfig
 
 T = TypeVar("T")
@@ -57,17 +68,31 @@ class OpenGate:
         return None
 
 
+#: Replies longer than this (characters) are parsed for tool calls on a worker thread.
+PARSE_INLINE_CHARS = 4096
+
+
 @dataclass
 class EpisodeContext:
     backend: Backend
     renderer: ChatRenderer
     parser: ToolCallParser
     config: RolloutConfig
-    #: The backend takes ``generate(..., images=...)`` (it declares ``accepts_images = True``).
+    #: The backend takes ``generate(..., images=...)`` (``Backend.accepts_images``).
     accepts_images: bool = field(init=False)
+    #: Token ids at or above this are outside the tokenizer's vocabulary.
+    vocab_size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.accepts_images = bool(getattr(self.backend, "accepts_images", False))
+        self.accepts_images = self.backend.accepts_images
+        self.vocab_size = len(self.renderer.tokenizer)
+
+    async def parse(self, text: str) -> tuple[ToolCall, ...]:
+        """The tool calls of a reply; long replies are parsed on a worker thread so that no
+        reply, however pathological, holds the event loop."""
+        if len(text) <= PARSE_INLINE_CHARS:
+            return self.parser.parse(text)
+        return await run_blocking(self.parser.parse, text)
 
 
 def _check_images(messages: Sequence[Message], ctx: EpisodeContext) -> None:
@@ -77,19 +102,12 @@ def _check_images(messages: Sequence[Message], ctx: EpisodeContext) -> None:
         return
     count = sum(len(m.images) for m in messages)
     if count:
-        raise _Stop(Failure(
+        raise EpisodeFailed(Failure(
             "env_error",
             f"the environment returned {count} image(s) but the backend {type(ctx.backend).__name__} is "
             "text-only (accepts_images=False); declare produces_images=True on the environment to have "
             "this checked before the rollout starts",
         ))
-
-
-class _Stop(Exception):
-    """Ends the episode with a failure recorded on the trajectory."""
-
-    def __init__(self, failure: Failure):
-        self.failure = failure
 
 
 @dataclass
@@ -103,6 +121,7 @@ class _State:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
     prompt_length: int = 0
+    prompt_messages: int | None = None
     rewards: list[float] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     tools: tuple = ()  # the tool schemas the template renders
@@ -152,6 +171,7 @@ class _State:
             loss_mask=tuple(mask),
             logprobs=tuple(logprobs),
             prompt_length=prompt_length,
+            prompt_messages=self.prompt_messages,
             rewards=tuple(self.rewards),
             total_reward=float(sum(self.rewards)),
             turns=len(self.rewards),
@@ -175,17 +195,17 @@ async def run_episode(index: int, sample: Sample, env: Environment, ctx: Episode
     CURRENT_EPISODE.set(state)  # this episode's own task: routers keep its turns on one replica
     session = None
     try:
-        session = env.open(sample)
+        with boundary("environment", "environment open"):
+            session = env.open(sample)
         async with asyncio.timeout(ctx.config.episode_timeout):
             await _turns(state, session, ctx, gate)
-    except _Stop as stop:
-        state.error, state.ending = stop.failure, ""
+    except EpisodeFailed as failed:
+        state.error, state.ending = failed.failure, ""
     except TimeoutError:
         state.error, state.ending = Failure("episode_timeout", f"episode exceeded {ctx.config.episode_timeout}s"), ""
     except TemplateError as exc:
         state.error, state.ending = Failure("template_error", str(exc)), ""
-    except Exception as exc:  # the environment's own open() or a bug in an adapter
-        state.error, state.ending = Failure("env_error", f"{type(exc).__name__}: {exc}"), ""
+    # anything else is a bug in rollforge: it propagates (errors.boundary)
     finally:
         gate.leave()
         if session is not None:
@@ -205,6 +225,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
     state.extend(renderer.prompt_ids(prompt, template_tools))
     state.prompt_length = len(state.ids)
     pending = renderer.generation_prompt  # appended before the next generation
+    state.prompt_messages = len(state.messages)
 
     for turn in range(config.max_turns):
         state.extend(pending)
@@ -218,7 +239,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         generated = list(completion.token_ids)
         state.extend(generated, completion.logprobs)
         text = renderer.decode(renderer.content_ids(generated))
-        calls = _with_ids(ctx.parser.parse(text), renderer, state.index, turn)
+        calls = _with_ids(await ctx.parse(text), renderer, state.index, turn)
         state.messages.append(Message("assistant", text, tool_calls=calls))
 
         await gate.wait("step")
@@ -313,28 +334,45 @@ def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, in
 
 async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
     started = time.perf_counter()
+    limit = asyncio.timeout(ctx.config.request_timeout)
     try:
-        if ctx.accepts_images:  # every image of the conversation so far, in order
-            images = tuple(image for m in state.messages for image in m.images)
-            return await ctx.backend.generate(state.ids, params, images=images)
-        return await ctx.backend.generate(state.ids, params)
-    except Exception as exc:
-        raise _Stop(Failure("backend_error", f"{type(exc).__name__}: {exc}")) from exc
+        with boundary("backend", None):
+            async with limit:
+                if ctx.accepts_images:  # every image of the conversation so far, in order
+                    images = tuple(image for m in state.messages for image in m.images)
+                    completion = await ctx.backend.generate(state.ids, params, images=images)
+                else:
+                    completion = await ctx.backend.generate(state.ids, params)
+    except EpisodeFailed:
+        if limit.expired():
+            raise EpisodeFailed(Failure(
+                "backend_error", f"generation exceeded the request timeout of {ctx.config.request_timeout}s",
+            )) from None
+        raise
     finally:
         state.generation_seconds += time.perf_counter() - started
+    ids = completion.token_ids
+    if ids and (min(ids) < 0 or max(ids) >= ctx.vocab_size):  # min/max: C speed on long replies
+        bad = next(i for i in ids if not 0 <= i < ctx.vocab_size)
+        raise EpisodeFailed(Failure(
+            "backend_error", f"the backend returned token id {bad}, outside the vocabulary of {ctx.vocab_size} tokens",
+        ))
+    return completion
 
 
 async def _env_call(state: _State, call: Awaitable[T], what: str, config: RolloutConfig) -> T:
     started = time.perf_counter()
+    limit = asyncio.timeout(config.step_timeout)
     try:
-        async with asyncio.timeout(config.step_timeout):
-            return await call
-    except TimeoutError:
-        raise _Stop(Failure("env_timeout", f"environment {what} exceeded the step timeout of {config.step_timeout}s")) from None
-    except _Stop:
+        with boundary("environment", f"environment {what}"):
+            async with limit:
+                return await call
+    except EpisodeFailed:
+        if limit.expired():
+            raise EpisodeFailed(Failure(
+                "env_timeout", f"environment {what} exceeded the step timeout of {config.step_timeout}s",
+            )) from None
         raise
-    except Exception as exc:
-        raise _Stop(Failure("env_error", f"environment {what} raised {type(exc).__name__}: {exc}")) from exc
     finally:
         state.environment_seconds += time.perf_counter() - started
 
@@ -344,16 +382,26 @@ async def _close(state: _State, session: Any, ctx: EpisodeContext) -> None:
     if state.error is None and state.rewards:
         try:
             bonus = await _env_call(state, session.finish(), "finish", ctx.config)
-            state.rewards[-1] += float(bonus)
-        except _Stop as stop:
-            state.error, state.ending = stop.failure, ""
+            state.rewards[-1] += _finite(bonus, "finish")
+        except EpisodeFailed as failed:
+            state.error, state.ending = failed.failure, ""
     try:
         await _env_call(state, session.close(), "close", ctx.config)
-    except _Stop as stop:
-        state.failures.append(stop.failure)
+    except EpisodeFailed as failed:
+        state.failures.append(failed.failure)
 
 
 def _cut_to(state: _State, limit: int) -> None:
     del state.ids[limit:], state.mask[limit:], state.logprobs[limit:]
     state.prompt_length = min(state.prompt_length, limit)
 
+
+def _finite(reward: Any, what: str) -> float:
+    """A reward as a float; NaN, infinities and non-numbers are the environment's error."""
+    try:
+        value = float(reward) if not isinstance(reward, (str, bytes, bool)) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise EpisodeFailed(Failure("env_error", f"environment {what} returned the reward {reward!r}; expected a finite number"))
+    return value

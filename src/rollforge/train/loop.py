@@ -32,6 +32,7 @@ import yaml
 from ..chat.render import ChatRenderer
 from ..rollout.engine import arollout
 from ..types import Sample
+from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
 from .advantages import compute_advantages
 from .config import TrainConfig
@@ -127,7 +128,7 @@ async def atrain(
             weights = aggregation.weights(masks)
             shared = algo.group_size if len(episodes) == len(trajectories) else 1  # segments: no shared prompts
             for _ in range(algo.epochs_per_batch):
-                stats = await asyncio.to_thread(
+                stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
                     policy_update, model, optimizer, episodes, advantages.values[owners], weights, loss_fn,
                     micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=tokenizer.pad_token_id,
                     max_grad_norm=config.optim.max_grad_norm, reference=reference, group_size=shared,

@@ -21,7 +21,6 @@ games that run offline.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
 from dataclasses import replace
@@ -29,7 +28,8 @@ from typing import Any
 
 from ...errors import ConfigError, EnvironmentError_, require
 from ...types import Message, Sample
-from ..base import BaseSession, Reset, Step
+from ...workers import run_blocking
+from ..base import BaseSession, Environment, Reset, Step
 
 EXTRA = "textarena"
 FAMILY = "textarena"
@@ -70,7 +70,7 @@ def _render(messages: Any) -> str:
     return "\n".join(line for line in lines if line)
 
 
-class TextArenaEnvironment:
+class TextArenaEnvironment(Environment):
     """Opens one game per episode (see the module docstring)."""
 
     max_sessions: int | None = None
@@ -97,7 +97,7 @@ class TextArenaSession(BaseSession):
         seed = sample.row.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"textarena samples need an int 'seed' column, got {seed!r}")
-        opening = await asyncio.to_thread(self._reset, seed)
+        opening = await run_blocking(self._reset, seed)
         last = sample.prompt[-1]
         if last.role != "user":
             raise ConfigError(f"a textarena prompt must end with a user message, not {last.role}")
@@ -117,7 +117,7 @@ class TextArenaSession(BaseSession):
             return Step(terminated=True)
         reply = conversation[-1].content if conversation and conversation[-1].role == "assistant" else ""
         action = reply if ("[" in reply or "]" in reply) else f"[{reply.strip()}]"
-        text, done, reward = await asyncio.to_thread(self._step, action)
+        text, done, reward = await run_blocking(self._step, action)
         self._done = done
         return Step(messages=(Message("user", text or "(no reply from the game)"),), reward=reward, terminated=done)
 

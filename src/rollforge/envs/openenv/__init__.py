@@ -9,6 +9,6 @@ environments as OpenEnv servers.
 """
 
 from .client import OpenEnvEnvironment, OpenEnvSession
-from .protocol import ConnectionLost, ServerError
+from ...errors import ConnectionLost, ServerError
 
 __all__ = ["ConnectionLost", "OpenEnvEnvironment", "OpenEnvSession", "ServerError"]

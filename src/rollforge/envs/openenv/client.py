@@ -46,9 +46,11 @@ import urllib.request
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
-from ...errors import ConfigError, EnvironmentError_
+from ...errors import ConfigError, EnvironmentError_, ServerError
 from ...types import Sample
-from .protocol import CAPACITY_REACHED, Connection, ServerError, websocket_url
+from ...workers import run_blocking
+from ..base import Environment
+from .protocol import CAPACITY_REACHED, Connection, websocket_url
 from .schema import action_tool, image_fields
 from .session import OpenEnvSession
 
@@ -58,7 +60,7 @@ ROLLFORGE_ACTION = "RollforgeAction"
 __all__ = ["OpenEnvEnvironment", "ROLLFORGE_ACTION"]
 
 
-class OpenEnvEnvironment:
+class OpenEnvEnvironment(Environment):
     """An environment served by an OpenEnv server (see the module docstring).
 
     Args:
@@ -129,7 +131,7 @@ class OpenEnvEnvironment:
         """``GET /schema`` once; derive the mode, the tool and the image fields."""
         if self.schema is not None:
             return self.schema
-        schema = await asyncio.to_thread(self._get_json, "/schema")
+        schema = await run_blocking(self._get_json, "/schema")
         action = schema.get("action") if isinstance(schema, dict) else None
         if not isinstance(action, dict):
             raise EnvironmentError_(f"{self.http_url}/schema has no action schema; is this an OpenEnv server?")

@@ -31,25 +31,12 @@ import asyncio
 import json
 from typing import Any
 
-from ...errors import EnvironmentError_, require
+from ...errors import ConnectionLost, ServerError, require
 
 #: Error codes an OpenEnv server puts in ``data.code`` of an error frame.
 CAPACITY_REACHED = "CAPACITY_REACHED"
 VALIDATION_ERROR = "VALIDATION_ERROR"
 EXECUTION_ERROR = "EXECUTION_ERROR"
-
-
-class ServerError(EnvironmentError_):
-    """The server answered a request with an error frame; ``code`` is its error code."""
-
-    def __init__(self, code: str, message: str, data: dict[str, Any]):
-        self.code = code
-        self.data = data
-        super().__init__(f"{code}: {message}")
-
-
-class ConnectionLost(EnvironmentError_):
-    """The socket closed or could not be opened (server gone, restarted, network)."""
 
 
 def websocket_url(base_url: str) -> str:

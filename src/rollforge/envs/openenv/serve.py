@@ -163,7 +163,7 @@ def serve(name: str, *, host: str = "127.0.0.1", port: int = 8000, max_concurren
 
     spec = get_env_spec(name)
     app = build_app(spec.build, name=spec.name, samples=spec.samples, max_concurrent=max_concurrent,
-                    produces_images=bool(getattr(spec.build(), "produces_images", False)))
+                    produces_images=spec.build().produces_images)
     uvicorn = require("uvicorn", "openenv-server", "rollforge env serve")
     print(f"serving {name!r} on http://{host}:{port} (at most {max_concurrent} sessions at once)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

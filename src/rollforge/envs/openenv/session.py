@@ -11,10 +11,10 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ...errors import EnvironmentError_
+from ...errors import ConnectionLost, EnvironmentError_, ServerError
 from ...types import Failure, FailureKind, Message, Sample, ToolCall
 from ..base import BaseSession, Reset, Step
-from .protocol import CAPACITY_REACHED, EXECUTION_ERROR, VALIDATION_ERROR, Connection, ConnectionLost, ServerError
+from .protocol import CAPACITY_REACHED, EXECUTION_ERROR, VALIDATION_ERROR, Connection
 from .schema import decode_image, jsonable_row, render_observation
 
 if TYPE_CHECKING:

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
-from ...errors import ConfigError, EnvironmentError_
+from ...errors import ConfigError, SandboxUnavailable
 from ._pipes import read_capped
 
 __all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_sandboxed", "sandbox_support"]
@@ -58,10 +58,6 @@ _LAUNCHER = Path(__file__).with_name("_launcher.py")
 _REPORT_FD, _STATUS_FD = 3, 4
 _REPORT_CAP = 1 << 20
 _BASE_UID = 1_200_000  # per-run uids above any real account: RLIMIT_NPROC counts per uid
-
-
-class SandboxUnavailable(EnvironmentError_):
-    """The kernel or the privileges here do not allow building the jail (see ``sandbox_support``)."""
 
 
 @dataclass(frozen=True)
