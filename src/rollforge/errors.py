@@ -10,7 +10,8 @@ boundary that failed::
     ├── MissingDependency    an optional dependency is not installed (names the extra to install)
     ├── BackendError         a generation backend failed a request
     ├── EnvironmentError_    an environment raised, timed out or broke its contract
-    └── InvariantError       a trajectory broke an internal invariant (a rollforge bug)
+    ├── InvariantError       a trajectory broke an internal invariant (a rollforge bug)
+    └── CheckpointError      a training checkpoint is missing, incomplete or unreadable
 
 Errors that happen *inside* an episode (a tool that raises, a hanging environment, a backend that
 fails one request) never propagate out of the engine: they are recorded on the trajectory as a
@@ -59,6 +60,10 @@ class EnvironmentError_(RollforgeError):
 
 class InvariantError(RollforgeError, AssertionError):
     """A trajectory or message broke an internal invariant; this is a bug in rollforge."""
+
+
+class CheckpointError(RollforgeError):
+    """A training checkpoint is missing, incomplete or unreadable (``--resume`` names what it skipped)."""
 
 
 def require(package: str, extra: str, feature: str):

@@ -173,6 +173,18 @@ class OpenAICompatBackend:
         payload = await self._request("POST", "/v1/completions", json_body=body, what="scoring")
         return prompt_logprobs_from_response(payload, ids, self.base_url)
 
+    def check_reachable(self) -> None:
+        """Raise ``BackendError`` naming the URL when no server answers there (any HTTP answer
+        counts: this checks that a server is up, not what it serves). Commands call it once at
+        start, so a server that is down fails the command instead of every episode."""
+        try:
+            self._httpx.get(f"{self.base_url}/v1/models", headers=self._headers, timeout=self._timeout.connect)
+        except self._httpx.TransportError as exc:
+            raise BackendError(
+                f"no OpenAI-compatible server answers at {self.base_url} ({type(exc).__name__}: "
+                f"{exc or 'connection failed'}); start it, or fix the base URL"
+            ) from None
+
     # --- the WeightSync protocol -------------------------------------------------------------
 
     async def update_weights(self, model: Any) -> None:

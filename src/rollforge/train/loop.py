@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import os
 import random
 import time
@@ -30,13 +31,14 @@ import torch
 import yaml
 
 from ..chat.render import ChatRenderer
+from ..errors import CheckpointError, ConfigError
 from ..rollout.engine import arollout
 from ..types import Sample
 from . import checkpoint as ckpt
 from .advantages import compute_advantages
 from .config import TrainConfig
-from .data import PromptSource, generated_samples, load_rows, rows_to_samples
-from .environments import build_environments
+from .data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
+from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
 from .logbook import Logbook, read_metrics
 from .losses import ClippedPolicyLoss, get_aggregation
@@ -46,6 +48,7 @@ from .step_metrics import step_metrics
 from .sync import WeightSync
 from .update import Episode, policy_update
 
+logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -63,26 +66,39 @@ def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
 async def atrain(
     config: TrainConfig,
     *,
+    environments: Any = None,
     dataset: Sequence[dict[str, Any]] | None = None,
     reward_functions: Sequence[RewardFunction] = (),
     resume: bool = False,
     console: bool = True,
     on_step: Callable[..., Any] | None = None,
 ) -> TrainResult:
-    """Train per ``config``. ``on_step(step, metrics, model, backend)`` (sync or async) runs after
-    each step's weight sync, e.g. for custom evaluation."""
+    """Train per ``config``.
+
+    ``environments``: environment objects in addition to the config's names (which then apply only
+    when set explicitly, not the default ``arithmetic``): a dict task name -> an environment class,
+    a zero-argument factory, a dict ``{name: factory}`` (TRL's multi-environment form) or an
+    ``Environment``; or one such object, named after itself. ``on_step(step, metrics, model,
+    backend)`` (sync or async) runs after each step's weight sync, e.g. for custom evaluation."""
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out {str(out)!r} is a file; expected a run directory")
+    given = named_environments(environments) if environments is not None else {}
+    if given and "environments" not in config.model_fields_set:
+        config = config.model_copy(update={"environments": []})  # the objects replace the default
     random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    local_envs = build_environments(config.environments)
-    prompts = _prompts(config, list(local_envs), dataset)
+    local_envs = build_environments(config.environments, given)
+    prompts = _prompts(config, list(local_envs), dataset, given)
+    check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     model, tokenizer = load_policy(config)
     renderer = ChatRenderer(tokenizer)
+    check_prompt_lengths(prompts, renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
     optimizer, scheduler = make_optimizer(model, config)
     reference = make_reference(model, config)
     algo = config.algorithm
@@ -91,12 +107,7 @@ async def atrain(
         algo.loss_aggregation, algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns
     )
 
-    start = 0
-    latest = ckpt.latest_checkpoint(out / "checkpoints") if resume else None
-    if latest is not None:
-        restored = ckpt.restore_checkpoint(latest, model, optimizer, scheduler)
-        source.load_state(restored.data_state)
-        start = restored.step
+    start = _resume(out, model, optimizer, scheduler, source) if resume else 0
     logbook = Logbook(out, config.steps, start, console)
     placement = contextlib.ExitStack()  # environments on Ray actors stop with the run
     task_to_env = placement.enter_context(_placed(config, local_envs))
@@ -107,7 +118,7 @@ async def atrain(
         if start or config.lora.enabled:
             await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
         evaluations = _read_json(out / "eval.json")
-        eval_prompts = _eval_prompts(config, list(task_to_env), dataset) if config.eval_episodes else []
+        eval_prompts = _eval_prompts(config, list(task_to_env), dataset, given) if config.eval_episodes else []
         step = start
         if eval_prompts and start == 0:
             evaluations = {"before": await _evaluate(eval_prompts, task_to_env, backend, renderer, config)}
@@ -168,10 +179,35 @@ async def _evaluate(prompts, task_to_env, backend, renderer, config: TrainConfig
     return result.to_json()
 
 
-def _eval_prompts(config: TrainConfig, tasks: list[str], dataset) -> list[Sample]:
+def _resume(out: Path, model: Any, optimizer: Any, scheduler: Any, source: PromptSource) -> int:
+    """The step to continue after: the newest checkpoint that reads completely (warning about the
+    ones skipped), or 0 for a run that has recorded nothing yet. A run with history but no usable
+    checkpoint is an error: starting over would replace its metrics."""
+    root = out / "checkpoints"
+    for name in ckpt.remove_orphans(root):
+        logger.warning("deleted %s, a checkpoint that a killed run left unfinished", root / name)
+    loaded, skipped = ckpt.load_newest(root)
+    if loaded is None:
+        recorded = [m.get("step", 0) for m in read_metrics(out / "metrics.jsonl")]
+        if not skipped and not recorded:
+            return 0
+        why = f" (skipped: {'; '.join(skipped)})" if skipped else ""
+        history = f"; metrics.jsonl records steps up to {max(recorded)}" if recorded else ""
+        raise CheckpointError(
+            f"cannot resume {str(out)!r}: no usable checkpoint under {str(root)!r}{why}{history}; "
+            f"to start over, choose another out or delete {str(out)!r}"
+        )
+    if skipped:
+        logger.warning("resuming from %s after skipping: %s", loaded.path, "; ".join(skipped))
+    ckpt.restore(loaded, model, optimizer, scheduler)
+    source.load_state(loaded.data_state)
+    return loaded.step
+
+
+def _eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
     """Held-out prompts from the generators (another seed); with a dataset, its first rows."""
     if dataset is not None or config.data.path is not None:
-        return _prompts(config, tasks, dataset)[: config.eval_episodes]
+        return _prompts(config, tasks, dataset, given)[: config.eval_episodes]
     return generated_samples(config.environments, config.eval_episodes, config.seed + 7919)
 
 
@@ -185,11 +221,18 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _prompts(config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, Any]] | None) -> list[Sample]:
+def _prompts(
+    config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, Any]] | None, given: dict[str, Any],
+) -> list[Sample]:
     if dataset is not None:
         return rows_to_samples(dataset, tasks, config.data.system_prompt)
     if config.data.path is not None:
         return rows_to_samples(load_rows(config.data.path), tasks, config.data.system_prompt)
+    if given:
+        raise ConfigError(
+            f"the environments given to train() ({', '.join(map(repr, given))}) have no prompt generator: "
+            "pass dataset= or set data.path"
+        )
     return generated_samples(config.environments, config.data.size, config.seed)
 
 
@@ -213,4 +256,5 @@ def _open_backend(config: TrainConfig, model: Any, tokenizer: Any):
         hf_model=model if replicas == 1 else None, served_model_name=config.model.served_model_name,
         concurrency=config.rollout.concurrency, seed=config.seed, options=options,
         replicas=replicas, replica_cpus=config.ray.replica_cpus, replica_gpus=config.ray.replica_gpus,
+        check_reachable=True,
     )
