@@ -32,6 +32,7 @@ import yaml
 
 from ..chat.render import ChatRenderer
 from ..errors import CheckpointError, ConfigError
+from ..models import load_tokenizer
 from ..rollout.engine import arollout
 from ..types import Sample
 from . import checkpoint as ckpt
@@ -94,11 +95,15 @@ async def atrain(
     check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
+    check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
+                         "rollout.max_seq_len")
+    resumed = _resumable(out) if resume else None  # read before the model loads: a refusal is quick
+    if resumed is not None:
+        source.load_state(resumed.data_state)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     model, tokenizer = load_policy(config)
     renderer = ChatRenderer(tokenizer)
-    check_prompt_lengths(prompts, renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
     optimizer, scheduler = make_optimizer(model, config)
     reference = make_reference(model, config)
     algo = config.algorithm
@@ -107,7 +112,10 @@ async def atrain(
         algo.loss_aggregation, algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns
     )
 
-    start = _resume(out, model, optimizer, scheduler, source) if resume else 0
+    start = 0
+    if resumed is not None:
+        ckpt.restore(resumed, model, optimizer, scheduler)
+        start = resumed.step
     logbook = Logbook(out, config.steps, start, console)
     placement = contextlib.ExitStack()  # environments on Ray actors stop with the run
     task_to_env = placement.enter_context(_placed(config, local_envs))
@@ -179,10 +187,10 @@ async def _evaluate(prompts, task_to_env, backend, renderer, config: TrainConfig
     return result.to_json()
 
 
-def _resume(out: Path, model: Any, optimizer: Any, scheduler: Any, source: PromptSource) -> int:
-    """The step to continue after: the newest checkpoint that reads completely (warning about the
-    ones skipped), or 0 for a run that has recorded nothing yet. A run with history but no usable
-    checkpoint is an error: starting over would replace its metrics."""
+def _resumable(out: Path) -> ckpt.Loaded | None:
+    """The checkpoint to continue from: the newest one that reads completely (warning about the
+    ones skipped), or None for a run that has recorded nothing yet. A run with history but no
+    usable checkpoint is an error: starting over would replace its metrics."""
     root = out / "checkpoints"
     for name in ckpt.remove_orphans(root):
         logger.warning("deleted %s, a checkpoint that a killed run left unfinished", root / name)
@@ -190,7 +198,7 @@ def _resume(out: Path, model: Any, optimizer: Any, scheduler: Any, source: Promp
     if loaded is None:
         recorded = [m.get("step", 0) for m in read_metrics(out / "metrics.jsonl")]
         if not skipped and not recorded:
-            return 0
+            return None
         why = f" (skipped: {'; '.join(skipped)})" if skipped else ""
         history = f"; metrics.jsonl records steps up to {max(recorded)}" if recorded else ""
         raise CheckpointError(
@@ -199,9 +207,7 @@ def _resume(out: Path, model: Any, optimizer: Any, scheduler: Any, source: Promp
         )
     if skipped:
         logger.warning("resuming from %s after skipping: %s", loaded.path, "; ".join(skipped))
-    ckpt.restore(loaded, model, optimizer, scheduler)
-    source.load_state(loaded.data_state)
-    return loaded.step
+    return loaded
 
 
 def _eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
