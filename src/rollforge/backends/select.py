@@ -109,6 +109,14 @@ def open_backend(
     )
 
 
+def server_urls(base_url: str | Sequence[str]) -> list[str]:
+    """The servers named by ``base_url``: one URL, a comma-separated string of them, or a list."""
+    urls = [u.strip() for u in base_url.split(",")] if isinstance(base_url, str) else [str(u).strip() for u in base_url]
+    if not urls or not all(urls):
+        raise ConfigError(f"base_url must name one or more servers, comma-separated, got {base_url!r}")
+    return urls
+
+
 def _openai(
     base_url: str | Sequence[str] | None, served_model_name: str | None, concurrency: int, seed: int | None,
     request_timeout: float | None, extra: dict[str, Any], replicas: int, check_reachable: bool,
@@ -117,9 +125,7 @@ def _openai(
         raise ConfigError("the openai backend needs base_url (e.g. --base-url http://127.0.0.1:8000)")
     from .openai_compat import OpenAICompatBackend
 
-    urls = [u.strip() for u in base_url.split(",")] if isinstance(base_url, str) else [str(u).strip() for u in base_url]
-    if not urls or not all(urls):
-        raise ConfigError(f"base_url must name one or more servers, comma-separated, got {base_url!r}")
+    urls = server_urls(base_url)
     if replicas not in (1, len(urls)):
         raise ConfigError(
             f"the openai backend has one replica per URL: replicas={replicas} but base_url names {len(urls)} "

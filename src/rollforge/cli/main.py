@@ -1,4 +1,9 @@
-"""The ``rollforge`` command: one sub-command per module, each with its own small parser."""
+"""The ``rollforge`` command: one sub-command per module, each with its own small parser.
+
+A user's mistake (a bad flag or value, a config or data file that does not parse, a server that
+is down) is a ``RollforgeError`` raised before the work starts; it is answered with one line on
+stderr, ``rollforge: error: ...``, and exit status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,15 @@ from ..errors import RollforgeError
 from . import bench, env, rollout, train
 
 
+class _Parser(argparse.ArgumentParser):
+    """Answers a bad command line in one line (not the usage block), like every other mistake."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollforge", description=__doc__)
+    parser = _Parser(prog="rollforge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     rollout.add_parser(commands)
     bench.add_parser(commands)
@@ -24,8 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except RollforgeError as exc:
-        print(f"rollforge: error: {exc}", file=sys.stderr)
+        print(f"rollforge: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("rollforge: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -77,6 +77,9 @@ def run(args: Any) -> int:
         seed=args.seed,
         tool_parser=args.tool_parser,
     )
+    from ..chat.toolcalls import get_parser
+
+    get_parser(args.tool_parser)  # an unknown name fails now, not once the episodes run
     samples, task_to_env = environments_and_prompts(args.envs or ["arithmetic"], args.data, args.episodes, args.seed)
 
     from ..backends.select import open_backend

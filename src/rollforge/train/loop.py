@@ -97,7 +97,13 @@ async def atrain(
     functions = [*load_reward_functions(config.rewards), *reward_functions]
     check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
                          "rollout.max_seq_len")
-    resumed = _resumable(out) if resume else None  # read before the model loads: a refusal is quick
+    if config.model.backend == "openai" and config.model.base_url:  # before the model loads: a refusal is quick
+        from ..backends.openai_compat import check_server
+        from ..backends.select import server_urls
+
+        for url in server_urls(config.model.base_url):
+            check_server(url)
+    resumed = _resumable(out) if resume else None
     if resumed is not None:
         source.load_state(resumed.data_state)
     out.mkdir(parents=True, exist_ok=True)
@@ -262,5 +268,4 @@ def _open_backend(config: TrainConfig, model: Any, tokenizer: Any):
         hf_model=model if replicas == 1 else None, served_model_name=config.model.served_model_name,
         concurrency=config.rollout.concurrency, seed=config.seed, options=options,
         replicas=replicas, replica_cpus=config.ray.replica_cpus, replica_gpus=config.ray.replica_gpus,
-        check_reachable=True,
     )
