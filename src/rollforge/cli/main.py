@@ -32,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad command line already answered in one line
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.run(args) or 0)
     except RollforgeError as exc:
