@@ -80,6 +80,11 @@ def test_malformed_files_name_the_file_and_line(tmp_path):
     whole.write_text('[{"prompt": "a"},\n {"prompt": }]')
     with pytest.raises(ConfigError, match=r"p.json' line 2 is not valid JSON"):
         load_rows(whole)
+    jsonl.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ConfigError, match=r"p.jsonl' is not UTF-8 text \(invalid continuation byte at byte 15\)"):
+        load_rows(jsonl)
+    jsonl.write_text('{"prompt": "one\u2028line"}\n', encoding="utf-8")  # a line separator inside a JSON string
+    assert load_rows(jsonl) == [{"prompt": "one\u2028line"}]
 
 
 class _CharRenderer:

@@ -92,11 +92,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
         raise ConfigError(f"data.path {str(path)!r} does not exist")
     if path.is_dir():
         return _datasets_rows(path)
+    try:
+        text = path.read_text() if path.suffix in (".jsonl", ".json") else ""
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"data file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if path.suffix == ".jsonl":
-        with path.open() as f:
-            return [_row(_json(line, path, n), path, n) for n, line in enumerate(f, 1) if line.strip()]
+        return [_row(_json(line, path, n), path, n) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     if path.suffix == ".json":
-        data = _json(path.read_text(), path, None)
+        data = _json(text, path, None)
         if not isinstance(data, list):
             raise ConfigError(f"{str(path)!r} must hold a JSON list of rows, got {type(data).__name__}")
         return [_row(r, path, n) for n, r in enumerate(data, 1)]

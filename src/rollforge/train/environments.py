@@ -145,6 +145,9 @@ def import_attribute(path: str) -> Any:
         target: Any = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from None
+    except SyntaxError as exc:
+        raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc.msg} "
+                          f"({exc.filename}, line {exc.lineno})") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (from {path!r})")
