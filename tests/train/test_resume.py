@@ -165,3 +165,18 @@ def test_resume_of_a_run_that_never_checkpointed_is_refused(tiny_config):
 def test_resume_of_a_new_run_starts_at_step_one(tiny_config, tmp_path):
     result = train(tiny_config("steps=1", f"out={tmp_path / 'fresh'}"), resume=True, console=False)
     assert [m["step"] for m in result.history] == [1]
+
+
+def test_the_cli_warns_in_one_line_what_it_skipped(tiny_config, tmp_path, capsys):
+    out, root = _trained(tiny_config)
+    (root / "step-000003" / "state.json").unlink()
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(tiny_config("steps=3").model_dump(mode="json")))
+    capsys.readouterr()
+    assert main(["train", str(config_path), "--resume"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rollforge: warning:")]
+    assert warnings == [
+        f"rollforge: warning: resuming from {root / 'step-000002'} after skipping: "
+        "step-000003 has no state.json (it was never completed)"
+    ]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

@@ -8,6 +8,7 @@ stderr, ``rollforge: error: ...``, and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ..errors import RollforgeError
@@ -31,7 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Warnings(logging.Handler):
+    """rollforge's warnings as ``rollforge: warning: ...`` lines on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"rollforge: {record.levelname.lower()}: {_one_line(record.getMessage())}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    package_logger = logging.getLogger("rollforge")
+    if not any(isinstance(h, _Warnings) for h in package_logger.handlers):
+        package_logger.addHandler(_Warnings(logging.WARNING))
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a bad command line already answered in one line

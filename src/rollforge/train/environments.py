@@ -92,7 +92,7 @@ def check_routes(samples: Sequence[Sample], task_to_env: Mapping[str, Environmen
     docstring); prompt rows are counted from 1."""
     for n, sample in enumerate(samples, 1):
         env = task_to_env[sample.task_name]
-        factories = getattr(env, "factory", None) if isinstance(env, FactoryEnvironment) else None
+        factories = env.factory if isinstance(env, FactoryEnvironment) else None
         if isinstance(factories, dict):
             chosen = sample.row.get(ENVIRONMENT_COLUMN)
             if chosen not in factories:

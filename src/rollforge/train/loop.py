@@ -133,6 +133,7 @@ async def atrain(
             await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
         evaluations = _read_json(out / "eval.json")
         eval_prompts = _eval_prompts(config, list(task_to_env), dataset, given) if config.eval_episodes else []
+        check_prompt_lengths(eval_prompts, renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
         step = start
         if eval_prompts and start == 0:
             evaluations = {"before": await _evaluate(eval_prompts, task_to_env, backend, renderer, config)}
