@@ -13,9 +13,9 @@ A ``file.py`` is imported once per process, under its ordinary module name when 
 ``sys.path`` (so ``file.py:MyEnv`` in a config and ``from file import MyEnv`` in reward code are the
 same class and ``isinstance`` holds), else under a private name.
 
-``check_routes`` refuses, before any generation, a prompt whose ``environment`` column names no
-environment: with a dict of factories it would otherwise fail at run time, one zero-reward episode
-at a time.
+``check_routes`` refuses, before any generation, a prompt whose ``environment`` column names
+neither a factory of its dict of factories nor a configured environment: it would otherwise fail at
+run time, one zero-reward episode at a time, or be played by an environment it was not written for.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def check_routes(samples: Sequence[Sample], task_to_env: Mapping[str, Environmen
                     f"prompt row {n} has {have} {ENVIRONMENT_COLUMN!r} column, but {sample.task_name!r} has "
                     f"factories only for {sorted(factories)}"
                 )
-        elif ENVIRONMENT_COLUMN in sample.row and "task_name" not in sample.row:
+        elif ENVIRONMENT_COLUMN in sample.row:
             chosen = sample.row[ENVIRONMENT_COLUMN]
             if chosen != sample.task_name and chosen not in task_to_env:
                 raise ConfigError(

@@ -51,6 +51,7 @@ from .update import Episode, policy_update
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class TrainResult:
     out: Path
@@ -95,15 +96,7 @@ async def atrain(
     check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
-    check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
-                         "rollout.max_seq_len")
-    if config.model.backend == "openai" and config.model.base_url:  # before the model loads: a refusal is quick
-        from ..backends.openai_compat import check_server
-        from ..backends.select import server_urls
-
-        for url in server_urls(config.model.base_url):
-            check_server(url)
-    resumed = _resumable(out) if resume else None
+    resumed = _preflight(config, prompts, resume)
     if resumed is not None:
         source.load_state(resumed.data_state)
     out.mkdir(parents=True, exist_ok=True)
@@ -192,6 +185,21 @@ async def _evaluate(prompts, task_to_env, backend, renderer, config: TrainConfig
     greedy = config.rollout.model_copy(update={"greedy": True, "seed": config.seed})
     result = await aevaluate(prompts, task_to_env, backend, renderer, greedy)
     return result.to_json()
+
+
+def _preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.Loaded | None:
+    """What can refuse the run, checked before the model loads so that a refusal is quick: prompts
+    that leave no room to generate, an OpenAI-compatible server that does not answer, and (with
+    ``resume``) the checkpoint to continue from."""
+    check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
+                         "rollout.max_seq_len")
+    if config.model.backend == "openai" and config.model.base_url:
+        from ..backends.openai_compat import check_server
+        from ..backends.select import server_urls
+
+        for url in server_urls(config.model.base_url):
+            check_server(url)
+    return _resumable(Path(config.out)) if resume else None
 
 
 def _resumable(out: Path) -> ckpt.Loaded | None:
