@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+def _one_line(what: object) -> str:
+    """An exception or message on one line (a multi-line message is joined)."""
+    return " ".join(str(what).split()) or type(what).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover
