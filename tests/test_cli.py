@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.cli.main import main
 from rollforge.models import load_model
+from rollforge.testing import first_character_rows
 from rollforge.types import Failure, Message, Trajectory
 
 FIELDS = {
@@ -94,3 +96,69 @@ def test_rollout_cli_on_smollm2_is_token_exact_and_logprob_faithful(smollm2_dir,
                 differences.append(abs(logprobs[position - 1].item() - stored))
     assert len(differences) == sum(t.generated_tokens for t in trajectories) > 0
     assert sum(differences) / len(differences) < 1e-3
+
+
+COUNTER = '''
+class Counter:
+    def reset(self, **row):
+        self.total = 0
+
+    def add(self, n: int) -> str:
+        """Add to the total.
+
+        Args:
+            n: how much to add
+        """
+        self.total += n
+        return str(self.total)
+'''
+
+
+def test_rollout_takes_files_modules_and_a_prompts_file(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cli_counter.py").write_text(COUNTER)
+    rows = [{**row, "task_name": "FirstCharacter"} for row in first_character_rows(2)]
+    rows += [{"prompt": "Count to three.", "environment": "Counter"}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["rollout", "--model", str(tiny_model_dir), "--env", "rollforge.testing:FirstCharacter",
+            "--env", "cli_counter.py:Counter", "--data", "rows.jsonl", "--max-new-tokens", "3", "--out", "out"]
+    assert main([*args, "--episodes", "5"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    # five episodes from three rows, cycling through the file
+    assert [r["task_name"] for r in records] == ["FirstCharacter", "FirstCharacter", "Counter", "FirstCharacter", "FirstCharacter"]
+    assert all(r["error"] is None for r in records)
+    assert [m["content"] for m in records[2]["messages"] if m["role"] == "user"] == ["Count to three."]
+
+
+def rollout_error(capsys, *argv):
+    capsys.readouterr()
+    code = main(["rollout", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_rollout_mistakes_are_one_line(tiny_model_dir, tmp_path, capsys):
+    model = ["--model", str(tiny_model_dir), "--episodes", "1"]
+    out = ["--out", str(tmp_path / "out")]
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert f"--out {str(a_file)!r} is an existing file" in rollout_error(capsys, *model, "--out", str(a_file))
+    assert "--episodes must be >= 1, got 0" in rollout_error(capsys, "--episodes", "0", *out)
+    assert "max_turns" in rollout_error(capsys, *model, *out, "--max-turns", "0")
+    assert "--max-seq-len=8 leaves no room to generate: prompt 1 is already" in rollout_error(
+        capsys, *model, *out, "--max-seq-len", "8")
+    assert "unknown tool-call parser 'nope'" in rollout_error(capsys, *model, *out, "--tool-parser", "nope")
+    assert "argument --max-turns: invalid int value: 'many'" in rollout_error(capsys, *out, "--max-turns", "many")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert f"no OpenAI-compatible server answers at {url}" in rollout_error(
+        capsys, *model, *out, "--backend", "openai", "--base-url", url)
+    (tmp_path / "env.py").write_text(COUNTER)
+    env = ["--env", f"{tmp_path / 'env.py'}:Counter"]
+    assert "has no prompt generator; give prompts with --data" in rollout_error(capsys, *model, *out, *env)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n\n{"prompt": \n')
+    assert f"{str(bad)!r} line 3 is not valid JSON" in rollout_error(capsys, *model, *out, *env, "--data", str(bad))
+    assert not (tmp_path / "out").exists()

@@ -15,7 +15,8 @@ Every exception class rollforge defines lives here, named after the boundary tha
     │   ├── ConnectionLost           an OpenEnv server's socket closed or could not be opened
     │   └── ActorDied                the Ray actor holding an episode's environment died
     ├── EpisodeFailed                an episode ends with a recorded ``Failure`` (raised by ``boundary``)
-    └── InvariantError (AssertionError)  a trajectory broke an internal invariant: a rollforge bug
+    ├── InvariantError (AssertionError)  a trajectory broke an internal invariant: a rollforge bug
+    └── CheckpointError              a training checkpoint is missing, incomplete or unreadable
     ArgumentMismatch (Exception)     internal to tool-argument validation, collected into ToolArgumentError
 
 (The sandbox launcher, ``envs/sandbox/_launcher.py``, keeps its own ``SetupError``: it runs
@@ -128,6 +129,10 @@ class EpisodeFailed(RollforgeError):
 
 class InvariantError(RollforgeError, AssertionError):
     """A trajectory or message broke an internal invariant; this is a bug in rollforge."""
+
+
+class CheckpointError(RollforgeError):
+    """A training checkpoint is missing, incomplete or unreadable (``--resume`` names what it skipped)."""
 
 
 def require(package: str, extra: str, feature: str):

@@ -1,6 +1,7 @@
 """``rollforge train``, ``quickstart`` and ``eval`` end to end on the tiny model."""
 
 import json
+import socket
 
 import pytest
 import yaml
@@ -60,3 +61,68 @@ def test_pass_at_k_by_hand():
     assert pass_at_k(4, 3, 2) == 1.0
     with pytest.raises(ConfigError, match="k=5"):
         pass_at_k(4, 1, 5)
+
+
+# --- user mistakes: one line on stderr, exit 2, no traceback, naming the bad value ---
+
+
+def one_line_error(capsys, argv, *expected):
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("rollforge") and "Traceback" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def unused_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def config_file(tiny_config, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config("steps=1").model_dump(mode="json")))
+    return path
+
+
+def test_train_mistakes_are_one_line(config_file, tmp_path, capsys):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("steps: 2\nalgorithm:\n  batch_size: [4, 8\n")
+    one_line_error(capsys, ["train", str(bad_yaml)], f"config file {str(bad_yaml)!r} is not valid YAML", "line 4")
+    one_line_error(capsys, ["train", str(config_file), "--set", "steps=[1"], "override 'steps=[1'")
+    one_line_error(capsys, ["train", str(config_file), "--set", "steps=0"], "steps", "(got 0)")
+
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"prompt": "Reply with a digit."}\n{"prompt": "Reply\n')
+    one_line_error(capsys, ["train", str(config_file), "--set", f"data.path={bad_jsonl}"],
+                   f"{str(bad_jsonl)!r} line 2 is not valid JSON")
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    one_line_error(capsys, ["train", str(config_file), "--set", f"out={a_file}"], f"out {str(a_file)!r} is a file")
+    one_line_error(capsys, ["quickstart", "--out", str(a_file)], f"--out {str(a_file)!r} is an existing file")
+
+    # today's prompts are ~40 tokens: nothing could be generated, so nothing could be trained
+    one_line_error(capsys, ["train", str(config_file), "--set", "rollout.max_seq_len=16"],
+                   "rollout.max_seq_len=16 leaves no room to generate: prompt 1 is already")
+
+    url = f"http://127.0.0.1:{unused_port()}"
+    one_line_error(capsys, ["train", str(config_file), "--set", "model.backend=openai", "--set", f"model.base_url={url}"],
+                   f"no OpenAI-compatible server answers at {url}")
+    assert not (tmp_path / "run").exists()  # every one refused before the run directory was made
+
+
+def test_eval_mistakes_are_one_line(tiny_model_dir, tmp_path, capsys):
+    model = ["eval", "--model", str(tiny_model_dir)]
+    one_line_error(capsys, [*model, "--episodes", "0"], "--episodes must be >= 1, got 0")
+    one_line_error(capsys, [*model, "--samples", "-1"], "--samples must be >= 1, got -1")
+    one_line_error(capsys, [*model, "--max-turns", "0"], "max_turns", "(got 0)")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    one_line_error(capsys, [*model, "--out", str(a_file)], f"--out {str(a_file)!r} is an existing file")
+    one_line_error(capsys, [*model, "--episodes", "two"], "argument --episodes: invalid int value: 'two'")

@@ -66,3 +66,12 @@ def test_example_configs_train_one_step(path, tiny_model_dir, tmp_path, monkeypa
     assert result.history[0]["rollout/error_rate"] == 0
     if config.rewards:
         assert any(k.startswith("reward/fn/") for k in result.history[0])
+
+
+def test_yaml_mistakes_name_the_file_line_and_column(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 3\nalgorithm:\n\tbatch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"c.yaml' is not valid YAML: found character '\\t' that cannot start any token at line 3, column 1"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"override 'algorithm.batch_size=\{4': the value is not valid YAML: .* at line 1, column 3"):
+        load_config(overrides=["algorithm.batch_size={4"])

@@ -6,7 +6,7 @@ import pytest
 
 from rollforge.errors import ConfigError
 from rollforge.train.config import EnvConfig
-from rollforge.train.data import PromptSource, generated_samples, load_rows, rows_to_samples
+from rollforge.train.data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
 from rollforge.types import Message, Sample
 
 
@@ -69,3 +69,40 @@ def test_generators_share_prompts_by_weight():
     assert tasks[:2] == ["arithmetic", "guess_number"]  # interleaved
     with pytest.raises(ConfigError, match="has no prompt generator"):
         generated_samples([EnvConfig(name="mymod:Env")], 4, 0)
+
+
+def test_malformed_files_name_the_file_and_line(tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a"}\n\n{"prompt": "b",}\n')
+    with pytest.raises(ConfigError, match=r"p.jsonl' line 3 is not valid JSON: Expecting property name .*\(column 16\)"):
+        load_rows(jsonl)
+    whole = tmp_path / "p.json"
+    whole.write_text('[{"prompt": "a"},\n {"prompt": }]')
+    with pytest.raises(ConfigError, match=r"p.json' line 2 is not valid JSON"):
+        load_rows(whole)
+    jsonl.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ConfigError, match=r"p.jsonl' is not UTF-8 text \(invalid continuation byte at byte 15\)"):
+        load_rows(jsonl)
+    jsonl.write_text('{"prompt": "one\u2028line"}\n', encoding="utf-8")  # a line separator inside a JSON string
+    assert load_rows(jsonl) == [{"prompt": "one\u2028line"}]
+
+
+class _CharRenderer:
+    """One token per character; a 2-token generation prompt."""
+
+    generation_prompt = [0, 0]
+
+    def prompt_ids(self, messages):
+        return [0] * sum(len(m.content) for m in messages)
+
+
+def test_prompts_that_leave_no_room_to_generate_are_refused():
+    samples = [Sample((Message("user", "x" * n),)) for n in (5, 8, 3, 9)]
+    check_prompt_lengths(samples, _CharRenderer(), 12, "max_seq_len")  # the longest, 9 + 2 = 11, leaves one token
+    with pytest.raises(ConfigError) as caught:
+        check_prompt_lengths(samples, _CharRenderer(), 10, "rollout.max_seq_len")
+    # prompt 2 is 8 + 2 = 10 tokens: the sequence is full before the first generated token; prompt 4 too
+    assert str(caught.value) == (
+        "rollout.max_seq_len=10 leaves no room to generate: prompt 2 is already 10 tokens (and 1 more prompts); "
+        "raise rollout.max_seq_len or shorten the prompts"
+    )

@@ -57,7 +57,7 @@ from .openai_wire import (
 from .weights import export_weights, scratch_directory
 
 # completion_from_response is re-exported: callers and tests import it from here.
-__all__ = ["OpenAICompatBackend", "TRANSIENT_STATUSES", "completion_from_response"]
+__all__ = ["OpenAICompatBackend", "TRANSIENT_STATUSES", "check_server", "completion_from_response"]
 
 #: HTTP statuses worth retrying: the server is busy or briefly unavailable.
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -172,6 +172,12 @@ class OpenAICompatBackend(Backend):
         body = scoring_request(ids, self.model)
         payload = await self._request("POST", "/v1/completions", json_body=body, what="scoring")
         return prompt_logprobs_from_response(payload, ids, self.base_url)
+
+    def check_reachable(self) -> None:
+        """Raise ``BackendError`` naming the URL when no server answers there (any HTTP answer
+        counts: this checks that a server is up, not what it serves). Commands call it once at
+        start, so a server that is down fails the command instead of every episode."""
+        check_server(self.base_url, self._timeout.connect, self._headers)
 
     # --- the WeightSync protocol -------------------------------------------------------------
 
@@ -295,3 +301,18 @@ class OpenAICompatBackend(Backend):
                 except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                     raise BackendError(f"malformed response from {url}: not JSON: {excerpt(response.text)}") from exc
         raise BackendError(f"{what} request to {url} failed after {self.max_retries + 1} attempts; last: {problem}")
+
+
+def check_server(base_url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None) -> None:
+    """``OpenAICompatBackend.check_reachable`` for a URL, before any backend is built."""
+    httpx = require("httpx", "openai", "the OpenAI-compatible backend")
+    url = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        httpx.get(f"{url}/v1/models", headers=dict(headers or {}), timeout=timeout)
+    except httpx.TransportError as exc:
+        raise BackendError(
+            f"no OpenAI-compatible server answers at {url} ({type(exc).__name__}: {exc or 'connection failed'}); "
+            "start it, or fix the base URL"
+        ) from None
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"base URL {base_url!r} is not a valid URL: {exc}") from None

@@ -40,6 +40,7 @@ def open_backend(
     replicas: int = 1,
     replica_cpus: float = 1.0,
     replica_gpus: float = 0.0,
+    check_reachable: bool = False,
 ) -> Backend:
     """Build the backend ``kind`` for ``model_name_or_path`` (a local directory or an alias).
 
@@ -57,7 +58,8 @@ def open_backend(
     constructor. ``replicas > 1`` with ``hf``/``vllm`` starts that many Ray actors (initialising a
     local Ray unless one is connected), each reserving ``replica_cpus`` CPUs and ``replica_gpus``
     GPUs and loading the model itself, behind a ``RouterBackend``; replica ``i`` gets seed
-    ``seed + i``. With ``openai``, ``replicas`` must be 1 or the number of URLs.
+    ``seed + i``. With ``openai``, ``replicas`` must be 1 or the number of URLs, and
+    ``check_reachable`` makes a server that does not answer a ``BackendError`` now (commands set it).
     """
     if kind not in BACKEND_KINDS:
         raise ConfigError(f"unknown backend {kind!r}: expected one of {', '.join(BACKEND_KINDS)}")
@@ -69,7 +71,7 @@ def open_backend(
         raise ConfigError(f"replicas must be an integer >= 1, got {replicas!r}")
     extra = dict(options or {})
     if kind == "openai":
-        return _openai(base_url, served_model_name, concurrency, seed, request_timeout, extra, replicas)
+        return _openai(base_url, served_model_name, concurrency, seed, request_timeout, extra, replicas, check_reachable)
     if replicas > 1:
         if hf_model is not None:
             raise ConfigError(
@@ -107,17 +109,23 @@ def open_backend(
     )
 
 
+def server_urls(base_url: str | Sequence[str]) -> list[str]:
+    """The servers named by ``base_url``: one URL, a comma-separated string of them, or a list."""
+    urls = [u.strip() for u in base_url.split(",")] if isinstance(base_url, str) else [str(u).strip() for u in base_url]
+    if not urls or not all(urls):
+        raise ConfigError(f"base_url must name one or more servers, comma-separated, got {base_url!r}")
+    return urls
+
+
 def _openai(
     base_url: str | Sequence[str] | None, served_model_name: str | None, concurrency: int, seed: int | None,
-    request_timeout: float | None, extra: dict[str, Any], replicas: int,
+    request_timeout: float | None, extra: dict[str, Any], replicas: int, check_reachable: bool,
 ) -> Backend:
     if base_url is None:
         raise ConfigError("the openai backend needs base_url (e.g. --base-url http://127.0.0.1:8000)")
     from .openai_compat import OpenAICompatBackend
 
-    urls = [u.strip() for u in base_url.split(",")] if isinstance(base_url, str) else [str(u).strip() for u in base_url]
-    if not urls or not all(urls):
-        raise ConfigError(f"base_url must name one or more servers, comma-separated, got {base_url!r}")
+    urls = server_urls(base_url)
     if replicas not in (1, len(urls)):
         raise ConfigError(
             f"the openai backend has one replica per URL: replicas={replicas} but base_url names {len(urls)} "
@@ -134,6 +142,9 @@ def _openai(
         return OpenAICompatBackend(url, model=served_model_name, max_concurrency=concurrency, seed=replica_seed, **options)
 
     backends = [build(i, url) for i, url in enumerate(urls)]
+    if check_reachable:
+        for backend in backends:
+            backend.check_reachable()
     if len(backends) == 1:
         return backends[0]
     from .router import RouterBackend

@@ -1,16 +1,29 @@
-"""The ``rollforge`` command: one sub-command per module, each with its own small parser."""
+"""The ``rollforge`` command: one sub-command per module, each with its own small parser.
+
+A user's mistake (a bad flag or value, a config or data file that does not parse, a server that
+is down) is a ``RollforgeError`` raised before the work starts; it is answered with one line on
+stderr, ``rollforge: error: ...``, and exit status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ..errors import RollforgeError
 from . import bench, check_template, env, rollout, train
 
 
+class _Parser(argparse.ArgumentParser):
+    """Answers a bad command line in one line (not the usage block), like every other mistake."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollforge", description=__doc__)
+    parser = _Parser(prog="rollforge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     rollout.add_parser(commands)
     bench.add_parser(commands)
@@ -20,13 +33,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Warnings(logging.Handler):
+    """rollforge's warnings as ``rollforge: warning: ...`` lines on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"rollforge: {record.levelname.lower()}: {_one_line(record.getMessage())}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    package_logger = logging.getLogger("rollforge")
+    if not any(isinstance(h, _Warnings) for h in package_logger.handlers):
+        package_logger.addHandler(_Warnings(logging.WARNING))
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad command line already answered in one line
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.run(args) or 0)
     except RollforgeError as exc:
-        print(f"rollforge: error: {exc}", file=sys.stderr)
+        print(f"rollforge: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("rollforge: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(what: object) -> str:
+    """An exception or message on one line (a multi-line message is joined)."""
+    return " ".join(str(what).split()) or type(what).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

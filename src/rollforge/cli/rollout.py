@@ -1,14 +1,19 @@
-"""``rollforge rollout``: roll a model out on bundled environments and write the results.
+"""``rollforge rollout``: roll a model out on environments and write the results.
 
-Episodes are split evenly over the ``--env`` environments (the first ones get the remainder) and
-interleaved, so every environment runs from the start. Each finished episode is appended to
-``trajectories.jsonl.partial`` as it completes (nothing produced is lost if the run dies); at the end
-``trajectories.jsonl`` is written in input order and ``metrics.json`` beside it.
+``--env`` takes what a training config's ``environments`` take: a bundled name, an OpenEnv server
+URL, ``module:attribute`` or ``file.py:Class`` (``train/environments.py``). Prompts come from the
+bundled environments' generators, episodes split evenly over the ``--env`` environments (the first
+ones get the remainder) and interleaved, so every environment runs from the start; or from
+``--data FILE`` (rows as in training: ``prompt``, optional ``task_name``/``environment``), whose
+first ``--episodes`` rows are used (cycling through the file; all rows by default).
 
-``.partial`` never ends in a torn line: each record is one ``os.write`` of a whole line, and a
-write that fails part-way (a full disk) is cut back to the last whole line; the failure is
-reported by the engine (``on_episode_errors``) while the rollout goes on. ``read_partial`` reads
-the whole lines back and ignores an incomplete last one (a machine that lost power mid-write).
+Each finished episode is appended to ``trajectories.jsonl.partial`` as it completes (nothing
+produced is lost if the run dies); at the end ``trajectories.jsonl`` is written in input order and
+``metrics.json`` beside it. ``.partial`` never ends in a torn line: each record is one
+``os.write`` of a whole line, and a write that fails part-way (a full disk) is cut back to the last
+whole line; the failure is reported by the engine (``on_episode_errors``) while the rollout goes
+on. ``read_partial`` reads the whole lines back and ignores an incomplete last one (a machine that
+lost power mid-write).
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from ..types import Sample, Trajectory
 def add_parser(commands: Any) -> None:
     p = commands.add_parser("rollout", help="run multi-turn rollouts of a model on environments")
     p.add_argument("--model", default="smollm2-135m", help="local model directory, hub id or alias (smollm2-135m)")
-    p.add_argument("--env", action="append", dest="envs", metavar="NAME", help="a bundled environment (repeatable)")
-    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--env", action="append", dest="envs", metavar="NAME",
+                   help="a bundled environment, an OpenEnv URL, module:attr or file.py:Class (repeatable)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="prompts file (.jsonl/.json/.parquet, columns as in training); needed by non-bundled --env")
+    p.add_argument("--episodes", type=int, default=None, help="episodes (default 16; with --data, every row)")
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--mode", choices=["async", "lockstep"], default="async")
@@ -58,13 +66,11 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: Any) -> int:
-    from ..envs.library import get_env_spec
     from ..rollout.config import RolloutConfig
 
-    envs = args.envs or ["arithmetic"]
-    if args.episodes < 1:
+    if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
-    specs = [get_env_spec(name) for name in envs]
+    check_out_dir(args.out, "--out")
     config = RolloutConfig.build(
         mode=args.mode,
         max_turns=args.max_turns,
@@ -78,20 +84,25 @@ def run(args: Any) -> int:
         seed=args.seed,
         tool_parser=args.tool_parser,
     )
-    samples = split_samples(specs, args.episodes, args.seed)
-    task_to_env = {spec.name: spec.build() for spec in specs}
+    from ..chat.toolcalls import get_parser
+
+    get_parser(args.tool_parser)  # an unknown name fails now, not once the episodes run
+    samples, task_to_env = environments_and_prompts(args.envs or ["arithmetic"], args.data, args.episodes, args.seed)
 
     from ..backends.select import open_backend
     from ..chat.render import ChatRenderer
     from ..models import load_tokenizer
+    from ..train.data import check_prompt_lengths
 
     if args.replicas != 1 and args.executor != "ray":
         raise ConfigError(f"--replicas {args.replicas} needs --executor ray (generation replicas run on Ray actors)")
-    ray_config = _ray_config(args)
     tokenizer = load_tokenizer(args.model)
+    check_prompt_lengths(samples, ChatRenderer(tokenizer), args.max_seq_len, "--max-seq-len")
+    ray_config = _ray_config(args)
     backend = open_backend(
         args.backend, args.model, tokenizer, base_url=args.base_url, served_model_name=args.served_model_name,
         concurrency=args.concurrency, seed=args.seed, replicas=args.replicas, replica_cpus=args.replica_cpus,
+        check_reachable=True,
     )
     with _placed(ray_config, task_to_env) as placed:
         result = run_with_progress(samples, placed, backend, ChatRenderer(tokenizer), config, args.out)
@@ -128,6 +139,38 @@ def _placed(ray_config, task_to_env: dict):
     from ..cluster.executor import environments_on_ray
 
     return environments_on_ray(task_to_env, ray_config)
+
+
+def check_out_dir(out: Path, flag: str) -> None:
+    """An output directory, existing or not, but not a file."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag} {str(out)!r} is an existing file; expected a directory (existing or new)")
+
+
+def environments_and_prompts(
+    names: list[str], data: Path | None, episodes: int | None, seed: int,
+) -> tuple[list[Sample], dict[str, Any]]:
+    """The samples and ``task_to_env`` of ``--env`` names and the optional ``--data`` file (see the
+    module docstring); every prompt is checked against the environments before anything runs."""
+    from ..envs.library import get_env_spec
+    from ..train.config import EnvConfig
+    from ..train.data import load_rows, rows_to_samples
+    from ..train.environments import build_environments, check_routes, is_bundled
+
+    if data is None:
+        foreign = [name for name in names if not is_bundled(name)]
+        if foreign:
+            raise ConfigError(f"--env {foreign[0]!r} has no prompt generator; give prompts with --data FILE.jsonl")
+        specs = [get_env_spec(name) for name in names]
+        return split_samples(specs, episodes or 16, seed), {spec.name: spec.build() for spec in specs}
+    task_to_env = build_environments([EnvConfig(name=name) for name in names])
+    rows = load_rows(data)
+    if not rows:
+        raise ConfigError(f"--data {str(data)!r} holds no rows")
+    count = episodes or len(rows)
+    samples = rows_to_samples([rows[i % len(rows)] for i in range(count)], list(task_to_env))
+    check_routes(samples, task_to_env)
+    return samples, task_to_env
 
 
 def split_samples(specs: list, episodes: int, seed: int) -> list[Sample]:

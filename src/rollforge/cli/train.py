@@ -80,10 +80,12 @@ def _train(args: Any) -> int:
 
 
 def _quickstart(args: Any) -> int:
+    from ..cli.rollout import check_out_dir
     from ..train.config import load_config
     from ..train.loop import train
     from ..train.report import write_report
 
+    check_out_dir(args.out, "--out")
     overrides = [f"out={args.out}"]
     for key, value in (("steps", args.steps), ("model.name", args.model), ("model.backend", args.backend),
                        ("model.base_url", args.base_url)):
@@ -102,11 +104,17 @@ def _eval(args: Any) -> int:
     import asyncio
 
     from ..chat.render import ChatRenderer
-    from ..cli.rollout import split_samples, write_results
+    from ..cli.rollout import check_out_dir, split_samples, write_results
     from ..envs.library import get_env_spec
+    from ..errors import ConfigError
     from ..rollout.config import RolloutConfig
     from ..train.evaluate import aevaluate
 
+    for flag, value in (("--episodes", args.episodes), ("--samples", args.samples)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.out is not None:
+        check_out_dir(args.out, "--out")
     specs = [get_env_spec(name) for name in args.envs or ["arithmetic"]]
     prompts = split_samples(specs, args.episodes, args.seed)
     config = RolloutConfig.build(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,

@@ -92,11 +92,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
         raise ConfigError(f"data.path {str(path)!r} does not exist")
     if path.is_dir():
         return _datasets_rows(path)
+    try:
+        text = path.read_text() if path.suffix in (".jsonl", ".json") else ""
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"data file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if path.suffix == ".jsonl":
-        with path.open() as f:
-            return [_row(json.loads(line), path, n) for n, line in enumerate(f, 1) if line.strip()]
+        return [_row(_json(line, path, n), path, n) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     if path.suffix == ".json":
-        data = json.loads(path.read_text())
+        data = _json(text, path, None)
         if not isinstance(data, list):
             raise ConfigError(f"{str(path)!r} must hold a JSON list of rows, got {type(data).__name__}")
         return [_row(r, path, n) for n, r in enumerate(data, 1)]
@@ -115,10 +118,38 @@ def _datasets_rows(path: Path) -> list[dict[str, Any]]:
     return list(datasets.load_from_disk(str(path)))
 
 
+def _json(text: str, path: Path, line: int | None) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {line}" if line is not None else f"line {exc.lineno}"
+        raise ConfigError(f"{str(path)!r} {where} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+
+
 def _row(row: Any, path: Path, line: int) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise ConfigError(f"{str(path)!r} row {line}: expected an object, got {type(row).__name__}")
     return row
+
+
+def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: int, setting: str) -> None:
+    """Refuse prompts that leave no room to generate under ``max_seq_len`` (``setting`` names the
+    option to raise); prompts are counted from 1."""
+    lengths: dict[tuple, int] = {}
+    too_long = []
+    for n, sample in enumerate(samples, 1):
+        key = tuple((m.role, m.content, m.name) for m in sample.prompt)
+        if key not in lengths:
+            lengths[key] = len(renderer.prompt_ids(sample.prompt)) + len(renderer.generation_prompt)
+        if lengths[key] >= max_seq_len:
+            too_long.append((n, lengths[key]))
+    if too_long:
+        n, length = too_long[0]
+        others = f" (and {len(too_long) - 1} more prompts)" if len(too_long) > 1 else ""
+        raise ConfigError(
+            f"{setting}={max_seq_len} leaves no room to generate: prompt {n} is already {length} tokens{others}; "
+            f"raise {setting} or shorten the prompts"
+        )
 
 
 def rows_to_samples(rows: Iterable[Mapping[str, Any]], tasks: Sequence[str], system_prompt: str | None = None) -> list[Sample]:

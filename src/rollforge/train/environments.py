@@ -1,26 +1,40 @@
-"""Environments named in a training config, built into the engine's ``task_to_env`` mapping.
+"""Environments named in a training config or given as objects, built into the engine's
+``task_to_env`` mapping.
 
 A name is a bundled environment (``arithmetic``), the URL of an OpenEnv server
-(``http://127.0.0.1:8000``: one WebSocket session per episode), or ``module:attribute``. The attribute may
-be an ``Environment`` (used as is), a class or object with a NeMo-RL-style ``step(message_logs,
-metadata)`` (wrapped in ``StepwiseEnvironment``), a dict ``{name: factory}`` or any other class or
-zero-argument callable (TRL-style, wrapped in ``FactoryEnvironment``).
+(``http://127.0.0.1:8000``: one WebSocket session per episode), or ``module:attribute`` /
+``path/to/file.py:attribute``. The attribute, or an object given directly (``train(config,
+environments={"name": obj})``), may be an ``Environment`` (used as is), a class or object with a
+NeMo-RL-style ``step(message_logs, metadata)`` (wrapped in ``StepwiseEnvironment``), a dict
+``{name: factory}`` or any other class or zero-argument callable (TRL-style, wrapped in
+``FactoryEnvironment``).
+
+A ``file.py`` is imported once per process, under its ordinary module name when its folder is on
+``sys.path`` (so ``file.py:MyEnv`` in a config and ``from file import MyEnv`` in reward code are the
+same class and ``isinstance`` holds), else under a private name.
+
+``check_routes`` refuses, before any generation, a prompt whose ``environment`` column names
+neither a factory of its dict of factories nor a configured environment: it would otherwise fail at
+run time, one zero-reward episode at a time, or be played by an environment it was not written for.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..envs.base import Environment
-from ..envs.factory import FactoryEnvironment
+from ..envs.factory import ENVIRONMENT_COLUMN, FactoryEnvironment
 from ..envs.library import get_env_spec
 from ..envs.stepwise import StepwiseEnvironment
 from ..errors import ConfigError
+from ..types import Sample
 from .config import EnvConfig
 
 
@@ -49,16 +63,51 @@ def is_bundled(name: str) -> bool:
     return True
 
 
-def build_environments(configs: list[EnvConfig]) -> dict[str, Environment]:
-    if not configs:
+def build_environments(configs: list[EnvConfig], given: Mapping[str, Any] | None = None) -> dict[str, Environment]:
+    """``task_to_env`` from the configured names, then the ``given`` objects (task name -> object)."""
+    if not configs and not given:
         raise ConfigError("no environments configured: give at least one under 'environments'")
     out: dict[str, Environment] = {}
-    for config in configs:
-        name = task_name(config)
+    named = [(task_name(c), c.name) for c in configs] + list((given or {}).items())
+    for name, target in named:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"environment task names must be non-empty strings, got {name!r}")
         if name in out:
             raise ConfigError(f"two environments have the task name {name!r}; set task_name on one of them")
-        out[name] = _build(config.name)
+        out[name] = _build(target) if isinstance(target, str) else as_environment(target, f"environment {name!r}")
     return out
+
+
+def named_environments(given: Any) -> dict[str, Any]:
+    """``train(environments=...)``: a mapping task name -> object, or one object (a class, factory or
+    ``Environment``) named after itself."""
+    if isinstance(given, Mapping):
+        return dict(given)
+    name = getattr(given, "__name__", None) or type(given).__name__
+    return {name: given}
+
+
+def check_routes(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
+    """Every prompt's ``environment`` column names an environment that exists (see the module
+    docstring); prompt rows are counted from 1."""
+    for n, sample in enumerate(samples, 1):
+        env = task_to_env[sample.task_name]
+        factories = env.factory if isinstance(env, FactoryEnvironment) else None
+        if isinstance(factories, dict):
+            chosen = sample.row.get(ENVIRONMENT_COLUMN)
+            if chosen not in factories:
+                have = "no" if ENVIRONMENT_COLUMN not in sample.row else f"the value {chosen!r} in its"
+                raise ConfigError(
+                    f"prompt row {n} has {have} {ENVIRONMENT_COLUMN!r} column, but {sample.task_name!r} has "
+                    f"factories only for {sorted(factories)}"
+                )
+        elif ENVIRONMENT_COLUMN in sample.row:
+            chosen = sample.row[ENVIRONMENT_COLUMN]
+            if chosen != sample.task_name and chosen not in task_to_env:
+                raise ConfigError(
+                    f"prompt row {n}: {ENVIRONMENT_COLUMN} {chosen!r} names no configured environment "
+                    f"(configured: {sorted(task_to_env)})"
+                )
 
 
 def _build(name: str) -> Environment:
@@ -68,7 +117,11 @@ def _build(name: str) -> Environment:
         return OpenEnvEnvironment(name)
     if is_bundled(name):
         return get_env_spec(name).build()
-    target = import_attribute(name)
+    return as_environment(import_attribute(name), repr(name))
+
+
+def as_environment(target: Any, label: str) -> Environment:
+    """An object (see the module docstring) as an ``Environment``."""
     if isinstance(target, Environment) and not inspect.isclass(target):
         return target
     if isinstance(target, Mapping):
@@ -79,7 +132,7 @@ def _build(name: str) -> Environment:
         return StepwiseEnvironment(target)
     if callable(target):
         return FactoryEnvironment(target)
-    raise ConfigError(f"{name!r} is a {type(target).__name__}; expected an environment class, factory or Environment")
+    raise ConfigError(f"{label} is a {type(target).__name__}; expected an environment class, factory or Environment")
 
 
 def import_attribute(path: str) -> Any:
@@ -92,6 +145,9 @@ def import_attribute(path: str) -> Any:
         target: Any = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from None
+    except SyntaxError as exc:
+        raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc.msg} "
+                          f"({exc.filename}, line {exc.lineno})") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (from {path!r})")
@@ -100,14 +156,49 @@ def import_attribute(path: str) -> Any:
 
 
 def _import_file(filename: str) -> Any:
+    """The module of ``filename``, imported once (see the module docstring)."""
     file = Path(filename).resolve()
     if not file.is_file():
         raise ImportError(f"no such file {str(file)!r}")
-    name = f"rollforge_user_{file.stem}"
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(file):
-        return sys.modules[name]
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and os.path.basename(path) == file.name and Path(path).resolve() == file:
+            return module
+    name = _module_name(file)
+    if name is not None:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            module = None
+        if module is not None and Path(getattr(module, "__file__", "") or "").resolve() == file:
+            return module
+    # not importable by its own name (shadowed, or not an identifier): a private name per path
+    name = f"rollforge_user_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before executing: dataclasses and pickling look modules up by name
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
+
+
+def _module_name(file: Path) -> str | None:
+    """The dotted name ``file`` has under a ``sys.path`` entry; its folder is appended to
+    ``sys.path`` when none holds it (as ``python file.py`` would put it first), so that the files
+    beside it import each other as usual."""
+    names = []
+    for entry in list(sys.path):
+        base = Path(entry or os.getcwd()).resolve()
+        if base in file.parents:
+            parts = file.relative_to(base).with_suffix("").parts
+            if all(part.isidentifier() for part in parts):
+                names.append(".".join(parts))
+    if names:
+        return min(names, key=lambda name: name.count("."))  # the nearest entry, as users import it
+    if not file.stem.isidentifier():
+        return None
+    sys.path.append(str(file.parent))
+    return file.stem

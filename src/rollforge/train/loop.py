@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import os
 import random
 import time
@@ -30,14 +31,16 @@ import torch
 import yaml
 
 from ..chat.render import ChatRenderer
+from ..errors import CheckpointError, ConfigError
+from ..models import load_tokenizer
 from ..rollout.engine import arollout
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
 from .advantages import compute_advantages
 from .config import TrainConfig
-from .data import PromptSource, generated_samples, load_rows, rows_to_samples
-from .environments import build_environments
+from .data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
+from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
 from .logbook import Logbook, read_metrics
 from .losses import ClippedPolicyLoss, get_aggregation
@@ -46,6 +49,8 @@ from .rewards import RewardFunction, compute_rewards, load_reward_functions
 from .step_metrics import step_metrics
 from .sync import WeightSync
 from .update import policy_update, sequences
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,24 +69,39 @@ def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
 async def atrain(
     config: TrainConfig,
     *,
+    environments: Any = None,
     dataset: Sequence[dict[str, Any]] | None = None,
     reward_functions: Sequence[RewardFunction] = (),
     resume: bool = False,
     console: bool = True,
     on_step: Callable[..., Any] | None = None,
 ) -> TrainResult:
-    """Train per ``config``. ``on_step(step, metrics, model, backend)`` (sync or async) runs after
-    each step's weight sync, e.g. for custom evaluation."""
+    """Train per ``config``.
+
+    ``environments``: environment objects in addition to the config's names (which then apply only
+    when set explicitly, not the default ``arithmetic``): a dict task name -> an environment class,
+    a zero-argument factory, a dict ``{name: factory}`` (TRL's multi-environment form) or an
+    ``Environment``; or one such object, named after itself. ``on_step(step, metrics, model,
+    backend)`` (sync or async) runs after each step's weight sync, e.g. for custom evaluation."""
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out {str(out)!r} is a file; expected a run directory")
+    given = named_environments(environments) if environments is not None else {}
+    if given and "environments" not in config.model_fields_set:
+        config = config.model_copy(update={"environments": []})  # the objects replace the default
     random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    local_envs = build_environments(config.environments)
-    prompts = _prompts(config, list(local_envs), dataset)
+    local_envs = build_environments(config.environments, given)
+    prompts = _prompts(config, list(local_envs), dataset, given)
+    check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
+    resumed = _preflight(config, prompts, resume)
+    if resumed is not None:
+        source.load_state(resumed.data_state)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     model, tokenizer = load_policy(config)
     renderer = ChatRenderer(tokenizer)
     optimizer, scheduler = make_optimizer(model, config)
@@ -93,11 +113,9 @@ async def atrain(
     )
 
     start = 0
-    latest = ckpt.latest_checkpoint(out / "checkpoints") if resume else None
-    if latest is not None:
-        restored = ckpt.restore_checkpoint(latest, model, optimizer, scheduler)
-        source.load_state(restored.data_state)
-        start = restored.step
+    if resumed is not None:
+        ckpt.restore(resumed, model, optimizer, scheduler)
+        start = resumed.step
     logbook = Logbook(out, config.steps, start, console)
     placement = contextlib.ExitStack()  # environments on Ray actors stop with the run
     task_to_env = placement.enter_context(_placed(config, local_envs))
@@ -108,7 +126,8 @@ async def atrain(
         if start or config.lora.enabled:
             await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
         evaluations = _read_json(out / "eval.json")
-        eval_prompts = _eval_prompts(config, list(task_to_env), dataset) if config.eval_episodes else []
+        eval_prompts = _eval_prompts(config, list(task_to_env), dataset, given) if config.eval_episodes else []
+        check_prompt_lengths(eval_prompts, renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
         step = start
         if eval_prompts and start == 0:
             evaluations = {"before": await _evaluate(eval_prompts, task_to_env, backend, renderer, config)}
@@ -170,10 +189,48 @@ async def _evaluate(prompts, task_to_env, backend, renderer, config: TrainConfig
     return result.to_json()
 
 
-def _eval_prompts(config: TrainConfig, tasks: list[str], dataset) -> list[Sample]:
+def _preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.Loaded | None:
+    """What can refuse the run, checked before the model loads so that a refusal is quick: prompts
+    that leave no room to generate, an OpenAI-compatible server that does not answer, and (with
+    ``resume``) the checkpoint to continue from."""
+    check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
+                         "rollout.max_seq_len")
+    if config.model.backend == "openai" and config.model.base_url:
+        from ..backends.openai_compat import check_server
+        from ..backends.select import server_urls
+
+        for url in server_urls(config.model.base_url):
+            check_server(url)
+    return _resumable(Path(config.out)) if resume else None
+
+
+def _resumable(out: Path) -> ckpt.Loaded | None:
+    """The checkpoint to continue from: the newest one that reads completely (warning about the
+    ones skipped), or None for a run that has recorded nothing yet. A run with history but no
+    usable checkpoint is an error: starting over would replace its metrics."""
+    root = out / "checkpoints"
+    for name in ckpt.remove_orphans(root):
+        logger.warning("deleted %s, a checkpoint that a killed run left unfinished", root / name)
+    loaded, skipped = ckpt.load_newest(root)
+    if loaded is None:
+        recorded = [m.get("step", 0) for m in read_metrics(out / "metrics.jsonl")]
+        if not skipped and not recorded:
+            return None
+        why = f" (skipped: {'; '.join(skipped)})" if skipped else ""
+        history = f"; metrics.jsonl records steps up to {max(recorded)}" if recorded else ""
+        raise CheckpointError(
+            f"cannot resume {str(out)!r}: no usable checkpoint under {str(root)!r}{why}{history}; "
+            f"to start over, choose another out or delete {str(out)!r}"
+        )
+    if skipped:
+        logger.warning("resuming from %s after skipping: %s", loaded.path, "; ".join(skipped))
+    return loaded
+
+
+def _eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
     """Held-out prompts from the generators (another seed); with a dataset, its first rows."""
     if dataset is not None or config.data.path is not None:
-        return _prompts(config, tasks, dataset)[: config.eval_episodes]
+        return _prompts(config, tasks, dataset, given)[: config.eval_episodes]
     return generated_samples(config.environments, config.eval_episodes, config.seed + 7919)
 
 
@@ -187,11 +244,18 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _prompts(config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, Any]] | None) -> list[Sample]:
+def _prompts(
+    config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, Any]] | None, given: dict[str, Any],
+) -> list[Sample]:
     if dataset is not None:
         return rows_to_samples(dataset, tasks, config.data.system_prompt)
     if config.data.path is not None:
         return rows_to_samples(load_rows(config.data.path), tasks, config.data.system_prompt)
+    if given:
+        raise ConfigError(
+            f"the environments given to train() ({', '.join(map(repr, given))}) have no prompt generator: "
+            "pass dataset= or set data.path"
+        )
     return generated_samples(config.environments, config.data.size, config.seed)
 
 

@@ -1,0 +1,32 @@
+"""GRPO training: ``from rollforge.train import train, load_config``.
+
+The names below are imported on first use (PEP 562), so that importing a light submodule such as
+``rollforge.train.config`` does not pull in torch and the training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "train": ("rollforge.train.loop", "train"),
+    "atrain": ("rollforge.train.loop", "atrain"),
+    "TrainResult": ("rollforge.train.loop", "TrainResult"),
+    "TrainConfig": ("rollforge.train.config", "TrainConfig"),
+    "load_config": ("rollforge.train.config", "load_config"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'rollforge.train' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -1,0 +1,14 @@
+"""``rollforge.train``'s own names, as the README imports them."""
+
+import rollforge.train
+from rollforge.train import TrainConfig, TrainResult, atrain, load_config, train
+from rollforge.train import config as config_module
+from rollforge.train import loop
+
+
+def test_the_readme_imports_work_and_are_the_loop_s_own():
+    assert train is loop.train and atrain is loop.atrain and TrainResult is loop.TrainResult
+    assert TrainConfig is config_module.TrainConfig and load_config is config_module.load_config
+    assert rollforge.train.__all__ == sorted(rollforge.train.__all__) == [
+        "TrainConfig", "TrainResult", "atrain", "load_config", "train",
+    ]
