@@ -35,13 +35,15 @@ processes in the jail's namespace). ``sandbox_support()`` says whether it works 
 
 from __future__ import annotations
 
-import itertools
+import fcntl
 import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -57,7 +59,12 @@ __all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_sandboxe
 _LAUNCHER = Path(__file__).with_name("_launcher.py")
 _REPORT_FD, _STATUS_FD = 3, 4
 _REPORT_CAP = 1 << 20
+_PACKAGE_DIR = Path(__file__).resolve().parents[2]
 _BASE_UID = 1_200_000  # per-run uids above any real account: RLIMIT_NPROC counts per uid
+_LAST_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
+#: The uid counter; /run is a tmpfs, emptied at boot, when no process of an old uid is left.
+_UID_FILE = Path("/run/rollforge/sandbox-uid-counter")
+_uid_lock = threading.Lock()
 
 
 class SandboxUnavailable(EnvironmentError_):
@@ -139,13 +146,50 @@ def _binds() -> list[str]:
     return [p for p in paths if os.path.lexists(p)]
 
 
-_uids = itertools.count()
-_uid_lock = threading.Lock()
+def _masks() -> list[str]:
+    """Directories to hide below the binds: every place installed packages live (site-packages,
+    ``sys.path``) and the rollforge package itself, which holds the grader's hidden tests and
+    reference solutions. What the interpreter needs (its stdlib, extension modules, shared library
+    and executable, and the bound system directories) stays visible."""
+    needed = {
+        os.path.realpath(p)
+        for p in (
+            sysconfig.get_path("stdlib"),
+            sysconfig.get_path("platstdlib"),
+            os.path.join(sysconfig.get_path("platstdlib"), "lib-dynload"),
+            sysconfig.get_config_var("LIBDIR") or "/usr/lib",
+            os.path.dirname(os.path.realpath(sys.executable)),
+            *_binds(),
+        )
+    }
+    candidates = [*site.getsitepackages(), site.getusersitepackages(), *sys.path, str(_PACKAGE_DIR)]
+    masks = []
+    for candidate in candidates:
+        path = os.path.realpath(candidate) if candidate else ""
+        if not os.path.isdir(path) or path == "/" or path in masks:
+            continue
+        if any(n == path or n.startswith(path + "/") for n in needed):  # would hide the interpreter
+            continue
+        masks.append(path)
+    return masks
 
 
 def _next_uid() -> int:
+    """A uid no earlier run on this host since boot has had (so no keyring, IPC object or process
+    count of an earlier run is shared): a counter in ``_UID_FILE``, under a lock between processes."""
     with _uid_lock:
-        return _BASE_UID + (os.getpid() % 4096) * 1024 + next(_uids) % 1024
+        _UID_FILE.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        descriptor = os.open(_UID_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        with open(descriptor, "r+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            text = handle.read().strip()
+            used = int(text) if text.isdigit() else 0
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(used + 1).encode())
+    if _BASE_UID + used > _LAST_UID:
+        raise SandboxUnavailable(f"the sandbox has used every uid from {_BASE_UID} to {_LAST_UID}; reset {_UID_FILE}")
+    return _BASE_UID + used
 
 
 def run_sandboxed(
@@ -181,6 +225,7 @@ def run_sandboxed(
         "argv": list(argv),
         "env": {**base_env, **(env or {})},
         "binds": _binds(),
+        "masks": _masks(),
         "uid": uid,
         "gid": gid,
         "limits": asdict(limits),
