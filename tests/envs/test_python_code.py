@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from rollforge.envs.library import get_env_spec
+from rollforge.envs.library import get_env_spec, python_code_tasks
 from rollforge.envs.library.python_code import MAX_RUNS, PythonCodeEnv, grade_report
 from rollforge.envs.library.python_code_tasks import (
     TASKS,
@@ -17,7 +18,7 @@ from rollforge.envs.library.python_code_tasks import (
     expected_outputs,
     trivial_scores,
 )
-from rollforge.envs.sandbox import SandboxResult, sandbox_support
+from rollforge.envs.sandbox import SandboxResult, runner, sandbox_support
 from rollforge.types import Message, ToolCall
 
 needs_sandbox = pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}")
@@ -140,6 +141,45 @@ def test_grade_report_ignores_garbage_and_out_of_range_cases():
                            + json.dumps({"case": 0, "output": "1"}) + "\n", 0.1)
     score, text = grade_report(result, ("1", "2"))
     assert score == 0.5 and text.splitlines() == ["Hidden tests: 1 of 2 passed.", "test 1: passed", "test 2: not run"]
+
+
+#: The submission that read the hidden tests in a regular install: it loads the task module from
+#: where rollforge is installed and runs the reference solution.
+STEAL = """
+import os, sys, types
+def _steal(name):
+    try:
+        module = sys.modules["stolen"] = types.ModuleType("stolen")
+        exec(open({path!r}).read(), module.__dict__)
+        namespace = {{}}
+        exec(module.TASKS_BY_NAME[name].reference, namespace)
+        return namespace[name]
+    except OSError as exc:
+        print(exc, file=sys.stderr)
+{name} = _steal({name!r})
+"""
+
+
+@needs_sandbox
+@pytest.mark.parametrize("hidden", [True, False])
+def test_the_task_module_is_hidden_in_a_regular_install(monkeypatch, tmp_path, hidden):
+    # A regular install puts rollforge in site-packages, inside the interpreter's bound prefix.
+    # Lay one out under tmp_path, bind it into the jail and tell the sandbox rollforge lives there.
+    package = tmp_path / "site-packages" / "rollforge"
+    module = package / "envs" / "library" / "python_code_tasks.py"
+    module.parent.mkdir(parents=True)
+    shutil.copy(python_code_tasks.__file__, module)
+    binds = runner._binds
+    monkeypatch.setattr(runner, "_binds", lambda: [*binds(), str(package.parent)])
+    monkeypatch.setattr(runner, "_PACKAGE_DIR", package)
+    if not hidden:  # without the masks the attack works: this test can fail
+        monkeypatch.setattr(runner, "_masks", lambda: [])
+    for name in ["is_prime", "word_counts", "transpose"] if hidden else ["is_prime"]:
+        env = env_for(name)
+        text = env.submit(STEAL.format(path=str(module), name=name))
+        assert env.get_reward() == (0.0 if hidden else 1.0), text
+        if hidden:  # the module could not be read, so the stolen function is None
+            assert "test 1: raised TypeError" in text
 
 
 def test_hostile_report_lines_are_failed_tests_not_grader_crashes():
