@@ -7,13 +7,13 @@ import shutil
 
 import pytest
 
+from rollforge.envs.check import TRIVIAL_ANSWER_LIMIT, check_env
 from rollforge.envs.library import get_env_spec, python_code_tasks
 from rollforge.envs.library.python_code import MAX_RUNS, PythonCodeEnv, grade_report
 from rollforge.envs.library.python_code_tasks import (
     TASKS,
     TASKS_BY_NAME,
     TRIVIAL_ANSWERS,
-    TRIVIAL_SCORE_LIMIT,
     best_trivial_answer,
     expected_outputs,
     trivial_scores,
@@ -48,7 +48,7 @@ def test_no_answer_that_ignores_the_task_scores_above_the_limit(name):
     scores = trivial_scores(name)
     assert len(scores) == len(TRIVIAL_ANSWERS) >= 17
     label, best = best_trivial_answer(name)
-    assert best <= TRIVIAL_SCORE_LIMIT == 0.1, (name, label, best)
+    assert best <= TRIVIAL_ANSWER_LIMIT == 0.1, (name, label, best)
 
 
 def test_trivial_scores_count_passed_pairs():
@@ -252,3 +252,12 @@ async def test_an_episode_through_the_factory():
     assert step.terminated and conversation[-1].content.startswith("Hidden tests: 10 of 10 passed.")
     assert await session.finish() == 1.0
     await session.close()
+
+
+@needs_sandbox
+def test_check_env_reports_the_best_trivial_answer():
+    spec = get_env_spec("python_code")
+    sample = spec.samples(1, 0)[0]
+    report = check_env(spec, samples=[sample], steps=1)
+    assert report.best_trivial_answer == best_trivial_answer(sample.row["task"])
+    assert report.best_trivial_answer[1] == 0.0 and str(report).endswith("scores 0.00")

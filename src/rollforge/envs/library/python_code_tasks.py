@@ -5,8 +5,8 @@ hidden tests. A hidden test is a pair of calls (argument lists); it passes when 
 function returns the expected value for both. The pairs are chosen so that no answer that ignores
 the task passes any of them: each pair mixes outputs (a True case with a False one, an empty
 result with a full one) and holds a call whose output is not its input. ``trivial_scores`` plays
-those answers (``TRIVIAL_ANSWERS``: constants, the input itself) against every task, and the tests
-keep the best of them at or below ``TRIVIAL_SCORE_LIMIT``.
+those answers (``TRIVIAL_ANSWERS``: constants, the input itself) against every task; the best of
+them scores 0.0 on every task, and ``check_env`` reports it (it fails above 0.1).
 
 Expected outputs are never written by hand: they are the reference solution's outputs
 (``expected_outputs``), so the table cannot disagree with itself, and the tests check that every
@@ -184,9 +184,6 @@ def canonical(value: Any) -> str:
     """A JSON value as comparable text (dict keys sorted)."""
     return json.dumps(value, sort_keys=True)
 
-
-#: The highest score an answer that ignores the task may reach on any task's hidden tests.
-TRIVIAL_SCORE_LIMIT = 0.1
 
 #: Answers that ignore the task: the usual constants, and the input given back.
 TRIVIAL_ANSWERS: dict[str, Callable[..., Any]] = {

@@ -8,7 +8,8 @@ outcome from fd 4. Steps, in order:
 1. ``unshare`` new mount, network, PID, IPC and UTS namespaces (plus a user namespace with an
    identity uid/gid mapping when not root, so that the mounts below are allowed), and set the new
    IPC namespace's limits (``IPC_LIMITS``: SysV shared memory, message queues, semaphores) so that
-   IPC objects, which outlive the processes that made them and escape RLIMIT_AS, stay small;
+   IPC objects, which outlive the processes that made them and escape RLIMIT_AS, stay small (where
+   an unprivileged user namespace may not set them, seccomp refuses ``shmget`` and ``msgget``);
 2. build a new root on a tmpfs mounted over the host's private temporary directory: read-only,
    nosuid, nodev bind mounts of the directories the interpreter needs (``binds``), an empty
    read-only tmpfs over each hidden directory below them (``masks``: site-packages and the
@@ -95,6 +96,8 @@ def _write(path, text):
 
 
 def _enter_namespaces(root_user):
+    """Enter the new namespaces; True when the IPC namespace's limits are set (always as root; an
+    unprivileged user namespace may not be allowed to, and SysV IPC is then refused by seccomp)."""
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     uid, gid = os.getuid(), os.getgid()
     if not root_user:
@@ -104,8 +107,14 @@ def _enter_namespaces(root_user):
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
-    for name, value in IPC_LIMITS.items():  # ipc sysctls act on the writer's (new) IPC namespace
-        _write(f"/proc/sys/kernel/{name}", value)
+    try:
+        for name, value in IPC_LIMITS.items():  # ipc sysctls act on the writer's (new) IPC namespace
+            _write(f"/proc/sys/kernel/{name}", value)
+    except PermissionError:
+        if root_user:
+            raise
+        return False
+    return True
 
 
 def _bind_readonly(source, target, is_file=False):
@@ -182,7 +191,7 @@ def _limit(kind, value):
     resource.setrlimit(kind, (value, value))
 
 
-def _exec_program(job, root_user):
+def _exec_program(job, root_user, ipc_limited):
     limits = job["limits"]
     cpu = int(limits["cpu_seconds"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
@@ -203,7 +212,7 @@ def _exec_program(job, root_user):
     os.close(null)
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)
-    install_filter()  # last: the filter refuses the calls made above
+    install_filter(() if ipc_limited else ("shmget", "msgget"))  # last: it refuses calls made above
     os.execve(job["argv"][0], job["argv"], job["env"])
 
 
@@ -238,7 +247,7 @@ def main():
     try:
         job = json.loads(sys.stdin.read())
         root_user = os.getuid() == 0
-        _enter_namespaces(root_user)
+        ipc_limited = _enter_namespaces(root_user)
         _build_root(job)
     except (SetupError, OSError, KeyError, ValueError) as exc:
         status.write(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}))
@@ -247,7 +256,7 @@ def main():
     if init == 0:
         code = 127
         try:
-            code = _init(job, root_user, status)
+            code = _init(job, root_user, ipc_limited, status)
         finally:
             os._exit(code)
     signal.alarm(int(job["limits"]["wall_seconds"]) + 5)  # SIGALRM's default action ends the launcher
@@ -255,7 +264,7 @@ def main():
     return 0
 
 
-def _init(job, root_user, status):
+def _init(job, root_user, ipc_limited, status):
     """PID 1 of the jail: start the program, reap every orphan, report the program's end.
 
     A separate init keeps the program's signals ordinary (PID 1 ignores signals it has no handler
@@ -265,7 +274,7 @@ def _init(job, root_user, status):
     program = os.fork()
     if program == 0:
         try:
-            _exec_program(job, root_user)
+            _exec_program(job, root_user, ipc_limited)
         except BaseException as exc:  # report and die: never fall back into the launcher's code
             os.write(2, f"sandbox: could not start the program: {exc}\n".encode())
         os._exit(126)

@@ -49,6 +49,7 @@ ARCHES = {
         perf_event_open=298, userfaultfd=323, io_uring_setup=425, io_uring_enter=426,
         io_uring_register=427, open_by_handle_at=304, name_to_handle_at=303, init_module=175,
         finit_module=313, delete_module=176, kexec_load=246, kexec_file_load=320, clone=56, clone3=435,
+        shmget=29, msgget=68,
     )),
     "aarch64": (0xC00000B7, dict(
         add_key=217, request_key=218, keyctl=219, unshare=97, setns=268, mount=40, umount2=39,
@@ -58,6 +59,7 @@ ARCHES = {
         perf_event_open=241, userfaultfd=282, io_uring_setup=425, io_uring_enter=426,
         io_uring_register=427, open_by_handle_at=265, name_to_handle_at=264, init_module=105,
         finit_module=273, delete_module=106, kexec_load=104, kexec_file_load=294, clone=220, clone3=435,
+        shmget=194, msgget=186,
     )),
 }
 
@@ -68,13 +70,14 @@ def _op(code, k, jt=0, jf=0):
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def program(machine):
-    """The filter for ``machine`` as packed ``struct sock_filter`` entries."""
+def program(machine, also_denied=()):
+    """The filter for ``machine`` as packed ``struct sock_filter`` entries; ``also_denied`` names
+    more calls to refuse (``shmget`` and ``msgget`` where the IPC namespace's limits could not be set)."""
     arch, numbers = ARCHES[machine]
     ops = [_op(LD_ABS_W, ARCH_OFFSET), _op(JEQ, arch, jt=1), _op(RET, RET_KILL_PROCESS), _op(LD_ABS_W, NR_OFFSET)]
     if machine == "x86_64":
         ops += [_op(JGE, X32_BIT, jf=1), _op(RET, RET_KILL_PROCESS)]
-    for name in DENIED:
+    for name in (*DENIED, *also_denied):
         ops += [_op(JEQ, numbers[name], jf=1), _op(RET, RET_ERRNO | EPERM)]
     ops += [_op(JEQ, numbers["clone3"], jf=1), _op(RET, RET_ERRNO | ENOSYS)]
     ops += [
@@ -91,11 +94,11 @@ class _Program(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
-def install_filter():
+def install_filter(also_denied=()):
     """Install the filter on the calling thread (``no_new_privs`` must be set); no-op off x86_64/aarch64."""
     if not FILTERED:
         return
-    ops = program(platform.machine())
+    ops = program(platform.machine(), also_denied)
     code = b"".join(ops)
     fprog = _Program(len(ops), code)
     libc = ctypes.CDLL(None, use_errno=True)
