@@ -19,8 +19,9 @@ outcome from fd 4. Steps, in order:
 3. fork an init, PID 1 of the new PID namespace (killed when the launcher dies); when it exits
    or is killed, the kernel kills every process left in the namespace. Init forks the program,
    which sets the rlimits, drops to the unprivileged uid (as root) or loses its capabilities at
-   ``execve`` (user namespace), joins a new empty session keyring, sets ``no_new_privs``, installs
-   the seccomp filter (``_seccomp.py``) and executes;
+   ``execve`` (user namespace), joins a new empty session keyring, sets ``no_new_privs``, adds
+   Landlock rules where the kernel has Landlock (``_landlock.py``), installs the seccomp filter
+   (``_seccomp.py``) and executes;
 4. init reaps orphans until the program ends, then writes ``{"exit": code}`` or
    ``{"signal": number}`` to fd 4 and exits. Setup failures are written as
    ``{"setup_error": message}`` instead.
@@ -40,7 +41,8 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
-from _seccomp import install_filter  # noqa: E402  (a sibling file; the launcher runs without its package)
+import _landlock  # noqa: E402  (sibling files; the launcher runs without its package)
+from _seccomp import install_filter  # noqa: E402
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -207,6 +209,7 @@ def _exec_program(job, root_user, ipc_limited):
         os.setresuid(job["uid"], job["uid"], job["uid"])
     _join_new_session_keyring()
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+    _landlock.restrict(job["binds"], [f"/dev/{name}" for name in DEVICES], ["/work"])
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
