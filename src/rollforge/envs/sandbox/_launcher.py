@@ -161,6 +161,8 @@ def _build_root(job):
     for device in DEVICES:
         _bind_readonly("/dev/" + device, f"{new_root}/dev/{device}", is_file=True)
     work = new_root + "/work"
+    if os.path.exists(work):
+        raise SetupError("a bound directory lies under /work, where the jail keeps its scratch space")
     os.makedirs(work)
     tmpfs = f"size={limits['disk_bytes']},nr_inodes={limits['max_files']},mode=0700"
     _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
