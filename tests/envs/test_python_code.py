@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +264,38 @@ def test_check_env_reports_the_best_trivial_answer():
     report = check_env(spec, samples=[sample], steps=1)
     assert report.best_trivial_answer == best_trivial_answer(sample.row["task"])
     assert report.best_trivial_answer[1] == 0.0 and str(report).endswith("scores 0.00")
+
+
+REGULAR_INSTALL = """
+import json, sys
+from rollforge.envs.sandbox import run_sandboxed, runner
+from rollforge.envs.library import python_code_tasks
+from rollforge.envs.library.python_code import PythonCodeEnv
+assert python_code_tasks.__file__.startswith(sys.prefix), python_code_tasks.__file__  # the installed copy
+scores = []
+for name in ("is_prime", "rotate"):
+    env = PythonCodeEnv()
+    env.reset(task=name)
+    env.submit({steal!r}.format(path=python_code_tasks.__file__, name=name))
+    scores.append(env.get_reward())
+code = "import json, math, select, _json; print(json.dumps(sorted(__import__('os').listdir({site!r}))))"
+result = run_sandboxed({{"main.py": code}}, [sys.executable, "-I", "-S", "main.py"])
+print(json.dumps([scores, result.stdout, result.stderr[-500:]]))
+"""
+
+
+@needs_sandbox
+def test_a_regular_install_in_a_virtual_environment_keeps_the_hidden_tests_hidden(tmp_path):
+    # rollforge copied into a venv's site-packages, as pip installs it; the venv is the interpreter's
+    # prefix, so the sandbox binds it. Its extension modules (lib-dynload) must still load.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copytree(Path(python_code_tasks.__file__).parents[2], Path(site) / "rollforge")
+    script = REGULAR_INSTALL.format(steal=STEAL, site=site)
+    done = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    scores, listing, stderr = json.loads(done.stdout.splitlines()[-1])
+    assert scores == [0.0, 0.0] and listing == "[]\n", stderr

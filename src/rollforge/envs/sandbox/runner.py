@@ -168,9 +168,9 @@ def _masks() -> list[str]:
     needed = {
         os.path.realpath(p)
         for p in (
+            os.path.dirname(os.__file__),  # the stdlib (a venv's sysconfig points into the venv)
             sysconfig.get_path("stdlib"),
-            sysconfig.get_path("platstdlib"),
-            os.path.join(sysconfig.get_path("platstdlib"), "lib-dynload"),
+            sysconfig.get_config_var("DESTSHARED") or "/usr/lib",  # extension modules (lib-dynload)
             sysconfig.get_config_var("LIBDIR") or "/usr/lib",
             os.path.dirname(os.path.realpath(sys.executable)),
             *_binds(),
