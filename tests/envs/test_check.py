@@ -334,7 +334,8 @@ def test_the_best_trivial_answer_is_reported_and_bounded(score):
     echo = get_env_spec("echo")
     spec = dataclasses.replace(echo, best_trivial_answer=lambda sample: ("return True", score))
     if score > 0.1:
-        with pytest.raises(EnvironmentError_, match=r"an answer that ignores the task \(return True\) scores 0.75 on sample 0, above 0.1"):
+        expected = r"an answer that ignores the task \(return True\) scores 0.75 on sample 0, above 0.1"
+        with pytest.raises(EnvironmentError_, match=expected):
             check_env(spec, steps=2)
         return
     report = check_env(spec, steps=2)

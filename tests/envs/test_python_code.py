@@ -64,11 +64,11 @@ def test_trivial_scores_count_passed_pairs():
 
 @needs_sandbox
 def test_trivial_answers_score_what_the_host_computes_when_graded_in_the_sandbox():
-    answers = [("return True", "return True"), ("return the first argument", "return args[0]"), ("return []", "return []")]
+    answers = [("return True", "True"), ("return the first argument", "args[0]"), ("return []", "[]")]
     for index, task in enumerate(TASKS):
         label, body = answers[index % len(answers)]
         env = env_for(task.name)
-        env.submit(f"def {task.name}(*args):\n    {body}\n")
+        env.submit(f"def {task.name}(*args):\n    return {body}\n")
         assert env.get_reward() == trivial_scores(task.name)[label] == 0.0, (task.name, label)
 
 
@@ -295,7 +295,9 @@ def test_a_regular_install_in_a_virtual_environment_keeps_the_hidden_tests_hidde
                           capture_output=True, text=True, check=True).stdout.strip()
     shutil.copytree(Path(python_code_tasks.__file__).parents[2], Path(site) / "rollforge")
     script = REGULAR_INSTALL.format(steal=STEAL, site=site)
-    done = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [python, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     scores, listing, stderr = json.loads(done.stdout.splitlines()[-1])
     assert scores == [0.0, 0.0] and listing == "[]\n", stderr

@@ -18,9 +18,10 @@ per test to the report channel (fd 3); the host compares those outputs with the 
 solution's, which never enter the sandbox (nor does the task module: the sandbox hides
 rollforge's installation). Code that forges report lines can only claim outputs it computed
 itself, so the only way to the reward is to produce the right outputs; no answer that ignores
-the task scores above ``TRIVIAL_SCORE_LIMIT`` (``python_code_tasks``). The report is hostile
-input: a line that does not parse (too deep, not JSON), or whose fields are not what the harness
-writes, counts for nothing, and every text from it is cut short before it reaches the model.
+the task (a constant, the input given back) passes any hidden test (``python_code_tasks``;
+``check_env`` reports the figure). The report is hostile input: a line that does not parse (too
+deep, not JSON), or whose fields are not what the harness writes, counts for nothing, and every
+text from it is cut short before it reaches the model.
 """
 
 from __future__ import annotations
