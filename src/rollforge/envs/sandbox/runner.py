@@ -23,9 +23,9 @@ each escape):
   host's 127.0.0.1 or anywhere else, no DNS, no abstract Unix sockets of the host; Landlock (ABI
   4+) refuses every TCP bind and connect as well;
 - processes: a new PID namespace (the host's processes are invisible and unsignalable), a uid
-  used by no earlier run since boot (as root: a counter in ``_UID_FILE``) or an identity user
-  namespace (as non-root), no capabilities, ``no_new_privs``; RLIMIT_NPROC bounds fork bombs,
-  and nothing survives the run;
+  used by no earlier run since boot (as root: a counter in ``_UID_FILE``) or, as non-root, the
+  caller's uid in a new user namespace per run (user keyrings are per namespace), no
+  capabilities, ``no_new_privs``; RLIMIT_NPROC bounds fork bombs, and nothing survives the run;
 - kernel interfaces: a seccomp filter (``_seccomp.py``, x86_64 and aarch64) refuses keyrings,
   namespace creation, mounts, ``memfd_create``, ``ptrace``, ``bpf``, ``perf_event_open``,
   ``userfaultfd``, ``io_uring`` and module loading, and kills calls made through another ABI;
