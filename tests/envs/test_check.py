@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import random
@@ -323,3 +324,23 @@ def test_a_step_environment_returning_too_few_entries_is_caught():
 
 def test_a_tool_that_raises_is_not_a_violation():
     check_env(FactoryEnvironment(RaisingTool), samples=SAMPLES)
+
+
+# -- rule 7: environments graded by hidden tests -------------------------------------------------
+
+
+@pytest.mark.parametrize("score", [0.0, 0.1, 0.75])
+def test_the_best_trivial_answer_is_reported_and_bounded(score):
+    echo = get_env_spec("echo")
+    spec = dataclasses.replace(echo, best_trivial_answer=lambda sample: ("return True", score))
+    if score > 0.1:
+        expected = r"an answer that ignores the task \(return True\) scores 0.75 on sample 0, above 0.1"
+        with pytest.raises(EnvironmentError_, match=expected):
+            check_env(spec, steps=2)
+        return
+    report = check_env(spec, steps=2)
+    assert report.best_trivial_answer == ("return True", score) and report.samples == 3
+    assert str(report) == (
+        f"check_env(echo): every rule holds on 3 samples; best answer that ignores the task (return True) scores {score:.2f}"
+    )
+    assert check_env(echo, steps=2).best_trivial_answer is None

@@ -8,10 +8,14 @@ opened on 127.0.0.1.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import json
 import os
+import signal
+import site
 import socket
 import sys
+import sysconfig
 import textwrap
 import time
 import uuid
@@ -19,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rollforge.envs.sandbox import SandboxLimits, SandboxResult, run_sandboxed, sandbox_support
+from rollforge.envs.sandbox import SandboxLimits, SandboxResult, _seccomp, run_sandboxed, runner, sandbox_support
 from rollforge.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}")
@@ -44,6 +48,11 @@ def processes_with(marker: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of this kernel, 0 without Landlock."""
+    return max(ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1), 0)
 
 
 # -- what works -----------------------------------------------------------------------------------
@@ -223,7 +232,9 @@ def test_cannot_reach_the_network():
         with pytest.raises(socket.timeout):
             server.accept()
     assert result.ok, result.stderr
-    assert result.stdout == "blocked OSError\nblocked OSError\nblocked dns\n"
+    # OSError: no route (the namespace has no interface up); PermissionError: Landlock refused first
+    blocked = "PermissionError" if landlock_abi() >= 4 else "OSError"
+    assert result.stdout == f"blocked {blocked}\nblocked {blocked}\nblocked dns\n"
 
 
 def test_cannot_reach_host_unix_sockets():
@@ -378,3 +389,166 @@ def test_bad_arguments_are_config_errors():
         SandboxLimits(cpu_seconds=0)
     with pytest.raises(ConfigError, match="SandboxLimits.processes must be an int, got 2.5"):
         SandboxLimits(processes=2.5)
+
+
+# -- what the grader knows, and what outlives a run --------------------------------------------------
+
+
+def test_installed_packages_and_rollforge_are_hidden():
+    masks = runner._masks()
+    package = Path(runner.__file__).resolve().parents[2]
+    assert str(package) in masks
+    assert {os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p)} <= set(masks)
+    interpreter = {sysconfig.get_path("stdlib"), sysconfig.get_config_var("DESTSHARED"), os.path.dirname(sys.executable)}
+    assert not {os.path.realpath(p) for p in interpreter} & set(masks)
+    # The directories are bound here only where they lie under a bound prefix (site-packages does).
+    result = run(
+        f"""
+        import json, os
+        for path in {masks!r}:
+            print(path, os.listdir(path) if os.path.isdir(path) else "absent")
+        try:
+            open({str(package / "envs" / "library" / "python_code_tasks.py")!r})
+            print("READ")
+        except OSError as exc:
+            print("blocked", type(exc).__name__)
+        import math, select  # extension modules (lib-dynload) load too
+        print(json.dumps("the stdlib still loads"))
+        """
+    )
+    assert result.ok, result.stderr
+    *listed, blocked, stdlib = result.stdout.splitlines()
+    assert all(line.endswith(" []") or line.endswith(" absent") for line in listed), listed
+    assert any(line.endswith(" []") for line in listed)  # at least site-packages was bound, and masked
+    assert blocked == "blocked FileNotFoundError" and stdlib == '"the stdlib still loads"'
+
+
+LIBC_CALLS = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(what, result):
+    print(what, "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()])
+    return result
+"""
+
+
+def test_sysv_shared_memory_is_bounded():
+    # SysV segments outlive their processes and are not counted in RLIMIT_AS (1.6 GB resident
+    # under a 512 MB limit before): the jail's IPC namespace holds 16 MiB of them in all.
+    result = run(
+        LIBC_CALLS
+        + """
+        IPC_PRIVATE, IPC_CREAT = 0, 0o1000
+        call("1 GiB", libc.shmget(IPC_PRIVATE, ctypes.c_size_t(1 << 30), IPC_CREAT | 0o600))
+        for i in range(3):
+            call("8 MiB", libc.shmget(IPC_PRIVATE, ctypes.c_size_t(8 << 20), IPC_CREAT | 0o600))
+        call("message queue", libc.msgget(IPC_PRIVATE, IPC_CREAT | 0o600))
+        call("POSIX message queue", libc.syscall(240 if os.uname().machine == "x86_64" else 180, b"q", 0o100 | 2, 0o600, None))
+        """.replace("\n        ", "\n")
+    )
+    assert result.ok, result.stderr
+    assert result.stdout.splitlines() == [
+        "1 GiB EINVAL",  # above shmmax
+        "8 MiB ok",
+        "8 MiB ok",
+        "8 MiB ENOSPC",  # above shmall
+        "message queue ok",
+        "POSIX message queue EMFILE",  # RLIMIT_MSGQUEUE is 0
+    ]
+    # Segments belong to the run's IPC namespace: the next run starts with none.
+    again = run(LIBC_CALLS + "call('8 MiB', libc.shmget(0, ctypes.c_size_t(8 << 20), 0o1600))\n" * 2)
+    assert again.stdout == "8 MiB ok\n8 MiB ok\n"
+
+
+def test_keyrings_are_out_of_reach():
+    # Keyrings are per uid and outlive runs: a key added in one run was read by a later one.
+    add_key, keyctl, request_key = (248, 250, 249) if os.uname().machine == "x86_64" else (217, 219, 218)
+    code = LIBC_CALLS + (
+        f"call('add_key', libc.syscall({add_key}, b'user', b'rollforge', b'secret', 6, ctypes.c_int(-4)))\n"
+        f"call('keyctl', libc.syscall({keyctl}, 0, ctypes.c_int(-3), 0))\n"  # get the session keyring's id
+        f"call('request_key', libc.syscall({request_key}, b'user', b'rollforge', None, 0))\n"
+    )
+    for _ in range(2):
+        result = run(code)
+        assert result.stdout == "add_key EPERM\nkeyctl EPERM\nrequest_key EPERM\n", result.stderr
+
+
+def test_every_run_gets_a_uid_never_used_before(monkeypatch, tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("per-run uids are given as root; other users run as themselves in a user namespace")
+    counter = tmp_path / "run" / "uid-counter"
+    monkeypatch.setattr(runner, "_UID_FILE", counter)
+    first = runner._next_uid()
+    read, write = os.pipe()
+    children = []
+    for _ in range(2):  # other processes (equal PIDs mod 4096 once collided) share the counter
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, f"{runner._next_uid()}\n".encode())
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    os.close(write)
+    others = [int(line) for line in os.read(read, 1000).split()]
+    os.close(read)
+    assert sorted([first, *others]) == [first, first + 1, first + 2] and first == runner._BASE_UID
+    assert counter.read_text() == "3"
+    uids = [int(run("import os; print(os.getuid())").stdout) for _ in range(2)]
+    assert uids == [runner._BASE_UID + 3, runner._BASE_UID + 4]
+
+
+def test_the_seccomp_filter_refuses_what_reaches_past_the_jail():
+    numbers = _seccomp.ARCHES[os.uname().machine][1]
+    probes = ["unshare", "setns", "mount", "umount2", "memfd_create", "ptrace", "bpf", "userfaultfd",
+              "io_uring_setup", "perf_event_open", "open_by_handle_at", "process_vm_readv", "clone3"]
+    result = run(
+        LIBC_CALLS
+        + "".join(f"call({name!r}, libc.syscall({numbers[name]}, 0, 0, 0, 0, 0))\n" for name in probes)
+        + "call('clone(CLONE_NEWUSER)', libc.syscall(%d, 0x10000000 | 17, 0, 0, 0, 0))\n" % numbers["clone"]
+        + textwrap.dedent(
+            """
+            import subprocess, sys, threading
+            thread = threading.Thread(target=print, args=("a thread runs",))
+            thread.start()
+            thread.join()
+            print(subprocess.run([sys.executable, "-c", "print('a child runs')"], capture_output=True, text=True).stdout.strip())
+            """
+        )
+    )
+    assert result.ok, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:-3] == [f"{name} EPERM" for name in probes[:-1]] + ["clone3 ENOSYS"]
+    assert lines[-3:] == ["clone(CLONE_NEWUSER) EPERM", "a thread runs", "a child runs"]
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x32 ABI is an x86_64 matter")
+def test_a_call_through_another_abi_kills_the_program():
+    # x32 numbers (bit 30 set) would slip past a deny list written with the native numbers.
+    result = run(LIBC_CALLS + "libc.syscall(0x40000000 | 250, 0, -3, 0)\nprint('SURVIVED')\n")
+    assert result.outcome == "signaled" and result.signal == signal.SIGSYS and "SURVIVED" not in result.stdout
+
+
+@pytest.mark.skipif(landlock_abi() < 4, reason="Landlock with TCP rules needs Linux 6.7+ with Landlock on")
+def test_landlock_refuses_tcp_and_leaves_work_fully_usable():
+    result = run(
+        """
+        import os, socket
+        for family, address in ((socket.AF_INET, ("0.0.0.0", 0)), (socket.AF_INET6, ("::", 0))):
+            with socket.socket(family) as s:
+                try:
+                    s.bind(address)
+                    print("BOUND")
+                except OSError as exc:
+                    print("bind", exc.strerror)
+        os.mkfifo("fifo"); os.symlink("fifo", "link"); os.mkdir("d"); os.rename("d", "e"); os.link("main.py", "e/copy")
+        os.truncate("e/copy", 0); os.chmod("main.py", 0o700)
+        print(sorted(os.listdir(".")), len(open("/dev/urandom", "rb").read(4)), open("/dev/null", "w").write("x"))
+        """
+    )
+    assert result.ok, result.stderr
+    assert result.stdout.splitlines() == [
+        "bind Permission denied",  # EACCES from Landlock (without it, binding works in the namespace)
+        "bind Permission denied",
+        "['e', 'fifo', 'link', 'main.py'] 4 1",
+    ]

@@ -21,11 +21,14 @@ time (``envs/check_actions.py`` writes it). Rules, checked in this order:
    once, which also exercises batching and catches state shared between sessions) observe the
    same messages, rewards, ``terminated`` flags, stop strings, metadata and final rewards;
 6. invalid tool calls (unknown tool, arguments that break the schema, unparseable JSON) come back as
-   a ``Step`` with a counted failure and a message telling the model, never as an exception.
+   a ``Step`` with a counted failure and a message telling the model, never as an exception;
+7. environments graded by hidden tests (an ``EnvSpec`` with ``best_trivial_answer``): no answer
+   that ignores the task (a constant, the input given back) scores above ``TRIVIAL_ANSWER_LIMIT``
+   on any checked sample; the best such score is reported in the ``CheckReport``.
 
 Any exception an environment raises, or a call that exceeds ``timeout`` seconds, is reported as the
 rule that was being checked. ``acheck_env`` is the implementation; ``check_env`` runs it with
-``asyncio.run``.
+``asyncio.run``. Both return a ``CheckReport`` when every rule holds.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import inspect
 import json
 import math
 import random
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from ..errors import ConfigError, EnvironmentError_
@@ -44,11 +48,34 @@ from .base import Environment, EnvSession, Reset, Step
 from .check_actions import invalid_arguments, scripted_action, tool_call_message
 from .library import EnvSpec, get_env_spec
 
-__all__ = ["check_env", "acheck_env"]
+__all__ = ["CheckReport", "TRIVIAL_ANSWER_LIMIT", "check_env", "acheck_env"]
 
 T = TypeVar("T")
 
 _UNKNOWN_TOOL = "__check_env_no_such_tool__"
+
+#: The most an answer that ignores the task may score on an environment graded by hidden tests.
+TRIVIAL_ANSWER_LIMIT = 0.1
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What ``check_env`` measured on an environment that passed every rule."""
+
+    #: The environment's name.
+    name: str
+    #: How many samples were played.
+    samples: int
+    #: Environments graded by hidden tests: the answer ignoring the task that scored highest on
+    #: a checked sample, and its score; None for the others.
+    best_trivial_answer: tuple[str, float] | None = None
+
+    def __str__(self) -> str:
+        line = f"check_env({self.name}): every rule holds on {self.samples} samples"
+        if self.best_trivial_answer is not None:
+            label, score = self.best_trivial_answer
+            line += f"; best answer that ignores the task ({label}) scores {score:.2f}"
+        return line
 
 
 async def acheck_env(
@@ -58,9 +85,10 @@ async def acheck_env(
     steps: int = 10,
     seed: int = 0,
     timeout: float = 30.0,
-) -> None:
+) -> CheckReport:
     """Check ``env_or_spec`` against the environment contract; raise ``EnvironmentError_``
-    describing the first violated rule (see the module docstring), return None when all hold.
+    describing the first violated rule (see the module docstring), return a ``CheckReport`` when
+    all hold.
 
     Args:
         env_or_spec: An ``Environment``, or an ``EnvSpec`` from the library or its name (it is
@@ -72,7 +100,9 @@ async def acheck_env(
     """
     if isinstance(env_or_spec, str):
         env_or_spec = get_env_spec(env_or_spec)
+    trivial: Callable[[Sample], tuple[str, float]] | None = None
     if isinstance(env_or_spec, EnvSpec):
+        trivial = env_or_spec.best_trivial_answer
         name = env_or_spec.name
         env = env_or_spec.build()
         samples = list(samples) if samples is not None else env_or_spec.samples(3, seed)
@@ -90,6 +120,8 @@ async def acheck_env(
     checker.check_environment()
     for index, sample in enumerate(samples):
         await checker.check_sample(index, sample)
+    best = checker.check_trivial_answers(samples, trivial) if trivial is not None else None
+    return CheckReport(name, len(samples), best)
 
 
 def check_env(
@@ -99,7 +131,7 @@ def check_env(
     steps: int = 10,
     seed: int = 0,
     timeout: float = 30.0,
-) -> None:
+) -> CheckReport:
     """Synchronous ``acheck_env``; inside a running event loop, ``await acheck_env(...)`` instead."""
     try:
         asyncio.get_running_loop()
@@ -298,6 +330,20 @@ class _Checker:
     def check_stop(self, stop: Any, where: str, what: str) -> None:
         if stop is not None and (not isinstance(stop, tuple) or not all(isinstance(s, str) for s in stop)):
             raise self.fail(f"{where}: {what} must be None or a tuple of str, got {stop!r}")
+
+    # -- rule 7 ----------------------------------------------------------------------------------
+
+    def check_trivial_answers(
+        self, samples: Sequence[Sample], trivial: Callable[[Sample], tuple[str, float]]
+    ) -> tuple[str, float]:
+        scores = [(trivial(sample), index) for index, sample in enumerate(samples)]
+        (label, score), index = max(scores, key=lambda item: item[0][1])
+        if score > TRIVIAL_ANSWER_LIMIT:
+            raise self.fail(
+                f"an answer that ignores the task ({label}) scores {score:.2f} on sample {index}, above "
+                f"{TRIVIAL_ANSWER_LIMIT}; add hidden tests that it fails"
+            )
+        return label, score
 
     # -- rule 6 ----------------------------------------------------------------------------------
 

@@ -50,6 +50,9 @@ class EnvSpec:
     build: Callable[[], Environment]
     #: ``samples(n, seed)``: ``n`` samples, the same ones for the same seed.
     samples: Callable[[int, int], list[Sample]]
+    #: Environments graded by hidden tests: for a sample, the answer that ignores the task (a
+    #: constant, the input given back) scoring highest, and its score; ``check_env`` reports it.
+    best_trivial_answer: Callable[[Sample], tuple[str, float]] | None = None
 
 
 _SPECS: dict[str, EnvSpec] = {
@@ -60,7 +63,7 @@ _SPECS: dict[str, EnvSpec] = {
         EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples),
         EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples),
         EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples),
-        EnvSpec("python_code", "Write a Python function; run and submit code in a sandbox; hidden tests grade it.", python_code.build, python_code.samples),
+        EnvSpec("python_code", "Write a Python function; run and submit code in a sandbox; hidden tests grade it.", python_code.build, python_code.samples, python_code.best_trivial_answer),
         EnvSpec("math", "Generated math problems; the answer is verified symbolically by math-verify.", math_env.build, math_env.samples),
         EnvSpec("frozenlake", "Gymnasium FrozenLake 4x4 (not slippery) as a tool game: move(direction).", gymnasium_env.build_frozenlake, gymnasium_env.samples_frozenlake),
     )

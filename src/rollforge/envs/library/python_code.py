@@ -13,10 +13,15 @@ The reward is the fraction of hidden tests passed by the submitted code. When th
 without a submission, the code of the last ``run`` is graded instead (0.0 when there is none).
 
 Grading is done on the host: inside the sandbox a small harness imports ``solution.py``, calls
-the function on each test's arguments (each bounded by ``CASE_SECONDS``) and writes one JSON line
+the function on each test's calls (each bounded by ``CASE_SECONDS``) and writes one JSON line
 per test to the report channel (fd 3); the host compares those outputs with the reference
-solution's, which never enter the sandbox. Code that forges report lines can only claim outputs
-it computed itself, so the only way to the reward is to produce the right outputs.
+solution's, which never enter the sandbox (nor does the task module: the sandbox hides
+rollforge's installation). Code that forges report lines can only claim outputs it computed
+itself, so the only way to the reward is to produce the right outputs; no answer that ignores
+the task (a constant, the input given back) passes any hidden test (``python_code_tasks``;
+``check_env`` reports the figure). The report is hostile input: a line that does not parse (too
+deep, not JSON), or whose fields are not what the harness writes, counts for nothing, and every
+text from it is cut short before it reaches the model.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ...errors import EnvironmentError_
 from ...types import Message, Sample
 from ..base import Environment
 from ..sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from . import python_code_tasks
 from .python_code_tasks import TASKS, TASKS_BY_NAME, CodeTask, expected_outputs
 
 MAX_RUNS = 5
@@ -58,12 +64,14 @@ try:
 except BaseException as exc:
     emit(load_error="%%s: %%s" %% (type(exc).__name__, exc))
     sys.exit(1)
-for case, args in enumerate(json.load(open("cases.json"))):
-    signal.setitimer(signal.ITIMER_REAL, %(seconds)s)
+for case, calls in enumerate(json.load(open("cases.json"))):
     try:
-        value = function(*args)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        emit(case=case, output=json.dumps(value, sort_keys=True))
+        outputs = []
+        for args in calls:
+            signal.setitimer(signal.ITIMER_REAL, %(seconds)s)
+            outputs.append(function(*args))
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        emit(case=case, output=json.dumps(outputs, sort_keys=True))
     except BaseException as exc:
         signal.setitimer(signal.ITIMER_REAL, 0)
         emit(case=case, error=type(exc).__name__)
@@ -141,7 +149,8 @@ class PythonCodeEnv:
         if task is None:
             raise EnvironmentError_("PythonCodeEnv: a tool was called before reset(task=...)")
         harness = _HARNESS % {"name": task.name, "seconds": CASE_SECONDS}
-        files = {"solution.py": code, "harness.py": harness, "cases.json": json.dumps([list(a) for a in task.tests])}
+        cases = [[list(call) for call in test] for test in task.tests]
+        files = {"solution.py": code, "harness.py": harness, "cases.json": json.dumps(cases)}
         result = run_sandboxed(files, [*_python(), "harness.py"], LIMITS)
         return grade_report(result, expected_outputs(task.name))
 
@@ -151,20 +160,17 @@ def grade_report(result: SandboxResult, expected: tuple[str, ...]) -> tuple[floa
     outcomes: dict[int, str] = {}
     load_error = None
     for line in result.report.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
+        record = _record(line)
+        if record is None:
             continue
-        if not isinstance(record, dict):
-            continue
-        if "load_error" in record and load_error is None:
-            load_error = str(record["load_error"])
+        if isinstance(record.get("load_error"), str) and load_error is None:
+            load_error = _short(record["load_error"], 300)
         case = record.get("case")
-        if isinstance(case, int) and 0 <= case < len(expected) and case not in outcomes:
-            if "output" in record:
+        if type(case) is int and 0 <= case < len(expected) and case not in outcomes:
+            if isinstance(record.get("output"), str):
                 outcomes[case] = "passed" if record["output"] == expected[case] else "wrong answer"
-            else:
-                outcomes[case] = f"raised {record.get('error', 'an error')}"
+            elif isinstance(record.get("error"), str):
+                outcomes[case] = f"raised {_short(record['error'], 80)}"
     passed = sum(outcome == "passed" for outcome in outcomes.values())
     lines = [f"Hidden tests: {passed} of {len(expected)} passed."]
     if load_error is not None:
@@ -175,6 +181,19 @@ def grade_report(result: SandboxResult, expected: tuple[str, ...]) -> tuple[floa
         if result.stderr:
             lines.append(_tail(result.stderr))
     return passed / len(expected), "\n".join(lines)
+
+
+def _record(line: str) -> dict | None:
+    """One report line as a dict, or None: the sandboxed code may write anything there."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def build() -> Environment:
@@ -197,4 +216,9 @@ def samples(n: int, seed: int) -> list[Sample]:
     return out
 
 
-__all__ = ["PythonCodeEnv", "build", "samples", "grade_report"]
+def best_trivial_answer(sample: Sample) -> tuple[str, float]:
+    """The answer ignoring the task that scores highest on ``sample``'s hidden tests, and its score."""
+    return python_code_tasks.best_trivial_answer(sample.row["task"])
+
+
+__all__ = ["PythonCodeEnv", "best_trivial_answer", "build", "samples", "grade_report"]

@@ -6,15 +6,22 @@ job to its stdin, passes two pipe ends by number in argv (moved to fds 3 and 4) 
 outcome from fd 4. Steps, in order:
 
 1. ``unshare`` new mount, network, PID, IPC and UTS namespaces (plus a user namespace with an
-   identity uid/gid mapping when not root, so that the mounts below are allowed);
+   identity uid/gid mapping when not root, so that the mounts below are allowed), and set the new
+   IPC namespace's limits (``IPC_LIMITS``: SysV shared memory, message queues, semaphores) so that
+   IPC objects, which outlive the processes that made them and escape RLIMIT_AS, stay small (where
+   an unprivileged user namespace may not set them, seccomp refuses ``shmget`` and ``msgget``);
 2. build a new root on a tmpfs mounted over the host's private temporary directory: read-only,
-   nosuid, nodev bind mounts of the directories the interpreter needs (``binds``), the device nodes
-   ``/dev/null``, ``/dev/zero``, ``/dev/urandom``, ``/dev/random``, and a size-limited tmpfs at
-   ``/work`` holding the job's files; ``pivot_root`` into it and detach the old root;
+   nosuid, nodev bind mounts of the directories the interpreter needs (``binds``), an empty
+   read-only tmpfs over each hidden directory below them (``masks``: site-packages and the
+   rollforge package, which holds what the grader knows), the device nodes ``/dev/null``,
+   ``/dev/zero``, ``/dev/urandom``, ``/dev/random``, and a size-limited tmpfs at ``/work`` holding
+   the job's files; ``pivot_root`` into it and detach the old root;
 3. fork an init, PID 1 of the new PID namespace (killed when the launcher dies); when it exits
    or is killed, the kernel kills every process left in the namespace. Init forks the program,
    which sets the rlimits, drops to the unprivileged uid (as root) or loses its capabilities at
-   ``execve`` (user namespace), sets ``no_new_privs`` and executes;
+   ``execve`` (user namespace), joins a new empty session keyring, sets ``no_new_privs``, adds
+   Landlock rules where the kernel has Landlock (``_landlock.py``), installs the seccomp filter
+   (``_seccomp.py``) and executes;
 4. init reaps orphans until the program ends, then writes ``{"exit": code}`` or
    ``{"signal": number}`` to fd 4 and exits. Setup failures are written as
    ``{"setup_error": message}`` instead.
@@ -33,15 +40,32 @@ import resource
 import signal
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
+import _landlock  # noqa: E402  (sibling files; the launcher runs without its package)
+from _seccomp import install_filter  # noqa: E402
+
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 1, 2, 4, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 
 DEVICES = ("null", "zero", "urandom", "random")
+#: Limits of the jail's own IPC namespace (/proc/sys/kernel/...): 16 MiB of SysV shared memory in
+#: at most 16 segments, 16 message queues of 64 KiB, 16 semaphore sets of 32 semaphores.
+IPC_LIMITS = {
+    "shmmax": str(16 << 20),
+    "shmall": str((16 << 20) // os.sysconf("SC_PAGE_SIZE")),
+    "shmmni": "16",
+    "msgmni": "16",
+    "msgmnb": str(64 << 10),
+    "msgmax": str(8 << 10),
+    "sem": "32 256 32 16",
+}
 STATUS_FD, REPORT_FD = 4, 3
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -74,6 +98,8 @@ def _write(path, text):
 
 
 def _enter_namespaces(root_user):
+    """Enter the new namespaces; True when the IPC namespace's limits are set (always as root; an
+    unprivileged user namespace may not be allowed to, and SysV IPC is then refused by seccomp)."""
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     uid, gid = os.getuid(), os.getgid()
     if not root_user:
@@ -83,6 +109,14 @@ def _enter_namespaces(root_user):
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    try:
+        for name, value in IPC_LIMITS.items():  # ipc sysctls act on the writer's (new) IPC namespace
+            _write(f"/proc/sys/kernel/{name}", value)
+    except PermissionError:
+        if root_user:
+            raise
+        return False
+    return True
 
 
 def _bind_readonly(source, target, is_file=False):
@@ -93,6 +127,20 @@ def _bind_readonly(source, target, is_file=False):
     _mount(source, target, None, MS_BIND)
     flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (0 if is_file else MS_NODEV)
     _mount(None, target, None, flags)
+
+
+def _mask(new_root, path):
+    """Hide the directory ``path`` (when it is inside a bind) under an empty, read-only tmpfs.
+
+    A nested mount namespace (which the seccomp filter refuses anyway) could not peel the mask
+    off: mounts inherited from a more privileged namespace are locked together.
+    """
+    inside = new_root + path
+    if not os.path.isdir(inside):
+        return
+    if os.path.realpath(inside) != inside:  # a link would point the mask outside the jail
+        raise SetupError(f"cannot hide {path}: it resolves to {os.path.realpath(inside)} in the jail")
+    _mount("tmpfs", inside, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=1,mode=0555")
 
 
 def _build_root(job):
@@ -107,10 +155,14 @@ def _build_root(job):
             os.symlink(os.readlink(path), inside)
         elif os.path.isdir(path):
             _bind_readonly(path, inside)
+    for path in job["masks"]:
+        _mask(new_root, path)
     os.makedirs(new_root + "/dev", exist_ok=True)
     for device in DEVICES:
         _bind_readonly("/dev/" + device, f"{new_root}/dev/{device}", is_file=True)
     work = new_root + "/work"
+    if os.path.exists(work):
+        raise SetupError("a bound directory lies under /work, where the jail keeps its scratch space")
     os.makedirs(work)
     tmpfs = f"size={limits['disk_bytes']},nr_inodes={limits['max_files']},mode=0700"
     _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
@@ -143,7 +195,7 @@ def _limit(kind, value):
     resource.setrlimit(kind, (value, value))
 
 
-def _exec_program(job, root_user):
+def _exec_program(job, root_user, ipc_limited):
     limits = job["limits"]
     cpu = int(limits["cpu_seconds"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
@@ -152,17 +204,30 @@ def _exec_program(job, root_user):
     _limit(resource.RLIMIT_NOFILE, limits["open_files"])
     _limit(resource.RLIMIT_NPROC, limits["processes"])
     _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_MSGQUEUE, 0)  # no POSIX message queues
     if root_user:
         os.setgroups([])
         os.setresgid(job["gid"], job["gid"], job["gid"])
         os.setresuid(job["uid"], job["uid"], job["uid"])
+    _join_new_session_keyring()
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+    _landlock.restrict(job["binds"], [f"/dev/{name}" for name in DEVICES], ["/work"])
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)
+    install_filter(() if ipc_limited else ("shmget", "msgget"))  # last: it refuses calls made above
     os.execve(job["argv"][0], job["argv"], job["env"])
+
+
+def _join_new_session_keyring():
+    """Leave the launcher's session keyring (the host's) for a new, empty, anonymous one."""
+    number = SYS_KEYCTL.get(platform.machine())
+    if number is not None and _libc.syscall(ctypes.c_long(number), KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        errno = ctypes.get_errno()
+        if errno != 38:  # ENOSYS: a kernel without keyrings
+            raise SetupError(f"keyctl(join_session_keyring): {os.strerror(errno)}")
 
 
 def _place_fds(report, status):
@@ -187,7 +252,7 @@ def main():
     try:
         job = json.loads(sys.stdin.read())
         root_user = os.getuid() == 0
-        _enter_namespaces(root_user)
+        ipc_limited = _enter_namespaces(root_user)
         _build_root(job)
     except (SetupError, OSError, KeyError, ValueError) as exc:
         status.write(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}))
@@ -196,7 +261,7 @@ def main():
     if init == 0:
         code = 127
         try:
-            code = _init(job, root_user, status)
+            code = _init(job, root_user, ipc_limited, status)
         finally:
             os._exit(code)
     signal.alarm(int(job["limits"]["wall_seconds"]) + 5)  # SIGALRM's default action ends the launcher
@@ -204,7 +269,7 @@ def main():
     return 0
 
 
-def _init(job, root_user, status):
+def _init(job, root_user, ipc_limited, status):
     """PID 1 of the jail: start the program, reap every orphan, report the program's end.
 
     A separate init keeps the program's signals ordinary (PID 1 ignores signals it has no handler
@@ -214,7 +279,7 @@ def _init(job, root_user, status):
     program = os.fork()
     if program == 0:
         try:
-            _exec_program(job, root_user)
+            _exec_program(job, root_user, ipc_limited)
         except BaseException as exc:  # report and die: never fall back into the launcher's code
             os.write(2, f"sandbox: could not start the program: {exc}\n".encode())
         os._exit(126)

@@ -14,34 +14,50 @@ each escape):
 - filesystem: a private root with read-only, nosuid binds of the interpreter's directories
   (``/usr``, ``/lib*``, ``/bin``, the Python prefix), four device nodes, and ``/work``, a private
   tmpfs of ``disk_bytes`` / ``max_files``, the only writable place. No ``/etc``, ``/home``,
-  ``/root``, ``/tmp``, ``/proc``, ``/sys`` or host project files are visible;
+  ``/root``, ``/tmp``, ``/proc``, ``/sys`` or host project files are visible, and every
+  site-packages directory, ``sys.path`` entry and the rollforge package are hidden under empty
+  read-only mounts (``_masks``): what a grader knows (``python_code``'s hidden tests and reference
+  solutions live in rollforge) is never readable inside, in an editable or a regular install.
+  Where the kernel has Landlock, the same layout is enforced a second time per path lookup;
 - network: a new network namespace with no interface up (not even loopback): no connection to the
-  host's 127.0.0.1 or anywhere else, no DNS, no abstract Unix sockets of the host;
-- processes: a new PID namespace (the host's processes are invisible and unsignalable), a unique
-  unprivileged uid per run (as root) or an identity user namespace (as non-root), no capabilities,
-  ``no_new_privs``; RLIMIT_NPROC bounds fork bombs, and nothing survives the run;
-- resources: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, a
-  wall-time limit and a cap on stdout+stderr bytes; private IPC and UTS namespaces.
+  host's 127.0.0.1 or anywhere else, no DNS, no abstract Unix sockets of the host; Landlock (ABI
+  4+) refuses every TCP bind and connect as well;
+- processes: a new PID namespace (the host's processes are invisible and unsignalable), a uid
+  used by no earlier run since boot (as root: a counter in ``_UID_FILE``) or, as non-root, the
+  caller's uid in a new user namespace per run (user keyrings are per namespace), no
+  capabilities, ``no_new_privs``; RLIMIT_NPROC bounds fork bombs, and nothing survives the run;
+- kernel interfaces: a seccomp filter (``_seccomp.py``, x86_64 and aarch64) refuses keyrings,
+  namespace creation, mounts, ``memfd_create``, ``ptrace``, ``bpf``, ``perf_event_open``,
+  ``userfaultfd``, ``io_uring`` and module loading, and kills calls made through another ABI;
+  each run also gets a new empty session keyring;
+- resources: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0,
+  RLIMIT_MSGQUEUE=0, a wall-time limit and a cap on stdout+stderr bytes; private IPC and UTS
+  namespaces, the IPC one limited to 16 MiB of SysV shared memory (segments outlive processes
+  and are not counted in RLIMIT_AS; where an unprivileged user namespace may not set the limits,
+  seccomp refuses ``shmget`` and ``msgget``).
 
-Not contained: the program runs on the host kernel with no seccomp filter, so a kernel exploit
-escapes, and it may create nested namespaces (which grant nothing over the jail's mounts: they
-stay locked read-only; tested); the read-only binds expose the interpreter's installation
-(including its site-packages) for reading; CPU time is per process (up to ``processes`` x
-``cpu_seconds`` in total, still bounded by the wall time); memory is per process address space,
-not a cgroup total. The jail needs Linux with mount/PID/network namespaces: as root directly, as
-another user through an unprivileged user namespace (where RLIMIT_NPROC then counts that user's
-processes in the jail's namespace). ``sandbox_support()`` says whether it works here.
+Not contained: the program runs on the host kernel, so a kernel exploit through an allowed call
+escapes (the filter is a deny list, not an allow list); the read-only binds expose the rest of the
+interpreter's installation (its stdlib, ``/usr``) for reading; CPU time is per process (up to
+``processes`` x ``cpu_seconds`` in total, still bounded by the wall time); memory is per process
+address space (up to ``processes`` x ``memory_bytes`` in total), not a cgroup total; timing and
+other side channels are open. Python installed under ``/work`` cannot run in the jail (the jail's
+``/work`` would cover it). The jail needs Linux with mount/PID/network namespaces: as root
+directly, as another user through an unprivileged user namespace (where RLIMIT_NPROC then counts
+that user's processes in the jail's namespace). ``sandbox_support()`` says whether it works here.
 """
 
 from __future__ import annotations
 
-import itertools
+import fcntl
 import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -57,7 +73,12 @@ __all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_sandboxe
 _LAUNCHER = Path(__file__).with_name("_launcher.py")
 _REPORT_FD, _STATUS_FD = 3, 4
 _REPORT_CAP = 1 << 20
+_PACKAGE_DIR = Path(__file__).resolve().parents[2]
 _BASE_UID = 1_200_000  # per-run uids above any real account: RLIMIT_NPROC counts per uid
+_LAST_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
+#: The uid counter; /run is a tmpfs, emptied at boot, when no process of an old uid is left.
+_UID_FILE = Path("/run/rollforge/sandbox-uid-counter")
+_uid_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -135,13 +156,53 @@ def _binds() -> list[str]:
     return [p for p in paths if os.path.lexists(p)]
 
 
-_uids = itertools.count()
-_uid_lock = threading.Lock()
+def _masks() -> list[str]:
+    """Directories to hide below the binds: every place installed packages live (site-packages,
+    ``sys.path``) and the rollforge package itself, which holds the grader's hidden tests and
+    reference solutions. What the interpreter needs (its stdlib, extension modules, shared library
+    and executable, and the bound system directories) stays visible."""
+    needed = {
+        os.path.realpath(p)
+        for p in (
+            os.path.dirname(os.__file__),  # the stdlib (a venv's sysconfig points into the venv)
+            sysconfig.get_path("stdlib"),
+            sysconfig.get_config_var("DESTSHARED") or "/usr/lib",  # extension modules (lib-dynload)
+            sysconfig.get_config_var("LIBDIR") or "/usr/lib",
+            os.path.dirname(os.path.realpath(sys.executable)),
+            *_binds(),
+        )
+    }
+    candidates = [*site.getsitepackages(), site.getusersitepackages(), *sys.path, str(_PACKAGE_DIR)]
+    masks = []
+    for candidate in candidates:
+        path = os.path.realpath(candidate) if candidate else ""
+        if not os.path.isdir(path) or path == "/" or path in masks:
+            continue
+        if any(n == path or n.startswith(path + "/") for n in needed):  # would hide the interpreter
+            continue
+        masks.append(path)
+    return masks
 
 
 def _next_uid() -> int:
+    """A uid no earlier run on this host since boot has had (so no keyring, IPC object or process
+    count of an earlier run is shared): a counter in ``_UID_FILE``, under a lock between processes."""
     with _uid_lock:
-        return _BASE_UID + (os.getpid() % 4096) * 1024 + next(_uids) % 1024
+        try:
+            _UID_FILE.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            descriptor = os.open(_UID_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            with open(descriptor, "r+b") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                text = handle.read().strip()
+                used = int(text) if text.isdigit() else 0
+                handle.seek(0)
+                handle.truncate()
+                handle.write(str(used + 1).encode())
+        except OSError as exc:
+            raise SandboxUnavailable(f"the sandbox keeps its uid counter at {_UID_FILE} and cannot: {exc}") from exc
+    if _BASE_UID + used > _LAST_UID:
+        raise SandboxUnavailable(f"the sandbox has used every uid from {_BASE_UID} to {_LAST_UID}; reset {_UID_FILE}")
+    return _BASE_UID + used
 
 
 def run_sandboxed(
@@ -177,6 +238,7 @@ def run_sandboxed(
         "argv": list(argv),
         "env": {**base_env, **(env or {})},
         "binds": _binds(),
+        "masks": _masks(),
         "uid": uid,
         "gid": gid,
         "limits": asdict(limits),
