@@ -38,7 +38,7 @@ def open_backend(
     request_timeout: float | None = None,
     options: Mapping[str, Any] | None = None,
     replicas: int = 1,
-    replica_cpus: float = 1.0,
+    replica_cpus: float | None = None,
     replica_gpus: float = 0.0,
     check_reachable: bool = False,
 ) -> Backend:
@@ -56,7 +56,7 @@ def open_backend(
     ``concurrency`` bounds requests in flight (HF batch rows, vLLM running sequences, HTTP
     requests), per replica; ``options`` are extra keyword arguments of the chosen backend's
     constructor. ``replicas > 1`` with ``hf``/``vllm`` starts that many Ray actors (initialising a
-    local Ray unless one is connected), each reserving ``replica_cpus`` CPUs and ``replica_gpus``
+    local Ray unless one is connected), each reserving ``replica_cpus`` CPUs (None: sized by ``cluster.resources``) and ``replica_gpus``
     GPUs and loading the model itself, behind a ``RouterBackend``; replica ``i`` gets seed
     ``seed + i``. With ``openai``, ``replicas`` must be 1 or the number of URLs, and
     ``check_reachable`` makes a server that does not answer a ``BackendError`` now (commands set it).

@@ -58,10 +58,12 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--ray-address", default=None,
                    help="with --executor ray: the cluster to join (auto, ray://host:10001); default a private local instance")
     p.add_argument("--env-actors", type=int, default=2, help="with --executor ray: Ray actors per environment")
-    p.add_argument("--env-actor-cpus", type=float, default=1.0, help="with --executor ray: CPUs reserved per actor")
+    p.add_argument("--env-actor-cpus", type=float, default=None,
+                   help="with --executor ray: CPUs reserved per actor (default: 1 on a joined cluster, a share of a private instance's CPUs)")
     p.add_argument("--replicas", type=int, default=1,
                    help="with --executor ray and --backend hf|vllm: generation replicas on Ray actors behind a sticky router")
-    p.add_argument("--replica-cpus", type=float, default=1.0, help="with --replicas: CPUs reserved per replica")
+    p.add_argument("--replica-cpus", type=float, default=None,
+                   help="with --replicas: CPUs reserved per replica (default as for --env-actor-cpus)")
     p.set_defaults(run=run)
 
 

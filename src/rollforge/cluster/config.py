@@ -15,15 +15,17 @@ class RayConfig(BaseModel):
     env_actors: int = Field(2, ge=1)
     """Ray actors per environment; each holds many episodes at once, new episodes go to the actor
     holding the fewest."""
-    env_actor_cpus: float = Field(1.0, ge=0)
-    """CPUs Ray reserves for each environment actor (0: schedule regardless of free CPUs)."""
+    env_actor_cpus: float | None = Field(None, ge=0)
+    """CPUs Ray reserves for each environment actor (0: schedule regardless of free CPUs). None: 1
+    on a cluster you joined; on the private local instance an equal share of its free CPUs (at
+    most 1), so the defaults fit a laptop."""
     env_actor_memory_mb: int | None = Field(None, gt=0)
     """Memory Ray reserves for each environment actor (None: no reservation)."""
     generation_replicas: int = Field(1, ge=1)
     """Generation backend replicas on Ray actors behind a router (``hf`` and ``vllm`` backends),
     with each episode kept on one replica. 1: the backend runs in this process."""
-    replica_cpus: float = Field(1.0, ge=0)
-    """CPUs Ray reserves for each generation replica."""
+    replica_cpus: float | None = Field(None, ge=0)
+    """CPUs Ray reserves for each generation replica. None: as for ``env_actor_cpus``."""
     replica_gpus: float = Field(0.0, ge=0)
     """GPUs Ray reserves for each generation replica (a vLLM engine on a GPU node: 1)."""
     num_cpus: int | None = Field(None, ge=1)

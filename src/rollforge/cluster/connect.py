@@ -50,6 +50,7 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, objec
     # Ray reads this one at import; when it was imported before (by the user, by a library), its
     # "bind to the first interface" default would put a private instance on the network.
     ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false", "False")
+    global _PRIVATE
     ray.init(
         num_cpus=num_cpus,
         object_store_memory=object_store_mb * 1024 * 1024,
@@ -58,8 +59,17 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, objec
         log_to_driver=False,
         configure_logging=False,
     )
+    _PRIVATE = True
     return ray
 
+
+def started_private() -> bool:
+    """Whether the Ray this process uses is a private instance that ``ensure_ray`` started (and
+    nothing else uses), rather than a cluster the user joined or initialised themselves."""
+    return _PRIVATE and import_ray().is_initialized()
+
+
+_PRIVATE = False
 
 #: Environment of a local instance: no auth token on loopback, no usage reports, and Ray's
 #: "single machine" address resolution (127.0.0.1 instead of the first interface's address).

@@ -15,16 +15,26 @@ from ..envs.base import Environment
 from .config import RayConfig
 from .connect import ensure_ray
 from .env_pool import RayEnvironmentPool
+from .resources import Demand, check_fits, share_cpus
+
 
 @contextlib.contextmanager
 def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfig) -> Iterator[dict[str, Environment]]:
     connect(config)
+    distinct = {id(env): task for task, env in task_to_env.items()}
+    actors = config.env_actors * len(distinct)
+    cpus = share_cpus(config.env_actor_cpus, actors)
+    check_fits(Demand(
+        "environment actors", actors, cpus,
+        memory_mb=config.env_actor_memory_mb,
+        knobs="ray.env_actor_cpus / --env-actor-cpus, ray.env_actor_memory_mb, ray.env_actors / --env-actors",
+    ))
     pools: dict[int, RayEnvironmentPool] = {}
     try:
         for task, env in task_to_env.items():
             if id(env) not in pools:
                 pools[id(env)] = RayEnvironmentPool(
-                    env, actors=config.env_actors, num_cpus=config.env_actor_cpus,
+                    env, actors=config.env_actors, num_cpus=cpus,
                     memory_mb=config.env_actor_memory_mb, name=task,
                 )
         yield {task: pools[id(env)] for task, env in task_to_env.items()}

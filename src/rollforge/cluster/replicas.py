@@ -35,6 +35,7 @@ from ..backends.weights import save_state_dict, scratch_directory, state_dict_fo
 from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .connect import actor_death_reason, import_ray, worker_runtime_env
+from .resources import Demand, check_fits, share_cpus
 
 REPLICA_KINDS = ("hf", "vllm")
 
@@ -206,6 +207,11 @@ def start_replicas(
     if count < 1:
         raise ConfigError(f"replicas must be >= 1, got {count}")
     ray = import_ray()
+    kwargs["num_cpus"] = share_cpus(kwargs.get("num_cpus"), count)
+    check_fits(Demand(
+        f"{kind} replicas", count, kwargs["num_cpus"], gpus=kwargs.get("num_gpus", 0.0),
+        knobs="ray.replica_cpus / --replica-cpus, ray.replica_gpus, ray.generation_replicas / --replicas",
+    ))
     replicas: list[RayBackendReplica] = []
     try:
         for i in range(count):

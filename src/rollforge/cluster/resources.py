@@ -1,0 +1,91 @@
+"""What actors reserve, sized to the cluster and checked against it before anything starts.
+
+Two rules:
+
+- **Defaults fit where a user starts.** A reservation left unset (``None``, the default of
+  ``ray.env_actor_cpus`` and ``ray.replica_cpus``) is one CPU per actor on a cluster the user
+  joined, and an equal share of the instance's CPUs (at most one each) on the private instance
+  rollforge started itself: a laptop with 2 cores runs two environments of two actors each
+  (0.5 CPU per actor) instead of waiting for CPUs that will never come.
+- **What cannot fit fails at once.** Before any actor starts, the reservations are compared with
+  the cluster's totals (``ray.cluster_resources()``) and with its largest node: a request that can
+  never be scheduled raises ``ConfigError`` naming the numbers and the key or flag that changes
+  them, in milliseconds instead of after the start timeout. A request that fits the totals but not
+  what is free right now still starts (other work may finish, an autoscaler may add nodes) and is
+  bounded by the start timeout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from ..errors import ConfigError
+from .connect import import_ray, started_private
+
+
+@dataclass(frozen=True)
+class Demand:
+    """``count`` actors of one kind, each reserving ``cpus``, ``gpus`` and ``memory_mb``.
+    ``knobs`` names the config keys / flags that change the reservation, for the error message."""
+
+    what: str
+    count: int
+    cpus: float
+    gpus: float = 0.0
+    memory_mb: int | None = None
+    knobs: str = ""
+
+
+def share_cpus(requested: float | None, actors: int) -> float:
+    """The CPUs each of ``actors`` new actors reserves: ``requested`` when set; else one on a cluster
+    the user joined, and an equal share of what the private instance has free (at most one)."""
+    if requested is not None:
+        return requested
+    if actors < 1 or not started_private():
+        return 1.0
+    free = import_ray().available_resources().get("CPU", 0.0)
+    return min(1.0, math.floor(100 * free / actors) / 100)
+
+
+def check_fits(*demands: Demand) -> None:
+    """Raise ``ConfigError`` when ``demands`` together can never be scheduled on this cluster."""
+    ray = import_ray()
+    totals = ray.cluster_resources()
+    nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    for resource, unit, per_actor in (("CPU", "CPUs", _cpus), ("GPU", "GPUs", _gpus), ("memory", "MiB of memory", _memory)):
+        wanted = [(d, per_actor(d)) for d in demands if per_actor(d) > 0]
+        if not wanted:
+            continue
+        have = totals.get(resource, 0.0) / (1024 * 1024 if resource == "memory" else 1)
+        largest = max((n.get(resource, 0.0) for n in nodes), default=0.0) / (1024 * 1024 if resource == "memory" else 1)
+        total = sum(d.count * amount for d, amount in wanted)
+        for demand, amount in wanted:
+            if amount > largest + 1e-9:
+                raise ConfigError(
+                    f"each of the {demand.what} reserves {_fmt(amount)} {unit} but the largest Ray node has "
+                    f"{_fmt(largest)}; lower it with {demand.knobs}"
+                )
+        if total > have + 1e-9:
+            parts = ", ".join(f"{d.count} {d.what} x {_fmt(a)}" for d, a in wanted)
+            knobs = "; ".join(d.knobs for d, _ in wanted)
+            raise ConfigError(
+                f"the actors reserve {_fmt(total)} {unit} ({parts}) but the Ray cluster has {_fmt(have)}; "
+                f"lower the reservations or the actor counts: {knobs}"
+            )
+
+
+def _cpus(demand: Demand) -> float:
+    return demand.cpus
+
+
+def _gpus(demand: Demand) -> float:
+    return demand.gpus
+
+
+def _memory(demand: Demand) -> float:
+    return float(demand.memory_mb or 0)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+

@@ -1,0 +1,60 @@
+"""Reservations on Ray: the defaults fit the 2-CPU private instance a user starts on, and what can
+never fit fails in seconds with the numbers and the knob that changes them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.cli.main import main
+from rollforge.cluster.config import RayConfig
+from rollforge.cluster.executor import environments_on_ray
+from rollforge.cluster.resources import Demand, check_fits, share_cpus
+from rollforge.envs.library import get_env_spec
+from rollforge.errors import ConfigError
+from rollforge.models import load_tokenizer
+
+from test_cli import from_record
+
+
+def test_unset_reservations_share_the_private_instance(ray_session):
+    assert ray_session.cluster_resources()["CPU"] == 2
+    assert share_cpus(None, 4) == 0.5  # two environments x two actors on two CPUs
+    assert share_cpus(None, 1) == 1.0  # never more than one CPU each
+    assert share_cpus(0.25, 4) == 0.25  # an explicit value is kept
+
+
+def test_what_can_never_fit_fails_at_once_naming_numbers_and_knobs(ray_session):
+    started = time.monotonic()
+    env = get_env_spec("echo").build()
+    with pytest.raises(ConfigError) as error:
+        with environments_on_ray({"echo": env}, RayConfig(env_actors=3, env_actor_cpus=1.0)):
+            pass
+    message = str(error.value)
+    assert "reserve 3 CPUs (3 environment actors x 1) but the Ray cluster has 2" in message
+    assert "--env-actor-cpus" in message and "--env-actors" in message
+    with pytest.raises(ConfigError, match=r"reserves 4 CPUs but the largest Ray node has 2; lower it with ray.replica_cpus"):
+        check_fits(Demand("hf replicas", 1, 4.0, knobs="ray.replica_cpus / --replica-cpus"))
+    with pytest.raises(ConfigError, match="GPUs"):
+        check_fits(Demand("vllm replicas", 1, 0.0, gpus=1.0, knobs="ray.replica_gpus"))
+    assert time.monotonic() - started < 5
+    check_fits(Demand("environment actors", 4, 0.5))  # exactly the instance: fits
+
+
+@pytest.mark.slow
+def test_laptop_command_succeeds_with_defaults(ray_session, smollm2_dir, tmp_path):
+    """The README's first Ray command, with no reservation flags, on the 2-CPU loopback instance."""
+    out = tmp_path / "ray"
+    args = ["rollout", "--model", str(smollm2_dir), "--executor", "ray", "--env", "arithmetic", "--env", "catch",
+            "--episodes", "8", "--max-turns", "4", "--out", str(out)]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [r["task_name"] for r in records] == ["arithmetic", "catch"] * 4
+    assert all(r["error"] is None for r in records), [r["error"] for r in records]
+    renderer = ChatRenderer(load_tokenizer(str(smollm2_dir)))
+    for record in records:
+        assert token_fidelity_gap(from_record(record), renderer) is None
+    assert ray_session.available_resources().get("CPU") == 2  # every actor stopped and released its share
