@@ -448,7 +448,7 @@ class ChatRenderer:
         reason = None
         try:
             got = self._probe_incremental(opening, turns, template_tools)
-            if got != expected:
+            if got != expected and not self._same_text_and_controls(expected, got):
                 reason = (
                     "the chat template rewrites earlier turns (rendering turn by turn gives different "
                     f"ids than rendering the whole conversation: {self._first_id_difference(expected, got)})"
@@ -525,6 +525,16 @@ class ChatRenderer:
             else:
                 ids += self.delta_ids([message], tools)
         return ids
+
+    def _same_text_and_controls(self, expected: Sequence[int], got: Sequence[int]) -> bool:
+        """The same text and control tokens, split into other ordinary tokens: pieces encoded
+        apart (the generation prompt before the model's first token) merge differently when the
+        whole text is encoded at once, which is a tokenizer's boundary, not a rewritten turn
+        (``token_fidelity_gap`` allows the same)."""
+        controls = self.control_token_ids
+        return self.decode(expected) == self.decode(got) and [t for t in expected if t in controls] == [
+            t for t in got if t in controls
+        ]
 
     def _first_id_difference(self, expected: Sequence[int], got: Sequence[int]) -> str:
         whole, turns = self.decode(expected), self.decode(got)
