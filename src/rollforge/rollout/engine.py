@@ -9,8 +9,9 @@
 
 Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Before anything is
 generated the engine checks the inputs: every ``task_name`` has an environment, environments that
-limit their sessions allow the concurrency needed, and the chat template renders the prompts in use
-(``ChatRenderer.check_template``; with tools, once per tool set when an environment offers them). Environments may have two optional hooks, ``async prepare(sessions)`` and
+limit their sessions allow the concurrency needed, and the chat template renders the prompts in
+use (``ChatRenderer.check_template``; tools are checked once per tool set, when an environment
+first offers them). Environments may have two optional hooks, ``async prepare(sessions)`` and
 ``async release()``, called once around the rollout (remote environments connect there and check
 the server's capacity for real); after ``prepare``, an environment that declares
 ``produces_images`` needs a backend that declares ``accepts_images``. Results come back in input
