@@ -100,6 +100,7 @@ def test_a_trajectory_reads_back_from_its_json_segments_and_images_included():
     assert record["segments"][1] == {"token_ids": [4, 5], "loss_mask": [0, 1], "logprobs": [None, -0.25],
                                      "prompt_length": 1, "messages": 4}
     assert Trajectory.from_json(record) == t
+    assert Trajectory.from_json({**record, "reward": 1.0, "advantage": 0.5}) == t  # a trainer's trajectories.jsonl
     one = make()
     assert "segments" not in one.to_json() and one.segments == (Segment((1, 2, 3, 4), (0, 0, 1, 1), (None, None, -0.1, -0.2), 2, 2),)
     assert Trajectory.from_json(json.loads(json.dumps(one.to_json()))) == one

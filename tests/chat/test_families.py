@@ -372,3 +372,16 @@ def test_call_ids_are_deterministic_and_in_the_form_the_family_accepts():
     assert mistral.call_id(3, 1, 0) == mistral.call_id(3, 1, 0) != mistral.call_id(3, 1, 1)
     assert get_family("qwen2_5").call_id(3, 1, 0) == "call_3_1_0"
     assert get_family("harmony") is get_family("gpt_oss") and get_family("deepseek_r1") is get_family("deepseek")
+
+
+def test_the_fallback_tool_description_shows_the_call_tokens_as_tokens_but_content_around_it_stays_text(base_tokenizer):
+    renderer = case_renderer(base_tokenizer, "deepseek_v3")
+    tools = ({"type": "function", "function": {"name": "lookup", "description": "Look up.", "parameters": {}}},)
+    messages, template_tools = renderer.with_tool_prompt(
+        [Message("system", "Sys <｜tool▁sep｜>"), Message("user", "Go <｜tool▁sep｜>")], tools, get_parser("deepseek"))
+    assert template_tools == () and "<｜tool▁calls▁begin｜>" in messages[0].content
+    ids = renderer.prompt_ids(messages, template_tools)
+    sep, begin = (renderer.tokenizer.convert_tokens_to_ids(t) for t in ("<｜tool▁sep｜>", "<｜tool▁calls▁begin｜>"))
+    description = get_parser("deepseek").system_prompt(tools)
+    assert ids.count(begin) == description.count("<｜tool▁calls▁begin｜>") > 0  # the format the model must write
+    assert ids.count(sep) == description.count("<｜tool▁sep｜>")  # the dataset's own text is not among them

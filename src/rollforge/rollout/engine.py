@@ -11,7 +11,8 @@ Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Bef
 generated the engine checks the inputs: every ``task_name`` has an environment (an
 ``Environment``), the backend is a ``Backend``, environments that limit their sessions
 (``max_sessions``) allow the concurrency needed, and the chat template renders the prompts in use
-(``ChatRenderer.check_template``; with tools, once per tool set when an environment offers them).
+(``ChatRenderer.check_template``; tools are checked once per tool set, when an environment first
+offers them).
 ``Environment.prepare(sessions)`` and ``release()`` are called once around the rollout (remote
 environments connect there and check the server's capacity for real); after ``prepare``, an
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
