@@ -7,7 +7,13 @@ Invariants a ``Trajectory`` checks on construction (a violation is a rollforge b
 ``InvariantError``): ``token_ids``, ``loss_mask`` and ``logprobs`` have the same length; the mask is
 0/1; a token has a logprob exactly when its mask is 1 (policy tokens); ``rewards`` has one entry per
 turn and ``total_reward`` is their sum; at most one of ``terminated``/``truncated``/
-``max_turns_reached`` holds, and none holds when ``error`` is set.
+``max_turns_reached`` holds, and none holds when ``error`` is set; the ``segments`` laid end to end
+are exactly ``token_ids`` / ``loss_mask`` / ``logprobs``.
+
+Segments: a chat template that rewrites history (Qwen3 and DeepSeek-R1 drop past reasoning) cannot
+be rendered by appending, so such an episode continues in a new ``Segment`` whose prompt is the
+template's own rendering of the conversation so far. Each segment is one sequence the model saw,
+token-exact against its rendering; training uses each as a sequence. Most episodes have one.
 """
 
 from __future__ import annotations
@@ -58,15 +64,16 @@ class ToolCall:
 class Message:
     """One chat message. Assistant messages keep their raw generated text as ``content`` (tool-call
     markup included) so the chat template renders exactly the tokens the policy produced;
-    ``tool_calls`` holds what was parsed out of it. ``name`` is the tool name of a ``tool`` message.
-    ``images`` holds images a tool returned (PIL images or encoded bytes), passed to backends that
-    accept them."""
+    ``tool_calls`` holds what was parsed out of it. ``name`` is the tool name of a ``tool`` message
+    and ``tool_call_id`` the id of the call it answers. ``images`` holds images a tool returned (PIL
+    images or encoded bytes), passed to backends that accept them."""
 
     role: Role
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     name: str | None = None
     images: tuple[Any, ...] = ()
+    tool_call_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant", "tool"):
@@ -75,19 +82,46 @@ class Message:
             raise InvariantError(f"message content must be str, got {type(self.content).__name__}")
 
     def to_chat(self) -> dict[str, Any]:
-        """The dict a chat template renders: role and content (plus name for tool results)."""
+        """The dict a chat template renders, in the OpenAI/Hugging Face shape: role and content,
+        ``tool_calls`` as ``[{"id", "type": "function", "function": {"name", "arguments"}}]``
+        (arguments as a dict, as Hugging Face templates read them; calls that could not be parsed
+        are left out), ``name`` and ``tool_call_id`` of tool results."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        calls = [c for c in self.tool_calls if c.error is None]
+        if calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
+                for c in calls
+            ]
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
     def to_json(self) -> dict[str, Any]:
-        out = self.to_chat()
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             out["tool_calls"] = [c.to_json() for c in self.tool_calls]
         if self.images:
             out["images"] = [image_json(image) for image in self.images]
         return out
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> Message:
+        """Read back ``to_json``; images come back as their encoded bytes."""
+        import base64
+
+        calls = tuple(
+            ToolCall(c["name"], c.get("arguments") or {}, c.get("id"), c.get("error"))
+            for c in record.get("tool_calls") or ()
+        )
+        images = tuple(base64.b64decode(i["base64"]) for i in record.get("images") or ())
+        return cls(record["role"], record["content"], calls, record.get("name"), images, record.get("tool_call_id"))
 
     @classmethod
     def coerce(cls, value: Message | Mapping[str, Any]) -> Message:
@@ -96,7 +130,8 @@ class Message:
             return value
         if not isinstance(value, Mapping) or "role" not in value or "content" not in value:
             raise InvariantError(f"expected a message dict with 'role' and 'content', got {value!r}")
-        return cls(role=value["role"], content=value["content"], name=value.get("name"))
+        return cls(role=value["role"], content=value["content"], name=value.get("name"),
+                   tool_call_id=value.get("tool_call_id"))
 
 
 def image_bytes(image: Any) -> tuple[str, bytes]:
@@ -180,6 +215,24 @@ class Completion:
             )
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One sequence the model saw: its prompt (the template's rendering of the conversation so far,
+    ``prompt_length`` tokens, mask 0), then generated tokens (mask 1, with their logprobs) and the
+    observations appended after them (mask 0). ``messages``: how many of the trajectory's messages
+    its ids render (the rest came after it)."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float | None, ...]
+    prompt_length: int
+    messages: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
+                "logprobs": list(self.logprobs), "prompt_length": self.prompt_length, "messages": self.messages}
+
+
 @dataclass(frozen=True, repr=False)
 class Trajectory:
     """One finished episode. See the module docstring for the invariants it checks."""
@@ -208,9 +261,19 @@ class Trajectory:
     #: The live environment object of the episode (an ``environment_factory`` instance), kept for
     #: reward functions that take ``environments=``; never serialised.
     environment: Any = field(default=None, compare=False, repr=False)
+    #: The sequences the model saw, in order (see the module docstring). Left empty, it is the one
+    #: segment ``token_ids``; with several, ``token_ids`` / ``loss_mask`` / ``logprobs`` are the
+    #: segments one after another (every token the episode rendered or generated, but not one
+    #: sequence: train on the segments) and ``prompt_length`` is the first segment's.
+    segments: tuple[Segment, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
+        if not self.segments:
+            whole = Segment(self.token_ids, self.loss_mask, self.logprobs, self.prompt_length, len(self.messages))
+            object.__setattr__(self, "segments", (whole,))
+        elif len(self.segments) > 1 or self.segments[0].token_ids is not self.token_ids:
+            self._check_segments()
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise InvariantError(
                 f"trajectory {self.index}: {n} token ids, {len(self.loss_mask)} mask entries, "
@@ -235,6 +298,13 @@ class Trajectory:
                 f"trajectory {self.index}: terminated={self.terminated} truncated={self.truncated} "
                 f"max_turns_reached={self.max_turns_reached} error={self.error}: at most one may hold"
             )
+
+    def _check_segments(self) -> None:
+        joined = [tuple(x for s in self.segments for x in getattr(s, name)) for name in ("token_ids", "loss_mask", "logprobs")]
+        if joined != [tuple(self.token_ids), tuple(self.loss_mask), tuple(self.logprobs)]:
+            raise InvariantError(f"trajectory {self.index}: its segments laid end to end are not its token ids, mask and logprobs")
+        if self.segments[0].prompt_length != self.prompt_length:
+            raise InvariantError(f"trajectory {self.index}: prompt_length is not the first segment's")
 
     def __repr__(self) -> str:
         ending = "error" if self.error else next(
@@ -271,7 +341,33 @@ class Trajectory:
             "tools": _jsonable(self.tools),
             "generation_seconds": self.generation_seconds,
             "environment_seconds": self.environment_seconds,
+            **({"segments": [s.to_json() for s in self.segments]} if len(self.segments) > 1 else {}),
         }
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> Trajectory:
+        """Read back a ``trajectories.jsonl`` record (``to_json``), segments included. Fields a
+        trainer adds to the record (reward, advantage) are ignored; metadata and tools stay in
+        their JSON form."""
+        def failure(value: Any) -> Failure | None:
+            return Failure(value["kind"], value["message"]) if value else None
+
+        segments = tuple(
+            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), tuple(s["logprobs"]), s["prompt_length"], s["messages"])
+            for s in record.get("segments") or ()
+        )
+        return cls(
+            index=record["index"], task_name=record["task_name"],
+            messages=tuple(Message.from_json(m) for m in record["messages"]),
+            token_ids=tuple(record["token_ids"]), loss_mask=tuple(record["loss_mask"]),
+            logprobs=tuple(record["logprobs"]), prompt_length=record["prompt_length"],
+            rewards=tuple(record["rewards"]), total_reward=record["total_reward"], turns=record["turns"],
+            terminated=record["terminated"], truncated=record["truncated"],
+            max_turns_reached=record["max_turns_reached"], error=failure(record.get("error")),
+            failures=tuple(failure(f) for f in record.get("failures") or ()), metadata=record.get("metadata"),
+            tools=tuple(record.get("tools") or ()), generation_seconds=record.get("generation_seconds", 0.0),
+            environment_seconds=record.get("environment_seconds", 0.0), segments=segments,
+        )
 
 
 def _mask_matches_logprobs(mask: tuple[int, ...], logprobs: tuple[float | None, ...]) -> bool:

@@ -81,7 +81,7 @@ def test_delta_ids_equal_the_tail_of_the_whole_rendering(renderer, tokenizer):
     assert renderer.delta_ids(two) == encode(tokenizer, whole[len(head):])
 
 
-def test_a_template_that_rewrites_history_is_rejected_at_start_up(tokenizer):
+def test_a_template_that_rewrites_history_is_rendered_in_segments(tokenizer):
     # Like templates that drop earlier assistant turns' reasoning: only the last assistant message
     # keeps its content, so appending a turn changes the text before it.
     forgetful = with_template(
@@ -90,9 +90,11 @@ def test_a_template_that_rewrites_history_is_rejected_at_start_up(tokenizer):
         "{% if m['role'] == 'assistant' and not loop.last %}...{% else %}{{ m['content'] }}{% endif %}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
     )
-    with pytest.raises(TemplateError, match="not prefix-preserving"):
-        ChatRenderer(forgetful).check_prefix_preserving([Message("user", "hi")])
-    ChatRenderer(tokenizer).check_prefix_preserving([Message("user", "hi")])  # ChatML is fine
+    report = ChatRenderer(forgetful).check_template([Message("user", "hi")])
+    assert not report.incremental and "not prefix-preserving: adding ['user'] messages" in report.reason
+    assert "base gives 'im_start|>assistant\\nu<|im_end|>" in report.reason
+    assert "base + new messages gives 'im_start|>assistant\\n...<|im_end|>" in report.reason
+    assert ChatRenderer(tokenizer).check_template([Message("user", "hi")]).incremental  # ChatML is fine
 
 
 def test_missing_template_is_a_clear_error(tokenizer):

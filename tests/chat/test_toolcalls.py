@@ -37,13 +37,18 @@ def hermes() -> HermesParser:
 
 
 def test_registry():
-    assert PARSER_NAMES == ("hermes", "llama3_json", "qwen")
+    assert PARSER_NAMES == (
+        "deepseek", "gpt_oss", "harmony", "hermes", "llama3_json", "mistral", "qwen", "qwen3_coder"
+    )
     assert isinstance(get_parser(), HermesParser)
     assert isinstance(get_parser("qwen"), HermesParser)
     assert isinstance(get_parser("llama3_json"), Llama3JsonParser)
     assert isinstance(get_parser("hermes"), ToolCallParser)
-    with pytest.raises(ConfigError, match=r"unknown tool-call parser 'mistral'; valid names: hermes, llama3_json, qwen"):
-        get_parser("mistral")
+    for name in PARSER_NAMES:
+        assert isinstance(get_parser(name), ToolCallParser)
+        assert get_parser(name).markers
+    with pytest.raises(ConfigError, match=r"unknown tool-call parser 'mistal'; valid names: deepseek, gpt_oss, "):
+        get_parser("mistal")
 
 
 # --- hermes ---
@@ -98,7 +103,7 @@ def test_hermes_unterminated_final_call(hermes):
 def test_hermes_unterminated_broken_call_is_an_error(hermes):
     (call,) = hermes.parse('<tool_call>{"name": "move", "arguments": {"dir')
     assert call == ToolCall(
-        name="",
+        name="move",  # read from the broken JSON, so that the error names the tool
         arguments={},
         # char 31 is the quote opening "dir, counted from the "{" after the tag
         error="invalid JSON in unterminated <tool_call>: Unterminated string starting at char 31",
@@ -110,7 +115,7 @@ def test_hermes_unterminated_broken_call_is_an_error(hermes):
 def test_hermes_invalid_json(hermes):
     text = '<tool_call>\n{"name": "move" "arguments": {}}\n</tool_call>'
     assert hermes.parse(text) == (
-        ToolCall(name="", arguments={}, error="invalid JSON in <tool_call>: Expecting ',' delimiter at char 17"),
+        ToolCall(name="move", arguments={}, error="invalid JSON in <tool_call>: Expecting ',' delimiter at char 17"),
     )
 
 
@@ -195,7 +200,7 @@ def test_llama3_json_plain_answers_are_not_calls():
 def test_llama3_json_errors():
     parser = Llama3JsonParser()
     assert parser.parse('{"name": "move", "parameters": {') == (
-        ToolCall(name="", arguments={}, error="invalid JSON in tool call: Expecting property name enclosed in double quotes at char 32"),
+        ToolCall(name="move", arguments={}, error="invalid JSON in tool call: Expecting property name enclosed in double quotes at char 32"),
     )
     assert parser.parse('{"parameters": {"direction": "left"}}') == (
         ToolCall(name="", arguments={}, error='tool call is missing "name"'),

@@ -382,7 +382,7 @@ async def test_each_failure_kind_is_reported_to_the_model_and_counted():
         )
     )
     expected = [
-        ("tool_invalid_json", None, "invalid JSON in <tool_call>: Expecting ',' delimiter at char 16"),
+        ("tool_invalid_json", "move", "invalid JSON in <tool_call>: Expecting ',' delimiter at char 16"),
         ("tool_unknown", "fly", "unknown tool 'fly'; available tools: move, jump"),
         ("tool_bad_arguments", "move", "invalid arguments for tool move: missing required argument direction"),
         (

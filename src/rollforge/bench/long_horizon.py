@@ -9,7 +9,7 @@ request plus 10 ms per token (~100 tokens/s per sequence, a served 7B model's de
 tool returns at once.
 
 What is measured: every ``ChatRenderer`` method the engine and the episode loop call
-(``check_prefix_preserving``, ``with_tool_prompt``, ``prompt_ids``, ``content_ids``, ``decode``,
+(``check_template``, ``with_tool_prompt``, ``prompt_ids``, ``content_ids``, ``decode``,
 ``closing_ids``, ``delta_ids``) is timed with ``perf_counter`` by a subclass defined here (outermost
 calls only, so nested calls are not counted twice); a call is attributed to its episode's current
 turn through the asyncio task it runs in (``content_ids`` comes first after each generation).
@@ -41,7 +41,7 @@ from ..types import Sample, Trajectory
 from .async_vs_lockstep import CodeRunner, bounds, code_script
 from .overhead import _tokenizer
 
-TIMED = ("check_prefix_preserving", "with_tool_prompt", "prompt_ids", "content_ids", "decode", "closing_ids",
+TIMED = ("check_template", "with_tool_prompt", "prompt_ids", "content_ids", "decode", "closing_ids",
          "delta_ids")
 
 

@@ -12,42 +12,85 @@ A conversation's token ids are built once and only appended to:
 ``delta_ids`` renders the new messages behind a fixed two-message base conversation and keeps the
 text past the base (one small template call and one tokenization per turn, independent of the
 conversation's length). This is exact for templates that are *prefix-preserving*: rendering a
-longer conversation only appends to the text of a shorter one. ``check_prefix_preserving`` verifies
-that at start-up on a probe conversation of the shapes in use (system, user, assistant with and
-without tool calls, tool results) and raises ``TemplateError`` pointing at the first difference
-when it does not hold (templates that rewrite earlier turns, such as ones that drop past reasoning,
-are not supported for multi-turn rollouts; render them with a prefix-preserving template).
+longer conversation only appends to the text of a shorter one.
 
-Templates that ignore ``tools=`` (SmolLM2's ChatML does) get the tool-call parser's fallback
-system prompt, which states the tools and the call format (see ``with_tools``).
+``check_template`` finds out, per set of tools, on a probe conversation of the shapes a rollout
+produces (built from the model family: reasoning blocks where the family has them, tool calls in
+its format and tool results only when the environment offers tools, probe text the template does
+not rewrite): every probe message must appear in the rendering (a template that drops tool
+results is an error that says so), and the turn-by-turn ids must equal the whole rendering's. When
+they do not -- the template rewrites history, e.g. drops past reasoning -- the report says
+``incremental=False`` and episodes continue in *segments*: each turn the whole conversation is
+rendered; when the ids so far are a prefix of it the new part is appended, otherwise a new segment
+starts whose prompt is that rendering (``rollout/episode.py``).
+
+Injection safety: text from datasets, environments and tools (system, user and tool contents) is
+escaped before rendering -- every special token's text in it becomes a private-use character --
+and ``encode`` turns each such character back into the token's text tokenized as plain text. Only
+the template's own markup becomes control tokens. Assistant contents are the model's own text.
+
+Families (``chat/families.py``) supply the template options, the tool-message shape, where system
+prompts and the fallback tool description go (templates that ignore ``tools=``, such as SmolLM2's
+ChatML, get the tool-call parser's description of the tools, see ``with_tool_prompt``).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import TemplateError
-from ..types import Message, Trajectory
+from ..types import Message, ToolCall, Trajectory
+from .families import Family, detect_family, get_family
 
 _SENTINEL = "\u27e6rollforge-sentinel\u27e7"
 _BASE_USER = "u"
+_ESCAPE_BASE = 0xF0000  # Supplementary Private Use Area-A: one character per special token
+_ESCAPED = re.compile("([\U000F0000-\U000FFFFD])")
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "probe_tool", "description": "A probe.",
+    "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+
+
+@dataclass(frozen=True)
+class TemplateReport:
+    """What ``check_template`` found for one set of tools."""
+
+    family: str
+    parser: str
+    #: Tools reach the prompt through the template's ``tools=`` (False: the fallback description).
+    tools_in_template: bool
+    #: Turns are rendered by appending (the template is prefix-preserving on the probe).
+    incremental: bool
+    #: Why episodes continue in segments (None when incremental).
+    reason: str | None = None
 
 
 class ChatRenderer:
-    """Renders conversations of one tokenizer's chat template into token ids incrementally."""
+    """Renders conversations of one tokenizer's chat template into token ids incrementally.
 
-    def __init__(self, tokenizer: Any):
+    ``family``: a ``chat/families.py`` name or ``Family`` (default: detected from the template).
+    ``keep_reasoning``: pass the family's keep-past-reasoning template options (training-time
+    rendering; the inference template drops past reasoning, see the README)."""
+
+    def __init__(self, tokenizer: Any, family: str | Family | None = None, *, keep_reasoning: bool = False):
         if getattr(tokenizer, "chat_template", None) is None:
             raise TemplateError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template; "
                 "rollforge renders conversations with the tokenizer's chat template"
             )
         self.tokenizer = tokenizer
+        if family is None:
+            family = detect_family(tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None)
+        self.family = get_family(family) if isinstance(family, str) else family
+        self.template_kwargs = {**self.family.template_kwargs, **(self.family.keep_reasoning if keep_reasoning else {})}
         # The Rust tokenizer: ~2x faster than the Python wrapper, and it never cleans up spaces.
         self._fast = getattr(tokenizer, "backend_tokenizer", None)
         # Without character offsets (which rendering never reads): ~25% faster per call (tokenizers >= 0.20).
         self._encode_fast = getattr(self._fast, "encode_batch_fast", None)
+        self._init_escapes()
         user_only = [{"role": "user", "content": _BASE_USER}]
         without = self._text(user_only, add_generation_prompt=False)
         with_prompt = self._text(user_only, add_generation_prompt=True)
@@ -61,21 +104,72 @@ class ChatRenderer:
             raise TemplateError("the chat template does not render assistant content verbatim")
         self._closing_text = base[base.index(_SENTINEL) + len(_SENTINEL) :]
         self.closing = self.encode(self._closing_text)
-        self.stop_token_ids = _turn_end_ids(tokenizer, self.closing)
+        self.stop_token_ids = _turn_end_ids(tokenizer, self.closing, self.family.stop_tokens)
         self._base_cache: dict[str, str] = {}
         self._supports_tools: bool | None = None
         self._prompt_cache: dict[tuple, tuple] = {}
         self._frames: dict[tuple, tuple] = {}  # (role, name, tools) -> text before/after content
         self._memos: dict[tuple, tuple] = {}  # ids of objects -> (the objects, a value derived from them)
+        self._reports: dict[str, TemplateReport] = {}  # tools key -> what the check found
+
+    def _init_escapes(self) -> None:
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        specials = {t.content for t in decoder.values() if getattr(t, "special", False)}
+        specials |= set(getattr(self.tokenizer, "all_special_tokens", ()) or ())
+        specials = sorted((s for s in specials if s), key=lambda s: (-len(s), s))
+        self.control_token_ids = frozenset(self.tokenizer.convert_tokens_to_ids(specials)) if specials else frozenset()
+        self._escape_of = {text: chr(_ESCAPE_BASE + i) for i, text in enumerate(specials)}
+        self._special_of = {char: text for text, char in self._escape_of.items()}
+        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._escaped_ids: dict[str, list[int]] = {}
 
     # -- text and ids ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of rendered text: special-token text is a control token, except where content
+        was escaped (see the module docstring), which is tokenized as plain text."""
+        if _ESCAPED.search(text) is None:
+            return self._encode_plain(text)
+        ids: list[int] = []
+        for i, piece in enumerate(_ESCAPED.split(text)):
+            if i % 2 == 0:
+                if piece:
+                    ids += self._encode_plain(piece)
+            else:
+                ids += self._plain_special(piece)
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
         if self._encode_fast is not None:
             return self._encode_fast([text], add_special_tokens=False)[0].ids
         if self._fast is not None:
             return self._fast.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _plain_special(self, char: str) -> list[int]:
+        """The ids of an escaped special token's text tokenized as plain text (cached)."""
+        ids = self._escaped_ids.get(char)
+        if ids is None:
+            text = self._special_of.get(char)
+            if text is None:  # a private-use character rollforge did not put there
+                ids = self._encode_plain(char)
+            else:
+                ids = list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+                if self.control_token_ids.intersection(ids):
+                    raise TemplateError(f"the tokenizer cannot encode {text!r} as plain text")
+            self._escaped_ids[char] = ids
+        return list(ids)
+
+    def escape(self, text: str) -> str:
+        """``text`` with every special token's text replaced by its private-use escape."""
+        if self._special_re is None or self._special_re.search(text) is None:
+            return text
+        return self._special_re.sub(lambda m: self._escape_of[m.group()], text)
+
+    def _unescape(self, text: str) -> str:
+        if _ESCAPED.search(text) is None:
+            return text
+        return _ESCAPED.sub(lambda m: self._special_of.get(m.group(), m.group()), text)
 
     def decode(self, ids: Sequence[int]) -> str:
         if self._fast is not None:
@@ -94,16 +188,48 @@ class ChatRenderer:
                 tools=list(tools) if tools else None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
             )
         except Exception as exc:  # jinja errors carry the template's own message
             roles = [m.get("role") for m in messages]
             raise TemplateError(f"the chat template failed on roles {roles}: {exc}") from exc
 
+    def chat(self, message: Message) -> dict[str, Any]:
+        """The dict the template renders for ``message``, shaped for the family (see
+        ``chat/families.py``); contents from outside the model are escaped."""
+        family = self.family
+        if message.role == "assistant":
+            out = message.to_chat()
+            calls = out.pop("tool_calls", None)
+            if family.structured_calls:
+                return {**out, **family.assistant_chat(message.content, calls)}
+            return out
+        out = {"role": message.role, "content": self.escape(message.content)}
+        if message.role == "tool":
+            out["role"] = family.tool_role
+            if family.tool_role != "user":
+                for key in family.tool_fields:
+                    if getattr(message, key) is not None:
+                        out[key] = getattr(message, key)
+        elif message.name is not None:
+            out["name"] = message.name
+        return out
+
+    def _render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False) -> str:
+        return self._text([self.chat(m) for m in messages], add_generation_prompt, tools)
+
     def render_text(
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False
     ) -> str:
         """The whole conversation as the template renders it (for checks, not for rollouts)."""
-        return self._text([m.to_chat() for m in messages], add_generation_prompt, tools)
+        return self._unescape(self._render(messages, tools, add_generation_prompt))
+
+    def conversation_ids(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False
+    ) -> list[int]:
+        """The ids of the whole conversation as the template renders it (injection-safe): a
+        segment's prompt, and the reference every segment is checked against."""
+        return self.encode(self._render(messages, tools, add_generation_prompt))
 
     # -- incremental pieces -----------------------------------------------------------------------
 
@@ -115,7 +241,7 @@ class ChatRenderer:
         message is then framed by the text the template puts around its content. Both shortcuts are
         checked once against a full rendering and dropped for templates where they do not hold."""
         if len(messages) < 2:
-            return self.encode(self.render_text(messages, tools))
+            return self.conversation_ids(messages, tools)
         last = messages[-1]
         key = (tuple((m.role, m.content, m.name) for m in messages[:-1]), self._tools_key(tools), last.role, last.name)
         shortcut = self._prompt_cache.get(key)
@@ -123,28 +249,28 @@ class ChatRenderer:
             if len(self._prompt_cache) >= 256:
                 self._prompt_cache.clear()
             shortcut = self._prompt_cache[key] = self._prompt_shortcut(messages, tools)
-        if not shortcut:
-            return self.encode(self.render_text(messages, tools))
+        if not shortcut or last.role == "assistant":
+            return self.conversation_ids(messages, tools)
         prefix_ids, before, after = shortcut
-        return prefix_ids + self.encode(before + last.content + after)
+        return prefix_ids + self.encode(before + self.escape(last.content) + after)
 
     def _prompt_shortcut(self, messages: Sequence[Message], tools) -> tuple[list[int], str, str] | tuple[()]:
         """(ids of all but the last message, text before and after the last message's content),
         when tokenizing those pieces reproduces the full rendering exactly; else ``()``."""
         try:
-            prefix = self.render_text(messages[:-1], tools)
+            prefix = self._render(messages[:-1], tools)
         except TemplateError:  # some templates refuse a conversation without a user message
             return ()
         last = messages[-1]
-        probe = self.render_text([*messages[:-1], Message(last.role, _SENTINEL, name=last.name)], tools)
+        probe = self._render([*messages[:-1], Message(last.role, _SENTINEL, name=last.name)], tools)
         if not probe.startswith(prefix) or probe.count(_SENTINEL) != 1:
             return ()
         before, after = probe[len(prefix) :].split(_SENTINEL)
         prefix_ids = self.encode(prefix)
-        full = self.render_text(messages, tools)
-        if full != prefix + before + last.content + after:
+        full = self._render(messages, tools)
+        if full != prefix + before + self.escape(last.content) + after:
             return ()
-        if prefix_ids + self.encode(before + last.content + after) != self.encode(full):
+        if prefix_ids + self.encode(before + self.escape(last.content) + after) != self.encode(full):
             return ()
         return prefix_ids, before, after
 
@@ -168,10 +294,10 @@ class ChatRenderer:
             return []
         key = self._tools_key(tools)
         if len(messages) == 1:
-            shape = (messages[0].role, messages[0].name, key)
+            shape = (messages[0].role, messages[0].name, messages[0].tool_call_id is None, key)
             frame = self._frames.get(shape)
             if frame:
-                return self.encode(frame[0] + messages[0].content + frame[1])
+                return self.encode(frame[0] + self.escape(messages[0].content) + frame[1])
         text = self._delta_text(messages, tools, key)
         if len(messages) == 1 and shape not in self._frames:
             self._frames[shape] = self._frame(messages[0], tools, key, text)
@@ -184,31 +310,37 @@ class ChatRenderer:
             if len(self._base_cache) >= 64:
                 self._base_cache.clear()
             base = self._base_cache[key] = self._text(base_msgs, False, tools)
-        full = self._text(base_msgs + [m.to_chat() for m in messages], False, tools)
+        full = self._text(base_msgs + [self.chat(m) for m in messages], False, tools)
         if not full.startswith(base):
             raise TemplateError(
                 f"the chat template is not prefix-preserving: adding {[m.role for m in messages]} "
-                f"messages changes the text before them ({_first_difference(base, full)})"
+                "messages changes the text before them "
+                f"({_first_difference(base, full, 'base', 'base + new messages')})"
             )
         return full[len(base) :]
 
     def _frame(self, message: Message, tools, key: str, rendered: str) -> tuple[str, str] | tuple[()]:
         """The text the template puts around one message of this role and name, when it renders the
-        content verbatim between them (checked against a real rendering); else ``()``: always render."""
+        content verbatim between them and does not depend on the call id (checked against real
+        renderings); else ``()``: always render."""
         if len(self._frames) >= 256:
             self._frames.clear()
-        probe = self._delta_text([Message(message.role, _SENTINEL, name=message.name)], tools, key)
-        if probe.count(_SENTINEL) != 1:
+        probes = {
+            self._delta_text([Message(message.role, _SENTINEL, name=message.name, tool_call_id=call_id)], tools, key)
+            for call_id in {message.tool_call_id, None if message.tool_call_id is None else self.family.call_id(-1, -1, -1)}
+        }
+        probe = probes.pop()
+        if probes or probe.count(_SENTINEL) != 1:
             return ()
         before, after = probe.split(_SENTINEL)
-        return (before, after) if before + message.content + after == rendered else ()
+        return (before, after) if before + self.escape(message.content) + after == rendered else ()
 
-    # -- tools -----------------------------------------------------------------------------------
+    # -- tools and system prompts ---------------------------------------------------------------
 
     def supports_tools(self) -> bool:
         """Whether the template renders ``tools=`` at all (SmolLM2's ChatML does not)."""
         probe = [{"role": "user", "content": _BASE_USER}]
-        tool = {"type": "function", "function": {"name": "probe_tool_" + _SENTINEL, "parameters": {}}}
+        tool = {"type": "function", "function": {"name": "probe_tool_" + _SENTINEL, "description": "", "parameters": {}}}
         return self._text(probe, False, [tool]) != self._text(probe, False)
 
     def with_tool_prompt(
@@ -220,18 +352,28 @@ class ChatRenderer:
         ``parser.system_prompt(tools)`` -- the tool-call parser's description of the tools and the
         call format -- becomes the system message, placed after an existing system prompt. The
         description is written once per tools tuple and parser (environment classes share one
-        tools tuple across their episodes)."""
-        if not tools:
-            return tuple(messages), ()
-        if self._supports_tools is None:
-            self._supports_tools = self.supports_tools()
-        if self._supports_tools:
-            return tuple(messages), tuple(tools)
-        fallback = self._memo((tools, parser), lambda: parser.system_prompt(tools))
-        if messages and messages[0].role == "system":
-            merged = Message("system", f"{messages[0].content}\n\n{fallback}")
-            return (merged, *messages[1:]), ()
-        return (Message("system", fallback), *messages), ()
+        tools tuple across their episodes). Families whose template refuses a system role (Gemma
+        2) get the system text at the start of the first user message instead."""
+        template_tools: tuple[Mapping[str, Any], ...] = ()
+        messages = tuple(messages)
+        if tools:
+            if self._supports_tools is None:
+                self._supports_tools = self.supports_tools()
+            if self._supports_tools:
+                template_tools = tuple(tools)
+            else:
+                fallback = self._memo((tools, parser), lambda: parser.system_prompt(tools))
+                if messages and messages[0].role == "system":
+                    messages = (Message("system", f"{messages[0].content}\n\n{fallback}"), *messages[1:])
+                else:
+                    messages = (Message("system", fallback), *messages)
+        if self.family.system == "first_user" and messages and messages[0].role == "system":
+            system, rest = messages[0], messages[1:]
+            if rest and rest[0].role == "user":
+                messages = (Message("user", f"{system.content}\n\n{rest[0].content}"), *rest[1:])
+            else:
+                messages = (Message("user", system.content), *rest)
+        return messages, template_tools
 
     def _tools_key(self, tools: Sequence[Mapping[str, Any]]) -> str:
         """A cache key for tool schemas (a JSON dump, computed once per tools tuple)."""
@@ -250,19 +392,94 @@ class ChatRenderer:
             hit = self._memos[key] = (objects, compute())
         return hit[1]
 
-    # -- start-up check --------------------------------------------------------------------------
+    # -- the check ---------------------------------------------------------------------------------
 
-    def check_prefix_preserving(self, prompt: Sequence[Message], tools: Sequence[Mapping[str, Any]] = ()) -> None:
-        """Render a probe conversation incrementally and whole; raise ``TemplateError`` at the first
-        difference. The probe extends ``prompt`` with the turn shapes a rollout produces."""
-        turns = [
-            Message("assistant", ' <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'),
-            Message("tool", "result\n", name="f"),
-            Message("assistant", "Thinking...\n\nThe answer is 42."),
-            Message("user", "  Too low.\n"),
-            Message("assistant", "43"),
+    def report(self, tools: Sequence[Mapping[str, Any]], parser: Any) -> TemplateReport:
+        """What ``check_template`` found for these tools (checked now, once, when not yet)."""
+        report = self._reports.get(self._tools_key(tools))
+        if report is None:
+            report = self.check_template((), tools, parser)
+        return report
+
+    def check_template(
+        self, prompt: Sequence[Message] = (), tools: Sequence[Mapping[str, Any]] = (), parser: Any = None
+    ) -> TemplateReport:
+        """Render a probe conversation (``prompt``, or a probe question, then the turn shapes a
+        rollout produces, with tool calls and results only when ``tools`` are offered) whole and
+        turn by turn. Raises ``TemplateError`` when the template fails on it or drops a probe
+        message; reports whether turns can be appended (else: segments)."""
+        if parser is None:
+            from .toolcalls import get_parser
+
+            parser = get_parser(self.family.parser)
+        opening = tuple(prompt) or (Message("user", "What is the probe answer?"),)
+        opening, template_tools = self.with_tool_prompt(opening, tools, parser)
+        turns = self._probe_turns(bool(tools))
+        conversation = [*opening, *turns]
+        rendered = self.render_text(conversation, template_tools)
+        missing = [m for m in turns if m.role != "assistant" and m.content not in rendered]
+        if missing:
+            roles = sorted({m.role for m in missing})
+            raise TemplateError(
+                f"the chat template of family {self.family.name!r} drops {'/'.join(roles)} messages: "
+                f"{missing[0].content!r} never appears in the rendering, so the policy would never see "
+                "them; use a template that renders them"
+            )
+        expected = self.conversation_ids(conversation, template_tools)
+        reason = None
+        try:
+            got = self._probe_incremental(opening, turns, template_tools)
+            if got != expected:
+                reason = (
+                    "the chat template rewrites earlier turns (rendering turn by turn gives different "
+                    f"ids than rendering the whole conversation: {self._first_id_difference(expected, got)})"
+                )
+        except TemplateError as exc:
+            reason = str(exc)
+        report = TemplateReport(self.family.name, self.family.parser, bool(template_tools), reason is None, reason)
+        self._reports[self._tools_key(tools)] = report
+        return report
+
+    def _probe_turns(self, with_tools: bool) -> list[Message]:
+        think = self.family.reasoning
+        if think is None and "</think>" in str(self.tokenizer.chat_template):
+            think = ("<think>", "</think>")
+        reasoning = f"{think[0]}\nprobe reasoning\n{think[1]}\n\n" if think else ""
+        if think and self.decode(self.generation_prompt).endswith(think[0] + "\n"):
+            reasoning = reasoning[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
+        turns: list[Message] = []
+        if with_tools:
+            call = ToolCall("probe_tool", {"x": 1}, self.family.call_id(0, 0, 0))
+            turns += [
+                Message("assistant", reasoning + self._call_text(call), tool_calls=(call,)),
+                Message("tool", "probe result 17", name="probe_tool", tool_call_id=call.id),
+            ]
+        turns += [
+            Message("assistant", reasoning + "The answer is 42."),
+            Message("user", "Too low, try again."),
+            Message("assistant", reasoning + "43"),
         ]
-        ids = self.prompt_ids(prompt, tools)
+        return turns
+
+    def _call_text(self, call: ToolCall) -> str:
+        """How the family's models write ``call``: the template's own rendering of it where the
+        template renders calls, else the parser's documented format."""
+        if self.family.structured_calls:
+            user = [{"role": "user", "content": _BASE_USER}]
+            head = self._text(user, True)
+            full = self._text([*user, self.chat(Message("assistant", "", tool_calls=(call,)))], False)
+            if full.startswith(head) and full.endswith(self._closing_text):
+                return full[len(head) : len(full) - len(self._closing_text)]
+        arguments = json.dumps(dict(call.arguments))
+        if self.family.parser == "llama3_json":
+            return f'{{"name": "{call.name}", "parameters": {arguments}}}'
+        if self.family.parser == "qwen3_coder":
+            body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in call.arguments.items())
+            return f"<tool_call>\n<function={call.name}>\n{body}</function>\n</tool_call>"
+        return f'<tool_call>\n{{"name": "{call.name}", "arguments": {arguments}}}\n</tool_call>'
+
+    def _probe_incremental(self, opening, turns, tools) -> list[int]:
+        ids = self.prompt_ids(opening, tools)
         for i, message in enumerate(turns):
             if message.role == "assistant":
                 previous = turns[i - 1].role if i else "user"
@@ -272,42 +489,78 @@ class ChatRenderer:
                 ids += generated + self.closing_ids(generated)
             else:
                 ids += self.delta_ids([message], tools)
-        expected = self.render_text([*prompt, *turns], tools)
-        got = self.decode(ids)
-        if got != expected:
-            raise TemplateError(
-                "the chat template is not prefix-preserving for multi-turn rollouts: rendering turn by "
-                f"turn gives different text than rendering the whole conversation ({_first_difference(expected, got)})"
-            )
+        return ids
+
+    def _first_id_difference(self, expected: Sequence[int], got: Sequence[int]) -> str:
+        whole, turns = self.decode(expected), self.decode(got)
+        if whole != turns:
+            return _first_difference(whole, turns)
+        i = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+        return f"same text, different tokens from token {i}: {list(expected[i:i + 5])} vs {list(got[i:i + 5])}"
 
 
 def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | None:
-    """Why ``trajectory.token_ids`` do not decode to what the template renders for its messages, or
-    None when they do. Documented differences that are allowed:
+    """Why a segment of ``trajectory`` does not hold the ids the template renders for its messages,
+    or None when every segment does.
+
+    Each segment is compared with ``conversation_ids`` of the messages it covers (with the
+    generation prompt when it ends on one). Ids must match exactly, with two allowances: the policy
+    may have tokenized its own text differently from the tokenizer (then the decoded texts must be
+    equal and both must hold the same control tokens, so no text became a control token), and the
+    documented endings:
 
     - the episode ended on the policy's own tokens, so the template's closing text after the last
       assistant message (``\n`` after ``<|im_end|>``, or all of it after a cut generation) is absent;
     - the episode stopped after a generation prompt (an error or no room left to generate);
     - a truncated or failed episode is a prefix of its rendering (the last observation was cut).
     """
-    decoded = renderer.decode(trajectory.token_ids)
-    rendered = renderer.render_text(trajectory.messages, trajectory.tools)
-    if decoded == rendered:
-        return None
-    if rendered.startswith(decoded) and renderer._closing_text.endswith(rendered[len(decoded) :]):
-        return None
-    prompted = renderer.render_text(trajectory.messages, trajectory.tools, add_generation_prompt=True)
-    if decoded == prompted:
-        return None
-    cut = decoded.rstrip("\ufffd")  # a cut may split a multi-byte character
-    if (trajectory.truncated or trajectory.error) and (rendered.startswith(cut) or prompted.startswith(cut)):
-        return None
-    return _first_difference(rendered, decoded)
+    for number, segment in enumerate(trajectory.segments):
+        messages = trajectory.messages[: segment.messages]
+        last = number == len(trajectory.segments) - 1
+        gap = _segment_gap(segment.token_ids, messages, trajectory, renderer, cut_allowed=last and bool(trajectory.truncated or trajectory.error))
+        if gap is not None:
+            return f"segment {number}: {gap}" if len(trajectory.segments) > 1 else gap
+    return None
 
 
-def _turn_end_ids(tokenizer: Any, closing: Sequence[int]) -> tuple[int, ...]:
+def _segment_gap(ids, messages, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
+    ids = list(ids)
+    rendered = renderer.conversation_ids(messages, trajectory.tools)
+    prompted = renderer.conversation_ids(messages, trajectory.tools, add_generation_prompt=True)
+    closing = renderer.closing
+    for expected in (rendered, prompted):
+        if ids == expected:
+            return None
+        if expected[: len(ids)] == ids and expected is rendered and _is_closing_tail(expected[len(ids) :], closing):
+            return None
+        if cut_allowed and expected[: len(ids)] == ids:
+            return None
+    # The policy may have written its text in other tokens than the tokenizer would: same text and
+    # same control tokens is still exact about everything the template and environment added.
+    decoded = renderer.decode(ids)
+    controls = renderer.control_token_ids
+    for expected in (rendered, prompted):
+        text = renderer.decode(expected)
+        same_text = decoded == text or (text.startswith(decoded) and renderer._closing_text.endswith(text[len(decoded):]))
+        if cut_allowed and not same_text:
+            same_text = text.startswith(decoded.rstrip("\ufffd"))
+        if same_text:
+            ours = [t for t in ids if t in controls]
+            theirs = [t for t in expected if t in controls][: len(ours)]
+            if ours == theirs:
+                return None
+            return f"control tokens differ: the ids hold {renderer.decode(ours)!r}, the rendering {renderer.decode(theirs)!r}"
+    return _first_difference(renderer.decode(rendered), decoded)
+
+
+def _is_closing_tail(rest: Sequence[int], closing: Sequence[int]) -> bool:
+    return len(rest) <= len(closing) and list(closing[len(closing) - len(rest) :]) == list(rest)
+
+
+def _turn_end_ids(tokenizer: Any, closing: Sequence[int], extra: Sequence[str] = ()) -> tuple[int, ...]:
     """Token ids that end an assistant turn: the first closing token when it is a special token
-    (e.g. ``<|im_end|>``; never a plain newline) and the eos token(s)."""
+    (e.g. ``<|im_end|>``; never a plain newline), the eos token(s) and the family's ``extra``
+    tokens that the vocabulary has."""
     special = set(getattr(tokenizer, "all_special_ids", ())) | set(tokenizer.get_added_vocab().values())
     ids: list[int] = []
     if closing and closing[0] in special:
@@ -316,9 +569,11 @@ def _turn_end_ids(tokenizer: Any, closing: Sequence[int]) -> tuple[int, ...]:
     for token in eos if isinstance(eos, (list, tuple)) else [eos]:
         if token is not None and token not in ids:
             ids.append(int(token))
+    vocab = tokenizer.get_added_vocab()
+    ids += [vocab[text] for text in extra if text in vocab and vocab[text] not in ids]
     return tuple(ids)
 
 
-def _first_difference(expected: str, got: str) -> str:
+def _first_difference(expected: str, got: str, left: str = "whole conversation", right: str = "turn by turn") -> str:
     i = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
-    return f"at character {i}: template gives {expected[max(0, i - 20) : i + 20]!r}, incremental gives {got[max(0, i - 20) : i + 20]!r}"
+    return f"at character {i}: {left} gives {expected[max(0, i - 20) : i + 20]!r}, {right} gives {got[max(0, i - 20) : i + 20]!r}"

@@ -33,7 +33,7 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds per environment call")
-    p.add_argument("--tool-parser", default="hermes")
+    p.add_argument("--tool-parser", default=None, help="tool-call format (default: the model family's)")
     p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
                    help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model")
     p.add_argument("--base-url", default=None, help="server of the openai backend, e.g. http://127.0.0.1:8000")

@@ -190,7 +190,7 @@ class FactorySession(BaseSession):
         failures: list[Failure] = []
         for call in calls:
             message, failure = await self._execute(call)
-            messages.append(message)
+            messages.append(replace(message, tool_call_id=call.id))
             if failure is not None:
                 failures.append(failure)
             if self._done():

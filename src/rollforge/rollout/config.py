@@ -38,10 +38,12 @@ class RolloutConfig(BaseModel):
     """Seconds a whole episode may take; None: no limit."""
     seed: int = 0
     """Sampling seeds of every request derive from it, the episode index and the turn."""
-    tool_parser: str = "hermes"
-    """How tool calls are written by the model (see ``chat/toolcalls.py``)."""
+    tool_parser: str | None = None
+    """How tool calls are written by the model (see ``chat/toolcalls.py``); None: the model
+    family's parser (``chat/families.py``)."""
     check_template: bool = True
-    """Check at start-up that the chat template is prefix-preserving for the prompts in use."""
+    """Check at start-up that the chat template renders the prompts in use (tools are always
+    checked when an environment first offers them)."""
 
     @model_validator(mode="after")
     def _timeouts_consistent(self) -> "RolloutConfig":

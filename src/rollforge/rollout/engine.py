@@ -9,8 +9,8 @@
 
 Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Before anything is
 generated the engine checks the inputs: every ``task_name`` has an environment, environments that
-limit their sessions allow the concurrency needed, and the chat template is prefix-preserving for
-the prompts in use. Environments may have two optional hooks, ``async prepare(sessions)`` and
+limit their sessions allow the concurrency needed, and the chat template renders the prompts in use
+(``ChatRenderer.check_template``; with tools, once per tool set when an environment offers them). Environments may have two optional hooks, ``async prepare(sessions)`` and
 ``async release()``, called once around the rollout (remote environments connect there and check
 the server's capacity for real); after ``prepare``, an environment that declares
 ``produces_images`` needs a backend that declares ``accepts_images``. Results come back in input
@@ -99,10 +99,11 @@ async def arollout(
     samples = list(samples)
     _check_tasks(samples, task_to_env)
     _check_capacity(samples, task_to_env, config)
-    if config.check_template:
+    parser = get_parser(config.tool_parser or renderer.family.parser)
+    if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
-            renderer.check_prefix_preserving(prompt)
-    ctx = EpisodeContext(backend, renderer, get_parser(config.tool_parser), config)
+            renderer.check_template(prompt, (), parser)
+    ctx = EpisodeContext(backend, renderer, parser, config)
     results: list[Trajectory | None] = [None] * len(samples)
     async with _prepared(samples, task_to_env, config):
         _check_images(samples, task_to_env, backend)

@@ -7,7 +7,12 @@ protocols and the chat template only through ``ChatRenderer``. Token bookkeeping
     mask  =   0    |     0      |         1          |           0           |     0      | ...
 
 Generated ids are kept exactly as the backend returned them; everything else is rendered
-incrementally. Each turn the environment is stepped with the conversation so far; its reward is the
+incrementally. For a chat template that rewrites history (``ChatRenderer.report(...).incremental``
+is False, e.g. Qwen3 dropping past reasoning) each turn renders the whole conversation instead:
+when the ids so far are a prefix of it, the rest is appended; otherwise the episode continues in a
+new segment whose prompt is that rendering (mask 0). Tool calls without an id get the family's
+deterministic one. When an observation is cut to fit ``max_seq_len``, its message keeps only the
+text the kept ids hold. Each turn the environment is stepped with the conversation so far; its reward is the
 turn's reward. The episode ends when the environment terminates it (natural termination), when an
 observation or generation reaches ``max_seq_len`` (the observation is cut to what fits: truncated),
 after ``max_turns`` (max-turns-reached), or on a failure (recorded as ``error`` with its reason,
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Protocol, Sequence, TypeVar
 
 from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
@@ -28,7 +33,7 @@ from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
 from ..errors import TemplateError
-from ..types import Failure, Message, Sample, Trajectory
+from ..types import Failure, Message, Sample, Segment, ToolCall, Trajectory
 from .config import RolloutConfig
 
 T = TypeVar("T")
@@ -106,6 +111,20 @@ class _State:
     error: Failure | None = None
     generation_seconds: float = 0.0
     environment_seconds: float = 0.0
+    #: Finished segments (the current one is ``ids`` / ``mask`` / ``logprobs`` / ``prompt_length``).
+    segments: list[Segment] = field(default_factory=list)
+    #: How many messages the current segment's ids render (set when a segment closes).
+    covered: int = 0
+    #: How many messages the last segment renders, when the episode ended with messages after it.
+    last_covers: int | None = None
+
+    def new_segment(self, prompt_ids: list[int]) -> None:
+        """Close the current segment (it renders the first ``covered`` messages) and start one
+        whose prompt is ``prompt_ids``."""
+        self.segments.append(Segment(tuple(self.ids), tuple(self.mask), tuple(self.logprobs), self.prompt_length, self.covered))
+        self.ids, self.mask, self.logprobs = [], [], []
+        self.extend(prompt_ids)
+        self.prompt_length = len(prompt_ids)
 
     def extend(self, ids: list[int], logprobs: tuple[float, ...] | None = None) -> None:
         self.ids += ids
@@ -117,14 +136,23 @@ class _State:
             self.logprobs += logprobs
 
     def trajectory(self, session: Any) -> Trajectory:
+        ids, mask, logprobs, prompt_length = self.ids, self.mask, self.logprobs, self.prompt_length
+        segments: tuple[Segment, ...] = ()
+        if self.segments or self.last_covers is not None:
+            covers = len(self.messages) if self.last_covers is None else self.last_covers
+            segments = (*self.segments, Segment(tuple(ids), tuple(mask), tuple(logprobs), prompt_length, covers))
+            ids = [t for s in segments for t in s.token_ids]
+            mask = [b for s in segments for b in s.loss_mask]
+            logprobs = [lp for s in segments for lp in s.logprobs]
+            prompt_length = segments[0].prompt_length
         return Trajectory(
             index=self.index,
             task_name=self.sample.task_name,
             messages=tuple(self.messages),
-            token_ids=tuple(self.ids),
-            loss_mask=tuple(self.mask),
-            logprobs=tuple(self.logprobs),
-            prompt_length=self.prompt_length,
+            token_ids=tuple(ids),
+            loss_mask=tuple(mask),
+            logprobs=tuple(logprobs),
+            prompt_length=prompt_length,
             rewards=tuple(self.rewards),
             total_reward=float(sum(self.rewards)),
             turns=len(self.rewards),
@@ -138,6 +166,7 @@ class _State:
             generation_seconds=self.generation_seconds,
             environment_seconds=self.environment_seconds,
             environment=session.handle if session is not None else None,
+            segments=segments,
         )
 
 
@@ -173,11 +202,13 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
     state.tools = template_tools
     state.messages += prompt
     _check_images(prompt, ctx)  # after keeping them: a failed trajectory still shows the images
+    incremental = renderer.report(reset.tools, ctx.parser).incremental
     state.extend(renderer.prompt_ids(prompt, template_tools))
     state.prompt_length = len(state.ids)
+    pending = renderer.generation_prompt  # appended before the next generation
 
     for turn in range(config.max_turns):
-        state.extend(renderer.generation_prompt)
+        state.extend(pending)
         budget = min(config.max_new_tokens, config.max_seq_len - len(state.ids))
         if budget <= 0:
             _cut_to(state, config.max_seq_len)
@@ -188,20 +219,44 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         generated = list(completion.token_ids)
         state.extend(generated, completion.logprobs)
         text = renderer.decode(renderer.content_ids(generated))
-        state.messages.append(Message("assistant", text, tool_calls=ctx.parser.parse(text)))
+        calls = _with_ids(ctx.parser.parse(text), renderer, state.index, turn)
+        state.messages.append(Message("assistant", text, tool_calls=calls))
 
         await gate.wait("step")
         step = await _env_call(state, session.step(tuple(state.messages)), "step", config)
         state.rewards.append(float(step.reward))
         state.failures += step.failures
-        if step.terminated and not step.messages:
-            observation = []  # the episode ends on the policy's own tokens
-        else:
-            observation = renderer.closing_ids(generated) + renderer.delta_ids(step.messages, template_tools)
+        covered = len(state.messages)
         state.messages += step.messages
         _check_images(step.messages, ctx)
+        if step.terminated and not step.messages:
+            observation = []  # the episode ends on the policy's own tokens
+        elif incremental:
+            observation = renderer.closing_ids(generated) + renderer.delta_ids(step.messages, template_tools)
+            pending = renderer.generation_prompt
+        else:  # the whole conversation, rendered as the template does: appended, or a new segment
+            whole = renderer.conversation_ids(state.messages, template_tools, add_generation_prompt=not step.terminated)
+            pending = []
+            if whole[: len(state.ids)] == state.ids:
+                observation = whole[len(state.ids) :]
+            elif step.terminated:  # no segment to start: the last one renders the messages before
+                state.last_covers = covered
+                state.ending = "terminated"
+                return
+            elif len(whole) >= config.max_seq_len:
+                del state.messages[covered:]  # nothing of them is in the ids
+                state.ending = "truncated"
+                return
+            else:
+                state.covered = covered
+                state.new_segment(whole)
+                if step.stop is not None:
+                    stop = step.stop
+                continue
         if len(state.ids) + len(observation) >= config.max_seq_len and (observation or not step.terminated):
-            state.extend(observation[: config.max_seq_len - len(state.ids)])
+            kept = observation[: config.max_seq_len - len(state.ids)]
+            state.extend(kept)
+            _keep_what_fits(state, covered, kept, renderer, template_tools, incremental, generated)
             state.ending = "truncated"
             return
         state.extend(observation)
@@ -211,6 +266,40 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         if step.stop is not None:
             stop = step.stop
     state.ending = "max_turns_reached"
+
+
+def _with_ids(calls: tuple[ToolCall, ...], renderer: ChatRenderer, episode: int, turn: int) -> tuple[ToolCall, ...]:
+    """Calls whose format carries no id get the family's deterministic one (templates such as
+    Mistral's pair results with calls by id)."""
+    if all(c.id is not None for c in calls):
+        return calls
+    return tuple(
+        c if c.id is not None else replace(c, id=renderer.family.call_id(episode, turn, k)) for k, c in enumerate(calls)
+    )
+
+
+def _keep_what_fits(state: _State, covered: int, kept: list[int], renderer: ChatRenderer, tools, incremental: bool,
+                    generated: list[int]) -> None:
+    """After an observation was cut to ``kept`` ids, make the step's messages hold only the text
+    those ids hold: messages that fit whole stay, the one cut keeps the text before the cut, the
+    rest are dropped (a 2 MB observation cut to 100 tokens leaves 100 tokens of text)."""
+    messages = state.messages[covered:]
+    del state.messages[covered:]
+    used = len(renderer.closing_ids(generated)) if incremental else 0
+    for message in messages:
+        ids = renderer.delta_ids([message], tools)
+        if used + len(ids) <= len(kept):
+            state.messages.append(message)
+            used += len(ids)
+            continue
+        room = len(kept) - used
+        whole = renderer.decode(ids)
+        start = whole.find(message.content)
+        text = renderer.decode(ids[:room]).rstrip("\ufffd") if room > 0 else ""
+        content = text[start:] if start >= 0 and len(text) > start else ""
+        if content:
+            state.messages.append(replace(message, content=content[: len(message.content)], images=()))
+        return
 
 
 def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, index: int, turn: int) -> SamplingParams:
