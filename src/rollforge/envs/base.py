@@ -16,6 +16,9 @@ The contract, per episode::
     bonus = await session.finish()                 # once, when the episode ends without error
     await session.close()                          # always, exactly once
 
+An environment that generates by itself (an agent program behind the gateway) declares
+``run_episode`` instead (``GeneratingEnvironment``).
+
 ``conversation`` is the whole conversation so far; its last message is the assistant message just
 generated, whose ``tool_calls`` the engine has already parsed (unparseable calls carry ``error``).
 Environments know nothing of tokens. Sync user code runs in worker threads so that a slow or hung
@@ -27,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from ..types import Failure, Message, Sample
+from ..types import Failure, Message, Sample, Trajectory
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,20 @@ class Environment(Protocol):
     max_sessions: int | None
 
     def open(self, sample: Sample) -> EnvSession: ...
+
+
+@runtime_checkable
+class GeneratingEnvironment(Protocol):
+    """An environment that runs its episodes itself, generation included: an agent program that
+    talks to rollforge's OpenAI-compatible gateway (``gateway/agent.py``). The engine hands each of
+    its episodes to ``run_episode`` with the episode's context (``rollout.episode.EpisodeContext``:
+    backend, renderer, tool-call parser, rollout config) instead of running its turn loop; lockstep
+    barriers do not hold it. The trajectory follows the engine's rules: mask 1 exactly on generated
+    tokens, limits from the rollout config, a failure recorded on it and never raised."""
+
+    max_sessions: int | None
+
+    async def run_episode(self, index: int, sample: Sample, context: Any) -> Trajectory: ...
 
 
 class BaseSession:

@@ -29,10 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..backends.base import Backend, SamplingParams
+from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
-from ..types import Completion, Failure, Message, ToolCall, Trajectory
+from ..errors import TemplateError
+from ..types import Completion, Failure, Message, Segment, ToolCall, Trajectory
 from .wire import ChatRequest, Choice, WireCall, WireError, WireMessage, canonical_arguments
 
 
@@ -100,7 +101,7 @@ class SessionRecord:
     generation_seconds: float
 
     def trajectory(self, index: int, task_name: str, reward: float | None, error: Failure | None = None,
-                   metadata: Any = None) -> Trajectory:
+                   metadata: Any = None, environment_seconds: float = 0.0) -> Trajectory:
         """The session as a trajectory: the segments' ids laid end to end, one turn per reply,
         ``reward`` (None: 0.0, for reward functions to score) on the last turn. A limit that
         refused a request ends it as truncated / max-turns-reached even when the client then failed."""
@@ -118,8 +119,6 @@ class SessionRecord:
         last = segments[-1] if segments else RecordedSegment((), (), (), (), (), 0)
         fields: dict[str, Any] = {}
         if len(segments) > 1:
-            from ..types import Segment
-
             fields["segments"] = tuple(
                 Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)) for s in segments
             )
@@ -142,6 +141,7 @@ class SessionRecord:
             metadata=metadata,
             tools=last.tools,
             generation_seconds=self.generation_seconds,
+            environment_seconds=environment_seconds,
             **fields,
         )
 
@@ -185,13 +185,19 @@ class Session:
         self._prompt_length = 0
         self._pending: list[_Reply] = []
         self._last_generated: list[int] = []
+        self._incremental = True
 
     # -- serving -------------------------------------------------------------------------------
 
     async def complete(self, request: ChatRequest, backend: Backend) -> tuple[list[Choice], int]:
         """Generate the request's choices; returns them and the prompt's length in tokens."""
+        CURRENT_EPISODE.set(self)  # this request's own task: a router keeps the session on one replica
         async with self._lock:
-            budget = self._prepare(request)
+            try:
+                budget = self._prepare(request)
+            except TemplateError as exc:
+                self._failures.append(Failure("template_error", str(exc)))
+                raise WireError(f"the chat template cannot render this conversation: {exc}", code="template_error") from None
             turn = self._requests
             self._requests += 1
             prompt = list(self._ids)
@@ -230,20 +236,8 @@ class Session:
         """Make ``self._ids`` the prompt of ``request``; return the reply's token budget."""
         self._check_limits()
         messages = list(request.messages)
-        n = len(self._wire)
-        continued = False
-        if self._wire and request.tools_key == self._tools_key and messages[:n] == self._wire:
-            if self._pending and len(messages) > n + 1:
-                reply = next((r for r in self._pending if r.wire == messages[n]), None)
-                if reply is not None:
-                    self._adopt(reply)
-                    self._extend(messages[n + 1 :])
-                    continued = True
-            elif not self._pending and len(messages) == n:
-                continued = True  # a retry after a failed generation: the prompt is already there
-        if not continued:
-            if self._wire:
-                self._close_segment(messages)
+        if not self._continues(messages, request.tools_key):
+            self._close_segment(messages)
             self._start_segment(request)
         budget = min(request.max_tokens or self.limits.max_new_tokens, self.limits.max_new_tokens,
                      self.limits.max_seq_len - len(self._ids))
@@ -251,6 +245,21 @@ class Session:
             self._ending = "truncated"
             raise self._limit(f"the session's conversation has {len(self._ids)} tokens; its limit is max_seq_len={self.limits.max_seq_len}")
         return budget
+
+    def _continues(self, messages: list[WireMessage], tools_key: str) -> bool:
+        """Whether ``messages`` extend the current segment (then appended to it): its conversation,
+        one of the replies sent, new messages. A request equal to the conversation after a failed
+        generation is a retry. False when the client or the template rewrote history."""
+        n = len(self._wire)
+        if not self._wire or tools_key != self._tools_key or messages[:n] != self._wire:
+            return False
+        if not self._pending:
+            return len(messages) == n
+        reply = next((r for r in self._pending if len(messages) > n + 1 and r.wire == messages[n]), None)
+        if reply is None:
+            return False
+        self._adopt(reply)
+        return self._extend(messages[n + 1 :])
 
     def _check_limits(self) -> None:
         now = time.monotonic()
@@ -279,25 +288,39 @@ class Session:
         self._turns += 1
         self._last_generated = reply.ids
 
-    def _extend(self, new: Sequence[WireMessage]) -> None:
-        """Append ``new`` after the adopted reply: only they are rendered."""
+    def _extend(self, new: Sequence[WireMessage]) -> bool:
+        """Append ``new`` after the adopted reply. With a prefix-preserving template only they are
+        rendered; with one that rewrites history (``report(...).incremental`` is False) the whole
+        conversation is, and appended when the ids so far are its prefix; False when they are not
+        (a new segment starts)."""
         renderer = self.renderer
         messages = self._template_messages(new, self._wire)
-        observation = renderer.closing_ids(self._last_generated) + renderer.delta_ids(messages, self._tools)
-        if len(self._ids) + len(observation) + len(renderer.generation_prompt) >= self.limits.max_seq_len:
+        if self._incremental:
+            observation = renderer.closing_ids(self._last_generated) + renderer.delta_ids(messages, self._tools)
+            observation += renderer.generation_prompt
+        else:
+            whole = renderer.conversation_ids([*self._messages, *messages], self._tools, add_generation_prompt=True)
+            if whole[: len(self._ids)] != self._ids:
+                return False
+            observation = whole[len(self._ids) :]
+        if len(self._ids) + len(observation) >= self.limits.max_seq_len:
             self._ending = "truncated"
             raise self._limit(f"the new messages ({len(observation)} tokens) do not fit in max_seq_len={self.limits.max_seq_len} "
                               f"after the {len(self._ids)} tokens so far")
-        self._append(observation + renderer.generation_prompt)
+        self._append(observation)
         self._messages += messages
         self._wire += new
+        return True
 
     def _start_segment(self, request: ChatRequest) -> None:
+        """A new segment whose prompt (mask 0) is the template's rendering of the request."""
         messages = self._template_messages(request.messages, ())
         prompt, tools = self.renderer.with_tool_prompt(messages, request.tools, self.parser)
+        incremental = self.renderer.report(request.tools, self.parser).incremental
         self._reset_segment()
+        self._incremental = incremental
         self._wire, self._messages, self._tools, self._tools_key = list(request.messages), list(prompt), tools, request.tools_key
-        self._append(self.renderer.encode(self.renderer.render_text(prompt, tools, add_generation_prompt=True)))
+        self._append(self.renderer.conversation_ids(prompt, tools, add_generation_prompt=True))
         self._prompt_length = len(self._ids)
 
     def _close_segment(self, next_messages: Sequence[WireMessage]) -> None:
@@ -329,7 +352,7 @@ class Session:
                 out.append(ours if ours is not None else Message("assistant", m.content, tool_calls=tuple(
                     ToolCall(c.name, _arguments(c.arguments), c.id or None) for c in m.tool_calls)))
             elif m.role == "tool":
-                out.append(Message("tool", m.content, name=m.name or names.get(m.tool_call_id)))
+                out.append(Message("tool", m.content, name=m.name or names.get(m.tool_call_id), tool_call_id=m.tool_call_id))
             else:
                 out.append(Message(m.role, m.content))
         return out
@@ -343,13 +366,14 @@ class Session:
         if request.tools and request.tool_choice != "none":
             parsed = self.parser.parse(text)
             self._failures += [Failure("tool_invalid_json", c.error) for c in parsed if c.error is not None]
-            calls = tuple(
-                ToolCall(c.name, c.arguments, c.id or f"call_{turn}_{k}_{j}")
+            family = self.renderer.family
+            calls = tuple(  # ids unique in the session: choice k of turn t numbers its calls from 1000 k
+                ToolCall(c.name, c.arguments, c.id or family.call_id(self.seed, turn, 1000 * k + j))
                 for j, c in enumerate(x for x in parsed if x.error is None)
             )
         message = Message("assistant", text, tool_calls=calls)
         wire_calls = tuple(WireCall(c.id, c.name, canonical_arguments(dict(c.arguments))) for c in calls)
-        wire = WireMessage("assistant", _visible_text(text, calls), wire_calls)
+        wire = WireMessage("assistant", _visible_text(text, message, self.renderer), wire_calls)
         self._ours[wire] = message
         return _Reply(wire, message, generated, completion.logprobs)
 
@@ -365,11 +389,15 @@ class Session:
         return Choice(reply.wire.content or None, reply.wire.tool_calls, finish, logprobs, len(reply.ids))
 
 
-def _visible_text(text: str, calls: tuple[ToolCall, ...]) -> str:
-    """The content a client sees: the text before the first tool call's markup (all of it when
-    there is no call; nothing when the whole message is the call)."""
-    if not calls:
+def _visible_text(text: str, message: Message, renderer: ChatRenderer) -> str:
+    """The content a client sees: all of the text when there is no call; else the text before
+    the calls' markup (what the family's template takes as content, for families that render
+    calls themselves; the text before ``<tool_call>`` otherwise; nothing when the whole message
+    is the call, as with Llama's JSON)."""
+    if not message.tool_calls:
         return text
+    if renderer.family.structured_calls:
+        return renderer.family.assistant_chat(text, message.to_chat().get("tool_calls")).get("content") or ""
     opener = text.find("<tool_call>")
     return text[:opener].strip() if opener >= 0 else ""
 
