@@ -6,6 +6,7 @@
     POST /v1/chat/completions                  session from the X-Rollforge-Session header
     POST /sessions/<id>/v1/chat/completions    session from the path: point any client's base URL at it
     GET  /v1/models, /sessions/<id>/v1/models
+    GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON
 
 A request without a session id belongs to the session ``default``. Sessions are created on their
 first request, or only by ``open_session`` when ``open_sessions=False`` (the agent environment:
@@ -27,6 +28,7 @@ from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import ConfigError, require
+from ..types import Trajectory
 from .session import Sampling, Session, SessionLimits, SessionRecord
 from .wire import WireError, completion_body, models_body, parse_request, stream_chunks
 
@@ -77,6 +79,7 @@ class Gateway:
         app.router.add_post("/sessions/{session}/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/sessions/{session}/v1/models", self._models)
+        app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -112,6 +115,13 @@ class Gateway:
             raise ConfigError(f"no open session {session_id!r}")
         return session.record()
 
+    def trajectory(self, session_id: str) -> Trajectory:
+        """An open session's recording so far as a trajectory (task ``gateway``, no reward)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ConfigError(f"no open session {session_id!r}")
+        return session.record().trajectory(0, "gateway", None, metadata={"session": session_id})
+
     def _session(self, request: Any) -> Session:
         session_id = request.match_info.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
         session = self.sessions.get(session_id)
@@ -127,6 +137,14 @@ class Gateway:
         from aiohttp import web
 
         return web.json_response(models_body(self.model_name, self._created))
+
+    async def _trajectory(self, request: Any) -> Any:
+        from aiohttp import web
+
+        session_id = request.match_info["session"]
+        if session_id not in self.sessions:
+            return web.json_response(WireError(f"no open session {session_id!r}", status=404).body(), status=404)
+        return web.json_response({"session": session_id, **self.trajectory(session_id).to_json()})
 
     async def _chat(self, request: Any) -> Any:
         from aiohttp import web
