@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "env-throughput": ("env_throughput", "OpenEnv client steps/s at 1/16/64 sessions vs a bare WebSocket loop"),
     "async-vs-lockstep": ("async_vs_lockstep", "async vs lockstep wall time under heavy-tailed tool latency, vs the critical path"),
     "long-horizon": ("long_horizon", "fraction of wall time spent rendering 128-turn episodes, vs full re-rendering"),
+    "gateway": ("gateway", "agents through the OpenAI SDK and the gateway vs the same requests sent to the backend directly"),
     "scale": ("scale", "10,000 concurrent episodes on one machine: peak memory per episode, wall vs the lower bound"),
 }
 

@@ -344,7 +344,7 @@ class Session:
     def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
         """Messages as the template renders them: replies the gateway sent keep their raw text;
         a tool result is named after the call it answers."""
-        names = {c.id: c.name for m in (*before, *wire) for c in m.tool_calls}
+        names = {c.id: c.name for m in (*before, *wire) for c in m.tool_calls} if any(m.role == "tool" for m in wire) else {}
         out = []
         for m in wire:
             if m.role == "assistant":
