@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rollforge.errors import InvariantError
-from rollforge.types import Completion, Failure, Message, Sample, Trajectory
+from rollforge.types import Completion, Failure, Message, Sample, Segment, ToolCall, Trajectory
 
 
 def make(**changes):
@@ -54,3 +54,33 @@ def test_completion_and_sample_checks():
     assert sample.prompt == (Message("user", "x"),) and sample.row["a"] == 1
     with pytest.raises(TypeError):
         sample.row["a"] = 2  # rows are read-only
+
+
+def test_messages_carry_tool_calls_and_ids_in_the_openai_shape():
+    call = ToolCall("move", {"to": "left"}, "abc123XYZ")
+    assistant = Message("assistant", "[TOOL_CALLS] ...", tool_calls=(call, ToolCall("", {}, error="bad json")))
+    assert assistant.to_chat() == {"role": "assistant", "content": "[TOOL_CALLS] ...", "tool_calls": [
+        {"id": "abc123XYZ", "type": "function", "function": {"name": "move", "arguments": {"to": "left"}}}]}
+    result = Message("tool", "moved", name="move", tool_call_id="abc123XYZ")
+    assert result.to_chat() == {"role": "tool", "content": "moved", "name": "move", "tool_call_id": "abc123XYZ"}
+    assert Message.coerce(result.to_chat()) == result
+
+
+def test_a_trajectory_reads_back_from_its_json_segments_and_images_included():
+    segments = (Segment((1, 2, 3), (0, 0, 1), (None, None, -0.5), 2, 2), Segment((4, 5), (0, 1), (None, -0.25), 1, 4))
+    messages = (Message("user", "q"), Message("assistant", "a", tool_calls=(ToolCall("f", {"x": 1}, "c1"),)),
+                Message("tool", "r", name="f", images=(b"\x89PNG...",), tool_call_id="c1"), Message("assistant", "b"))
+    t = make(messages=messages, token_ids=(1, 2, 3, 4, 5), loss_mask=(0, 0, 1, 0, 1),
+             logprobs=(None, None, -0.5, None, -0.25), segments=segments, error=Failure("env_error", "x"), terminated=False)
+    record = json.loads(json.dumps(t.to_json()))
+    assert record["segments"][1] == {"token_ids": [4, 5], "loss_mask": [0, 1], "logprobs": [None, -0.25],
+                                     "prompt_length": 1, "messages": 4}
+    assert Trajectory.from_json(record) == t
+    one = make()
+    assert "segments" not in one.to_json() and one.segments == (Segment((1, 2, 3, 4), (0, 0, 1, 1), (None, None, -0.1, -0.2), 2, 2),)
+    assert Trajectory.from_json(json.loads(json.dumps(one.to_json()))) == one
+
+
+def test_segments_must_lay_end_to_end_into_the_ids():
+    with pytest.raises(InvariantError, match="segments laid end to end"):
+        make(segments=(Segment((1, 2), (0, 0), (None, None), 2, 1), Segment((3,), (1,), (-0.1,), 0, 2)))

@@ -11,7 +11,8 @@ from typing import Any
 
 from .backends.base import Backend, SamplingParams, WeightSync
 from .backends.scripted import ScriptedBackend
-from .chat.render import ChatRenderer, token_fidelity_gap
+from .chat.families import Family, detect_family, get_family
+from .chat.render import ChatRenderer, TemplateReport, token_fidelity_gap
 from .chat.toolcalls import ToolCallParser, get_parser
 from .envs.base import BaseSession, Environment, EnvSession, Reset, Step
 from .envs.check import acheck_env, check_env
@@ -31,7 +32,7 @@ from .errors import (
 from .rollout.config import RolloutConfig
 from .rollout.engine import RolloutResult, arollout, rollout
 from .rollout.metrics import rollout_metrics
-from .types import Completion, Failure, Message, Sample, ToolCall, Trajectory
+from .types import Completion, Failure, Message, Sample, Segment, ToolCall, Trajectory
 
 _LAZY = {
     "HFBackend": ("rollforge.backends.hf", "HFBackend"),
@@ -45,12 +46,12 @@ _LAZY = {
 
 __all__ = [
     "Backend", "BackendError", "BaseSession", "ChatRenderer", "Completion", "ConfigError", "ENV_NAMES",
-    "EnvSession", "EnvSpec", "Environment", "EnvironmentError_", "Failure", "FactoryEnvironment",
+    "EnvSession", "EnvSpec", "Environment", "EnvironmentError_", "Failure", "FactoryEnvironment", "Family",
     "HFBackend", "InvariantError", "Message", "MissingDependency", "ModelError", "OpenEnvEnvironment", "Reset",
     "RollforgeError",
-    "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "ScriptedBackend", "Step",
-    "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "ToolCall", "ToolCallParser", "Trajectory",
-    "acheck_env", "arollout", "check_env", "get_env_spec", "get_parser", "load_model", "load_tokenizer",
+    "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "ScriptedBackend", "Segment", "Step",
+    "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "TemplateReport", "ToolCall", "ToolCallParser", "Trajectory",
+    "acheck_env", "arollout", "check_env", "detect_family", "get_env_spec", "get_family", "get_parser", "load_model", "load_tokenizer",
     "rollout", "rollout_metrics", "token_fidelity_gap",
     "OpenAICompatBackend", "VLLMBackend", "WeightSync", "open_backend",
 ]

@@ -8,7 +8,7 @@ from rollforge import ChatRenderer, HFBackend, RolloutConfig, rollout
 from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import Episode, pack_micro_batches, policy_update, sequence_logprobs
+from rollforge.train.update import pack_micro_batches, policy_update, sequence_logprobs, sequences
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,7 @@ def rolled(tiny_model_dir):
 def test_trainer_logprobs_match_the_generation_logprobs(rolled):
     model, tokenizer, trajectories = rolled
     assert any(t.turns > 1 for t in trajectories)  # multi-turn: env tokens sit between policy tokens
-    for t in trajectories:
-        e = Episode.from_trajectory(t)
+    for e in sequences(trajectories)[0]:
         with torch.no_grad():
             lp = sequence_logprobs(model, e.ids[None], torch.ones_like(e.ids)[None], e.mask[None] > 0)[0]
         assert torch.allclose(lp[e.mask > 0], e.old_logprobs[e.mask > 0], atol=1e-4)
@@ -49,7 +48,8 @@ def test_packing_respects_the_token_budget():
 
 def test_micro_batching_and_shared_prompts_give_the_full_batch_gradient(rolled):
     model, tokenizer, trajectories = rolled
-    episodes = [Episode.from_trajectory(t) for t in trajectories]
+    episodes, owners = sequences(trajectories)
+    assert owners == list(range(len(trajectories)))  # one segment each: nothing changes
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.linspace(-1, 1, len(episodes))
     grads, results = [], []
@@ -78,3 +78,41 @@ def test_micro_batching_and_shared_prompts_give_the_full_batch_gradient(rolled):
     assert results[2].tokens == total - 2 * 2 * prompt  # each group's prompt forwarded once, not 3 times
     assert results[0].mean_ratio == pytest.approx(1.0, abs=1e-4)  # on-policy: ratio 1
     assert results[0].policy_tokens == sum(int(e.mask.sum()) for e in episodes)
+
+
+# Drops every assistant message but the last one, like templates that drop past reasoning.
+FORGETFUL = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and not loop.last %}(earlier answer){% else %}{{ m['content'] }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_each_segment_is_a_sequence_the_model_saw_with_its_episodes_advantage(tiny_model_dir):
+    model, tokenizer = load_model(tiny_model_dir)
+    tokenizer.chat_template = FORGETFUL
+    spec = get_env_spec("guess_number")
+    backend = HFBackend(model, tokenizer)
+    try:
+        samples = list(spec.samples(2, 0))
+        result = rollout(samples, {"guess_number": spec.build()}, backend, ChatRenderer(tokenizer),
+                         RolloutConfig(max_turns=3, max_new_tokens=6, seed=1))
+    finally:
+        import asyncio
+
+        asyncio.run(backend.close())
+    trajectories = result.trajectories
+    assert any(len(t.segments) > 1 for t in trajectories)
+    episodes, owners = sequences(trajectories)
+    assert owners == [i for i, t in enumerate(trajectories) for _ in t.segments]
+    for e, segment in zip(episodes, (s for t in trajectories for s in t.segments)):
+        assert e.ids.tolist() == list(segment.token_ids) and e.prompt_length == segment.prompt_length
+        with torch.no_grad():  # the trainer scores each segment exactly as the model generated it
+            lp = sequence_logprobs(model, e.ids[None], torch.ones_like(e.ids)[None], e.mask[None] > 0)[0]
+        assert torch.allclose(lp[e.mask > 0], e.old_logprobs[e.mask > 0], atol=1e-4)
+    for t in trajectories:
+        assert "(earlier answer)" not in tokenizer.decode(t.segments[0].token_ids)
+        if len(t.segments) > 1:
+            assert "(earlier answer)" in tokenizer.decode(t.segments[1].token_ids[: t.segments[1].prompt_length])
+    advantages = torch.tensor([1.0, -1.0])[owners]  # every segment carries its episode's advantage
+    assert advantages.tolist() == [1.0 if o == 0 else -1.0 for o in owners]

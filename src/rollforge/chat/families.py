@@ -141,6 +141,8 @@ FAMILIES: tuple[Family, ...] = (
            system="first_user", tool_role="user", tool_fields=()),
     Family("gemma3", "Gemma 3", "hermes", ("<start_of_turn>",), tool_role="user", tool_fields=()),
     Family("phi4", "Phi-4", "hermes", ("<|im_sep|>",)),
+    Family("qwen3_5", "Qwen3.5 / 3.6 / 3.8", "qwen3_coder", ("<|im_start|>", "<function=", "<think>"),
+           keep_reasoning={"preserve_thinking": True}, drops_reasoning=True, reasoning=_THINK),
     Family("qwen3_coder", "Qwen3-Coder", "qwen3_coder", ("<|im_start|>", "<function="), reasoning=None),
     Family("qwen3", "Qwen3", "hermes", ("<|im_start|>", "<think>"), template_kwargs={"enable_thinking": True},
            keep_reasoning={"preserve_thinking": True}, drops_reasoning=True, reasoning=_THINK),

@@ -110,7 +110,7 @@ class ChatRenderer:
         self._prompt_cache: dict[tuple, tuple] = {}
         self._frames: dict[tuple, tuple] = {}  # (role, name, tools) -> text before/after content
         self._memos: dict[tuple, tuple] = {}  # ids of objects -> (the objects, a value derived from them)
-        self._reports: dict[str, TemplateReport] = {}  # tools key -> what the check found
+        self._reports: dict[str, TemplateReport | TemplateError] = {}  # tools key -> what the check found
 
     def _init_escapes(self) -> None:
         decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
@@ -154,11 +154,22 @@ class ChatRenderer:
             if text is None:  # a private-use character rollforge did not put there
                 ids = self._encode_plain(char)
             else:
-                ids = list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+                ids = self._split_encoder()(text)
                 if self.control_token_ids.intersection(ids):
                     raise TemplateError(f"the tokenizer cannot encode {text!r} as plain text")
             self._escaped_ids[char] = ids
         return list(ids)
+
+    def _split_encoder(self) -> Callable[[str], list[int]]:
+        """Encodes with special tokens split into plain text, on a copy of the Rust tokenizer: the
+        Python wrapper's ``split_special_tokens=True`` flips a flag on the shared one and leaves it."""
+        if self._fast is None:
+            return lambda text: list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        from tokenizers import Tokenizer
+
+        splitting = Tokenizer.from_str(self._fast.to_str())
+        splitting.encode_special_tokens = True
+        return lambda text: splitting.encode(text, add_special_tokens=False).ids
 
     def escape(self, text: str) -> str:
         """``text`` with every special token's text replaced by its private-use escape."""
@@ -397,8 +408,14 @@ class ChatRenderer:
     def report(self, tools: Sequence[Mapping[str, Any]], parser: Any) -> TemplateReport:
         """What ``check_template`` found for these tools (checked now, once, when not yet)."""
         report = self._reports.get(self._tools_key(tools))
+        if isinstance(report, TemplateError):
+            raise report  # every episode offering these tools fails the same way, checked once
         if report is None:
-            report = self.check_template((), tools, parser)
+            try:
+                report = self.check_template((), tools, parser)
+            except TemplateError as exc:
+                self._reports[self._tools_key(tools)] = exc
+                raise
         return report
 
     def check_template(
@@ -435,23 +452,18 @@ class ChatRenderer:
                     f"ids than rendering the whole conversation: {self._first_id_difference(expected, got)})"
                 )
         except TemplateError as exc:
-            reason = str(exc)
+            reason = str(exc) if "prefix-preserving" in str(exc) else f"turns cannot be rendered one at a time: {exc}"
         report = TemplateReport(self.family.name, self.family.parser, bool(template_tools), reason is None, reason)
         self._reports[self._tools_key(tools)] = report
         return report
 
     def _probe_turns(self, with_tools: bool) -> list[Message]:
-        think = self.family.reasoning
-        if think is None and "</think>" in str(self.tokenizer.chat_template):
-            think = ("<think>", "</think>")
-        reasoning = f"{think[0]}\nprobe reasoning\n{think[1]}\n\n" if think else ""
-        if think and self.decode(self.generation_prompt).endswith(think[0] + "\n"):
-            reasoning = reasoning[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
+        reasoning = self.reasoning_text("probe reasoning")
         turns: list[Message] = []
         if with_tools:
             call = ToolCall("probe_tool", {"x": 1}, self.family.call_id(0, 0, 0))
             turns += [
-                Message("assistant", reasoning + self._call_text(call), tool_calls=(call,)),
+                Message("assistant", reasoning + self.call_text(call), tool_calls=(call,)),
                 Message("tool", "probe result 17", name="probe_tool", tool_call_id=call.id),
             ]
         turns += [
@@ -461,7 +473,7 @@ class ChatRenderer:
         ]
         return turns
 
-    def _call_text(self, call: ToolCall) -> str:
+    def call_text(self, call: ToolCall) -> str:
         """How the family's models write ``call``: the template's own rendering of it where the
         template renders calls, else the parser's documented format."""
         if self.family.structured_calls:
@@ -471,12 +483,33 @@ class ChatRenderer:
             if full.startswith(head) and full.endswith(self._closing_text):
                 return full[len(head) : len(full) - len(self._closing_text)]
         arguments = json.dumps(dict(call.arguments))
-        if self.family.parser == "llama3_json":
+        parser = self.family.parser
+        if parser == "llama3_json":
             return f'{{"name": "{call.name}", "parameters": {arguments}}}'
-        if self.family.parser == "qwen3_coder":
+        if parser == "qwen3_coder":
             body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in call.arguments.items())
             return f"<tool_call>\n<function={call.name}>\n{body}</function>\n</tool_call>"
+        if parser == "harmony":
+            return f"<|channel|>commentary to=functions.{call.name} <|constrain|>json<|message|>{arguments}<|call|>"
+        if parser == "deepseek":
+            return (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{call.name}\n```json\n{arguments}\n```"
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+        if parser == "mistral":
+            return f'[TOOL_CALLS] [{{"name": "{call.name}", "arguments": {arguments}, "id": "{call.id}"}}]'
         return f'<tool_call>\n{{"name": "{call.name}", "arguments": {arguments}}}\n</tool_call>'
+
+    def reasoning_text(self, thought: str) -> str:
+        """A reasoning block as the family's models write it after the generation prompt ('' when
+        the family has none; without the opening tag when the generation prompt opens it)."""
+        think = self.family.reasoning
+        if think is None and "</think>" in str(self.tokenizer.chat_template):
+            think = ("<think>", "</think>")
+        if think is None:
+            return ""
+        text = f"{think[0]}\n{thought}\n{think[1]}\n\n"
+        if self.decode(self.generation_prompt).endswith(think[0] + "\n"):
+            return text[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
+        return text
 
     def _probe_incremental(self, opening, turns, tools) -> list[int]:
         ids = self.prompt_ids(opening, tools)
@@ -503,11 +536,13 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
     """Why a segment of ``trajectory`` does not hold the ids the template renders for its messages,
     or None when every segment does.
 
-    Each segment is compared with ``conversation_ids`` of the messages it covers (with the
-    generation prompt when it ends on one). Ids must match exactly, with two allowances: the policy
-    may have tokenized its own text differently from the tokenizer (then the decoded texts must be
-    equal and both must hold the same control tokens, so no text became a control token), and the
-    documented endings:
+    Each segment is compared with ``conversation_ids`` of the messages it covers. A segment that
+    ends on a generation (the next rendering rewrote it, as templates that drop reasoning do)
+    is compared up to that generation -- the rendering of the messages before it with the
+    generation prompt -- and the generation must decode to the assistant message. Ids must match
+    exactly, with one allowance: the policy may have tokenized its own text differently from the
+    tokenizer; then the decoded texts must be equal and hold the same control tokens, so no text
+    became a control token. Documented endings that are allowed:
 
     - the episode ended on the policy's own tokens, so the template's closing text after the last
       assistant message (``\n`` after ``<|im_end|>``, or all of it after a cut generation) is absent;
@@ -515,42 +550,49 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
     - a truncated or failed episode is a prefix of its rendering (the last observation was cut).
     """
     for number, segment in enumerate(trajectory.segments):
-        messages = trajectory.messages[: segment.messages]
         last = number == len(trajectory.segments) - 1
-        gap = _segment_gap(segment.token_ids, messages, trajectory, renderer, cut_allowed=last and bool(trajectory.truncated or trajectory.error))
+        cut = last and bool(trajectory.truncated or trajectory.error)
+        gap = _segment_gap(segment, trajectory, renderer, cut)
         if gap is not None:
             return f"segment {number}: {gap}" if len(trajectory.segments) > 1 else gap
     return None
 
 
-def _segment_gap(ids, messages, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
-    ids = list(ids)
-    rendered = renderer.conversation_ids(messages, trajectory.tools)
-    prompted = renderer.conversation_ids(messages, trajectory.tools, add_generation_prompt=True)
-    closing = renderer.closing
-    for expected in (rendered, prompted):
-        if ids == expected:
-            return None
-        if expected[: len(ids)] == ids and expected is rendered and _is_closing_tail(expected[len(ids) :], closing):
-            return None
-        if cut_allowed and expected[: len(ids)] == ids:
-            return None
+def _segment_gap(segment, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
+    ids, messages = list(segment.token_ids), trajectory.messages[: segment.messages]
+    gap = _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools), renderer, cut_allowed, closing=True)
+    if gap is None or _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools, True), renderer, cut_allowed) is None:
+        return None
+    mask = segment.loss_mask
+    if messages and messages[-1].role == "assistant" and mask and mask[-1] == 1:
+        start = len(mask) - next(i for i, bit in enumerate(reversed(mask)) if bit == 0) if 0 in mask else 0
+        head = renderer.conversation_ids(messages[:-1], trajectory.tools, add_generation_prompt=True)
+        if _ids_gap(ids[:start], head, renderer, False) is None:
+            if renderer.decode(renderer.content_ids(ids[start:])) == messages[-1].content:
+                return None
+            return "the last generation does not decode to the last assistant message"
+    return gap
+
+
+def _ids_gap(ids: list[int], expected: list[int], renderer: ChatRenderer, cut_allowed: bool, closing: bool = False) -> str | None:
+    if ids == expected:
+        return None
+    if expected[: len(ids)] == ids and (cut_allowed or (closing and _is_closing_tail(expected[len(ids) :], renderer.closing))):
+        return None
     # The policy may have written its text in other tokens than the tokenizer would: same text and
     # same control tokens is still exact about everything the template and environment added.
-    decoded = renderer.decode(ids)
+    decoded, text = renderer.decode(ids), renderer.decode(expected)
+    same_text = decoded == text or (closing and text.startswith(decoded) and renderer._closing_text.endswith(text[len(decoded) :]))
+    if cut_allowed and not same_text:
+        same_text = text.startswith(decoded.rstrip("\ufffd"))
+    if not same_text:
+        return _first_difference(text, decoded)
     controls = renderer.control_token_ids
-    for expected in (rendered, prompted):
-        text = renderer.decode(expected)
-        same_text = decoded == text or (text.startswith(decoded) and renderer._closing_text.endswith(text[len(decoded):]))
-        if cut_allowed and not same_text:
-            same_text = text.startswith(decoded.rstrip("\ufffd"))
-        if same_text:
-            ours = [t for t in ids if t in controls]
-            theirs = [t for t in expected if t in controls][: len(ours)]
-            if ours == theirs:
-                return None
-            return f"control tokens differ: the ids hold {renderer.decode(ours)!r}, the rendering {renderer.decode(theirs)!r}"
-    return _first_difference(renderer.decode(rendered), decoded)
+    ours = [t for t in ids if t in controls]
+    theirs = [t for t in expected if t in controls][: len(ours)]
+    if ours != theirs:
+        return f"control tokens differ: the ids hold {renderer.decode(ours)!r}, the rendering {renderer.decode(theirs)!r}"
+    return None
 
 
 def _is_closing_tail(rest: Sequence[int], closing: Sequence[int]) -> bool:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..errors import RollforgeError
-from . import bench, env, gateway, rollout, train
+from . import bench, check_template, env, gateway, rollout, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(commands)
     env.add_parser(commands)
     train.add_parser(commands)
+    check_template.add_parser(commands)
     gateway.add_parser(commands)
     return parser
 

@@ -44,7 +44,7 @@ from .policy import load_policy, make_optimizer, make_reference
 from .rewards import RewardFunction, compute_rewards, load_reward_functions
 from .step_metrics import step_metrics
 from .sync import WeightSync
-from .update import Episode, policy_update
+from .update import policy_update, sequences
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,15 @@ async def atrain(
             advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage)
             rolled = time.perf_counter()
 
-            episodes = [Episode.from_trajectory(t) for t in trajectories]
-            masks = [e.mask if t.error is None else torch.zeros_like(e.mask) for e, t in zip(episodes, trajectories)]
+            episodes, owners = sequences(trajectories)  # one per segment, with its episode's advantage
+            masks = [e.mask if trajectories[o].error is None else torch.zeros_like(e.mask) for e, o in zip(episodes, owners)]
             weights = aggregation.weights(masks)
+            shared = algo.group_size if len(episodes) == len(trajectories) else 1  # segments: no shared prompts
             for _ in range(algo.epochs_per_batch):
                 stats = await asyncio.to_thread(
-                    policy_update, model, optimizer, episodes, advantages.values, weights, loss_fn,
+                    policy_update, model, optimizer, episodes, advantages.values[owners], weights, loss_fn,
                     micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=tokenizer.pad_token_id,
-                    max_grad_norm=config.optim.max_grad_norm, reference=reference, group_size=algo.group_size,
+                    max_grad_norm=config.optim.max_grad_norm, reference=reference, group_size=shared,
                 )
                 scheduler.step()
             updated = time.perf_counter()

@@ -1,8 +1,11 @@
 """One policy update on a batch of trajectories: micro-batches sized by tokens, accumulated
 gradients, clipping, one optimizer step.
 
-Trajectories become ``Episode`` tensors: the token ids exactly as rolled out, the loss mask, and
-the generation logprobs aligned to the ids (0 where the mask is 0). The current policy's logprob
+Trajectories become ``Episode`` tensors, one per segment (``sequences``): the token ids exactly as
+rolled out, the loss mask, and the generation logprobs aligned to the ids (0 where the mask is 0).
+A trajectory whose template rewrote history has several segments; each is a sequence of its own
+that carries its episode's advantage (group statistics stay per episode), and under
+``SequenceMean`` aggregation each segment counts as one sequence. The current policy's logprob
 of token i comes from the logits at position i - 1, so a forward pass over ids[:-1] scores ids[1:].
 The vocabulary projection runs only on the positions that predict a policy token.
 
@@ -23,7 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..types import Trajectory
+from ..types import Segment, Trajectory
 from .losses import ClippedPolicyLoss
 
 
@@ -35,10 +38,21 @@ class Episode:
     prompt_length: int = 0
 
     @classmethod
-    def from_trajectory(cls, trajectory: Trajectory) -> "Episode":
-        mask = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
-        old = torch.tensor([lp if lp is not None else 0.0 for lp in trajectory.logprobs], dtype=torch.float32)
-        return cls(torch.tensor(trajectory.token_ids, dtype=torch.long), mask, old, trajectory.prompt_length)
+    def from_segment(cls, segment: Segment) -> "Episode":
+        mask = torch.tensor(segment.loss_mask, dtype=torch.float32)
+        old = torch.tensor([lp if lp is not None else 0.0 for lp in segment.logprobs], dtype=torch.float32)
+        return cls(torch.tensor(segment.token_ids, dtype=torch.long), mask, old, segment.prompt_length)
+
+
+def sequences(trajectories: Sequence[Trajectory]) -> tuple[list[Episode], list[int]]:
+    """One ``Episode`` per segment of each trajectory, in order, and the index of the trajectory
+    each comes from (to give it the trajectory's advantage: ``advantages[owners]``)."""
+    episodes, owners = [], []
+    for i, trajectory in enumerate(trajectories):
+        for segment in trajectory.segments:
+            episodes.append(Episode.from_segment(segment))
+            owners.append(i)
+    return episodes, owners
 
 
 @dataclass(frozen=True)
