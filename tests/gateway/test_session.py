@@ -167,3 +167,40 @@ async def test_control_token_text_from_a_tool_stays_text(backend, renderer, pars
     assert segment.token_ids.count(im_start) == 5  # system, user, assistant, tool, assistant: the template's own
     assert forged in renderer.decode(segment.token_ids)  # the text itself is kept
     assert_token_exact(segment, renderer, prompt_messages=2)
+
+
+async def test_a_template_that_drops_past_reasoning_starts_segments_by_itself(tokenizer, parser):
+    """Qwen3's template (from TRL's wheel) drops the reasoning of turns before the last user
+    message: the client sends the history back unchanged, and the second reply still needs a new
+    segment whose prompt is the template's rendering (reasoning gone)."""
+    import copy
+    import os
+
+    trl = pytest.importorskip("trl")
+    from rollforge.chat.render import ChatRenderer
+
+    qwen3 = copy.deepcopy(tokenizer)
+    with open(os.path.join(os.path.dirname(trl.__file__), "chat_templates", "qwen3.jinja"), encoding="utf-8") as f:
+        qwen3.chat_template = f.read()
+    renderer = ChatRenderer(qwen3)
+    assert renderer.family.name == "qwen3" and not renderer.check_template().incremental
+
+    def reply(request):
+        return f"<think>\nReasoning {request.call}.\n</think>\n\nMy guess: {request.call}."
+
+    async with Gateway(ScriptedBackend(reply, qwen3), renderer, parser) as gateway:
+        api = client(gateway, "thinking")
+        messages = [{"role": "user", "content": "Guess my number."}]
+        for answer in ("Too low.", "Right."):
+            response = await api.chat.completions.create(model="m", messages=messages)
+            messages += [response.choices[0].message.model_dump(), {"role": "user", "content": answer}]
+        record = gateway.close_session("thinking")
+    assert len(record.segments) == 2 and record.turns == 2
+    first, second = record.segments
+    assert "Reasoning 0" in renderer.decode(first.token_ids)
+    prompt = renderer.decode(second.token_ids[: second.prompt_length])
+    assert "Reasoning 0" not in prompt and "My guess: 0." in prompt  # the template's own rendering
+    assert_token_exact(first, renderer, prompt_messages=1)
+    assert_token_exact(second, renderer, prompt_messages=3)
+    end = renderer.stop_token_ids[0]
+    assert generated_ids(second) == renderer.encode(reply(type("R", (), {"call": 1}))) + [end]
