@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
@@ -46,7 +46,7 @@ class SessionLimits:
     max_new_tokens: int = 1024
     """Tokens of one reply (a request's own ``max_tokens`` may only lower it)."""
     max_requests: int = 64
-    """Chat-completion requests answered per session."""
+    """Chat-completion requests a session accepts (a retry counts)."""
     timeout: float | None = None
     """Seconds from the session's first request after which requests are refused; None: no limit."""
 

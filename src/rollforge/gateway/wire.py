@@ -7,6 +7,10 @@ request extends its previous conversation: content parts are joined, ``developer
 tool-call arguments are compared as canonical JSON, and fields the SDKs echo back with no meaning
 for the conversation (``refusal``, ``audio``, ``annotations``, ``null`` values) are ignored.
 
+``tool_choice``: ``none`` leaves replies unparsed (text only); ``required`` or a named function are
+accepted but not enforced (decoding is not constrained); tools always reach the prompt, so that a
+session's rendering does not change with the choice.
+
 Responses: ``completion_body`` for a whole response, ``stream_chunks`` for the same reply as
 server-sent-event chunks (a role chunk, the content, each tool call whole, a finish chunk).
 Generation is not token-streamed (backends return whole completions); a streaming client gets the
