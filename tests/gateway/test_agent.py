@@ -10,6 +10,7 @@ import pytest
 from conftest import ADD_TOOL, CALL_TEXT, generated_ids
 
 from rollforge.chat.render import token_fidelity_gap
+from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import ConfigError
 from rollforge.gateway import AgentEnvironment
 from rollforge.rollout.config import RolloutConfig
@@ -59,6 +60,23 @@ async def test_a_sync_agent_runs_on_the_environments_threads(backend, renderer):
 
     result = await arollout(samples(4), {"agent": AgentEnvironment(sync_agent)}, backend, renderer, RolloutConfig())
     assert [t.total_reward for t in result.trajectories] == [0.5] * 4
+
+
+async def test_lockstep_waves_do_not_wait_for_agents(backend, renderer):
+    """Agents run their own turns: in a lockstep wave beside a step-by-step environment, the
+    barrier counts only the latter's episodes."""
+
+    class Echo:
+        def reset(self, **row):
+            return None
+
+    task_to_env = {"agent": AgentEnvironment(tool_agent), "echo": FactoryEnvironment(Echo)}
+    mixed = [s for pair in zip(samples(4), samples(4, task="echo")) for s in pair]
+    config = RolloutConfig(mode="lockstep", concurrency=8, step_timeout=10, episode_timeout=30)
+    result = await arollout(mixed, task_to_env, backend, renderer, config)
+    assert [t.task_name for t in result.trajectories] == ["agent", "echo"] * 4
+    assert all(t.error is None for t in result.trajectories), [t.error for t in result.trajectories]
+    assert [t.turns for t in result.trajectories] == [2, 1] * 4
 
 
 AGENT_PROGRAM = """
