@@ -64,6 +64,10 @@ def test_messages_carry_tool_calls_and_ids_in_the_openai_shape():
     result = Message("tool", "moved", name="move", tool_call_id="abc123XYZ")
     assert result.to_chat() == {"role": "tool", "content": "moved", "name": "move", "tool_call_id": "abc123XYZ"}
     assert Message.coerce(result.to_chat()) == result
+    assert Message.coerce(assistant.to_chat()).tool_calls == (call,)  # a dataset's few-shot calls are kept
+    wire = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "move", "arguments": '{"to": "left"}'}}]}
+    assert Message.coerce(wire).tool_calls == (ToolCall("move", {"to": "left"}, "c"),)
 
 
 def test_a_trajectory_reads_back_from_its_json_segments_and_images_included():

@@ -12,7 +12,8 @@ from typing import Any
 from .backends.base import Backend, SamplingParams, WeightSync
 from .backends.scripted import ScriptedBackend
 from .chat.families import Family, detect_family, get_family
-from .chat.render import ChatRenderer, TemplateReport, token_fidelity_gap
+from .chat.fidelity import token_fidelity_gap
+from .chat.render import ChatRenderer, TemplateReport
 from .chat.toolcalls import ToolCallParser, get_parser
 from .envs.base import BaseSession, Environment, EnvSession, Reset, Step
 from .envs.check import acheck_env, check_env

@@ -130,8 +130,30 @@ class Message:
             return value
         if not isinstance(value, Mapping) or "role" not in value or "content" not in value:
             raise InvariantError(f"expected a message dict with 'role' and 'content', got {value!r}")
-        return cls(role=value["role"], content=value["content"], name=value.get("name"),
+        calls = tuple(_coerce_call(c) for c in value.get("tool_calls") or ())
+        return cls(role=value["role"], content=value["content"], tool_calls=calls, name=value.get("name"),
                    tool_call_id=value.get("tool_call_id"))
+
+
+def _coerce_call(value: Any) -> ToolCall:
+    """A tool call of a dataset message, in the OpenAI shape (``{"id", "type", "function": {"name",
+    "arguments"}}``, arguments a dict or a JSON string) or the ``ToolCall.to_json`` one."""
+    import json
+
+    if isinstance(value, ToolCall):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvariantError(f"expected a tool call dict, got {value!r}")
+    function = value.get("function", value)
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            raise InvariantError(f"tool call arguments are not JSON: {arguments!r}") from None
+    if not isinstance(function.get("name"), str) or not isinstance(arguments, Mapping):
+        raise InvariantError(f"a tool call needs a name and an arguments object, got {value!r}")
+    return ToolCall(function["name"], arguments, value.get("id"))
 
 
 def image_bytes(image: Any) -> tuple[str, bytes]:

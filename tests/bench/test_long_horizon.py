@@ -39,7 +39,7 @@ def test_timed_renderer_counts_turns_per_episode_task(tiny_model_dir):
                 [Message("tool", "result", name="f")])
 
     async def main() -> None:
-        renderer.check_prefix_preserving(prompt)
+        renderer.check_template(prompt)
         await asyncio.gather(episode(2), episode(5))
 
     asyncio.run(main())

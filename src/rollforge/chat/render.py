@@ -42,8 +42,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import TemplateError
-from ..types import Message, ToolCall, Trajectory
+from ..types import Message, ToolCall
 from .families import Family, detect_family, get_family
+from .fidelity import first_difference as _first_difference
+from .fidelity import token_fidelity_gap  # noqa: F401  (re-exported: rollforge.chat.render.token_fidelity_gap)
 
 _SENTINEL = "\u27e6rollforge-sentinel\u27e7"
 _BASE_USER = "u"
@@ -532,73 +534,6 @@ class ChatRenderer:
         return f"same text, different tokens from token {i}: {list(expected[i:i + 5])} vs {list(got[i:i + 5])}"
 
 
-def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | None:
-    """Why a segment of ``trajectory`` does not hold the ids the template renders for its messages,
-    or None when every segment does.
-
-    Each segment is compared with ``conversation_ids`` of the messages it covers. A segment that
-    ends on a generation (the next rendering rewrote it, as templates that drop reasoning do)
-    is compared up to that generation -- the rendering of the messages before it with the
-    generation prompt -- and the generation must decode to the assistant message. Ids must match
-    exactly, with one allowance: the policy may have tokenized its own text differently from the
-    tokenizer; then the decoded texts must be equal and hold the same control tokens, so no text
-    became a control token. Documented endings that are allowed:
-
-    - the episode ended on the policy's own tokens, so the template's closing text after the last
-      assistant message (``\n`` after ``<|im_end|>``, or all of it after a cut generation) is absent;
-    - the episode stopped after a generation prompt (an error or no room left to generate);
-    - a truncated or failed episode is a prefix of its rendering (the last observation was cut).
-    """
-    for number, segment in enumerate(trajectory.segments):
-        last = number == len(trajectory.segments) - 1
-        cut = last and bool(trajectory.truncated or trajectory.error)
-        gap = _segment_gap(segment, trajectory, renderer, cut)
-        if gap is not None:
-            return f"segment {number}: {gap}" if len(trajectory.segments) > 1 else gap
-    return None
-
-
-def _segment_gap(segment, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
-    ids, messages = list(segment.token_ids), trajectory.messages[: segment.messages]
-    gap = _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools), renderer, cut_allowed, closing=True)
-    if gap is None or _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools, True), renderer, cut_allowed) is None:
-        return None
-    mask = segment.loss_mask
-    if messages and messages[-1].role == "assistant" and mask and mask[-1] == 1:
-        start = len(mask) - next(i for i, bit in enumerate(reversed(mask)) if bit == 0) if 0 in mask else 0
-        head = renderer.conversation_ids(messages[:-1], trajectory.tools, add_generation_prompt=True)
-        if _ids_gap(ids[:start], head, renderer, False) is None:
-            if renderer.decode(renderer.content_ids(ids[start:])) == messages[-1].content:
-                return None
-            return "the last generation does not decode to the last assistant message"
-    return gap
-
-
-def _ids_gap(ids: list[int], expected: list[int], renderer: ChatRenderer, cut_allowed: bool, closing: bool = False) -> str | None:
-    if ids == expected:
-        return None
-    if expected[: len(ids)] == ids and (cut_allowed or (closing and _is_closing_tail(expected[len(ids) :], renderer.closing))):
-        return None
-    # The policy may have written its text in other tokens than the tokenizer would: same text and
-    # same control tokens is still exact about everything the template and environment added.
-    decoded, text = renderer.decode(ids), renderer.decode(expected)
-    same_text = decoded == text or (closing and text.startswith(decoded) and renderer._closing_text.endswith(text[len(decoded) :]))
-    if cut_allowed and not same_text:
-        same_text = text.startswith(decoded.rstrip("\ufffd"))
-    if not same_text:
-        return _first_difference(text, decoded)
-    controls = renderer.control_token_ids
-    ours = [t for t in ids if t in controls]
-    theirs = [t for t in expected if t in controls][: len(ours)]
-    if ours != theirs:
-        return f"control tokens differ: the ids hold {renderer.decode(ours)!r}, the rendering {renderer.decode(theirs)!r}"
-    return None
-
-
-def _is_closing_tail(rest: Sequence[int], closing: Sequence[int]) -> bool:
-    return len(rest) <= len(closing) and list(closing[len(closing) - len(rest) :]) == list(rest)
-
-
 def _turn_end_ids(tokenizer: Any, closing: Sequence[int], extra: Sequence[str] = ()) -> tuple[int, ...]:
     """Token ids that end an assistant turn: the first closing token when it is a special token
     (e.g. ``<|im_end|>``; never a plain newline), the eos token(s) and the family's ``extra``
@@ -614,8 +549,3 @@ def _turn_end_ids(tokenizer: Any, closing: Sequence[int], extra: Sequence[str] =
     vocab = tokenizer.get_added_vocab()
     ids += [vocab[text] for text in extra if text in vocab and vocab[text] not in ids]
     return tuple(ids)
-
-
-def _first_difference(expected: str, got: str, left: str = "whole conversation", right: str = "turn by turn") -> str:
-    i = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
-    return f"at character {i}: {left} gives {expected[max(0, i - 20) : i + 20]!r}, {right} gives {got[max(0, i - 20) : i + 20]!r}"

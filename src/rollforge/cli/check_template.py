@@ -144,7 +144,7 @@ def sample(renderer: Any, with_tools: bool, show: bool = True) -> int:
     """Roll out a three-turn conversation with a scripted policy and print its segments (or only
     a summary without ``show``); return how many segments it took."""
     from ..backends.scripted import ScriptedBackend
-    from ..chat.render import token_fidelity_gap
+    from ..chat.fidelity import token_fidelity_gap
     from ..envs.base import BaseSession, Reset, Step
     from ..envs.factory import FactoryEnvironment
     from ..rollout.config import RolloutConfig

@@ -256,7 +256,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         if len(state.ids) + len(observation) >= config.max_seq_len and (observation or not step.terminated):
             kept = observation[: config.max_seq_len - len(state.ids)]
             state.extend(kept)
-            _keep_what_fits(state, covered, kept, renderer, template_tools, incremental, generated)
+            _keep_what_fits(state, covered, kept, renderer)
             state.ending = "truncated"
             return
         state.extend(observation)
@@ -278,28 +278,26 @@ def _with_ids(calls: tuple[ToolCall, ...], renderer: ChatRenderer, episode: int,
     )
 
 
-def _keep_what_fits(state: _State, covered: int, kept: list[int], renderer: ChatRenderer, tools, incremental: bool,
-                    generated: list[int]) -> None:
+def _keep_what_fits(state: _State, covered: int, kept: list[int], renderer: ChatRenderer) -> None:
     """After an observation was cut to ``kept`` ids, make the step's messages hold only the text
     those ids hold: messages that fit whole stay, the one cut keeps the text before the cut, the
-    rest are dropped (a 2 MB observation cut to 100 tokens leaves 100 tokens of text)."""
+    rest are dropped (a 2 MB observation cut to 100 tokens leaves 100 tokens of text). A message
+    the template does not render verbatim (Llama quotes tool results as JSON) is dropped once cut."""
     messages = state.messages[covered:]
     del state.messages[covered:]
-    used = len(renderer.closing_ids(generated)) if incremental else 0
+    text = renderer.decode(kept).rstrip("\ufffd")  # a cut may split a multi-byte character
+    at = 0
     for message in messages:
-        ids = renderer.delta_ids([message], tools)
-        if used + len(ids) <= len(kept):
-            state.messages.append(message)
-            used += len(ids)
-            continue
-        room = len(kept) - used
-        whole = renderer.decode(ids)
-        start = whole.find(message.content)
-        text = renderer.decode(ids[:room]).rstrip("\ufffd") if room > 0 else ""
-        content = text[start:] if start >= 0 and len(text) > start else ""
-        if content:
-            state.messages.append(replace(message, content=content[: len(message.content)], images=()))
-        return
+        start = text.find(message.content[:64], at)
+        if start < 0:
+            return
+        held = text[start : start + len(message.content)]
+        if held != message.content:
+            if held and message.content.startswith(held):
+                state.messages.append(replace(message, content=held, images=()))
+            return
+        state.messages.append(message)
+        at = start + len(held)
 
 
 def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, index: int, turn: int) -> SamplingParams:
