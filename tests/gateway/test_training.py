@@ -1,4 +1,5 @@
-"""One GRPO step of the tiny model on an agent program: its sessions are the trajectories trained on."""
+"""One GRPO step of the tiny model on an agent program that compacts its history: its sessions,
+two segments each, are the trajectories trained on."""
 
 import json
 import textwrap
@@ -17,8 +18,12 @@ from rollforge.gateway import AgentEnvironment
 
 async def agent(base_url, row):
     api = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    reply = await api.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=6)
-    text = reply.choices[0].message.content or ""
+    first = await api.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=6)
+    summary = "Summary: " + (first.choices[0].message.content or "")
+    # The harness compacts: the next request replaces the history with a summary.
+    second = await api.chat.completions.create(
+        model="policy", messages=[{"role": "system", "content": summary}, {"role": "user", "content": "Go on."}], max_tokens=6)
+    text = second.choices[0].message.content or ""
     return len(set(text)) / 6  # anything that differs between the samples of a group
 
 
@@ -46,11 +51,13 @@ def test_one_grpo_step_on_an_agent_program(tiny_model_dir, tmp_path):
     records = [json.loads(line) for line in (result.out / "trajectories" / "step-000001.jsonl").read_text().splitlines()]
     assert len(records) == 8
     for record in records:
-        generated = sum(record["loss_mask"])
-        assert record["turns"] == 1 and 0 < generated <= 6 and record["error"] is None
-        assert record["loss_mask"][: record["prompt_length"]] == [0] * record["prompt_length"]
-        assert all(bit == 1 for bit in record["loss_mask"][record["prompt_length"]:])  # the episode ends on its reply
+        assert record["turns"] == 2 and record["error"] is None and len(record["segments"]) == 2
+        for segment in record["segments"]:  # each: the template's rendering of its request, then the reply
+            prompt = segment["prompt_length"]
+            assert segment["loss_mask"][:prompt] == [0] * prompt and 0 < sum(segment["loss_mask"][prompt:]) <= 6
+            assert all(bit == 1 for bit in segment["loss_mask"][prompt:])
         assert record["total_reward"] == pytest.approx(record["reward"])
+    assert metrics["micro_batches"] >= 1 and metrics["policy_tokens"] == sum(sum(r["loss_mask"]) for r in records)
     after = _weights(result.out / "checkpoints" / "step-000001")
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the step changed the policy
 
