@@ -54,3 +54,14 @@ def test_responses_in_openai_shape():
     assert [c["choices"][0]["delta"] if c["choices"] else "usage" for c in chunks] == [
         {"role": "assistant", "content": ""}, {"content": "Hi"}, {}, "usage"]
     assert chunks[2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_messages_equal_to_the_previous_requests_are_not_parsed_again():
+    first = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    known = (first, parse_request({"messages": first}).messages)
+    again = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    parsed = parse_request({"messages": again}, known).messages
+    assert parsed[0] is known[1][0] and parsed[1] is known[1][1]  # reused
+    assert parsed == parse_request({"messages": again}).messages
+    edited = [{"role": "user", "content": "Hi!"}, *again[1:]]
+    assert parse_request({"messages": edited}, known).messages[0] == WireMessage("user", "Hi!")

@@ -69,13 +69,14 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
     backend = _Recorded(ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency))
     limits = SessionLimits(max_seq_len=32768, max_new_tokens=64, max_requests=turns)
     async with Gateway(backend, renderer, get_parser(renderer.family.parser), limits=limits) as gateway:
-        ready, go = _start_agents(gateway.base_url, sessions, turns, client)
+        agents, ready, go = _start_agents(gateway.base_url, sessions, turns, client)
         await asyncio.to_thread(ready.recv)  # the agents' process has imported and warmed up
         backend.requests.clear()
         cpu, started = time.process_time(), time.perf_counter()
         go.send("go")
         await asyncio.to_thread(ready.recv)
         gateway_wall, gateway_cpu = time.perf_counter() - started, time.process_time() - cpu
+        await asyncio.to_thread(agents.join, 30)
         records = [gateway.close_session(f"s{i}") for i in range(sessions)]
     exact = sum(len(r.segments) == 1 and _token_exact(r.segments[0], renderer) for r in records)
 
@@ -103,7 +104,7 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
 
 def _start_agents(base_url: Any, sessions: int, turns: int, client: str):
     """The agents run in their own process (as agent programs do), so that their client's CPU time
-    is not the gateway's. Returns (the pipe they report on, the pipe that starts them)."""
+    is not the gateway's. Returns (the process, the pipe it reports on, the pipe that starts it)."""
     import multiprocessing
 
     if client not in ("http", "openai"):
@@ -114,7 +115,7 @@ def _start_agents(base_url: Any, sessions: int, turns: int, client: str):
     urls = [base_url(f"s{i}") for i in range(sessions)]
     process = context.Process(target=_agents_main, args=(urls, turns, client, base_url("warm-up"), ready_child, go_child), daemon=True)
     process.start()
-    return ready_parent, go_parent
+    return process, ready_parent, go_parent
 
 
 def _agents_main(urls: list[str], turns: int, client: str, warm_up: str, ready: Any, go: Any) -> None:

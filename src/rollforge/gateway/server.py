@@ -154,8 +154,9 @@ class Gateway:
                 body = await request.json(loads=json.loads)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise WireError(f"the request body is not valid JSON: {exc}") from None
-            chat = parse_request(body)
             session = self._session(request)
+            chat = parse_request(body, session.known)
+            session.known = (body["messages"], chat.messages)
             choices, prompt_tokens = await session.complete(chat, self.backend)
         except WireError as exc:
             return web.json_response(exc.body(), status=exc.status)

@@ -172,6 +172,8 @@ class Session:
         self._turns = 0
         self._generation_seconds = 0.0
         self._ours: dict[WireMessage, Message] = {}  # every reply sent, to recognise it in a rewritten history
+        #: The raw and parsed messages of the last request (``parse_request`` skips what repeats).
+        self.known: tuple[Sequence[Any], Sequence[WireMessage]] = ((), ())
         self._reset_segment()
 
     def _reset_segment(self) -> None:

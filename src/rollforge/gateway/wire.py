@@ -108,7 +108,9 @@ class Choice:
 # -- requests ----------------------------------------------------------------------------------
 
 
-def parse_request(body: Any) -> ChatRequest:
+def parse_request(body: Any, known: tuple[Sequence[Any], Sequence[WireMessage]] = ((), ())) -> ChatRequest:
+    """``known``: the raw and parsed messages of the session's previous request; the messages
+    equal to them (most of the conversation) are not parsed again."""
     if not isinstance(body, Mapping):
         raise WireError(f"the request body must be a JSON object, got {type(body).__name__}")
     messages = body.get("messages")
@@ -125,7 +127,7 @@ def parse_request(body: Any) -> ChatRequest:
         raise WireError("'stream_options' must be an object", "stream_options")
     return ChatRequest(
         model=_optional(body, "model", str),
-        messages=tuple(_message(m, i) for i, m in enumerate(messages)),
+        messages=_messages(messages, known),
         tools=tuple(tools),
         tool_choice=_tool_choice(body.get("tool_choice")),
         stream=bool(body.get("stream", False)),
@@ -139,6 +141,16 @@ def parse_request(body: Any) -> ChatRequest:
         stop=_stop(body.get("stop")),
         tools_key=json.dumps(tools, sort_keys=True) if tools else "",
     )
+
+
+def _messages(messages: list[Any], known: tuple[Sequence[Any], Sequence[WireMessage]]) -> tuple[WireMessage, ...]:
+    raw_known, parsed_known = known
+    same = 0
+    for mine, theirs in zip(messages, raw_known):
+        if mine != theirs:
+            break
+        same += 1
+    return (*parsed_known[:same], *(_message(m, i) for i, m in enumerate(messages[same:], same)))
 
 
 def _message(raw: Any, index: int) -> WireMessage:
