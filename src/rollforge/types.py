@@ -240,9 +240,10 @@ class Completion:
 @dataclass(frozen=True)
 class Segment:
     """One sequence the model saw: its prompt (the template's rendering of the conversation so far,
-    ``prompt_length`` tokens, mask 0), then generated tokens (mask 1, with their logprobs) and the
-    observations appended after them (mask 0). ``messages``: how many of the trajectory's messages
-    its ids render (the rest came after it)."""
+    mask 0: ``prompt_length`` tokens, generation prompt included except in the first segment,
+    whose prompt_length is the episode's as before), then generated tokens (mask 1, with their
+    logprobs) and the observations appended after them (mask 0). ``messages``: how many of the
+    trajectory's messages its ids render (the rest came after it)."""
 
     token_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]

@@ -110,7 +110,7 @@ class ChatRenderer:
         self._base_cache: dict[str, str] = {}
         self._supports_tools: bool | None = None
         self._prompt_cache: dict[tuple, tuple] = {}
-        self._frames: dict[tuple, tuple] = {}  # (role, name, tools) -> text before/after content
+        self._frames: dict[tuple, tuple] = {}  # (role, name, has an id, tools) -> text before/after content
         self._memos: dict[tuple, tuple] = {}  # ids of objects -> (the objects, a value derived from them)
         self._reports: dict[str, TemplateReport | TemplateError] = {}  # tools key -> what the check found
 

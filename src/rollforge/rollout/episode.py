@@ -11,12 +11,11 @@ incrementally. For a chat template that rewrites history (``ChatRenderer.report(
 is False, e.g. Qwen3 dropping past reasoning) each turn renders the whole conversation instead:
 when the ids so far are a prefix of it, the rest is appended; otherwise the episode continues in a
 new segment whose prompt is that rendering (mask 0). Tool calls without an id get the family's
-deterministic one. When an observation is cut to fit ``max_seq_len``, its message keeps only the
-text the kept ids hold. Each turn the environment is stepped with the conversation so far; its reward is the
-turn's reward. The episode ends when the environment terminates it (natural termination), when an
-observation or generation reaches ``max_seq_len`` (the observation is cut to what fits: truncated),
-after ``max_turns`` (max-turns-reached), or on a failure (recorded as ``error`` with its reason,
-keeping every token produced so far). Scheduling (lockstep barriers) comes in through ``Gate``.
+deterministic one. Each turn the environment is stepped with the conversation so far; its reward
+is the turn's reward. The episode ends when the environment terminates it (natural termination),
+when an observation or generation reaches ``max_seq_len`` (the observation is cut to what fits and
+its message to the text the kept ids hold: truncated), after ``max_turns`` (max-turns-reached), or
+on a failure (recorded as ``error`` with its reason, keeping every token produced so far). Scheduling (lockstep barriers) comes in through ``Gate``.
 Images in messages go to backends that declare ``accepts_images`` (``generate(..., images=...)``,
 all images so far in order); with a text-only backend they fail the episode with that reason.
 """
