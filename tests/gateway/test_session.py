@@ -49,6 +49,18 @@ async def test_a_client_that_rewrites_history_gets_two_token_exact_segments(back
     assert trajectory.token_ids == first.token_ids + second.token_ids
 
 
+async def test_a_rewritten_sessions_json_carries_each_segments_messages(backend, renderer, parser):
+    async with Gateway(backend, renderer, parser) as gateway:
+        api = client(gateway, "json")
+        await tool_round_trip(api, [{"role": "user", "content": "What is 1 + 2?"}])
+        await tool_round_trip(api, [{"role": "user", "content": "And again?"}])
+        record = gateway.trajectory_json("json")
+    assert record["session"] == "json" and len(record["segments"]) == 2
+    assert [m["content"] for m in record["segment_messages"][0]][1:2] == ["What is 1 + 2?"]
+    assert [m["content"] for m in record["segment_messages"][1]][1:2] == ["And again?"]
+    assert record["messages"] == record["segment_messages"][1]
+
+
 async def test_an_edited_history_keeps_the_replies_it_repeats_as_prompt(backend, renderer, parser):
     async with Gateway(backend, renderer, parser) as gateway:
         api = client(gateway, "edited")

@@ -77,7 +77,7 @@ async def _serve(args: Any) -> None:
 
 
 def _write_records(path: Path, gateway: Any) -> None:
-    lines = [json.dumps({"session": sid, **gateway.trajectory(sid).to_json()}) for sid in sorted(gateway.sessions)]
+    lines = [json.dumps(gateway.trajectory_json(sid)) for sid in sorted(gateway.sessions)]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in lines))
     os.replace(tmp, path)

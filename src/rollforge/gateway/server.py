@@ -6,7 +6,8 @@
     POST /v1/chat/completions                  session from the X-Rollforge-Session header
     POST /sessions/<id>/v1/chat/completions    session from the path: point any client's base URL at it
     GET  /v1/models, /sessions/<id>/v1/models
-    GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON
+    GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON (with
+                                               each segment's own messages after a rewrite)
 
 A request without a session id belongs to the session ``default``. Sessions are created on their
 first request, or only by ``open_session`` when ``open_sessions=False`` (the agent environment:
@@ -122,6 +123,16 @@ class Gateway:
             raise ConfigError(f"no open session {session_id!r}")
         return session.record().trajectory(0, "gateway", None, metadata={"session": session_id})
 
+    def trajectory_json(self, session_id: str) -> dict[str, Any]:
+        """The trajectory's JSON record, with each segment's own messages and tools when the client
+        rewrote its history (``messages`` are the last segment's)."""
+        record = self.trajectory(session_id).to_json()
+        segments = self.sessions[session_id].record().segments
+        if len(segments) > 1:
+            record["segment_messages"] = [[m.to_json() for m in s.messages] for s in segments]
+            record["segment_tools"] = [list(s.tools) for s in segments]
+        return {"session": session_id, **record}
+
     def _session(self, request: Any) -> Session:
         session_id = request.match_info.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
         session = self.sessions.get(session_id)
@@ -144,7 +155,7 @@ class Gateway:
         session_id = request.match_info["session"]
         if session_id not in self.sessions:
             return web.json_response(WireError(f"no open session {session_id!r}", status=404).body(), status=404)
-        return web.json_response({"session": session_id, **self.trajectory(session_id).to_json()})
+        return web.json_response(self.trajectory_json(session_id))
 
     async def _chat(self, request: Any) -> Any:
         from aiohttp import web
