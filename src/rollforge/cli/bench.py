@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "async-vs-lockstep": ("async_vs_lockstep", "async vs lockstep wall time under heavy-tailed tool latency, vs the critical path"),
     "long-horizon": ("long_horizon", "fraction of wall time spent rendering 128-turn episodes, vs full re-rendering"),
     "fuzz": ("fuzz", "malformed tool calls in every family's format through the engine: failures counted, none fatal"),
+    "gateway": ("gateway", "agents through the OpenAI SDK and the gateway vs the same requests sent to the backend directly"),
     "scale": ("scale", "10,000 concurrent episodes on one machine: peak memory per episode, wall vs the lower bound"),
 }
 

@@ -12,7 +12,7 @@ import logging
 import sys
 
 from ..errors import RollforgeError
-from . import bench, check_template, env, rollout, train
+from . import bench, check_template, env, gateway, rollout, train
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_parser(commands)
     train.add_parser(commands)
     check_template.add_parser(commands)
+    gateway.add_parser(commands)
     return parser
 
 

@@ -16,6 +16,9 @@ The contract, per episode::
     bonus = await session.finish()                 # once, when the episode ends without error
     await session.close()                          # always, exactly once
 
+An environment that generates by itself (an agent program behind the gateway) declares
+``run_episode`` instead (``GeneratingEnvironment``).
+
 ``conversation`` is the whole conversation so far; its last message is the assistant message just
 generated, whose ``tool_calls`` the engine has already parsed (unparseable calls carry ``error``).
 Environments know nothing of tokens. Sync user code runs on rollforge's worker threads
@@ -34,8 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from ..errors import EnvironmentError_
-from ..types import Failure, Message, Sample
+from ..errors import ConfigError, EnvironmentError_
+from ..types import Failure, Message, Sample, Trajectory
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,25 @@ class Environment(abc.ABC):
     async def release(self) -> None:
         """Called once after the rollout whose ``prepare`` succeeded."""
         return None
+
+
+class GeneratingEnvironment(Environment):
+    """An environment that runs its episodes itself, generation included: an agent program that
+    talks to rollforge's OpenAI-compatible gateway (``gateway/agent.py``). The engine hands each of
+    its episodes to ``run_episode`` with the episode's context (``rollout.episode.EpisodeContext``:
+    backend, renderer, tool-call parser, rollout config) instead of running its turn loop; lockstep
+    barriers do not hold it. The trajectory follows the engine's rules: mask 1 exactly on generated
+    tokens, limits from the rollout config, a failure recorded on it and never raised."""
+
+    def open(self, sample: Sample) -> EnvSession:
+        raise ConfigError(
+            f"{type(self).__name__} runs its own episodes (run_episode); it cannot be stepped as a "
+            "session (nor run on a Ray environment pool)"
+        )
+
+    @abc.abstractmethod
+    async def run_episode(self, index: int, sample: Sample, context: Any) -> Trajectory:
+        """The episode's trajectory; failures are recorded on it, never raised."""
 
 
 class BaseSession:

@@ -39,12 +39,12 @@ from typing import Any, Callable, Mapping, Sequence
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import get_parser
-from ..envs.base import Environment
+from ..envs.base import Environment, GeneratingEnvironment
 from ..errors import ConfigError
 from ..types import Sample, Trajectory
+from ..workers import ENVIRONMENT_WORKERS
 from .config import RolloutConfig
 from .episode import EpisodeContext, OpenGate, run_episode
-from ..workers import ENVIRONMENT_WORKERS
 from .metrics import rollout_metrics
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,12 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
     async def run(index: int, gate) -> None:
         nonlocal callback_errors
         sample = samples[index]
-        trajectory = await run_episode(index, sample, task_to_env[sample.task_name], ctx, gate)
+        env = task_to_env[sample.task_name]
+        if isinstance(env, GeneratingEnvironment):  # it runs its own turns: no barrier holds it
+            gate.leave()
+            trajectory = await env.run_episode(index, sample, ctx)
+        else:
+            trajectory = await run_episode(index, sample, env, ctx, gate)
         results[index] = trajectory
         if on_episode is not None:
             try:

@@ -1,0 +1,195 @@
+"""Gateway overhead: agents through the OpenAI SDK and the gateway vs the same requests sent to the
+backend directly.
+
+``sessions`` agents run at once, each a tool loop of ``turns`` requests against its own gateway
+session: every request carries the whole conversation so far, the gateway parses and compares it,
+renders only the new messages through the real chat template, generates, parses the tool call and
+answers in OpenAI's format. The agents run in a process of their own (as agent programs do) and
+post JSON with a plain HTTP client (aiohttp), or with ``client="openai"`` the real ``openai`` SDK
+(whose own request preparation, a few ms per request growing with the conversation, is the
+agent's cost with any OpenAI-compatible server). The backend is
+the scripted one with a fixed latency per request (a stand-in for a served model), recorded as it
+goes. The direct run then replays exactly those prompts (same ids, same params) on the same backend
+with the same shape: ``sessions`` sequences of ``turns`` requests, all at once. The ratio of the
+two wall times is the gateway's overhead; ``overhead_ms_per_request`` is the difference per
+sequential request; ``gateway_cpu_ms_per_request`` is the CPU time of the gateway's process (HTTP,
+parsing, rendering, recording, the scripted backend) per request, beside the direct run's.
+Each session's record is checked token-exact against the template's rendering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+from ..backends.base import CURRENT_EPISODE
+from ..backends.scripted import ScriptedBackend
+from ..chat.render import ChatRenderer
+from ..chat.toolcalls import get_parser
+from ..errors import ConfigError
+from .overhead import _tokenizer
+
+NOTE_TOOL = {"type": "function", "function": {
+    "name": "note", "description": "Write one note.",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+}}
+
+
+class _Recorded:
+    """The backend, with every request kept per session (the gateway sets ``CURRENT_EPISODE``)."""
+
+    def __init__(self, inner: ScriptedBackend):
+        self.inner = inner
+        self.requests: dict[int, list[tuple[list[int], Any]]] = {}
+
+    async def generate(self, prompt_ids, params):
+        self.requests.setdefault(id(CURRENT_EPISODE.get()), []).append((list(prompt_ids), params))
+        return await self.inner.generate(prompt_ids, params)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def _reply(request) -> str:
+    return f'<tool_call>\n{{"name": "note", "arguments": {{"text": "note {request.call % 8}"}}}}\n</tool_call>'
+
+
+def run(sessions: int = 64, turns: int = 8, latency: float = 0.5, client: str = "http",
+        tokenizer_dir: str | None = None) -> dict[str, Any]:
+    return asyncio.run(_run(sessions, turns, latency, client, tokenizer_dir))
+
+
+async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer_dir: str | None) -> dict[str, Any]:
+    from ..gateway import Gateway, SessionLimits
+
+    renderer = ChatRenderer(_tokenizer(tokenizer_dir))
+    backend = _Recorded(ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency))
+    limits = SessionLimits(max_seq_len=32768, max_new_tokens=64, max_requests=turns)
+    async with Gateway(backend, renderer, get_parser(renderer.family.parser), limits=limits) as gateway:
+        agents, ready, go = _start_agents(gateway.base_url, sessions, turns, client)
+        await asyncio.to_thread(ready.recv)  # the agents' process has imported and warmed up
+        backend.requests.clear()
+        cpu, started = time.process_time(), time.perf_counter()
+        go.send("go")
+        await asyncio.to_thread(ready.recv)
+        gateway_wall, gateway_cpu = time.perf_counter() - started, time.process_time() - cpu
+        await asyncio.to_thread(agents.join, 30)
+        records = [gateway.close_session(f"s{i}") for i in range(sessions)]
+    exact = sum(len(r.segments) == 1 and _token_exact(r.segments[0], renderer) for r in records)
+
+    replay = list(backend.requests.values())
+    cpu, started = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(_direct(backend.inner, requests) for requests in replay))
+    direct_wall, direct_cpu = time.perf_counter() - started, time.process_time() - cpu
+    requests = sum(len(r) for r in replay)
+    return {
+        "benchmark": "gateway",
+        "sessions": sessions,
+        "turns_per_session": turns,
+        "backend_latency_s": latency,
+        "client": client,
+        "requests": requests,
+        "gateway_wall_seconds": round(gateway_wall, 3),
+        "direct_wall_seconds": round(direct_wall, 3),
+        "ratio_gateway_to_direct": round(gateway_wall / direct_wall, 4),
+        "overhead_ms_per_request": round(1000 * (gateway_wall - direct_wall) / turns, 2),
+        "gateway_cpu_ms_per_request": round(1000 * gateway_cpu / max(requests, 1), 3),
+        "direct_cpu_ms_per_request": round(1000 * direct_cpu / max(requests, 1), 3),
+        "sessions_token_exact": exact,
+    }
+
+
+def _start_agents(base_url: Any, sessions: int, turns: int, client: str):
+    """The agents run in their own process (as agent programs do), so that their client's CPU time
+    is not the gateway's. Returns (the process, the pipe it reports on, the pipe that starts it)."""
+    import multiprocessing
+
+    if client not in ("http", "openai"):
+        raise ConfigError(f"--client must be 'http' or 'openai', got {client!r}")
+    context = multiprocessing.get_context("spawn")
+    ready_parent, ready_child = context.Pipe()
+    go_parent, go_child = context.Pipe()
+    urls = [base_url(f"s{i}") for i in range(sessions)]
+    process = context.Process(target=_agents_main, args=(urls, turns, client, base_url("warm-up"), ready_child, go_child), daemon=True)
+    process.start()
+    return process, ready_parent, go_parent
+
+
+def _agents_main(urls: list[str], turns: int, client: str, warm_up: str, ready: Any, go: Any) -> None:
+    async def main() -> None:
+        async with _clients(client) as post:
+            await _agent(post, warm_up, 1)
+            ready.send("ready")
+            await asyncio.to_thread(go.recv)
+            await asyncio.gather(*(_agent(post, url, turns) for url in urls))
+            ready.send("done")
+
+    asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def _clients(kind: str):
+    """``post(base_url, body) -> reply body``: a plain HTTP client, or the OpenAI SDK."""
+    if kind == "openai":
+        import openai
+
+        clients: dict[str, Any] = {}
+
+        async def post(base_url: str, body: dict[str, Any]) -> dict[str, Any]:
+            api = clients.get(base_url) or clients.setdefault(base_url, openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0))
+            return (await api.chat.completions.create(**body)).model_dump(exclude_none=True)
+
+        yield post
+        for api in clients.values():
+            await api.close()
+        return
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def post(base_url: str, body: dict[str, Any]) -> dict[str, Any]:
+            async with http.post(f"{base_url}/chat/completions", json=body) as response:
+                response.raise_for_status()
+                return await response.json()
+
+        yield post
+
+
+async def _agent(post: Any, base_url: str, turns: int) -> None:
+    """A tool loop as agents write it: the whole conversation is sent again each turn."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Take notes."}]
+    for _ in range(turns):
+        reply = await post(base_url, {"model": "m", "messages": messages, "tools": [NOTE_TOOL]})
+        message = reply["choices"][0]["message"]
+        messages.append(message)
+        for call in message.get("tool_calls") or ():
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "noted"})
+
+
+async def _direct(backend: ScriptedBackend, requests: list[tuple[list[int], Any]]) -> None:
+    for prompt, params in requests:
+        await backend.generate(prompt, params)
+
+
+def _token_exact(segment, renderer: ChatRenderer) -> bool:
+    expected = renderer.conversation_ids(segment.messages, segment.tools)
+    ids = list(segment.token_ids)
+    return expected[: len(ids)] == ids and len(expected) - len(ids) <= len(renderer.closing)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--sessions", type=int, default=64, help="agents (sessions) running at once")
+    parser.add_argument("--turns", type=int, default=8, help="requests per session")
+    parser.add_argument("--latency", type=float, default=0.5, help="seconds per backend request")
+    parser.add_argument("--client", choices=["http", "openai"], default="http",
+                        help="how agents send requests: plain HTTP (aiohttp) or the openai SDK")
+
+
+def main(args: Any) -> dict[str, Any]:
+    return run(args.sessions, args.turns, args.latency, args.client)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(json.dumps(run(), indent=2))

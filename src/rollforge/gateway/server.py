@@ -1,0 +1,183 @@
+"""The OpenAI-compatible HTTP server: ``/v1/chat/completions`` and ``/v1/models`` over sessions.
+
+``Gateway`` is an async context manager that serves, on ``host`` (127.0.0.1 unless asked) and
+``port`` (0: a free one), the routes::
+
+    POST /v1/chat/completions                  session from the X-Rollforge-Session header
+    POST /sessions/<id>/v1/chat/completions    session from the path: point any client's base URL at it
+    GET  /v1/models, /sessions/<id>/v1/models
+    GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON (with
+                                               each segment's own messages after a rewrite)
+
+A request without a session id belongs to the session ``default``. Sessions are created on their
+first request, or only by ``open_session`` when ``open_sessions=False`` (the agent environment:
+a request for an unknown or closed session is a 404, so an agent that outlives its episode cannot
+write into another one). ``close_session`` returns the session's ``SessionRecord``. Bad requests
+are answered in OpenAI's error shape (the SDKs raise ``BadRequestError`` with the message).
+Rendering and recording live in ``session.py``, the wire format in ``wire.py``; this module only
+routes. It uses aiohttp (the ``gateway`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from ..backends.base import Backend
+from ..chat.render import ChatRenderer
+from ..chat.toolcalls import ToolCallParser
+from ..errors import ConfigError, require
+from ..types import Trajectory
+from .session import Sampling, Session, SessionLimits, SessionRecord
+from .wire import WireError, completion_body, models_body, parse_request, stream_chunks
+
+SESSION_HEADER = "X-Rollforge-Session"
+DEFAULT_SESSION = "default"
+_MAX_BODY = 64 * 1024 * 1024
+
+
+class Gateway:
+    """Serves chat completions for ``model_name`` from ``backend``, rendered with ``renderer``."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        renderer: ChatRenderer,
+        parser: ToolCallParser,
+        *,
+        model_name: str = "rollforge",
+        limits: SessionLimits = SessionLimits(),
+        sampling: Sampling = Sampling(),
+        host: str = "127.0.0.1",
+        port: int = 0,
+        open_sessions: bool = True,
+    ):
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (0: a free port), got {port}")
+        self.backend, self.renderer, self.parser = backend, renderer, parser
+        self.model_name, self.limits, self.sampling = model_name, limits, sampling
+        self.host, self.port, self.open_sessions = host, port, open_sessions
+        self.sessions: dict[str, Session] = {}
+        self._created = int(time.time())
+        self._runner: Any = None
+        self._next_seed = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> "Gateway":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        web = require("aiohttp.web", "gateway", "the OpenAI-compatible gateway")
+        app = web.Application(client_max_size=_MAX_BODY)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/sessions/{session}/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/sessions/{session}/v1/models", self._models)
+        app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    def base_url(self, session_id: str | None = None) -> str:
+        """The base URL a client uses (``OPENAI_BASE_URL``), for one session or the header form."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        root = f"http://{host}:{self.port}"
+        return f"{root}/sessions/{session_id}/v1" if session_id else f"{root}/v1"
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def open_session(self, session_id: str | None = None, *, limits: SessionLimits | None = None, seed: int | None = None) -> Session:
+        session_id = session_id or uuid.uuid4().hex
+        if session_id in self.sessions:
+            raise ConfigError(f"session {session_id!r} is already open")
+        if seed is None:
+            seed, self._next_seed = self._next_seed, self._next_seed + 1
+        session = Session(session_id, self.renderer, self.parser, limits or self.limits, self.sampling, seed)
+        self.sessions[session_id] = session
+        return session
+
+    def close_session(self, session_id: str) -> SessionRecord:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            raise ConfigError(f"no open session {session_id!r}")
+        return session.record()
+
+    def trajectory(self, session_id: str) -> Trajectory:
+        """An open session's recording so far as a trajectory (task ``gateway``, no reward)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ConfigError(f"no open session {session_id!r}")
+        return session.record().trajectory(0, "gateway", None, metadata={"session": session_id})
+
+    def trajectory_json(self, session_id: str) -> dict[str, Any]:
+        """The trajectory's JSON record, with each segment's own messages and tools when the client
+        rewrote its history (``messages`` are the last segment's)."""
+        record = self.trajectory(session_id).to_json()
+        segments = self.sessions[session_id].record().segments
+        if len(segments) > 1:
+            record["segment_messages"] = [[m.to_json() for m in s.messages] for s in segments]
+            record["segment_tools"] = [list(s.tools) for s in segments]
+        return {"session": session_id, **record}
+
+    def _session(self, request: Any) -> Session:
+        session_id = request.match_info.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+        session = self.sessions.get(session_id)
+        if session is None:
+            if not self.open_sessions:
+                raise WireError(f"no open session {session_id!r}", status=404, code="session_not_found")
+            session = self.open_session(session_id)
+        return session
+
+    # -- routes ----------------------------------------------------------------------------------
+
+    async def _models(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response(models_body(self.model_name, self._created))
+
+    async def _trajectory(self, request: Any) -> Any:
+        from aiohttp import web
+
+        session_id = request.match_info["session"]
+        if session_id not in self.sessions:
+            return web.json_response(WireError(f"no open session {session_id!r}", status=404).body(), status=404)
+        return web.json_response(self.trajectory_json(session_id))
+
+    async def _chat(self, request: Any) -> Any:
+        from aiohttp import web
+
+        try:
+            try:
+                body = await request.json(loads=json.loads)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise WireError(f"the request body is not valid JSON: {exc}") from None
+            session = self._session(request)
+            chat = parse_request(body, session.known)
+            session.known = (body["messages"], chat.messages)
+            choices, prompt_tokens = await session.complete(chat, self.backend)
+        except WireError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if not chat.stream:
+            return web.json_response(completion_body(request_id, self.model_name, created, choices, prompt_tokens))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for chunk in stream_chunks(request_id, self.model_name, created, choices, prompt_tokens, chat.include_usage):
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response

@@ -1,0 +1,412 @@
+"""One gateway session: chat-completions requests in, a token-exact trajectory recorded.
+
+A session holds the token ids of the conversation its client is having, built the way the engine
+builds an episode's (``rollout/episode.py``)::
+
+    ids  = prompt | gen-prompt | generated (mask 1) | closing + new messages | gen-prompt | ...
+
+Each request is compared with the session's conversation so far (``WireMessage`` values, the form
+the client sees). When it **extends** it -- the same messages, one of the replies the gateway sent,
+then new messages (tool results, a user turn) -- only the new messages are rendered
+(``closing_ids`` + ``delta_ids`` + ``generation_prompt``) and the reply's generated ids are kept
+exactly. When the client **rewrote** its history (compaction, dropped reasoning, an edited
+message, other tools) the current segment is closed and a new one starts whose prompt (mask 0) is
+the template's rendering of the request; replies the gateway sent that reappear in it keep their
+raw generated text. A request identical to the previous one after a failed generation is a retry.
+
+With ``n > 1`` the conversation continues with whichever choice the client sends back (the first
+one when it sends none back before the session ends). Requests of one session are served one at a
+time. Limits (``SessionLimits``): a segment's length (a request that would reach it is refused and
+the session is ``truncated``), tokens per reply, requests per session (``max_turns_reached``) and
+wall time; a refused request is an HTTP 400 whose message names the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
+from ..chat.render import ChatRenderer
+from ..chat.toolcalls import ToolCallParser
+from ..errors import TemplateError
+from ..types import Completion, Failure, Message, Segment, ToolCall, Trajectory
+from .wire import ChatRequest, Choice, WireCall, WireError, WireMessage, canonical_arguments
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds of one session."""
+
+    max_seq_len: int = 4096
+    """Tokens of one segment (prompt, replies and new messages); a request that reaches it is refused."""
+    max_new_tokens: int = 1024
+    """Tokens of one reply (a request's own ``max_tokens`` may only lower it)."""
+    max_requests: int = 64
+    """Chat-completion requests a session accepts (a retry counts)."""
+    timeout: float | None = None
+    """Seconds from the session's first request after which requests are refused; None: no limit."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How replies are sampled. ``fixed``: the request's temperature and top_p are ignored (in
+    training the rollout config decides the behaviour policy). Seeds: the request's ``seed`` (plus
+    the choice index) unless fixed, else derived from ``seed``, the session and the turn."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    fixed: bool = False
+
+    def params(self, request: ChatRequest, budget: int, stop_ids: tuple[int, ...], session_seed: int, turn: int, k: int) -> SamplingParams:
+        temperature = self.temperature if self.fixed or request.temperature is None else request.temperature
+        top_p = self.top_p if self.fixed or request.top_p is None else request.top_p
+        if request.seed is not None and not self.fixed:
+            seed = request.seed + k
+        elif self.seed is not None:
+            seed = (((self.seed * 1_000_003 + session_seed) * 1_000_033 + turn) * 31 + k) % (2**31 - 1)
+        else:
+            seed = None
+        return SamplingParams(budget, temperature, top_p, self.top_k, request.stop, stop_ids, seed)
+
+
+@dataclass(frozen=True)
+class RecordedSegment:
+    """One sequence the model saw: ``messages`` rendered with ``tools`` (template form: raw
+    generated text, the fallback tool prompt merged into the system message) give ``token_ids``."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[Mapping[str, Any], ...]
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float | None, ...]
+    prompt_length: int
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """What a session recorded. ``ending``: ``truncated`` or ``max_turns_reached`` when a limit
+    refused a request, ``timeout`` when its wall time ran out, else empty."""
+
+    session_id: str
+    segments: tuple[RecordedSegment, ...]
+    turns: int
+    failures: tuple[Failure, ...]
+    ending: str
+    generation_seconds: float
+
+    def trajectory(self, index: int, task_name: str, reward: float | None, error: Failure | None = None,
+                   metadata: Any = None, environment_seconds: float = 0.0) -> Trajectory:
+        """The session as a trajectory: the segments' ids laid end to end, one turn per reply,
+        ``reward`` (None: 0.0, for reward functions to score) on the last turn. A limit that
+        refused a request ends it as truncated / max-turns-reached even when the client then failed."""
+        if error is None and self.turns == 0:
+            error = Failure("env_error", "the agent made no chat-completion request to the gateway")
+        if self.ending == "timeout" and error is None:
+            error = Failure("episode_timeout", "the session's time limit refused a request")
+        limited = self.ending in ("truncated", "max_turns_reached")
+        if limited:
+            error = None
+        rewards = [0.0] * self.turns
+        if rewards:
+            rewards[-1] = float(reward or 0.0)
+        segments = self.segments
+        last = segments[-1] if segments else RecordedSegment((), (), (), (), (), 0)
+        fields: dict[str, Any] = {}
+        if len(segments) > 1:
+            fields["segments"] = tuple(
+                Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)) for s in segments
+            )
+        return Trajectory(
+            index=index,
+            task_name=task_name,
+            messages=last.messages,
+            token_ids=tuple(t for s in segments for t in s.token_ids),
+            loss_mask=tuple(b for s in segments for b in s.loss_mask),
+            logprobs=tuple(lp for s in segments for lp in s.logprobs),
+            prompt_length=segments[0].prompt_length if segments else 0,
+            rewards=tuple(rewards),
+            total_reward=float(sum(rewards)),
+            turns=self.turns,
+            terminated=error is None and not limited,
+            truncated=self.ending == "truncated",
+            max_turns_reached=self.ending == "max_turns_reached",
+            error=error,
+            failures=self.failures,
+            metadata=metadata,
+            tools=last.tools,
+            generation_seconds=self.generation_seconds,
+            environment_seconds=environment_seconds,
+            **fields,
+        )
+
+
+@dataclass
+class _Reply:
+    """A reply sent and not yet continued: its wire form, template form and generated tokens."""
+
+    wire: WireMessage
+    message: Message
+    ids: list[int]
+    logprobs: tuple[float, ...]
+
+
+class Session:
+    """Records one client's conversation; ``complete`` answers one request (see the module docstring)."""
+
+    def __init__(self, session_id: str, renderer: ChatRenderer, parser: ToolCallParser,
+                 limits: SessionLimits = SessionLimits(), sampling: Sampling = Sampling(), seed: int = 0):
+        self.session_id = session_id
+        self.renderer, self.parser, self.limits, self.sampling, self.seed = renderer, parser, limits, sampling, seed
+        self._lock = asyncio.Lock()
+        self._segments: list[RecordedSegment] = []
+        self._failures: list[Failure] = []
+        self._ending = ""
+        self._started: float | None = None
+        self._requests = 0
+        self._turns = 0
+        self._generation_seconds = 0.0
+        self._ours: dict[WireMessage, Message] = {}  # every reply sent, to recognise it in a rewritten history
+        #: The raw and parsed messages of the last request (``parse_request`` skips what repeats).
+        self.known: tuple[Sequence[Any], Sequence[WireMessage]] = ((), ())
+        self._reset_segment()
+
+    def _reset_segment(self) -> None:
+        self._wire: list[WireMessage] = []  # the conversation as the client sees it
+        self._messages: list[Message] = []  # the same, as the template renders it
+        self._tools: tuple[Mapping[str, Any], ...] = ()
+        self._tools_key: str | None = None
+        self._ids: list[int] = []
+        self._mask: list[int] = []
+        self._logprobs: list[float | None] = []
+        self._prompt_length = 0
+        self._pending: list[_Reply] = []
+        self._last_generated: list[int] = []
+        self._incremental = True
+
+    # -- serving -------------------------------------------------------------------------------
+
+    async def complete(self, request: ChatRequest, backend: Backend) -> tuple[list[Choice], int]:
+        """Generate the request's choices; returns them and the prompt's length in tokens."""
+        CURRENT_EPISODE.set(self)  # this request's own task: a router keeps the session on one replica
+        async with self._lock:
+            try:
+                budget = self._prepare(request)
+            except TemplateError as exc:
+                self._failures.append(Failure("template_error", str(exc)))
+                raise WireError(f"the chat template cannot render this conversation: {exc}", code="template_error") from None
+            turn = self._requests
+            self._requests += 1
+            prompt = list(self._ids)
+            params = [self.sampling.params(request, budget, self.renderer.stop_token_ids, self.seed, turn, k) for k in range(request.n)]
+            started = time.perf_counter()
+            results = await asyncio.gather(*(backend.generate(prompt, p) for p in params), return_exceptions=True)
+            self._generation_seconds += time.perf_counter() - started
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            if failed is not None:
+                if not isinstance(failed, Exception):
+                    raise failed
+                self._failures.append(Failure("backend_error", f"{type(failed).__name__}: {failed}"))
+                raise WireError(f"generation failed: {type(failed).__name__}: {failed}", status=502, code="backend_error")
+            self._pending = [self._reply(request, c, turn, k) for k, c in enumerate(results)]
+            return [self._choice(request, r, c) for r, c in zip(self._pending, results)], len(prompt)
+
+    def record(self) -> SessionRecord:
+        """The session so far (the last reply continued with its first choice)."""
+        segments = list(self._segments)
+        if self._pending or self._ids:
+            pending, current = self._pending[:1], self._current_segment()
+            if pending:  # without mutating: a record may be taken while the session goes on
+                reply = pending[0]
+                current = RecordedSegment(
+                    (*current.messages, reply.message), current.tools, current.token_ids + tuple(reply.ids),
+                    current.loss_mask + (1,) * len(reply.ids), current.logprobs + reply.logprobs, current.prompt_length,
+                )
+            if 1 in current.loss_mask:
+                segments.append(current)
+        turns = self._turns + (1 if self._pending else 0)
+        return SessionRecord(self.session_id, tuple(segments), turns, tuple(self._failures), self._ending, self._generation_seconds)
+
+    # -- the conversation ------------------------------------------------------------------------
+
+    def _prepare(self, request: ChatRequest) -> int:
+        """Make ``self._ids`` the prompt of ``request``; return the reply's token budget."""
+        self._check_limits()
+        messages = list(request.messages)
+        if not self._continues(messages, request.tools_key):
+            self._close_segment(messages)
+            self._start_segment(request)
+        budget = min(request.max_tokens or self.limits.max_new_tokens, self.limits.max_new_tokens,
+                     self.limits.max_seq_len - len(self._ids))
+        if budget <= 0:
+            self._ending = "truncated"
+            raise self._limit(f"the session's conversation has {len(self._ids)} tokens; its limit is max_seq_len={self.limits.max_seq_len}")
+        return budget
+
+    def _continues(self, messages: list[WireMessage], tools_key: str) -> bool:
+        """Whether ``messages`` extend the current segment (then appended to it): its conversation,
+        one of the replies sent, new messages. A request equal to the conversation after a failed
+        generation is a retry. False when the client or the template rewrote history."""
+        n = len(self._wire)
+        if not self._wire or tools_key != self._tools_key or messages[:n] != self._wire:
+            return False
+        if not self._pending:
+            return len(messages) == n
+        reply = next((r for r in self._pending if len(messages) > n + 1 and r.wire == messages[n]), None)
+        if reply is None:
+            return False
+        self._adopt(reply)
+        return self._extend(messages[n + 1 :])
+
+    def _check_limits(self) -> None:
+        now = time.monotonic()
+        if self._started is None:
+            self._started = now
+        if self._ending:
+            raise self._limit(f"the session already ended ({self._ending}); start a new session")
+        if self._requests >= self.limits.max_requests:
+            self._ending = "max_turns_reached"
+            raise self._limit(f"the session answered its limit of max_requests={self.limits.max_requests} requests")
+        if self.limits.timeout is not None and now - self._started > self.limits.timeout:
+            self._ending = "timeout"
+            raise self._limit(f"the session exceeded its time limit of {self.limits.timeout}s")
+
+    def _limit(self, message: str) -> WireError:
+        return WireError(f"session {self.session_id!r}: {message}", code="context_length_exceeded" if self._ending == "truncated" else "session_limit")
+
+    def _adopt(self, reply: _Reply) -> None:
+        """The client continued with ``reply``: its generated ids join the conversation."""
+        self._ids += reply.ids
+        self._mask += [1] * len(reply.ids)
+        self._logprobs += reply.logprobs
+        self._messages.append(reply.message)
+        self._wire.append(reply.wire)
+        self._pending = []
+        self._turns += 1
+        self._last_generated = reply.ids
+
+    def _extend(self, new: Sequence[WireMessage]) -> bool:
+        """Append ``new`` after the adopted reply. With a prefix-preserving template only they are
+        rendered; with one that rewrites history (``report(...).incremental`` is False) the whole
+        conversation is, and appended when the ids so far are its prefix; False when they are not
+        (a new segment starts)."""
+        renderer = self.renderer
+        messages = self._template_messages(new, self._wire)
+        if self._incremental:
+            observation = renderer.closing_ids(self._last_generated) + renderer.delta_ids(messages, self._tools)
+            observation += renderer.generation_prompt
+        else:
+            whole = renderer.conversation_ids([*self._messages, *messages], self._tools, add_generation_prompt=True)
+            if whole[: len(self._ids)] != self._ids:
+                return False
+            observation = whole[len(self._ids) :]
+        if len(self._ids) + len(observation) >= self.limits.max_seq_len:
+            self._ending = "truncated"
+            raise self._limit(f"the new messages ({len(observation)} tokens) do not fit in max_seq_len={self.limits.max_seq_len} "
+                              f"after the {len(self._ids)} tokens so far")
+        self._append(observation)
+        self._messages += messages
+        self._wire += new
+        return True
+
+    def _start_segment(self, request: ChatRequest) -> None:
+        """A new segment whose prompt (mask 0) is the template's rendering of the request."""
+        messages = self._template_messages(request.messages, ())
+        prompt, tools = self.renderer.with_tool_prompt(messages, request.tools, self.parser)
+        incremental = self.renderer.report(request.tools, self.parser).incremental
+        self._reset_segment()
+        self._incremental = incremental
+        self._wire, self._messages, self._tools, self._tools_key = list(request.messages), list(prompt), tools, request.tools_key
+        self._append(self.renderer.conversation_ids(prompt, tools, add_generation_prompt=True))
+        self._prompt_length = len(self._ids)
+
+    def _close_segment(self, next_messages: Sequence[WireMessage]) -> None:
+        """End the current segment before a rewritten history, with the reply the client kept (or
+        the first) as its last turn; a segment without generated tokens is dropped."""
+        if self._pending:
+            kept = set(next_messages)
+            self._adopt(next((r for r in self._pending if r.wire in kept), self._pending[0]))
+        if 1 in self._mask:
+            self._segments.append(self._current_segment())
+
+    def _current_segment(self) -> RecordedSegment:
+        return RecordedSegment(tuple(self._messages), self._tools, tuple(self._ids), tuple(self._mask),
+                               tuple(self._logprobs), self._prompt_length)
+
+    def _append(self, ids: list[int]) -> None:
+        self._ids += ids
+        self._mask += [0] * len(ids)
+        self._logprobs += [None] * len(ids)
+
+    def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
+        """Messages as the template renders them: replies the gateway sent keep their raw text;
+        a tool result is named after the call it answers."""
+        names = {c.id: c.name for m in (*before, *wire) for c in m.tool_calls} if any(m.role == "tool" for m in wire) else {}
+        out = []
+        for m in wire:
+            if m.role == "assistant":
+                ours = self._ours.get(m)
+                out.append(ours if ours is not None else Message("assistant", m.content, tool_calls=tuple(
+                    ToolCall(c.name, _arguments(c.arguments), c.id or None) for c in m.tool_calls)))
+            elif m.role == "tool":
+                out.append(Message("tool", m.content, name=m.name or names.get(m.tool_call_id), tool_call_id=m.tool_call_id))
+            else:
+                out.append(Message(m.role, m.content))
+        return out
+
+    # -- replies ---------------------------------------------------------------------------------
+
+    def _reply(self, request: ChatRequest, completion: Completion, turn: int, k: int) -> _Reply:
+        generated = list(completion.token_ids)
+        text = self.renderer.decode(self.renderer.content_ids(generated))
+        calls: tuple[ToolCall, ...] = ()
+        if request.tools and request.tool_choice != "none":
+            parsed = self.parser.parse(text)
+            self._failures += [Failure("tool_invalid_json", c.error) for c in parsed if c.error is not None]
+            family = self.renderer.family
+            calls = tuple(  # ids unique in the session: choice k of turn t numbers its calls from 1000 k
+                ToolCall(c.name, c.arguments, c.id or family.call_id(self.seed, turn, 1000 * k + j))
+                for j, c in enumerate(x for x in parsed if x.error is None)
+            )
+        message = Message("assistant", text, tool_calls=calls)
+        wire_calls = tuple(WireCall(c.id, c.name, canonical_arguments(dict(c.arguments))) for c in calls)
+        wire = WireMessage("assistant", _visible_text(text, message, self.renderer), wire_calls)
+        self._ours[wire] = message
+        return _Reply(wire, message, generated, completion.logprobs)
+
+    def _choice(self, request: ChatRequest, reply: _Reply, completion: Completion) -> Choice:
+        if reply.wire.tool_calls:
+            finish = "tool_calls"
+        else:
+            finish = "length" if completion.finish_reason == "length" else "stop"
+        logprobs = None
+        if request.logprobs:
+            content = self.renderer.content_ids(reply.ids)
+            logprobs = tuple((self.renderer.decode([t]), lp) for t, lp in zip(content, reply.logprobs))
+        return Choice(reply.wire.content or None, reply.wire.tool_calls, finish, logprobs, len(reply.ids))
+
+
+def _visible_text(text: str, message: Message, renderer: ChatRenderer) -> str:
+    """The content a client sees: all of the text when there is no call; else the text before
+    the calls' markup (what the family's template takes as content, for families that render
+    calls themselves; the text before ``<tool_call>`` otherwise; nothing when the whole message
+    is the call, as with Llama's JSON)."""
+    if not message.tool_calls:
+        return text
+    if renderer.family.structured_calls:
+        return renderer.family.assistant_chat(text, message.to_chat().get("tool_calls")).get("content") or ""
+    opener = text.find("<tool_call>")
+    return text[:opener].strip() if opener >= 0 else ""
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
