@@ -393,6 +393,7 @@ class Trajectory:
             messages=tuple(Message.from_json(m) for m in record["messages"]),
             token_ids=tuple(record["token_ids"]), loss_mask=tuple(record["loss_mask"]),
             logprobs=floats(record["logprobs"]), prompt_length=record["prompt_length"],
+            prompt_messages=record.get("prompt_messages"),
             rewards=floats(record["rewards"]), total_reward=floats([record["total_reward"]])[0], turns=record["turns"],
             terminated=record["terminated"], truncated=record["truncated"],
             max_turns_reached=record["max_turns_reached"], error=failure(record.get("error")),

@@ -19,10 +19,11 @@ import os
 import pytest
 from transformers import AutoTokenizer
 
+from rollforge.backends.base import Backend
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.chat.toolcalls import get_parser
-from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import TemplateError
 from rollforge.rollout.config import RolloutConfig
@@ -145,7 +146,7 @@ class Lookup:
         return f"lookup {x} gives {x * 7} (call {self.calls})"
 
 
-class Recording:
+class Recording(Backend):
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
@@ -252,9 +253,7 @@ class Guess(BaseSession):
         return Step(messages=(Message("user", f"Wrong, guess again ({self.turn})."),), reward=0.5, terminated=self.turn == 3)
 
 
-class Game:
-    max_sessions = None
-
+class Game(Environment):
     def open(self, sample):
         return Guess()
 

@@ -8,26 +8,7 @@ from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.chat.toolcalls import get_parser
 
-ADD_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
-    },
-}
-CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-
-
-def reply_for(prompt: str) -> str:
-    """The scripted model: calls ``add`` when tools are offered and no result came back yet,
-    answers with the result when one did, else greets."""
-    last_turn = prompt.rsplit("<|im_start|>", 2)[-2]
-    if last_turn.startswith("tool\n"):
-        return "The sum is " + last_turn[len("tool\n"):].split("<|im_end|>")[0] + "."
-    if "You can call the following tools" in prompt and last_turn.startswith("user\n"):
-        return CALL_TEXT
-    return "Hello!"
+from gateway_helpers import reply_for
 
 
 @pytest.fixture(scope="session")
@@ -50,22 +31,3 @@ def parser():
 @pytest.fixture
 def backend(tokenizer, renderer):
     return ScriptedBackend(lambda request: reply_for(renderer.decode(request.prompt_ids)), tokenizer)
-
-
-def assert_token_exact(segment, renderer, prompt_messages: int):
-    """A recorded segment holds exactly the template's rendering of its messages (it ends on the
-    policy's own tokens: the closing text after the last reply is absent), and its prompt (mask 0)
-    is the rendering of its first ``prompt_messages`` messages with the generation prompt."""
-    expected = renderer.conversation_ids(segment.messages, segment.tools)
-    ids = list(segment.token_ids)
-    assert expected[: len(ids)] == ids, (renderer.decode(expected), renderer.decode(ids))
-    rest = expected[len(ids):]
-    assert rest == renderer.closing[len(renderer.closing) - len(rest):]
-    prompt = renderer.conversation_ids(segment.messages[:prompt_messages], segment.tools, add_generation_prompt=True)
-    assert segment.prompt_length == len(prompt) and ids[: len(prompt)] == prompt
-    assert set(segment.loss_mask[: len(prompt)]) == {0} and segment.loss_mask[len(prompt)] == 1
-
-
-def generated_ids(segment):
-    """The ids under mask 1, in order."""
-    return [t for t, bit in zip(segment.token_ids, segment.loss_mask) if bit]

@@ -7,7 +7,7 @@ import textwrap
 
 import openai
 import pytest
-from conftest import ADD_TOOL, CALL_TEXT, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT, generated_ids
 
 from rollforge.chat.render import token_fidelity_gap
 from rollforge.envs.factory import FactoryEnvironment

@@ -4,7 +4,7 @@ logprobs, sessions by path and by header, errors in OpenAI's shape; recorded ids
 import httpx
 import openai
 import pytest
-from conftest import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
 
 from rollforge.gateway import Gateway
 from rollforge.gateway.server import SESSION_HEADER

@@ -5,7 +5,7 @@ import asyncio
 
 import openai
 import pytest
-from conftest import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.gateway import Gateway, SessionLimits
@@ -97,7 +97,7 @@ class CountingBackend:
 
 
 async def test_64_concurrent_sessions_are_each_recorded_exactly(tokenizer, renderer, parser):
-    from conftest import reply_for
+    from gateway_helpers import reply_for
 
     backend = CountingBackend(ScriptedBackend(lambda r: reply_for(renderer.decode(r.prompt_ids)), tokenizer, latency=0.02))
     async with Gateway(backend, renderer, parser) as gateway:

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
-from rollforge.envs.base import BaseSession, Reset, Step
+from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
@@ -50,9 +50,7 @@ class Guess(BaseSession):
         return Step(messages=(Message("user", f"No ({self.turn})."),), reward=1.0, terminated=self.turn == 3)
 
 
-class Game:
-    max_sessions = None
-
+class Game(Environment):
     def open(self, sample):
         return Guess()
 

@@ -145,7 +145,7 @@ def sample(renderer: Any, with_tools: bool, show: bool = True) -> int:
     a summary without ``show``); return how many segments it took."""
     from ..backends.scripted import ScriptedBackend
     from ..chat.fidelity import token_fidelity_gap
-    from ..envs.base import BaseSession, Reset, Step
+    from ..envs.base import BaseSession, Environment, Reset, Step
     from ..envs.factory import FactoryEnvironment
     from ..rollout.config import RolloutConfig
     from ..rollout.engine import arollout
@@ -161,9 +161,7 @@ def sample(renderer: Any, with_tools: bool, show: bool = True) -> int:
             self.turn += 1
             return Step(messages=(Message("user", "Higher."),), terminated=self.turn == 2)
 
-    class Game:
-        max_sessions = None
-
+    class Game(Environment):
         def open(self, sample):
             return Guess()
 

@@ -88,7 +88,8 @@ def run(args: Any) -> int:
     )
     from ..chat.toolcalls import get_parser
 
-    get_parser(args.tool_parser)  # an unknown name fails now, not once the episodes run
+    if args.tool_parser is not None:  # an unknown name fails now, not once the episodes run
+        get_parser(args.tool_parser)
     samples, task_to_env = environments_and_prompts(args.envs or ["arithmetic"], args.data, args.episodes, args.seed)
 
     from ..backends.select import open_backend
