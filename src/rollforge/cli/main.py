@@ -7,6 +7,8 @@ import sys
 
 from ..errors import RollforgeError
 from . import bench, env, rollout, train
+from . import sft as sft_command
+from . import view as view_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(commands)
     env.add_parser(commands)
     train.add_parser(commands)
+    sft_command.add_parser(commands)
+    view_command.add_parser(commands)
     return parser
 
 
