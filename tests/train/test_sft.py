@@ -224,3 +224,42 @@ def test_sft_config_errors_name_the_bad_key():
         load_sft_config(overrides=["sources=[{kind: expertt, env: echo}]"])
     with pytest.raises(ConfigError, match=r"did you mean 'sources\[0\].episodes'"):
         load_sft_config(overrides=["sources=[{kind: expert, env: echo, episode: 3}]"])
+
+
+def test_sft_with_lora_saves_an_adapter(tiny_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    config = load_sft_config(overrides=[
+        f"model.name={tiny_model_dir}", f"out={tmp_path / 'lora'}", "sources=[{kind: expert, env: echo, episodes: 4}]",
+        "batch_size=4", "lora.enabled=true", "lora.r=4", "optim.lr=1e-3", "rollout.max_seq_len=1024",
+    ])
+    result = sft(config, console=False)
+    assert result.steps == 1 and result.history[0]["loss_tokens"] > 0
+    model_dir = result.out / "checkpoints" / "step-000001" / "model"
+    assert (model_dir / "adapter_model.safetensors").is_file()
+
+
+def test_sft_command_runs_a_config_file(tiny_model_dir, tmp_path, capsys):
+    from rollforge.cli.main import main
+
+    config = tmp_path / "sft.yaml"
+    config.write_text(
+        f"model: {{name: {tiny_model_dir}}}\nout: {tmp_path / 'cli'}\nbatch_size: 4\n"
+        "sources:\n  - {kind: expert, env: echo, episodes: 4}\n"
+        "from_rollouts: {environments: [{name: guess_number}], prompts: 2, samples_per_prompt: 2, min_reward: 0.0}\n"
+        "rollout: {max_turns: 2, max_new_tokens: 64, max_seq_len: 1024}\n"
+    )
+    assert main(["sft", str(config), "--from-rollouts"]) == 0
+    assert "fine-tuned 2 steps" in capsys.readouterr().out  # 4 demonstrations, then 4 kept rollouts
+    assert main(["sft", "--help-config"]) == 0
+    assert "from_rollouts.min_reward = 1.0" in capsys.readouterr().out
+    assert main(["sft", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_demonstrations_that_miss_the_threshold_are_a_clear_error(tiny_model_dir, tmp_path):
+    config = load_sft_config(overrides=[
+        f"model.name={tiny_model_dir}", f"out={tmp_path / 'x'}", "sources=[{kind: expert, env: guess_number, episodes: 4}]",
+        "rollout.max_turns=1",
+    ])
+    with pytest.raises(ConfigError, match=r"none of the 4 guess_number demonstrations reached min_reward 1.0 .*max_turns"):
+        sft(config, console=False)

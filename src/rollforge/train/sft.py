@@ -204,6 +204,12 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
             result = await expert_demonstrations(source.env, source.episodes, renderer, config.rollout,
                                                  seed=config.seed + n, options=source.options)
             found = [trajectory_example(t) for t in select_trajectories(result.trajectories, source.min_reward)]
+            if not found:
+                best = max(t.total_reward for t in result.trajectories)
+                raise ConfigError(
+                    f"sources[{n}]: none of the {source.episodes} {source.env} demonstrations reached min_reward "
+                    f"{source.min_reward} (best {best}); the expert may need more rollout.max_turns or max_new_tokens"
+                )
         if not found:
             raise ConfigError(f"sources[{n}] ({source.kind}) gave no examples; check its path and min_reward")
         examples += found
