@@ -115,7 +115,8 @@ def sft_update(
 
 def _episode(example: Example) -> Episode:
     mask = torch.tensor(example.mask, dtype=torch.float32)
-    return Episode(torch.tensor(example.ids, dtype=torch.long), mask, torch.zeros_like(mask), example.prompt_length)
+    ids = torch.tensor(example.ids, dtype=torch.long)
+    return Episode(ids=ids, mask=mask, old_logprobs=torch.zeros_like(mask), prompt_length=example.prompt_length)
 
 
 def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int):
@@ -176,8 +177,9 @@ async def asft(
             logbook.save_trajectories(step + 1, result.trajectories, [t.total_reward for t in result.trajectories],
                                       [None] * len(result.trajectories))
             if console:
+                mean = rollout_metrics.get("rollout/mean_total_reward")
                 print(f"sft round {phase}: kept {len(kept)} of {rollout_metrics['rollout/episodes']} episodes "
-                      f"(mean reward {rollout_metrics['rollout/mean_total_reward']:.3f})", file=sys.stderr, flush=True)
+                      f"(mean reward {'n/a' if mean is None else f'{mean:.3f}'})", file=sys.stderr, flush=True)
             if kept:
                 step = trainer.train([trajectory_example(t) for t in kept], phase=phase, step=step, extra=rollout_metrics)
         if step:
