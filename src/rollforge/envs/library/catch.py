@@ -7,15 +7,21 @@ paddle is under the ball then, else 0.0. The row column ``seed`` places ball and
 episode is deterministic given its row; every start can be caught (the paddle is never more than
 4 columns away). Moving into a wall leaves the paddle where it is. Columns are numbered 1-5 in the
 text so that a small model can compare positions without reading the grid.
+
+``expert`` moves the paddle toward the ball's column (the ball falls straight down), which catches
+every ball.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Literal
+import re
+from typing import Literal, Sequence
 
+from ...chat.toolcalls import ToolCallParser
 from ...types import Message, Sample
 from ..base import Environment
+from ..experts import format_tool_call, last_matching
 
 WIDTH = 5
 HEIGHT = 5
@@ -92,6 +98,20 @@ class CatchEnv:
             f"Ball: column {self._ball_col + 1}, row {self._ball_row + 1} of {HEIGHT}. "
             f"Paddle: column {self._paddle_col + 1}. Moves left: {moves_left}."
         )
+
+
+_POSITIONS = re.compile(r"Ball: column (\d+), .*?Paddle: column (\d+)\.")
+
+
+def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
+    """Move toward the ball's column, read from the last status line."""
+    status = last_matching(messages, "Ball: column")
+    found = _POSITIONS.search(status or "")
+    if found is None:
+        return "The game is over."
+    ball, paddle = int(found.group(1)), int(found.group(2))
+    direction = "right" if ball > paddle else "left" if ball < paddle else "stay"
+    return format_tool_call(parser, "move", {"direction": direction})
 
 
 def build() -> Environment:

@@ -4,14 +4,20 @@ An environment class in the ``environment_factory`` style. The row column ``word
 prompt asks for. The episode ends after the first ``echo`` call (one attempt); the reward is 1.0
 when that call's text, stripped and case-folded, equals the word, else 0.0 (also 0.0 when the model
 never calls the tool). It exists to test tool-call plumbing end to end, not to be hard.
+
+``expert`` calls ``echo`` with the word the prompt quotes.
 """
 
 from __future__ import annotations
 
 import random
+import re
+from typing import Sequence
 
+from ...chat.toolcalls import ToolCallParser
 from ...types import Message, Sample
 from ..base import Environment
+from ..experts import format_tool_call, last_matching
 from .words import WORDS
 
 SYSTEM_PROMPT = "You are a helpful assistant. You can call tools to complete the task."
@@ -50,6 +56,18 @@ class EchoEnv:
         return 1.0 if self._echoed.strip().casefold() == self._word.casefold() else 0.0
 
 
+_REQUEST = "Call the echo tool with the text "
+_QUOTED = re.compile(re.escape(_REQUEST) + r'"(.*?)"')
+
+
+def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
+    """Echo the quoted word once; answer without a tool call after the result came back."""
+    if any(m.role == "tool" for m in messages):
+        return "Done."
+    found = _QUOTED.search(last_matching(messages, _REQUEST) or "")
+    return format_tool_call(parser, "echo", {"text": found.group(1) if found else ""})
+
+
 def build() -> Environment:
     from ..factory import FactoryEnvironment
 
@@ -63,7 +81,7 @@ def samples(n: int, seed: int) -> list[Sample]:
         word = rng.choice(WORDS)
         prompt = (
             Message("system", SYSTEM_PROMPT),
-            Message("user", f'Call the echo tool with the text "{word}".'),
+            Message("user", f'{_REQUEST}"{word}".'),
         )
         out.append(Sample(prompt=prompt, task_name="echo", row={"word": word}))
     return out

@@ -8,14 +8,17 @@ binary search may need 5 guesses for 20 numbers, and a flat reward keeps the mea
 the solve rate); after ``max_guesses`` wrong guesses (6 by default) the episode terminates with
 reward 0.0 and the number is revealed. The environment is stateless: the target, range and guess
 count live in each sample's metadata, which each step returns updated.
+
+``expert`` plays binary search on the hints so far: at most 5 guesses for 1-20.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from typing import Any
+from typing import Any, Sequence
 
+from ...chat.toolcalls import ToolCallParser
 from ...types import Message, Sample
 from ..base import Environment
 from ..stepwise import StepwiseEnvironment, StepwiseReturn
@@ -70,6 +73,23 @@ class GuessNumberEnv:
         if guesses >= max_guesses:
             return f"{text} Out of guesses: the number was {target}.", 0.0, True, info
         return text, 0.0, False, info
+
+
+_RANGE = re.compile(r"between (-?\d+) and (-?\d+)")
+
+
+def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
+    """The middle of the range the hints so far leave open (no tool: replies are plain numbers)."""
+    opening = next((m.content for m in messages if m.role == "user"), "")
+    found = _RANGE.search(opening)
+    low, high = (int(found.group(1)), int(found.group(2))) if found else (LOW, HIGH)
+    for reply, hint in zip(messages, messages[1:]):
+        numbers = _INTEGER.findall(reply.content) if reply.role == "assistant" else []
+        if numbers and hint.content.startswith("Too high."):
+            high = min(high, int(numbers[-1]) - 1)
+        elif numbers and hint.content.startswith("Too low."):
+            low = max(low, int(numbers[-1]) + 1)
+    return str((low + high) // 2)
 
 
 def build() -> Environment:

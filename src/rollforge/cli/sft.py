@@ -1,0 +1,37 @@
+"""``rollforge sft CONFIG [--from-rollouts] [--set key=value ...]``: supervised fine-tuning on
+trajectories, conversations or expert demonstrations (``train/sft.py``); ``--from-rollouts`` adds
+rejection-sampling rounds on the current model's own rollouts (``from_rollouts`` section)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(commands: Any) -> None:
+    p = commands.add_parser("sft", help="supervised fine-tuning on trajectories, conversations or expert demonstrations")
+    p.add_argument("config", nargs="?", type=Path, help="YAML config (omit with --help-config)")
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set batch_size=4 (repeatable)")
+    p.add_argument("--from-rollouts", action="store_true",
+                   help="after the sources, roll out the model and train on episodes with reward >= from_rollouts.min_reward")
+    p.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
+    p.set_defaults(run=_run)
+
+
+def _run(args: Any) -> int:
+    from ..errors import ConfigError
+    from ..train.config import describe_config
+    from ..train.sft import sft
+    from ..train.sft_config import SFTConfig, load_sft_config
+
+    if args.help_config:
+        print(describe_config(SFTConfig))
+        return 0
+    if args.config is None:
+        raise ConfigError("rollforge sft needs a config file (see examples/sft_expert.yaml), or --help-config")
+    extra = ["from_rollouts.enabled=true"] if args.from_rollouts else []
+    config = load_sft_config(args.config, [*args.overrides, *extra])
+    result = sft(config)
+    print(f"fine-tuned {result.steps} steps -> {result.out}")
+    return 0

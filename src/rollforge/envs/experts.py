@@ -1,0 +1,42 @@
+"""Expert policies: scripted players of the bundled environments, for demonstrations.
+
+An expert is a plain function ``expert(messages, parser) -> reply``: it reads the conversation so
+far (the same ``Message`` tuple the environment sees) and writes the assistant's next reply as
+text. A reply that calls a tool is written in the tool-call format of ``parser`` (a parser from
+``rollforge.chat.toolcalls.get_parser``), so demonstrations teach the format of the model family
+being trained. Experts know nothing of tokens: the demonstrations are rolled out through the normal
+engine with a scripted backend (``rollforge.train.sft_data.expert_demonstrations``), which makes
+their token ids and loss masks exactly those of a policy rollout.
+
+``format_tool_call`` writes one call in a parser's format; it round-trips through ``parser.parse``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+from ..chat.toolcalls import HermesParser, Llama3JsonParser, ToolCallParser
+from ..errors import ConfigError
+from ..types import Message
+
+#: ``expert(messages, parser) -> reply text``.
+Expert = Callable[[Sequence[Message], ToolCallParser], str]
+
+
+def format_tool_call(parser: ToolCallParser, name: str, arguments: Mapping[str, Any]) -> str:
+    """One tool call as a model of ``parser``'s family writes it."""
+    body = {"name": name, "arguments": dict(arguments)}
+    if isinstance(parser, HermesParser):
+        return f"{parser.OPEN}\n{json.dumps(body, ensure_ascii=False)}\n{parser.CLOSE}"
+    if isinstance(parser, Llama3JsonParser):
+        return json.dumps({"name": name, "parameters": dict(arguments)}, ensure_ascii=False)
+    raise ConfigError(
+        f"experts cannot write tool calls for parser {type(parser).__name__}; "
+        "expected a parser from rollforge.chat.toolcalls.get_parser"
+    )
+
+
+def last_matching(messages: Sequence[Message], needle: str) -> str | None:
+    """The content of the last message containing ``needle`` (None when there is none)."""
+    return next((m.content for m in reversed(messages) if needle in m.content), None)

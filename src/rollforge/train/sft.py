@@ -1,0 +1,287 @@
+"""Supervised fine-tuning on trajectories, top to bottom.
+
+The loss is the mean negative log-likelihood of the tokens whose loss mask is 1 -- exactly the
+tokens the RL trainer trains on (the policy's own: assistant content and its end-of-turn token;
+never prompt, template, tool or environment tokens)::
+
+    loss = -(1 / N) * sum over mask-1 tokens t of log p(ids[t] | ids[:t])     N = mask-1 tokens in the batch
+
+It shares the GRPO trainer's parts: model loading, precision and LoRA (``policy``), token-budget
+micro-batches and the masked logprob pass (``update``: the vocabulary projection runs only where
+a mask-1 token is predicted), gradient accumulation with weights computed for the whole batch
+(so packing does not change the gradient), clipping, AdamW and its schedule, checkpoints
+(``checkpoint``) and ``metrics.jsonl`` (``logbook``).
+
+Phases: the configured ``sources`` first (trajectory files filtered by ``min_reward``,
+conversations, expert demonstrations), then, with ``from_rollouts.enabled``, ``rounds`` of
+rejection sampling: roll out the current model ``samples_per_prompt`` times per prompt, keep the
+episodes with reward >= ``min_reward``, train on them (expert iteration when rounds > 1). Each
+phase is ``epochs`` passes over its examples in a seeded order, ``batch_size`` examples per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+import yaml
+
+from ..chat.render import ChatRenderer
+from ..chat.toolcalls import get_parser
+from ..errors import ConfigError
+from ..rollout.engine import arollout
+from ..types import Trajectory
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .data import generated_samples
+from .environments import build_environments
+from .logbook import Logbook, read_metrics
+from .policy import load_policy, make_optimizer
+from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
+from .sft_data import (
+    Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
+    select_trajectories, trajectory_example,
+)
+from .update import Episode, plan_micro_batches, sequence_logprobs
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    out: Path
+    steps: int
+    history: list[dict[str, Any]]
+
+
+class MaskedNLLLoss:
+    """``-sum(w * logprobs)`` with per-token weights ``w`` that are 1/N on the N mask-1 tokens of
+    the whole batch and 0 elsewhere: the batch's mean token NLL, accumulable over micro-batches."""
+
+    @staticmethod
+    def weights(masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        total = sum(float(m.sum()) for m in masks)
+        if not total:
+            raise ConfigError("the batch has no tokens with loss mask 1: nothing to train on")
+        return [m / total for m in masks]
+
+    def __call__(self, logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:  # (B, T), (B, T)
+        return -(weights * logprobs).sum()
+
+
+@dataclass(frozen=True)
+class SFTStats:
+    loss: float  # mean NLL over the batch's mask-1 tokens
+    grad_norm: float
+    tokens: int  # tokens forwarded
+    loss_tokens: int  # mask-1 tokens
+    micro_batches: int
+
+
+def sft_update(
+    model: Any, optimizer: torch.optim.Optimizer, examples: Sequence[Example], *, micro_batch_tokens: int,
+    pad_id: int, max_grad_norm: float | None = None,
+) -> SFTStats:
+    """One optimizer step on ``examples``: micro-batches, accumulated NLL, clip, step."""
+    loss_fn = MaskedNLLLoss()
+    episodes = [_episode(e) for e in examples]
+    weights = loss_fn.weights([e.mask for e in episodes])
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total, tokens = 0.0, 0
+    batches = plan_micro_batches(episodes, 1, micro_batch_tokens)
+    for batch in batches:
+        ids, attention, w = _collate([episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id)
+        logprobs = sequence_logprobs(model, ids, attention, w != 0)  # (B, T)
+        loss = loss_fn(logprobs, w)
+        loss.backward()
+        total += float(loss.detach())
+        tokens += int(attention.sum())
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_grad_norm is not None:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    else:
+        grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return SFTStats(total, grad_norm, tokens, int(sum(float(e.mask.sum()) for e in episodes)), len(batches))
+
+
+def _episode(example: Example) -> Episode:
+    mask = torch.tensor(example.mask, dtype=torch.float32)
+    ids = torch.tensor(example.ids, dtype=torch.long)
+    return Episode(ids=ids, mask=mask, old_logprobs=torch.zeros_like(mask), prompt_length=example.prompt_length)
+
+
+def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int):
+    length = max(e.ids.numel() for e in episodes)
+    ids = torch.full((len(episodes), length), pad_id, dtype=torch.long)  # (B, T)
+    attention = torch.zeros((len(episodes), length), dtype=torch.long)  # (B, T)
+    w = torch.zeros((len(episodes), length))  # (B, T)
+    for row, (e, wt) in enumerate(zip(episodes, weights)):
+        n = e.ids.numel()
+        ids[row, :n], attention[row, :n], w[row, :n] = e.ids, 1, wt
+    return ids, attention, w
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def sft(config: SFTConfig, **kwargs: Any) -> SFTResult:
+    """Synchronous façade over ``asft``."""
+    return asyncio.run(asft(config, **kwargs))
+
+
+async def asft(
+    config: SFTConfig,
+    *,
+    dataset: Sequence[Mapping[str, Any]] | None = None,
+    trajectories: Sequence[Trajectory] | None = None,
+    console: bool = True,
+) -> SFTResult:
+    """Fine-tune per ``config``. ``dataset``: in-memory conversation rows (a ``messages`` column),
+    ``trajectories``: in-memory episodes (kept as they are); both join the configured sources."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    shared = TrainConfig(model=config.model, lora=config.lora, optim=config.optim, seed=config.seed)
+    model, tokenizer = load_policy(shared)
+    renderer = ChatRenderer(tokenizer)
+    examples = await _source_examples(config, renderer, dataset, trajectories)
+    rounds = config.from_rollouts.rounds if config.from_rollouts.enabled else 0
+    if not examples and not rounds:
+        raise ConfigError("nothing to train on: give sources (trajectories, messages, expert) or enable from_rollouts")
+    planned = _steps(len(examples), config) + rounds * _steps(
+        config.from_rollouts.prompts * config.from_rollouts.samples_per_prompt, config
+    )
+    total = min(planned, config.max_steps or planned)
+    optimizer, scheduler = make_optimizer(model, shared.model_copy(update={"steps": max(total, 1)}))
+    logbook = Logbook(out, total, 0, console=False)
+    step = 0
+    try:
+        trainer = _Trainer(config, model, tokenizer, optimizer, scheduler, logbook, total, console)
+        if examples:
+            step = trainer.train(examples, phase=0, step=step)
+        for phase in range(1, rounds + 1):
+            if step >= total:
+                break
+            result, kept, rollout_metrics = await rejection_sample(config, model, tokenizer, renderer, phase)
+            logbook.save_trajectories(step + 1, result.trajectories, [t.total_reward for t in result.trajectories],
+                                      [None] * len(result.trajectories))
+            if console:
+                mean = rollout_metrics.get("rollout/mean_total_reward")
+                print(f"sft round {phase}: kept {len(kept)} of {rollout_metrics['rollout/episodes']} episodes "
+                      f"(mean reward {'n/a' if mean is None else f'{mean:.3f}'})", file=sys.stderr, flush=True)
+            if kept:
+                step = trainer.train([trajectory_example(t) for t in kept], phase=phase, step=step, extra=rollout_metrics)
+        if step:
+            ckpt.save_checkpoint(out / "checkpoints", step, model, tokenizer, optimizer, scheduler,
+                                 {"step": step}, config.keep_checkpoints)
+    finally:
+        logbook.close()
+    return SFTResult(out, step, read_metrics(out / "metrics.jsonl"))
+
+
+def _steps(n_examples: int, config: SFTConfig) -> int:
+    return math.ceil(n_examples / config.batch_size) * config.epochs
+
+
+async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, trajectories) -> list[Example]:
+    parser = get_parser(config.rollout.tool_parser)
+    examples: list[Example] = []
+    for n, source in enumerate(config.sources):
+        if isinstance(source, TrajectoriesSource):
+            found = record_examples(read_records(source.path), source.min_reward)
+        elif isinstance(source, MessagesSource):
+            found = row_examples(renderer, message_rows(source.path), source.column, parser)
+        else:  # ExpertSource
+            result = await expert_demonstrations(source.env, source.episodes, renderer, config.rollout,
+                                                 seed=config.seed + n, options=source.options)
+            found = [trajectory_example(t) for t in select_trajectories(result.trajectories, source.min_reward)]
+            if not found:
+                best = max(t.total_reward for t in result.trajectories)
+                raise ConfigError(
+                    f"sources[{n}]: none of the {source.episodes} {source.env} demonstrations reached min_reward "
+                    f"{source.min_reward} (best {best}); the expert may need more rollout.max_turns or max_new_tokens"
+                )
+        if not found:
+            raise ConfigError(f"sources[{n}] ({source.kind}) gave no examples; check its path and min_reward")
+        examples += found
+    if dataset is not None:
+        examples += row_examples(renderer, dataset, parser=parser)
+    if trajectories is not None:
+        examples += [trajectory_example(t) for t in trajectories]
+    return examples
+
+
+async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, renderer: ChatRenderer, phase: int):
+    """Roll out the current model ``samples_per_prompt`` times per prompt: the rollout, the episodes
+    whose total reward is >= ``min_reward`` (and that did not fail), and the round's metrics."""
+    from ..backends.select import open_backend
+
+    rollouts = config.from_rollouts
+    task_to_env = build_environments(rollouts.environments)
+    prompts = generated_samples(rollouts.environments, rollouts.prompts, config.seed + 7919 * phase)
+    samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
+    backend = open_backend(config.model.backend, config.model.name, tokenizer, base_url=config.model.base_url,
+                           hf_model=model, concurrency=config.rollout.concurrency, seed=config.seed)
+    try:
+        if config.model.backend != "hf":
+            await backend.update_weights(model)
+        rollout_config = config.rollout.model_copy(update={"seed": config.seed * 1_000_003 + phase})
+        result = await arollout(samples, task_to_env, backend, renderer, rollout_config)
+    finally:
+        await backend.close()
+    kept = select_trajectories(result.trajectories, rollouts.min_reward)
+    metrics = {f"rollout/{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float)) or v is None}
+    metrics.update({"rollout/episodes": len(samples), "rollout/kept": len(kept)})
+    return result, kept, metrics
+
+
+class _Trainer:
+    """Epochs of seeded batches over one phase's examples; logs and checkpoints each step."""
+
+    def __init__(self, config: SFTConfig, model, tokenizer, optimizer, scheduler, logbook: Logbook, total: int, console: bool):
+        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.optimizer, self.scheduler, self.logbook = optimizer, scheduler, logbook
+        self.total, self.console = total, console
+
+    def train(self, examples: Sequence[Example], *, phase: int, step: int, extra: Mapping[str, Any] = {}) -> int:
+        """Train on ``examples``; ``extra`` metrics (a round's rollout) join the first step's line."""
+        config = self.config
+        for epoch in range(config.epochs):
+            order = list(range(len(examples)))
+            random.Random(f"{config.seed}:{phase}:{epoch}").shuffle(order)
+            for start in range(0, len(order), config.batch_size):
+                if step >= self.total:
+                    return step
+                began = time.perf_counter()
+                batch = [examples[i] for i in order[start : start + config.batch_size]]
+                stats = sft_update(self.model, self.optimizer, batch, micro_batch_tokens=config.optim.micro_batch_tokens,
+                                   pad_id=self.tokenizer.pad_token_id, max_grad_norm=config.optim.max_grad_norm)
+                self.scheduler.step()
+                step += 1
+                metrics = {
+                    "step": step, "phase": phase, "epoch": epoch, "loss": stats.loss, "grad_norm": stats.grad_norm,
+                    "lr": self.scheduler.get_last_lr()[0], "examples": len(batch), "tokens": stats.tokens,
+                    "loss_tokens": stats.loss_tokens, "micro_batches": stats.micro_batches,
+                    "time/step": time.perf_counter() - began, **extra,
+                }
+                extra = {}
+                self.logbook.log(metrics)
+                if self.console:
+                    print(f"sft step {step:>4}/{self.total}  phase {phase}  loss {stats.loss:.4f}  "
+                          f"gnorm {stats.grad_norm:.3f}  tokens {stats.loss_tokens}/{stats.tokens}  "
+                          f"{metrics['time/step']:.2f}s", file=sys.stderr, flush=True)
+                if config.checkpoint_every and step % config.checkpoint_every == 0 and step < self.total:
+                    ckpt.save_checkpoint(Path(config.out) / "checkpoints", step, self.model, self.tokenizer,
+                                         self.optimizer, self.scheduler, {"step": step}, config.keep_checkpoints)
+        return step

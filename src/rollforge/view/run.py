@@ -1,0 +1,173 @@
+"""Reading a run directory into the viewer's payload.
+
+A run is either a rollout (``trajectories.jsonl`` + ``metrics.json``, written by ``rollforge
+rollout``/``eval``) or a training run (``metrics.jsonl`` + ``trajectories/step-*.jsonl``, written
+by ``rollforge train``/``sft``). The payload has two parts:
+
+- ``summary``: what the page needs at load -- run kind, metrics or the per-step curve, and one
+  short row per episode (index, step, task, reward, advantage, turns, ending, error and failure
+  kinds, token counts) for the list, the filters and the per-step table;
+- ``chunks``: the heavy part -- messages, token ids, loss-mask runs, logprobs, per-turn rewards --
+  as gzip-compressed JSON blobs of ``CHUNK`` episodes each, decompressed by the page only when an
+  episode of that chunk is opened. A 10,000-episode run loads without parsing 10,000 token lists.
+
+Token text: with a tokenizer (``model``; a training run's ``config.yaml`` names one) every distinct
+id is decoded on its own into ``vocab``; without one the page shows ids.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ..errors import ConfigError
+
+#: Episodes per compressed detail blob.
+CHUNK = 100
+_STEP = re.compile(r"step-(\d+)\.jsonl$")
+
+
+@dataclass(frozen=True)
+class Payload:
+    summary: dict[str, Any]
+    chunks: list[str]  # base64 of gzip of a JSON list of episode details
+    vocab: str | None  # base64 of gzip of a JSON {id: text}
+
+
+def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ConfigError(f"run directory {str(run)!r} does not exist")
+    if (run / "trajectories.jsonl").is_file():
+        kind, records = "rollout", _read(run / "trajectories.jsonl", None)
+        metrics = _json(run / "metrics.json")
+        curve: list[dict[str, Any]] = []
+    elif (run / "metrics.jsonl").is_file():
+        files = sorted((run / "trajectories").glob("step-*.jsonl"))
+        kind = "training"
+        records = (r for f in files for r in _read(f, int(_STEP.search(f.name).group(1))))
+        metrics = _json(run / "eval.json")
+        curve = [_numbers(m) for m in _jsonl(run / "metrics.jsonl")]
+    else:
+        raise ConfigError(
+            f"{str(run)!r} is not a run directory: expected trajectories.jsonl (a rollout) or metrics.jsonl (a training run)"
+        )
+    rows, details, ids = [], [], set()
+    for record, step in records:
+        rows.append(_row(len(rows), record, step))
+        details.append(_detail(record))
+        ids.update(record["token_ids"])
+    summary = {
+        "kind": kind, "title": run.resolve().name, "metrics": metrics, "curve": curve, "chunk": CHUNK,
+        "columns": list(_COLUMNS), "rows": rows, "tokenizer": getattr(tokenizer, "name_or_path", None),
+    }
+    chunks = [_pack(details[i : i + CHUNK]) for i in range(0, len(details), CHUNK)]
+    vocab = _pack(_vocab(tokenizer, ids)) if tokenizer is not None else None
+    return Payload(summary, chunks, vocab)
+
+
+def tokenizer_for(run_dir: str | Path, model: str | None) -> Any:
+    """The tokenizer of ``model``, else of the model named in the run's ``config.yaml``; None when
+    neither is given (the page shows ids)."""
+    if model is None:
+        config = Path(run_dir) / "config.yaml"
+        if not config.is_file():
+            return None
+        import yaml
+
+        model = ((yaml.safe_load(config.read_text()) or {}).get("model") or {}).get("name")
+        if not model:
+            return None
+    from ..models import load_tokenizer
+
+    return load_tokenizer(model)
+
+
+_COLUMNS = ("i", "step", "task", "reward", "adv", "turns", "end", "error", "failures", "tokens", "policy")
+
+
+def _row(i: int, r: Mapping[str, Any], step: int | None) -> list[Any]:
+    error = r.get("error")
+    end = "error" if error else next(
+        (k for k in ("terminated", "truncated", "max_turns_reached") if r.get(k)), "running"
+    )
+    reward = r.get("reward", r.get("total_reward"))
+    return [
+        i, step, r.get("task_name", "default"), _round(reward), _round(r.get("advantage")), r.get("turns", 0), end,
+        error["kind"] if error else None, sorted({f["kind"] for f in r.get("failures", [])}),
+        len(r["token_ids"]), sum(r["loss_mask"]),
+    ]
+
+
+def _detail(r: Mapping[str, Any]) -> dict[str, Any]:
+    mask = r["loss_mask"]
+    runs, current, length = [], 0, 0  # alternating run lengths, starting with mask 0
+    for bit in mask:
+        if bit != current:
+            runs.append(length)
+            current, length = bit, 0
+        length += 1
+    runs.append(length)
+    return {
+        "index": r.get("index"),
+        "messages": [
+            {"role": m["role"], "content": m["content"], "name": m.get("name"),
+             "calls": [{"name": c.get("name"), "arguments": c.get("arguments"), "error": c.get("error")} for c in m.get("tool_calls", [])],
+             "images": len(m.get("images", []))}
+            for m in r.get("messages", [])
+        ],
+        "ids": r["token_ids"],
+        "runs": runs,
+        "logprobs": [_round(lp, 4) for lp, bit in zip(r["logprobs"], mask) if bit],
+        "prompt_length": r.get("prompt_length", 0),
+        "rewards": r.get("rewards", []),
+        "error": r.get("error"),
+        "failures": r.get("failures", []),
+        "metadata": r.get("metadata"),
+    }
+
+
+def _vocab(tokenizer: Any, ids: set[int]) -> dict[str, str]:
+    fast = getattr(tokenizer, "backend_tokenizer", None)
+    if fast is not None:
+        return {str(i): fast.decode([i], skip_special_tokens=False) for i in sorted(ids)}
+    return {str(i): tokenizer.decode([i], skip_special_tokens=False) for i in sorted(ids)}
+
+
+def _pack(value: Any) -> str:
+    raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
+
+
+def _round(value: Any, digits: int = 4) -> Any:
+    return round(float(value), digits) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _numbers(m: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _read(path: Path, step: int | None) -> Iterator[tuple[dict[str, Any], int | None]]:
+    for record in _jsonl(path):
+        if "token_ids" in record and "loss_mask" in record:
+            yield record, step
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open() as f:
+        for line in f:
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line of a killed run
+                continue
+            if isinstance(value, dict):
+                yield value
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
