@@ -11,6 +11,7 @@ def test_all_names_resolve_and_nothing_public_is_missing():
     for name in rollforge.__all__:
         assert getattr(rollforge, name) is not None, name
     assert len(set(rollforge.__all__)) == len(rollforge.__all__)
+    assert rollforge.__all__ == sorted(rollforge.__all__)
     public = {
         name for name, value in vars(rollforge).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType) and name not in ("annotations", "Any")

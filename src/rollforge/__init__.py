@@ -15,13 +15,14 @@ from .chat.families import Family, detect_family, get_family
 from .chat.fidelity import token_fidelity_gap
 from .chat.render import ChatRenderer, TemplateReport
 from .chat.toolcalls import ToolCallParser, get_parser
-from .envs.base import BaseSession, Environment, EnvSession, Reset, Step
-from .envs.check import acheck_env, check_env
+from .envs.base import BaseSession, Environment, EnvSession, GeneratingEnvironment, Reset, Step
+from .envs.check import CheckReport, acheck_env, check_env
 from .envs.factory import FactoryEnvironment
 from .envs.library import ENV_NAMES, EnvSpec, get_env_spec
 from .envs.stepwise import StepwiseEnvironment, StepwiseReturn
 from .errors import (
     BackendError,
+    CheckpointError,
     ConfigError,
     EnvironmentError_,
     InvariantError,
@@ -36,6 +37,7 @@ from .rollout.metrics import rollout_metrics
 from .types import Completion, Failure, Message, Sample, Segment, ToolCall, Trajectory
 
 _LAZY = {
+    "AgentEnvironment": ("rollforge.gateway", "AgentEnvironment"),
     "HFBackend": ("rollforge.backends.hf", "HFBackend"),
     "load_model": ("rollforge.models", "load_model"),
     "load_tokenizer": ("rollforge.models", "load_tokenizer"),
@@ -46,15 +48,16 @@ _LAZY = {
 }
 
 __all__ = [
-    "Backend", "BackendError", "BaseSession", "ChatRenderer", "Completion", "ConfigError", "ENV_NAMES",
-    "EnvSession", "EnvSpec", "Environment", "EnvironmentError_", "Failure", "FactoryEnvironment", "Family",
-    "HFBackend", "InvariantError", "Message", "MissingDependency", "ModelError", "OpenEnvEnvironment", "Reset",
-    "RollforgeError",
-    "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "ScriptedBackend", "Segment", "Step",
-    "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "TemplateReport", "ToolCall", "ToolCallParser", "Trajectory",
-    "acheck_env", "arollout", "check_env", "detect_family", "get_env_spec", "get_family", "get_parser", "load_model", "load_tokenizer",
-    "rollout", "rollout_metrics", "token_fidelity_gap",
-    "OpenAICompatBackend", "VLLMBackend", "WeightSync", "open_backend",
+    "AgentEnvironment", "Backend", "BackendError", "BaseSession", "ChatRenderer", "CheckReport",
+    "CheckpointError", "Completion", "ConfigError", "ENV_NAMES", "EnvSession", "EnvSpec",
+    "Environment", "EnvironmentError_", "FactoryEnvironment", "Failure", "Family",
+    "GeneratingEnvironment", "HFBackend", "InvariantError", "Message", "MissingDependency",
+    "ModelError", "OpenAICompatBackend", "OpenEnvEnvironment", "Reset", "RollforgeError",
+    "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "ScriptedBackend", "Segment",
+    "Step", "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "TemplateReport", "ToolCall",
+    "ToolCallParser", "Trajectory", "VLLMBackend", "WeightSync", "acheck_env", "arollout",
+    "check_env", "detect_family", "get_env_spec", "get_family", "get_parser", "load_model",
+    "load_tokenizer", "open_backend", "rollout", "rollout_metrics", "token_fidelity_gap",
 ]
 
 
