@@ -155,6 +155,9 @@ ENVIRONMENT_WORKERS = Workers("rollforge-env")
 #: The policy update (forward, backward, optimizer step): never shares a thread with user code.
 UPDATE_WORKERS = Workers("rollforge-update", idle_seconds=300.0)
 
+#: rollforge's own CPU work moved off the event loop (tokenizing long observations); never user code.
+RENDER_WORKERS = Workers("rollforge-render", idle_seconds=60.0)
+
 
 async def run_blocking(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run blocking environment or reward code on ``ENVIRONMENT_WORKERS``."""

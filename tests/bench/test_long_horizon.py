@@ -18,6 +18,7 @@ def test_long_episodes_reach_every_turn_and_render_incrementally(tiny_model_dir)
     assert result["turns_completed"] == 96 and result["every_episode_reached_max_turns"]
     assert result["errors"] == {} and result["tool_failures"] == {}
     assert result["full_rerender_matches"]  # the incremental ids are the template's, token for token
+    assert result["render_seconds_off_loop"] > 0  # long tool results were tokenized on the render thread
     assert 0 < result["render_seconds"] < result["wall_seconds"]
     assert result["render_fraction"] == pytest.approx(result["render_seconds"] / result["wall_seconds"], rel=0.02)
     assert result["render_ms_per_turn_turns_1_3"] > 0 and result["render_ms_per_turn_turns_22_24"] > 0

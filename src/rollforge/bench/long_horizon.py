@@ -13,12 +13,13 @@ What is measured: every ``ChatRenderer`` method the engine and the episode loop 
 ``closing_ids``, ``delta_ids``) is timed with ``perf_counter`` by a subclass defined here (outermost
 calls only, so nested calls are not counted twice); a call is attributed to its episode's current
 turn through the asyncio task it runs in (``content_ids`` comes first after each generation).
-``render_fraction`` = those seconds / rollout wall (target <= 0.02). Rendering incrementally, a turn
-renders only its new messages, so ``render_ms_per_turn`` of the first and the last 16 turns should
-match however long the conversation is; nearly all of it is the tokenizer encoding the new tool
-result (~0.8 us per token), which any token-exact pipeline pays once. The fraction is therefore
-about episodes x render_ms_per_turn / seconds per turn: with a much faster backend
-(``--latency 0.02 --per-token-latency 0``) the rollout is CPU-bound and it approaches the share of
+``render_fraction`` = the seconds those calls hold the event loop / rollout wall (target <= 0.015):
+rendering on the loop delays every other episode, while the tokenizing of long observations, which
+the episode hands to the render thread (the Rust tokenizer releases the GIL), runs beside it and is
+reported as ``render_seconds_off_loop``. Rendering incrementally, a turn renders only its new
+messages, so ``render_ms_per_turn`` (on the loop) of the first and the last 16 turns should match
+however long the conversation is. With a much faster backend (``--latency 0.02
+--per-token-latency 0``) the rollout is CPU-bound and the fraction approaches the share of
 rendering in the engine's own CPU time per turn. For comparison, ``full_rerender_seconds_per_episode``
 is what re-rendering the whole conversation with ``apply_chat_template`` and tokenizing it after every
 turn costs, measured on one finished episode (quadratic in its length); ``full_rerender_matches``
@@ -28,6 +29,7 @@ checks that its final ids equal the trajectory's.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -46,33 +48,40 @@ TIMED = ("check_template", "with_tool_prompt", "prompt_ids", "content_ids", "dec
 
 
 class TimedRenderer(ChatRenderer):
-    """A ``ChatRenderer`` that adds the time of each outermost call to ``per_turn[turn]`` (turn 0:
-    the prompt and the start-up check)."""
+    """A ``ChatRenderer`` that adds the time of each outermost call on the event loop to
+    ``per_turn[turn]`` (turn 0: the prompt and the start-up check), and of each call on another
+    thread (long observations are tokenized on the render thread) to ``off_loop``."""
 
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
         self.per_turn: defaultdict[int, float] = defaultdict(float)
+        self.off_loop = 0.0
         self._turn: dict[Any, int] = {}  # asyncio task (one per episode) -> its turn
-        self._depth = 0
+        self._local = threading.local()  # nesting depth, per thread
+        self._loop_thread = threading.get_ident()
 
 
 def _timed(name: str):
     method = getattr(ChatRenderer, name)
 
     def timed(self: TimedRenderer, *args: Any, **kwargs: Any) -> Any:
-        if self._depth:
+        depth = getattr(self._local, "depth", 0)
+        if depth:
             return method(self, *args, **kwargs)
-        self._depth += 1
+        self._local.depth = 1
         started = time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         finally:
             elapsed = time.perf_counter() - started
-            self._depth -= 1
-            task = asyncio.current_task()
-            if name == "content_ids":
-                self._turn[task] = self._turn.get(task, 0) + 1
-            self.per_turn[self._turn.get(task, 0)] += elapsed
+            self._local.depth = 0
+            if threading.get_ident() != self._loop_thread:
+                self.off_loop += elapsed
+            else:
+                task = asyncio.current_task()
+                if name == "content_ids":
+                    self._turn[task] = self._turn.get(task, 0) + 1
+                self.per_turn[self._turn.get(task, 0)] += elapsed
 
     timed.__name__ = name
     return timed
@@ -142,6 +151,7 @@ def run(episodes: int = 32, turns: int = 128, latency: float = 0.05, per_token_l
         "lower_bound_seconds": round(bounds(trajectories, latency, per_token_latency)[0], 3),
         "render_seconds": round(render, 4),
         "render_fraction": round(render / wall, 5),
+        "render_seconds_off_loop": round(renderer.off_loop, 4),
         f"render_ms_per_turn_turns_1_{window}": ms_per_turn(1, window),
         f"render_ms_per_turn_turns_{turns - window + 1}_{turns}": ms_per_turn(turns - window + 1, turns),
         "render_seconds_per_episode": round(render / episodes, 4),

@@ -24,7 +24,8 @@ as ``env_timeout``, the whole episode past ``episode_timeout`` as ``episode_time
 conversation the chat template cannot render as ``template_error``). rollforge's own bugs are not
 failures of the episode: they propagate and stop the rollout. A generation call is bounded by
 ``request_timeout``; a completion with a token id outside the tokenizer's vocabulary is a
-``backend_error``. Tool-call parsing of long replies runs on a worker thread, off the event loop.
+``backend_error``. Tool-call parsing of long replies, and tokenizing long observations, run on
+worker threads, off the event loop (same results).
 Images in messages go to backends that declare ``accepts_images`` (``generate(..., images=...)``,
 all images so far in order); with a text-only backend they fail the episode with that reason.
 """
@@ -43,7 +44,7 @@ from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
 from ..errors import EpisodeFailed, TemplateError, boundary
 from ..types import Failure, Message, Sample, Segment, ToolCall, Trajectory
-from ..workers import run_blocking
+from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
 
 T = TypeVar("T")
@@ -70,6 +71,9 @@ class OpenGate:
 
 #: Replies longer than this (characters) are parsed for tool calls on a worker thread.
 PARSE_INLINE_CHARS = 4096
+#: Observations longer than this (characters) are tokenized on the render thread: the Rust
+#: tokenizer releases the GIL, so the encode runs beside the event loop instead of on it.
+RENDER_INLINE_CHARS = 256
 
 
 @dataclass
@@ -82,10 +86,21 @@ class EpisodeContext:
     accepts_images: bool = field(init=False)
     #: Token ids at or above this are outside the tokenizer's vocabulary.
     vocab_size: int = field(init=False)
+    _render_slot: asyncio.Semaphore | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.accepts_images = self.backend.accepts_images
         self.vocab_size = len(self.renderer.tokenizer)
+
+    async def delta_ids(self, messages: Sequence[Message], tools: Sequence[Any]) -> list[int]:
+        """``renderer.delta_ids``: short observations inline, longer ones on the render thread
+        (one at a time: the other core stays with the event loop). Same ids either way."""
+        if sum(len(m.content) for m in messages) <= RENDER_INLINE_CHARS:
+            return self.renderer.delta_ids(messages, tools)
+        if self._render_slot is None:
+            self._render_slot = asyncio.Semaphore(1)
+        async with self._render_slot:
+            return await RENDER_WORKERS.run(self.renderer.delta_ids, messages, tools)
 
     async def parse(self, text: str) -> tuple[ToolCall, ...]:
         """The tool calls of a reply; long replies are parsed on a worker thread so that no
@@ -252,7 +267,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         if step.terminated and not step.messages:
             observation = []  # the episode ends on the policy's own tokens
         elif incremental:
-            observation = renderer.closing_ids(generated) + renderer.delta_ids(step.messages, template_tools)
+            observation = renderer.closing_ids(generated) + await ctx.delta_ids(step.messages, template_tools)
             pending = renderer.generation_prompt
         else:  # the whole conversation, rendered as the template does: appended, or a new segment
             whole = renderer.conversation_ids(state.messages, template_tools, add_generation_prompt=not step.terminated)
