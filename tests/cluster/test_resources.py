@@ -58,3 +58,15 @@ def test_laptop_command_succeeds_with_defaults(ray_session, smollm2_dir, tmp_pat
     for record in records:
         assert token_fidelity_gap(from_record(record), renderer) is None
     assert ray_session.available_resources().get("CPU") == 2  # every actor stopped and released its share
+
+
+def test_agent_programs_stay_on_the_driver_beside_pooled_environments(ray_session):
+    """``executor: ray`` with an agent program: the agent environment is not shipped to actors (it
+    generates through the driver's backend); the others are pooled."""
+    from rollforge.cluster.env_pool import RayEnvironmentPool
+    from rollforge.gateway import AgentEnvironment
+
+    agent, echo = AgentEnvironment(lambda base_url, row: 1.0), get_env_spec("echo").build()
+    with environments_on_ray({"agent": agent, "echo": echo}, RayConfig(env_actors=2)) as placed:
+        assert placed["agent"] is agent
+        assert isinstance(placed["echo"], RayEnvironmentPool)

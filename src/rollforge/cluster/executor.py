@@ -4,6 +4,8 @@
 ``task_to_env`` of the same shape whose environments are ``RayEnvironmentPool``s; tasks that share
 one environment object share one pool. The pools stop when the ``with`` block ends. The engine,
 the trainer and the trajectories are unchanged: only where environment code runs differs.
+Environments that run their own episodes (``GeneratingEnvironment``: agent programs behind the
+gateway, which generates through the driver's backend) stay on the driver.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Mapping
 
-from ..envs.base import Environment
+from ..envs.base import Environment, GeneratingEnvironment
 from .config import RayConfig
 from .connect import ensure_ray
 from .env_pool import RayEnvironmentPool
@@ -21,7 +23,7 @@ from .resources import Demand, check_fits, share_cpus
 @contextlib.contextmanager
 def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfig) -> Iterator[dict[str, Environment]]:
     connect(config)
-    distinct = {id(env): task for task, env in task_to_env.items()}
+    distinct = {id(env): task for task, env in task_to_env.items() if not isinstance(env, GeneratingEnvironment)}
     actors = config.env_actors * len(distinct)
     cpus = share_cpus(config.env_actor_cpus, actors)
     check_fits(Demand(
@@ -32,12 +34,12 @@ def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfi
     pools: dict[int, RayEnvironmentPool] = {}
     try:
         for task, env in task_to_env.items():
-            if id(env) not in pools:
+            if id(env) in distinct and id(env) not in pools:
                 pools[id(env)] = RayEnvironmentPool(
                     env, actors=config.env_actors, num_cpus=cpus,
                     memory_mb=config.env_actor_memory_mb, name=task,
                 )
-        yield {task: pools[id(env)] for task, env in task_to_env.items()}
+        yield {task: pools.get(id(env), env) for task, env in task_to_env.items()}
     finally:
         for pool in pools.values():
             pool.shutdown()
