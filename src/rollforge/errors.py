@@ -16,7 +16,8 @@ Every exception class rollforge defines lives here, named after the boundary tha
     │   └── ActorDied                the Ray actor holding an episode's environment died
     ├── EpisodeFailed                an episode ends with a recorded ``Failure`` (raised by ``boundary``)
     ├── InvariantError (AssertionError)  a trajectory broke an internal invariant: a rollforge bug
-    └── CheckpointError              a training checkpoint is missing, incomplete or unreadable
+    ├── CheckpointError              a training checkpoint is missing, incomplete or unreadable
+    └── WireError                    a request the OpenAI-compatible gateway cannot serve (an HTTP status)
     ArgumentMismatch (Exception)     internal to tool-argument validation, collected into ToolArgumentError
 
 (The sandbox launcher, ``envs/sandbox/_launcher.py``, keeps its own ``SetupError``: it runs
@@ -133,6 +134,19 @@ class InvariantError(RollforgeError, AssertionError):
 
 class CheckpointError(RollforgeError):
     """A training checkpoint is missing, incomplete or unreadable (``--resume`` names what it skipped)."""
+
+
+class WireError(RollforgeError):
+    """A request the gateway cannot serve; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+    def body(self) -> dict:
+        """The error in OpenAI's response shape."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
 
 
 def require(package: str, extra: str, feature: str):

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from rollforge.gateway.wire import Choice, WireCall, WireError, WireMessage, completion_body, parse_request, stream_chunks
+from rollforge.errors import WireError
+from rollforge.gateway.wire import Choice, WireCall, WireMessage, completion_body, parse_request, stream_chunks
 
 
 def test_messages_are_normalised_so_an_echoed_history_compares_equal():

@@ -172,11 +172,12 @@ async def test_completions_are_the_messages_generated_after_the_rendered_prompt(
     await compute_rewards(result.trajectories, samples, [record])
     assert seen["prompts"] == [[{"role": "user", "content": "Add three."}], [{"role": "system", "content": "Be brief."}]]
     call = '<tool_call>\n{"name": "add", "arguments": {"n": 3}}\n</tool_call>'
-    assert seen["completions"] == [
-        [{"role": "assistant", "content": call},
-         {"role": "tool", "content": '{"total": 3, "ok": true}', "name": "add"},
-         {"role": "assistant", "content": "It is 3."}],
-        [{"role": "assistant", "content": call},
-         {"role": "tool", "content": '{"total": 4, "ok": true}', "name": "add"},
-         {"role": "assistant", "content": "It is 3."}],
-    ]
+
+    def completion(episode: int, total: int) -> list[dict]:
+        call_id = f"call_{episode}_0_0"  # the family's deterministic id: the format carries none
+        parsed = [{"id": call_id, "type": "function", "function": {"name": "add", "arguments": {"n": 3}}}]
+        return [{"role": "assistant", "content": call, "tool_calls": parsed},
+                {"role": "tool", "content": f'{{"total": {total}, "ok": true}}', "name": "add", "tool_call_id": call_id},
+                {"role": "assistant", "content": "It is 3."}]
+
+    assert seen["completions"] == [completion(0, 3), completion(1, 4)]

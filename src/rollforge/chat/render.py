@@ -46,6 +46,7 @@ from ..types import Message, ToolCall
 from .families import Family, detect_family, get_family
 from .fidelity import first_difference as _first_difference
 from .fidelity import token_fidelity_gap  # noqa: F401  (re-exported: rollforge.chat.render.token_fidelity_gap)
+from .toolcalls import get_parser
 
 _SENTINEL = "\u27e6rollforge-sentinel\u27e7"
 _BASE_USER = "u"
@@ -443,7 +444,6 @@ class ChatRenderer:
         turn by turn. Raises ``TemplateError`` when the template fails on it or drops a probe
         message; reports whether turns can be appended (else: segments)."""
         if parser is None:
-            from .toolcalls import get_parser
 
             parser = get_parser(self.family.parser)
         opening = tuple(prompt) or (Message("user", "What is the probe answer?"),)
@@ -499,21 +499,7 @@ class ChatRenderer:
             full = self._text([*user, self.chat(Message("assistant", "", tool_calls=(call,)))], False)
             if full.startswith(head) and full.endswith(self._closing_text):
                 return full[len(head) : len(full) - len(self._closing_text)]
-        arguments = json.dumps(dict(call.arguments))
-        parser = self.family.parser
-        if parser == "llama3_json":
-            return f'{{"name": "{call.name}", "parameters": {arguments}}}'
-        if parser == "qwen3_coder":
-            body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in call.arguments.items())
-            return f"<tool_call>\n<function={call.name}>\n{body}</function>\n</tool_call>"
-        if parser == "harmony":
-            return f"<|channel|>commentary to=functions.{call.name} <|constrain|>json<|message|>{arguments}<|call|>"
-        if parser == "deepseek":
-            return (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{call.name}\n```json\n{arguments}\n```"
-                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
-        if parser == "mistral":
-            return f'[TOOL_CALLS] [{{"name": "{call.name}", "arguments": {arguments}, "id": "{call.id}"}}]'
-        return f'<tool_call>\n{{"name": "{call.name}", "arguments": {arguments}}}\n</tool_call>'
+        return get_parser(self.family.parser).write(call)
 
     def reasoning_text(self, thought: str) -> str:
         """A reasoning block as the family's models write it after the generation prompt ('' when

@@ -13,28 +13,18 @@ their token ids and loss masks exactly those of a policy rollout.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Mapping, Sequence
 
-from ..chat.toolcalls import HermesParser, Llama3JsonParser, ToolCallParser
-from ..errors import ConfigError
-from ..types import Message
+from ..chat.toolcalls import ToolCallParser
+from ..types import Message, ToolCall
 
 #: ``expert(messages, parser) -> reply text``.
 Expert = Callable[[Sequence[Message], ToolCallParser], str]
 
 
 def format_tool_call(parser: ToolCallParser, name: str, arguments: Mapping[str, Any]) -> str:
-    """One tool call as a model of ``parser``'s family writes it."""
-    body = {"name": name, "arguments": dict(arguments)}
-    if isinstance(parser, HermesParser):
-        return f"{parser.OPEN}\n{json.dumps(body, ensure_ascii=False)}\n{parser.CLOSE}"
-    if isinstance(parser, Llama3JsonParser):
-        return json.dumps({"name": name, "parameters": dict(arguments)}, ensure_ascii=False)
-    raise ConfigError(
-        f"experts cannot write tool calls for parser {type(parser).__name__}; "
-        "expected a parser from rollforge.chat.toolcalls.get_parser"
-    )
+    """One tool call as a model of ``parser``'s family writes it (``parser.write``)."""
+    return parser.write(ToolCall(name, dict(arguments)))
 
 
 def last_matching(messages: Sequence[Message], needle: str) -> str | None:

@@ -28,10 +28,10 @@ from typing import Any
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
-from ..errors import ConfigError, require
+from ..errors import ConfigError, WireError, require
 from ..types import Trajectory
 from .session import Sampling, Session, SessionLimits, SessionRecord
-from .wire import WireError, completion_body, models_body, parse_request, stream_chunks
+from .wire import completion_body, models_body, parse_request, stream_chunks
 
 SESSION_HEADER = "X-Rollforge-Session"
 DEFAULT_SESSION = "default"

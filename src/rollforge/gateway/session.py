@@ -32,9 +32,9 @@ from typing import Any, Mapping, Sequence
 from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
-from ..errors import TemplateError
+from ..errors import TemplateError, WireError
 from ..types import Completion, Failure, Message, Segment, ToolCall, Trajectory
-from .wire import ChatRequest, Choice, WireCall, WireError, WireMessage, canonical_arguments
+from .wire import ChatRequest, Choice, WireCall, WireMessage, canonical_arguments
 
 
 @dataclass(frozen=True)

@@ -26,22 +26,10 @@ from dataclasses import dataclass
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~10x more per message
 from typing import Any, Iterator, Sequence
 
-from ..errors import RollforgeError
+from ..errors import WireError
 
 #: The most choices one request may ask for (``n``).
 MAX_CHOICES = 16
-
-
-class WireError(RollforgeError):
-    """A request the gateway cannot serve; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ counted failure. JSON is decoded strictly (``_decode.py``): ``NaN``/``Infinity``
 overflow a double, integers past Python's digit limit, nesting deeper than 64 levels and lone
 surrogates are errors, never exceptions. At most 128 calls are read from one reply (the rest
 become one error call). Parsers are stateless and cheap; ``get_parser(name)`` returns one by
-family name. Each parser's ``markers`` lists the text that signals a call attempt.
+family name. Each parser's ``markers`` lists the text that signals a call attempt, and ``write``
+is its inverse: a call as the family's models write it (scripted policies, experts, the probe).
 
 Each parser also writes the fallback system prompt for chat templates that ignore ``tools=``
 (SmolLM2's ChatML does): the tools, the exact call format with an example, and the instruction to
@@ -51,6 +52,10 @@ class ToolCallParser(Protocol):
 
     def parse(self, text: str) -> tuple[ToolCall, ...]:
         """The calls in ``text``, in order; unreadable calls carry ``error``. Never raises."""
+        ...
+
+    def write(self, call: ToolCall) -> str:
+        """``call`` as the family's models write it; ``parse`` reads it back."""
         ...
 
     def system_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:

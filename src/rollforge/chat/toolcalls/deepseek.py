@@ -74,6 +74,11 @@ class DeepSeekParser:
         arguments = arguments_object(data, "arguments", name)
         return arguments if isinstance(arguments, ToolCall) else ToolCall(name=name, arguments=arguments)
 
+    def write(self, call: ToolCall) -> str:
+        """``call`` in the V3/R1 form (``parse`` reads it back)."""
+        arguments = dumps(dict(call.arguments))
+        return f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}{call.name}\n```json\n{arguments}\n```{CALL_END}{CALLS_END}"
+
     def system_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
         functions = tool_functions(tools)
         if not functions:

@@ -87,6 +87,10 @@ class HarmonyParser:
         arguments = arguments_object(data, "arguments", name)
         return arguments if isinstance(arguments, ToolCall) else ToolCall(name=name, arguments=arguments)
 
+    def write(self, call: ToolCall) -> str:
+        """``call`` as a commentary message addressed to the function (``parse`` reads it back)."""
+        return f"{CHANNEL}commentary to={_NAMESPACE}{call.name} {CONSTRAIN}json{MESSAGE}{dumps(dict(call.arguments))}{CALL}"
+
     def system_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
         """The tools as harmony declares them in the developer message (a TypeScript namespace),
         then how to call one."""

@@ -53,6 +53,11 @@ class HermesParser:
             return broken(f"unterminated {self.OPEN}: text follows the JSON object; close it with {self.CLOSE}", name)
         return call_from_object(data)
 
+    def write(self, call: ToolCall) -> str:
+        """``call`` as the family's models write it (``parse`` reads it back)."""
+        body = dumps({"name": call.name, "arguments": dict(call.arguments)})
+        return f"{self.OPEN}\n{body}\n{self.CLOSE}"
+
     def system_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
         functions = tool_functions(tools)
         if not functions:

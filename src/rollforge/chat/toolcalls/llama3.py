@@ -38,6 +38,10 @@ class Llama3JsonParser:
             return ()
         return (call_from_object(data, self.ARGUMENT_KEYS),)
 
+    def write(self, call: ToolCall) -> str:
+        """``call`` as the family's models write it (``parse`` reads it back)."""
+        return dumps({"name": call.name, "parameters": dict(call.arguments)})
+
     def system_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
         functions = tool_functions(tools)
         if not functions:

@@ -88,6 +88,11 @@ class MistralParser:
             return broken(f"tool call {call.name}: id {shown} must be 9 letters and digits", call.name)
         return call
 
+    def write(self, call: ToolCall) -> str:
+        """``call`` in the v0.3/Nemo form (``parse`` reads it back); the id only when it has one."""
+        body = {"name": call.name, "arguments": dict(call.arguments), **({"id": call.id} if call.id else {})}
+        return f"{self.TOOL_CALLS} {dumps([body])}"
+
     def system_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
         functions = tool_functions(tools)
         if not functions:

@@ -106,6 +106,15 @@ class Qwen3CoderParser:
             at = scan.find(self.PARAMETER, value_end + (len(self.PARAMETER_END) if closer == self.PARAMETER_END else 0))
         return ToolCall(name=name, arguments=arguments)
 
+    def write(self, call: ToolCall) -> str:
+        """``call`` as the family's models write it (``parse`` reads it back): strings as they
+        are, other values as JSON."""
+        body = "".join(
+            f"{self.PARAMETER}{key}>\n{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}\n{self.PARAMETER_END}\n"
+            for key, value in call.arguments.items()
+        )
+        return f"{self.OPEN}\n{self.FUNCTION}{call.name}>\n{body}{self.FUNCTION_END}\n{self.CLOSE}"
+
     def system_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
         functions = tool_functions(tools)
         if not functions:
