@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from ..chat.toolcalls import ToolCallParser
+from ..errors import ConfigError
 from ..types import Message, ToolCall
 
 #: ``expert(messages, parser) -> reply text``.
@@ -24,6 +25,11 @@ Expert = Callable[[Sequence[Message], ToolCallParser], str]
 
 def format_tool_call(parser: ToolCallParser, name: str, arguments: Mapping[str, Any]) -> str:
     """One tool call as a model of ``parser``'s family writes it (``parser.write``)."""
+    if not callable(getattr(parser, "write", None)):  # a user's own parser may predate ``write``
+        raise ConfigError(
+            f"experts cannot write tool calls for parser {type(parser).__name__}: it has no "
+            "write(call) method (see rollforge.chat.toolcalls.ToolCallParser)"
+        )
     return parser.write(ToolCall(name, dict(arguments)))
 
 
