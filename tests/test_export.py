@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError

@@ -10,7 +10,7 @@ import pytest
 from rollforge.chat.render import ChatRenderer
 from rollforge.chat.toolcalls import PARSER_NAMES, get_parser
 from rollforge.envs.experts import format_tool_call
-from rollforge.envs.library import get_env_spec, guess_number, wordle
+from rollforge.envs.library import guess_number, wordle
 from rollforge.errors import ConfigError
 from rollforge.models import load_tokenizer
 from rollforge.rollout.config import RolloutConfig

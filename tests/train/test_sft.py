@@ -123,6 +123,23 @@ def test_conversation_example_is_token_exact_and_masks_only_assistant_turns(tiny
         conversation_example(renderer, messages[:2])
 
 
+def test_openai_style_tool_calls_are_written_in_the_parser_format(tiny_model_dir):
+    renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
+    messages = [
+        {"role": "user", "content": "Move left."},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "move", "arguments": '{"direction": "left"}'}}]},
+        {"role": "tool", "content": "moved", "name": "move", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    example = conversation_example(renderer, messages)
+    policy = renderer.decode([i for i, b in zip(example.ids, example.mask) if b])
+    assert policy == '<tool_call>\n{"name": "move", "arguments": {"direction": "left"}}\n</tool_call><|im_end|>Done.<|im_end|>'
+    broken = [messages[0], {**messages[1], "tool_calls": [{"function": {"name": "move", "arguments": "{left"}}]}]
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        conversation_example(renderer, broken)
+
+
 def _records(tmp_path):
     rows = [
         {"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "total_reward": 1.0, "error": None},

@@ -9,7 +9,8 @@ environment tokens -- the layout of a rollout (``rollout/episode.py``). Examples
   re-tokenized. An episode is kept when it did not fail and its reward (a training run's
   ``reward``, which includes reward functions, else ``total_reward``) is >= ``min_reward``: that
   filter is rejection sampling;
-- conversations (``{"messages": [...]}`` rows of a JSONL file or a ``datasets`` dataset): rendered
+- conversations (``{"messages": [...]}`` rows of a JSONL file or a ``datasets`` dataset; OpenAI-style
+  ``tool_calls`` are written in the model family's call format): rendered
   with ``ChatRenderer`` piece by piece as the engine renders a rollout (prompt, then per assistant
   turn the generation prompt, the content and end-of-turn token as policy tokens, the template's
   closing text, then the following messages), so the ids decode to the template's rendering;
@@ -29,6 +30,7 @@ from ..backends.base import CURRENT_EPISODE
 from ..backends.scripted import ScriptedBackend, ScriptedRequest
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser, get_parser
+from ..envs.experts import format_tool_call
 from ..envs.library import get_env_spec
 from ..errors import ConfigError, MissingDependency
 from ..rollout.config import RolloutConfig
@@ -121,12 +123,13 @@ def conversation_example(
 ) -> Example:
     """A conversation rendered as a rollout would have produced it; assistant turns carry loss.
     With ``tools``, a template that ignores ``tools=`` gets ``parser``'s tool prompt as a rollout does."""
-    messages = tuple(Message.coerce(m) for m in messages)
+    parser = parser or get_parser()
+    messages = tuple(_message(m, parser) for m in messages)
     first = next((i for i, m in enumerate(messages) if m.role == "assistant"), None)
     if first is None or first == 0:
         where = "no assistant message" if first is None else "an assistant message first"
         raise ConfigError(f"a conversation to train on needs a prompt, then assistant messages; got {where}")
-    prompt, template_tools = renderer.with_tool_prompt(messages[:first], tools, parser or get_parser())
+    prompt, template_tools = renderer.with_tool_prompt(messages[:first], tools, parser)
     ids = list(renderer.prompt_ids(prompt, template_tools))
     mask = [0] * len(ids)
     prompt_length = len(ids)
@@ -150,6 +153,25 @@ def conversation_example(
             ids += closing
             mask += [0] * len(closing)
     return Example(tuple(ids), tuple(mask), prompt_length)
+
+
+def _message(m: Message | Mapping[str, Any], parser: ToolCallParser) -> Message:
+    """A dataset message; an assistant message with OpenAI-style ``tool_calls`` (``{"function":
+    {"name", "arguments"}}``) gets them written after its content in ``parser``'s call format."""
+    calls = m.get("tool_calls") if isinstance(m, Mapping) else None
+    if not calls or not all(isinstance(c, Mapping) and isinstance(c.get("function"), Mapping) for c in calls):
+        return Message.coerce(m)
+    written = []
+    for call in calls:
+        arguments = call["function"].get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"tool call arguments {arguments!r:.80} are not valid JSON: {exc}") from None
+        written.append(format_tool_call(parser, call["function"]["name"], arguments))
+    content = "\n".join([m["content"], *written] if m.get("content") else written)
+    return Message("assistant", content)
 
 
 def message_rows(path: str | Path) -> list[dict[str, Any]]:
