@@ -19,6 +19,7 @@ Every exception class rollforge defines lives here, named after the boundary tha
     ├── CheckpointError              a training checkpoint is missing, incomplete or unreadable
     └── WireError                    a request the OpenAI-compatible gateway cannot serve (an HTTP status)
     ArgumentMismatch (Exception)     internal to tool-argument validation, collected into ToolArgumentError
+    BadJSON (ValueError)             internal to tool-call parsing: model output that is not strict JSON
 
 (The sandbox launcher, ``envs/sandbox/_launcher.py``, keeps its own ``SetupError``: it runs
 standalone inside the jail, where rollforge is not importable, and reports setup errors as JSON.)
@@ -68,6 +69,11 @@ class ToolArgumentError(ConfigError):
 
 class ArgumentMismatch(Exception):
     """Raised by a type spec when a value does not fit; ``tools.validate_arguments`` collects them."""
+
+
+class BadJSON(ValueError):
+    """Model output that is not strict JSON; the message says why and where (internal to the
+    tool-call parsers, which turn it into an error call)."""
 
 
 class ModelError(RollforgeError):

@@ -22,6 +22,7 @@ import math
 import re
 from typing import Any
 
+from ...errors import BadJSON
 from ...types import ToolCall
 
 #: Deepest nesting of objects and arrays accepted in tool arguments (real calls use a handful).
@@ -37,10 +38,6 @@ _NOT_A_WORD = re.compile(r"[\s<>\[\]{}\ud800-\udfff]")
 _TRAILING_SPECIAL = re.compile(r"(?:\s|<\|[A-Za-z0-9_]{1,40}\|>|<｜[^｜<>]{1,40}｜>|</s>)*")
 # A "name": "..." pair, to keep the tool name on a call whose JSON is broken.
 _NAME_FIELD = re.compile(r'"name"\s*:\s*"([A-Za-z0-9_.:\-]{1,128})"')
-
-
-class BadJSON(ValueError):
-    """Model output that is not strict JSON; the message says why and where."""
 
 
 def _reject_constant(name: str) -> Any:
