@@ -280,3 +280,12 @@ def test_demonstrations_that_miss_the_threshold_are_a_clear_error(tiny_model_dir
     ])
     with pytest.raises(ConfigError, match=r"none of the 4 guess_number demonstrations reached min_reward 1.0 .*max_turns"):
         sft(config, console=False)
+
+
+def test_the_sft_example_config_loads():
+    from pathlib import Path
+
+    from rollforge.train.sft_config import load_sft_config
+
+    config = load_sft_config(Path(__file__).parents[2] / "examples" / "sft_expert.yaml")
+    assert [s.kind for s in config.sources] == ["expert", "expert"] and config.from_rollouts.rounds == 1

@@ -47,7 +47,7 @@ from .policy import load_policy, make_optimizer
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
 from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
-    select_trajectories, trajectory_example,
+    select_trajectories, trajectory_examples,
 )
 from .update import Episode, plan_micro_batches, sequence_logprobs
 
@@ -181,7 +181,7 @@ async def asft(
                 print(f"sft round {phase}: kept {len(kept)} of {rollout_metrics['rollout/episodes']} episodes "
                       f"(mean reward {'n/a' if mean is None else f'{mean:.3f}'})", file=sys.stderr, flush=True)
             if kept:
-                step = trainer.train([trajectory_example(t) for t in kept], phase=phase, step=step, extra=rollout_metrics)
+                step = trainer.train([e for t in kept for e in trajectory_examples(t)], phase=phase, step=step, extra=rollout_metrics)
         if step:
             ckpt.save_checkpoint(out / "checkpoints", step, model, tokenizer, optimizer, scheduler,
                                  {"step": step}, config.keep_checkpoints)
@@ -195,7 +195,7 @@ def _steps(n_examples: int, config: SFTConfig) -> int:
 
 
 async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, trajectories) -> list[Example]:
-    parser = get_parser(config.rollout.tool_parser)
+    parser = get_parser(config.rollout.tool_parser or renderer.family.parser)
     examples: list[Example] = []
     for n, source in enumerate(config.sources):
         if isinstance(source, TrajectoriesSource):
@@ -205,7 +205,7 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
         else:  # ExpertSource
             result = await expert_demonstrations(source.env, source.episodes, renderer, config.rollout,
                                                  seed=config.seed + n, options=source.options)
-            found = [trajectory_example(t) for t in select_trajectories(result.trajectories, source.min_reward)]
+            found = [e for t in select_trajectories(result.trajectories, source.min_reward) for e in trajectory_examples(t)]
             if not found:
                 best = max(t.total_reward for t in result.trajectories)
                 raise ConfigError(
@@ -218,7 +218,7 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
     if dataset is not None:
         examples += row_examples(renderer, dataset, parser=parser)
     if trajectories is not None:
-        examples += [trajectory_example(t) for t in trajectories]
+        examples += [e for t in trajectories for e in trajectory_examples(t)]
     return examples
 
 

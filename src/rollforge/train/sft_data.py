@@ -73,8 +73,11 @@ def select_trajectories(
     return [t for t, r in zip(trajectories, scores) if accepted(r, t.error is not None, min_reward)]
 
 
-def trajectory_example(trajectory: Trajectory) -> Example:
-    return Example(tuple(trajectory.token_ids), tuple(trajectory.loss_mask), trajectory.prompt_length)
+def trajectory_examples(trajectory: Trajectory) -> list[Example]:
+    """One example per segment (a template that rewrites history splits an episode into segments,
+    each token-exact against its own rendering; see ``Trajectory.segments``)."""
+    parts = trajectory.segments or (trajectory,)
+    return [Example(tuple(p.token_ids), tuple(p.loss_mask), p.prompt_length) for p in parts]
 
 
 def record_reward(record: Mapping[str, Any]) -> float | None:
@@ -106,9 +109,10 @@ def read_records(pattern: str | Path) -> list[dict[str, Any]]:
 
 def record_examples(records: Iterable[Mapping[str, Any]], min_reward: float | None) -> list[Example]:
     return [
-        Example(tuple(r["token_ids"]), tuple(r["loss_mask"]), int(r.get("prompt_length", 0)))
+        Example(tuple(part["token_ids"]), tuple(part["loss_mask"]), int(part.get("prompt_length", 0)))
         for r in records
         if accepted(record_reward(r), r.get("error") is not None, min_reward)
+        for part in r.get("segments") or (r,)  # one example per segment
     ]
 
 
@@ -221,7 +225,7 @@ async def expert_demonstrations(
     spec = get_env_spec(env)
     if spec.expert is None:
         raise ConfigError(f"environment {env!r} has no expert; environments with one: {environments_with_expert()}")
-    parser = get_parser(config.tool_parser)
+    parser = get_parser(config.tool_parser or renderer.family.parser)
     samples = spec.samples(episodes, seed, **dict(options or {}))
     backend = expert_backend(spec.expert, renderer, parser)
     try:
