@@ -173,6 +173,8 @@ def _message_json(message: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.name is not None:
         out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
     if message.images:  # always sent: a client with a text-only model must learn of them
         out["images"] = [base64.b64encode(image_bytes(i)[1]).decode("ascii") for i in message.images]
     return out

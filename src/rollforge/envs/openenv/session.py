@@ -111,13 +111,13 @@ class OpenEnvSession(BaseSession):
                     failure = Failure(kind, _explain(exc))
                 else:
                     text, images = self._render(data)
-                    messages.append(Message("tool", text, name=name, images=images))
+                    messages.append(Message("tool", text, name=name, images=images, tool_call_id=call.id))
                     reward += _reward(data)
                     done = bool(data.get("done"))
                     if done:
                         break  # the remaining calls of this message are not run
                     continue
-            messages.append(Message("tool", f"Error: {failure.message}", name=call.name or None))
+            messages.append(Message("tool", f"Error: {failure.message}", name=call.name or None, tool_call_id=call.id))
             failures.append(failure)
         return Step(messages=tuple(messages), reward=reward, terminated=done, failures=tuple(failures))
 
@@ -184,7 +184,8 @@ def _messages(items: Any) -> tuple[Message, ...]:
     out = []
     for item in items or ():
         images = tuple(decode_image(i, "images") for i in item.get("images") or ())
-        out.append(Message(item["role"], item.get("content") or "", name=item.get("name"), images=images))
+        out.append(Message(item["role"], item.get("content") or "", name=item.get("name"), images=images,
+                           tool_call_id=item.get("tool_call_id")))
     return tuple(out)
 
 
