@@ -25,7 +25,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rollforge", description=__doc__)
+    parser = _Parser(
+        prog="rollforge",
+        description="Multi-turn rollouts between language-model policies and environments, and training on them.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     rollout.add_parser(commands)
     bench.add_parser(commands)
