@@ -289,3 +289,13 @@ def test_the_sft_example_config_loads():
 
     config = load_sft_config(Path(__file__).parents[2] / "examples" / "sft_expert.yaml")
     assert [s.kind for s in config.sources] == ["expert", "expert"] and config.from_rollouts.rounds == 1
+
+
+def test_an_sft_config_that_is_not_yaml_is_one_line(tmp_path, capsys):
+    from rollforge.cli.main import main
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("sources: [\n  - {kind: expert\n")
+    assert main(["sft", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not valid YAML" in err and "line" in err

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -158,6 +158,12 @@ class TrainConfig(_Section):
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (), **values: Any) -> TrainConfig:
     """A ``TrainConfig`` from a YAML file, then ``key.sub=value`` overrides, then keyword values."""
+    return build_config(read_config_data(path, overrides, values))
+
+
+def read_config_data(path: str | Path | None, overrides: Sequence[str], values: dict[str, Any]) -> dict[str, Any]:
+    """The raw mapping of a YAML config file, then ``key.sub=value`` overrides, then keyword values;
+    a file or value that does not parse is a one-line ``ConfigError`` naming where."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -182,7 +188,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **val
             raise ConfigError(f"override {item!r}: the value is not valid YAML: {_yaml_problem(exc)}") from None
         _set_path(data, key.split("."), value)
     data.update(values)
-    return build_config(data)
+    return data
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -13,12 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig, describe_validation_error
-from .config import EnvConfig, LoraConfig, ModelConfig, OptimConfig, _check_keys, _set_path
+from .config import EnvConfig, LoraConfig, ModelConfig, OptimConfig, _check_keys, read_config_data
 
 
 class _Section(BaseModel):
@@ -99,21 +98,7 @@ class SFTConfig(_Section):
 
 def load_sft_config(path: str | Path | None = None, overrides: list[str] = (), **values: Any) -> SFTConfig:
     """An ``SFTConfig`` from a YAML file, then ``key.sub=value`` overrides, then keyword values."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(loaded).__name__}")
-        data = loaded
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} must look like section.key=value")
-        _set_path(data, key.split("."), yaml.safe_load(raw))
-    data.update(values)
+    data = read_config_data(path, overrides, values)
     _check_keys(SFTConfig, {k: v for k, v in data.items() if k != "sources"}, ())
     for n, source in enumerate(data.get("sources") or []):
         _check_source(source, n)
