@@ -49,7 +49,7 @@ from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
     select_trajectories, trajectory_examples,
 )
-from .update import Episode, plan_micro_batches, sequence_logprobs
+from .update import Episode, optimizer_step, plan_micro_batches, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -102,14 +102,7 @@ def sft_update(
         loss.backward()
         total += float(loss.detach())
         tokens += int(attention.sum())
-    params = [p for p in model.parameters() if p.requires_grad]
-    if max_grad_norm is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    else:
-        grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    model.eval()
+    grad_norm = optimizer_step(model, optimizer, max_grad_norm)
     return SFTStats(total, grad_norm, tokens, int(sum(float(e.mask.sum()) for e in episodes)), len(batches))
 
 

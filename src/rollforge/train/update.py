@@ -216,14 +216,7 @@ def policy_update(
         totals["policy_tokens"] += parts.tokens
         totals["ratio"] += parts.ratio_sum
         totals["tokens"] += int(attention.sum()) - (len(rows) - 1) * batch.prefix
-    params = [p for p in model.parameters() if p.requires_grad]
-    if max_grad_norm is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    else:
-        grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    model.eval()
+    grad_norm = optimizer_step(model, optimizer, max_grad_norm)
     n = max(totals["policy_tokens"], 1)
     return UpdateStats(
         loss=totals["loss"],
@@ -251,3 +244,17 @@ def _reference_context(reference: Reference):
     if reference.disable_adapter:
         return reference.model.disable_adapter()
     return contextlib.nullcontext()
+
+
+def optimizer_step(model: Any, optimizer: Any, max_grad_norm: float | None) -> float:
+    """Clip (when ``max_grad_norm`` is set), step, zero the gradients and leave the model in eval
+    mode; returns the gradient norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_grad_norm is not None:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    else:
+        grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return grad_norm
