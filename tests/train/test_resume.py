@@ -114,7 +114,7 @@ def test_resume_skips_damaged_checkpoints_newest_first(tiny_config, tmp_path):
     state = json.loads((root / "step-000001" / "state.json").read_text())
     del state["files"]
     (root / "step-000001" / "state.json").write_text(json.dumps(state))
-    optimizer = root / "step-000001" / "optimizer.pt"
+    optimizer = root / "step-000001" / "optimizer" / ".metadata"
     optimizer.write_bytes(optimizer.read_bytes()[:100])
     loaded, skipped = ckpt.load_newest(root)
     assert loaded is None and len(skipped) == 4 and skipped[3].startswith("step-000001 cannot be read: ")

@@ -4,7 +4,10 @@ A checkpoint is a directory ``checkpoints/step-NNNNNN/`` holding
 
 - ``model/``: ``save_pretrained`` output (the full model with its tokenizer, or only the LoRA
   adapter), loadable by ``rollforge eval --model``;
-- ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` (Python and torch generators);
+- ``optimizer/``: the optimizer state in ``torch.distributed.checkpoint``'s sharded format, each
+  rank writing its shard; it loads into any number of ranks (one included), so a run resumes at
+  another world size;
+- ``scheduler.pt``, ``rng.pt`` (Python and torch generators, rank 0's);
 - ``state.json``, written last: the step, the prompt source position and the size of every other
   file (a manifest, so that a truncated file is found without unpickling it).
 
@@ -28,6 +31,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,8 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from .distributed import Ranks, load_full_state_dict
+from .logbook import read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -51,36 +57,61 @@ class Loaded:
     data_state: dict[str, int]
     weights: dict[str, torch.Tensor]
     adapter: bool  # the weights are a LoRA adapter's
-    optimizer: dict[str, Any]
+    optimizer: Path | dict[str, Any]  # the sharded optimizer/ directory (or an older optimizer.pt's state)
     scheduler: dict[str, Any]
     rng: dict[str, Any]
 
 
 def save_checkpoint(
     root: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-    data_state: dict[str, int], keep: int,
+    data_state: dict[str, int], keep: int, *, ranks: Ranks = Ranks(), plain: Any = None,
 ) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    remove_orphans(root)
+    """Write checkpoint ``step`` (every rank calls it: the optimizer state is written by each rank
+    for its shard). ``plain``: a model holding the full weights, written as ``model/`` (default
+    ``model``; a sharded policy passes its gathered generation copy)."""
+    plain = model if plain is None else plain
     final = root / f"step-{step:06d}"
-    tmp = root / f".step-{step:06d}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    model.save_pretrained(tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save({"python": random.getstate(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
-    files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / "state.json").write_text(json.dumps({"step": step, "data": data_state, "files": files}))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    pointer = root / ".latest.tmp"
-    pointer.write_text(final.name + "\n")
-    os.replace(pointer, root / "latest")
-    older = [p for p in _step_dirs(root) if _step_of(p) < step]
-    for old in older[keep - 1:]:
-        shutil.rmtree(old, ignore_errors=True)
+    tmp = ranks.broadcast(root / f".step-{step:06d}.tmp-{os.getpid()}")  # rank 0's name for every rank
+    if ranks.main:
+        root.mkdir(parents=True, exist_ok=True)
+        remove_orphans(root)
+        tmp.mkdir()
+        plain.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(tmp / "model")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save({"python": random.getstate(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
+    ranks.barrier()
+    _dcp_save(optimizer_state(model, optimizer), tmp / "optimizer")
+    ranks.barrier()
+    if ranks.main:
+        files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "state.json").write_text(json.dumps({"step": step, "data": data_state, "files": files}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        pointer = root / ".latest.tmp"
+        pointer.write_text(final.name + "\n")
+        os.replace(pointer, root / "latest")
+        older = [p for p in _step_dirs(root) if _step_of(p) < step]
+        for old in older[keep - 1:]:
+            shutil.rmtree(old, ignore_errors=True)
+    ranks.barrier()
     return final
+
+
+def optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
+    """The optimizer's state keyed by parameter name, each rank holding its shard (the form
+    ``torch.distributed.checkpoint`` reshards on load, to any number of ranks)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer)
+
+
+def _dcp_save(state: dict[str, Any], directory: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # one process without a process group is the intended single-rank case
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"optimizer": state}, checkpoint_id=directory)
 
 
 def remove_orphans(root: Path) -> list[str]:
@@ -148,32 +179,58 @@ def read_checkpoint(path: Path) -> Loaded:
     try:
         for file in files:
             weights.update(load_file(file))
-        optimizer, scheduler, rng = (
-            torch.load(path / name, weights_only=False) for name in ("optimizer.pt", "scheduler.pt", "rng.pt")
-        )
+        scheduler, rng = (torch.load(path / name, weights_only=False) for name in ("scheduler.pt", "rng.pt"))
+        optimizer = path / "optimizer"
+        if (optimizer / ".metadata").is_file():
+            from torch.distributed.checkpoint import FileSystemReader
+
+            FileSystemReader(optimizer).read_metadata()  # the shards' sizes are checked by the manifest
+        else:
+            optimizer = torch.load(path / "optimizer.pt", weights_only=False)
     except Exception as exc:  # safetensors, zipfile and pickle each raise their own kind for a damaged file
         raise CheckpointError(f"{path.name} cannot be read: {type(exc).__name__}: {exc}") from None
     return Loaded(path, step, data_state, weights, adapter, optimizer, scheduler, rng)
 
 
 def restore(loaded: Loaded, model: Any, optimizer: Any, scheduler: Any) -> None:
-    """Put a loaded checkpoint into the live model, optimizer, scheduler and RNGs."""
+    """Put a loaded checkpoint into the live model (sharded or not), optimizer, scheduler and RNGs.
+    The optimizer state is resharded to this run's ranks, whatever the saving run's number was."""
     if loaded.adapter:
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model, loaded.weights)
     else:
-        missing, unexpected = model.load_state_dict(loaded.weights, strict=False)
+        names = set(model.state_dict())  # a sharded model's names are the full model's
         tied = set(getattr(model, "_tied_weights_keys", None) or ())
-        if unexpected or set(missing) - tied:
+        missing, unexpected = names - set(loaded.weights), set(loaded.weights) - names
+        if unexpected or missing - tied:
             raise ConfigError(
-                f"checkpoint {str(loaded.path)!r} does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+                f"checkpoint {str(loaded.path)!r} does not fit the model: missing {sorted(missing - tied)[:5]}, "
                 f"unexpected {sorted(unexpected)[:5]}"
             )
-    optimizer.load_state_dict(loaded.optimizer)
+        load_full_state_dict(model, loaded.weights)
+    if isinstance(loaded.optimizer, Path):
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        state = optimizer_state(model, optimizer)
+        _dcp_load(state, loaded.optimizer, loaded.path)
+        set_optimizer_state_dict(model, optimizer, state)
+    else:  # optimizer.pt of checkpoints written before the sharded format
+        optimizer.load_state_dict(loaded.optimizer)
     scheduler.load_state_dict(loaded.scheduler)
     random.setstate(loaded.rng["python"])
     torch.set_rng_state(loaded.rng["torch"])
+
+
+def _dcp_load(state: dict[str, Any], directory: Path, checkpoint: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"optimizer": state}, checkpoint_id=directory)
+    except Exception as exc:  # DCP raises its own kinds (CheckpointException, RuntimeError) for damaged files
+        raise CheckpointError(f"{checkpoint.name}/optimizer cannot be read: {type(exc).__name__}: {exc}") from None
 
 
 def _step_dirs(root: Path) -> list[Path]:
@@ -186,3 +243,26 @@ def _step_dirs(root: Path) -> list[Path]:
 
 def _step_of(path: Path) -> int:
     return int(_STEP_DIR.fullmatch(path.name).group(1))
+
+
+def resumable(out: Path) -> Loaded | None:
+    """The checkpoint to continue from: the newest one that reads completely (warning about the
+    ones skipped), or None for a run that has recorded nothing yet. A run with history but no
+    usable checkpoint is an error: starting over would replace its metrics."""
+    root = out / "checkpoints"
+    for name in remove_orphans(root):
+        logger.warning("deleted %s, a checkpoint that a killed run left unfinished", root / name)
+    loaded, skipped = load_newest(root)
+    if loaded is None:
+        recorded = [m.get("step", 0) for m in read_metrics(out / "metrics.jsonl")]
+        if not skipped and not recorded:
+            return None
+        why = f" (skipped: {'; '.join(skipped)})" if skipped else ""
+        history = f"; metrics.jsonl records steps up to {max(recorded)}" if recorded else ""
+        raise CheckpointError(
+            f"cannot resume {str(out)!r}: no usable checkpoint under {str(root)!r}{why}{history}; "
+            f"to start over, choose another out or delete {str(out)!r}"
+        )
+    if skipped:
+        logger.warning("resuming from %s after skipping: %s", loaded.path, "; ".join(skipped))
+    return loaded

@@ -1,4 +1,4 @@
-"""The GRPO training loop, top to bottom.
+"""The GRPO training loop, top to bottom: ``open_run`` sets a run up, ``train_step`` runs one step.
 
 Each step: draw ``batch_size`` prompts, roll each out ``group_size`` times (the engine, async by
 default), score every episode (environment reward plus reward functions), turn rewards into
@@ -10,7 +10,9 @@ Choices made (see the modules for each): one optimizer step per rollout batch by
 on-policy, so the ratio is 1 up to engine/trainer numerics and clipping only guards drift);
 failed episodes (an environment crashed, a backend request failed) keep their reward in the
 group statistics but contribute no tokens to the loss; truncated episodes are trained on; sampling
-seeds derive from (seed, step), so a resumed run repeats the uninterrupted run's requests.
+seeds derive from (seed, step, rank), so a resumed run repeats the uninterrupted run's requests.
+Under torchrun each rank rolls out its share of the groups and the update is sharded with FSDP2
+(``distributed.py``); rank 0 logs, evaluates and writes the run directory.
 """
 
 from __future__ import annotations
@@ -19,38 +21,37 @@ import asyncio
 import contextlib
 import inspect
 import json
-import logging
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import torch
 import yaml
 
+from ..backends.base import Backend
 from ..chat.render import ChatRenderer
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..models import load_tokenizer
 from ..rollout.engine import arollout
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
-from .advantages import compute_advantages
+from .advantages import Advantages, compute_advantages
 from .config import TrainConfig
 from .data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
+from .distributed import GenerationCopy, Ranks, merge_update_stats, shard
 from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
 from .logbook import Logbook, read_metrics
 from .losses import ClippedPolicyLoss, get_aggregation
 from .policy import load_policy, make_optimizer, make_reference
-from .rewards import RewardFunction, compute_rewards, load_reward_functions
+from .rewards import RewardFunction, Rewards, compute_rewards, load_reward_functions
 from .step_metrics import step_metrics
 from .sync import WeightSync
 from .update import policy_update, sequences
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,36 @@ class TrainResult:
     steps: int  # last step completed
     history: list[dict[str, Any]]
     evaluations: dict[str, Any]  # "before"/"after": held-out greedy EvalResult.to_json()
+
+
+@dataclass
+class Run:
+    """Everything a step uses, built once by ``open_run``."""
+
+    config: TrainConfig
+    ranks: Ranks
+    model: Any  # the trained policy (sharded over the ranks when there are several)
+    generator: Any  # the model object the backend generates from: ``model``, or this rank's plain copy
+    tokenizer: Any
+    renderer: ChatRenderer
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    reference: Any
+    loss_fn: ClippedPolicyLoss
+    aggregation: Any
+    source: PromptSource
+    functions: list[RewardFunction]
+    task_to_env: dict[str, Any]
+    backend: Backend
+    sync: WeightSync
+    logbook: Logbook | None  # rank 0's
+    start: int  # the last step already done (a resumed run's checkpoint)
+    eval_prompts: list[Sample] = field(default_factory=list)
+    evaluations: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.out)
 
 
 def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
@@ -82,7 +113,126 @@ async def atrain(
     when set explicitly, not the default ``arithmetic``): a dict task name -> an environment class,
     a zero-argument factory, a dict ``{name: factory}`` (TRL's multi-environment form) or an
     ``Environment``; or one such object, named after itself. ``on_step(step, metrics, model,
-    backend)`` (sync or async) runs after each step's weight sync, e.g. for custom evaluation."""
+    backend)`` (sync or async) runs after each step's weight sync, e.g. for custom evaluation
+    (on rank 0, with the step's global metrics)."""
+    async with open_run(config, environments=environments, dataset=dataset, reward_functions=reward_functions,
+                        resume=resume, console=console) as run:
+        step = run.start
+        if run.eval_prompts and run.start == 0:
+            await _evaluate(run, "before")
+        for step in range(run.start + 1, config.steps + 1):
+            metrics = await train_step(run, step)
+            if metrics is not None and on_step is not None:
+                if inspect.isawaitable(hook := on_step(step, metrics, run.model, run.backend)):
+                    await hook
+        if run.eval_prompts and step == config.steps:
+            await _evaluate(run, "after")
+        return TrainResult(run.out, step, read_metrics(run.out / "metrics.jsonl"), run.evaluations)
+
+
+async def train_step(run: Run, step: int) -> dict[str, Any] | None:
+    """One step on this rank: its groups of the global batch -> rollout -> rewards -> advantages ->
+    update -> weight sync -> log (rank 0: the global batch's metrics; other ranks return None)
+    -> checkpoint."""
+    config, algo, ranks = run.config, run.config.algorithm, run.ranks
+    began = time.perf_counter()
+    batch = [s for s in run.source.next_batch(algo.batch_size) for _ in range(algo.group_size)]
+    samples = ranks.share(batch, algo.group_size)
+    seed = config.seed * 1_000_003 + step + ranks.rank * 104_729
+    result = await arollout(samples, run.task_to_env, run.backend, run.renderer,
+                            config.rollout.model_copy(update={"seed": seed}))
+    trajectories = result.trajectories
+    rewards = await compute_rewards(trajectories, samples, run.functions, algo.env_reward_weight)
+    advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage)
+    rolled = time.perf_counter()
+
+    episodes, owners = sequences(trajectories)  # one per segment, with its episode's advantage
+    masks = [e.mask if trajectories[o].error is None else torch.zeros_like(e.mask) for e, o in zip(episodes, owners)]
+    weights = run.aggregation.weights(masks, ranks.total)  # normalised over the global batch
+    shared = algo.group_size if len(episodes) == len(trajectories) else 1  # segments: no shared prompts
+    await run.sync.release()  # a colocated engine frees its memory for the update
+    for _ in range(algo.epochs_per_batch):
+        stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
+            policy_update, run.model, run.optimizer, episodes, advantages.values[owners], weights, run.loss_fn,
+            micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
+            max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared, ranks=ranks,
+        )
+        run.scheduler.step()
+    updated = time.perf_counter()
+    await _push_weights(run)
+    synced = time.perf_counter()
+
+    times = {"rollout": rolled - began, "update": updated - rolled, "sync": synced - updated}
+    metrics = None
+    if (gathered := _gather(run, step, trajectories, rewards, advantages, stats, result.metrics, times)) is not None:
+        metrics, batch = gathered
+        run.logbook.log(metrics)
+        if config.save_trajectories:
+            run.logbook.save_trajectories(step, *batch)
+    if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
+        await UPDATE_WORKERS.run(
+            ckpt.save_checkpoint, run.out / "checkpoints", step, run.model, run.tokenizer, run.optimizer,
+            run.scheduler, run.source.state(), config.keep_checkpoints, ranks=ranks, plain=run.generator,
+        )
+    return metrics
+
+
+def _gather(run: Run, step, trajectories, rewards: Rewards, advantages: Advantages, stats, rollout,
+            times) -> tuple[dict[str, Any], tuple[list, list, list]] | None:
+    """Rank 0: the step's metrics over every rank's episodes, and the global batch (trajectories,
+    rewards, advantages) for saving; other ranks: None."""
+    gathered = run.ranks.gather((trajectories, rewards, advantages, stats, rollout, times))
+    if gathered is None:
+        return None
+    everything = [t for part in gathered for t in part[0]]
+    merged_rewards = Rewards(
+        [r for part in gathered for r in part[1].totals],
+        {name: [v for part in gathered for v in part[1].per_function[name]] for name in rewards.per_function},
+        {k: v for part in gathered for k, v in part[1].errors.items()},
+    )
+    merged_advantages = Advantages(
+        torch.cat([part[2].values for part in gathered]),
+        sum(part[2].zero_variance_groups for part in gathered), sum(part[2].groups for part in gathered),
+    )
+    engine = dict(gathered[0][4])
+    for key in ("errors", "failures"):  # counts add up over ranks; the other engine figures are rank 0's
+        counts: dict[str, int] = {}
+        for part in gathered:
+            for kind, n in part[4].get(key, {}).items():
+                counts[kind] = counts.get(kind, 0) + n
+        engine[key] = counts
+    slowest = {k: max(part[5][k] for part in gathered) for k in times}  # a step lasts as long as its slowest rank
+    metrics = step_metrics(
+        step, everything, merged_rewards, merged_advantages, merge_update_stats([part[3] for part in gathered]),
+        engine, lr=run.scheduler.get_last_lr()[0], times=slowest,
+    )
+    if run.ranks.distributed:
+        metrics["ranks"] = run.ranks.world
+    return metrics, (everything, merged_rewards.totals, merged_advantages.values.tolist())
+
+
+async def _push_weights(run: Run) -> None:
+    """The new weights to the backend: a rank's plain generation copy takes the gathered weights
+    (every rank takes part); a backend elsewhere receives them from rank 0 while the others wait."""
+    if run.generator is not run.model:
+        await UPDATE_WORKERS.run(GenerationCopy(run.generator).refresh, run.model)
+    if run.sync.shared or run.ranks.main:
+        await run.sync.push(run.generator)
+    run.ranks.barrier()
+
+
+@contextlib.asynccontextmanager
+async def open_run(
+    config: TrainConfig,
+    *,
+    environments: Any = None,
+    dataset: Sequence[dict[str, Any]] | None = None,
+    reward_functions: Sequence[RewardFunction] = (),
+    resume: bool = False,
+    console: bool = True,
+) -> AsyncIterator[Run]:
+    """Set a run up (see ``atrain`` for the arguments) and close what it opened on exit: the
+    process group, environments placed on Ray, the backend, the logbook."""
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out {str(out)!r} is a file; expected a run directory")
@@ -91,7 +241,6 @@ async def atrain(
         config = config.model_copy(update={"environments": []})  # the objects replace the default
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-
     local_envs = build_environments(config.environments, given)
     prompts = _prompts(config, list(local_envs), dataset, given)
     check_routes(prompts, local_envs)
@@ -100,93 +249,78 @@ async def atrain(
     resumed = _preflight(config, prompts, resume)
     if resumed is not None:
         source.load_state(resumed.data_state)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    model, tokenizer = load_policy(config)
-    renderer = ChatRenderer(tokenizer)
-    optimizer, scheduler = make_optimizer(model, config)
-    reference = make_reference(model, config)
-    algo = config.algorithm
-    loss_fn = ClippedPolicyLoss(algo.clip_low, algo.clip_high, algo.kl_beta)
-    aggregation = get_aggregation(
-        algo.loss_aggregation, algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns
-    )
-
-    start = 0
-    if resumed is not None:
-        ckpt.restore(resumed, model, optimizer, scheduler)
-        start = resumed.step
-    logbook = Logbook(out, config.steps, start, console)
-    placement = contextlib.ExitStack()  # environments on Ray actors stop with the run
-    task_to_env = placement.enter_context(_placed(config, local_envs))
-    backend = None
-    try:
-        backend = _open_backend(config, model, tokenizer)
-        sync = WeightSync(backend, model)
-        if start or config.lora.enabled:
-            await sync.push(model)  # a resumed or adapter-wrapped policy differs from what the engine loaded
-        evaluations = _read_json(out / "eval.json")
-        eval_prompts = _eval_prompts(config, list(task_to_env), dataset, given) if config.eval_episodes else []
-        check_prompt_lengths(eval_prompts, renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
-        step = start
-        if eval_prompts and start == 0:
-            evaluations = {"before": await _evaluate(eval_prompts, task_to_env, backend, renderer, config)}
-            _write_json(out / "eval.json", evaluations)
-        for step in range(start + 1, config.steps + 1):
-            began = time.perf_counter()
-            samples = [s for s in source.next_batch(algo.batch_size) for _ in range(algo.group_size)]
-            rollout_config = config.rollout.model_copy(update={"seed": config.seed * 1_000_003 + step})
-            result = await arollout(samples, task_to_env, backend, renderer, rollout_config)
-            trajectories = result.trajectories
-            rewards = await compute_rewards(trajectories, samples, functions, algo.env_reward_weight)
-            advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage)
-            rolled = time.perf_counter()
-
-            episodes, owners = sequences(trajectories)  # one per segment, with its episode's advantage
-            masks = [e.mask if trajectories[o].error is None else torch.zeros_like(e.mask) for e, o in zip(episodes, owners)]
-            weights = aggregation.weights(masks)
-            shared = algo.group_size if len(episodes) == len(trajectories) else 1  # segments: no shared prompts
-            for _ in range(algo.epochs_per_batch):
-                stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
-                    policy_update, model, optimizer, episodes, advantages.values[owners], weights, loss_fn,
-                    micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=tokenizer.pad_token_id,
-                    max_grad_norm=config.optim.max_grad_norm, reference=reference, group_size=shared,
-                )
-                scheduler.step()
-            updated = time.perf_counter()
-            await sync.push(model)
-            synced = time.perf_counter()
-
-            metrics = step_metrics(
-                step, trajectories, rewards, advantages, stats, result.metrics,
-                lr=scheduler.get_last_lr()[0],
-                times={"rollout": rolled - began, "update": updated - rolled, "sync": synced - updated},
-            )
-            logbook.log(metrics)
-            if on_step is not None and inspect.isawaitable(hook := on_step(step, metrics, model, backend)):
-                await hook
-            if config.save_trajectories:
-                logbook.save_trajectories(step, trajectories, rewards.totals, advantages.values.tolist())
-            if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
-                ckpt.save_checkpoint(
-                    out / "checkpoints", step, model, tokenizer, optimizer, scheduler, source.state(),
-                    config.keep_checkpoints,
-                )
-        if eval_prompts and step == config.steps:
-            evaluations["after"] = await _evaluate(eval_prompts, task_to_env, backend, renderer, config)
-            _write_json(out / "eval.json", evaluations)
-    finally:
-        logbook.close()
-        if backend is not None:
-            await backend.close()
-        placement.close()
-    return TrainResult(out, step, read_metrics(out / "metrics.jsonl"), evaluations)
+    async with contextlib.AsyncExitStack() as stack:
+        ranks = stack.enter_context(Ranks.open())
+        _check_ranks(config, ranks)
+        out.mkdir(parents=True, exist_ok=True)
+        if ranks.main:
+            (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        model, tokenizer = load_policy(config)
+        generator = _generation_copy(config) if ranks.distributed else model
+        model = shard(model, ranks)
+        optimizer, scheduler = make_optimizer(model, config)
+        reference = make_reference(model, config)
+        algo = config.algorithm
+        start = 0
+        if resumed is not None:
+            ckpt.restore(resumed, model, optimizer, scheduler)
+            start = resumed.step
+        if ranks.main:
+            logbook = Logbook(out, config.steps, start, console)
+            stack.callback(logbook.close)
+        else:
+            logbook = None
+        task_to_env = stack.enter_context(_placed(config, local_envs))
+        backend = _open_backend(config, generator, tokenizer)
+        stack.push_async_callback(backend.close)
+        run = Run(
+            config, ranks, model, generator, tokenizer, ChatRenderer(tokenizer), optimizer, scheduler, reference,
+            ClippedPolicyLoss(algo.clip_low, algo.clip_high, algo.kl_beta),
+            get_aggregation(algo.loss_aggregation,
+                            algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns),
+            source, functions, task_to_env, backend, WeightSync(backend, generator), logbook, start,
+        )
+        if start or config.lora.enabled or ranks.distributed:
+            await _push_weights(run)  # a resumed, adapter-wrapped or sharded policy differs from what the engine loaded
+        run.evaluations = _read_json(out / "eval.json")
+        if config.eval_episodes:
+            run.eval_prompts = _eval_prompts(config, list(task_to_env), dataset, given)
+            check_prompt_lengths(run.eval_prompts, run.renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
+        yield run
 
 
-async def _evaluate(prompts, task_to_env, backend, renderer, config: TrainConfig) -> dict[str, Any]:
-    greedy = config.rollout.model_copy(update={"greedy": True, "seed": config.seed})
-    result = await aevaluate(prompts, task_to_env, backend, renderer, greedy)
-    return result.to_json()
+def _check_ranks(config: TrainConfig, ranks: Ranks) -> None:
+    if not ranks.distributed:
+        return
+    if config.algorithm.batch_size % ranks.world:
+        raise ConfigError(
+            f"algorithm.batch_size={config.algorithm.batch_size} prompts cannot be split evenly over "
+            f"{ranks.world} ranks: use a multiple of {ranks.world}"
+        )
+    if config.lora.enabled:
+        raise ConfigError(f"lora.enabled with {ranks.world} ranks is not supported yet: train LoRA on one rank")
+    if config.executor == "ray" and config.ray.generation_replicas > 1:
+        raise ConfigError(
+            f"ray.generation_replicas={config.ray.generation_replicas} under torchrun would start replicas on "
+            f"every rank: serve the model with `vllm serve` and set model.backend=openai, or train on one rank"
+        )
+
+
+def _generation_copy(config: TrainConfig) -> Any:
+    """A plain copy of the policy: this rank's generation model (``hf``) or what rank 0 exports to
+    the engine; its weights come from the trained policy at every sync."""
+    model = load_policy(config)[0]
+    return model.requires_grad_(False)
+
+
+async def _evaluate(run: Run, when: str) -> None:
+    """Held-out greedy episodes on rank 0 (the others wait), written to ``eval.json``."""
+    if run.ranks.main:
+        greedy = run.config.rollout.model_copy(update={"greedy": True, "seed": run.config.seed})
+        result = await aevaluate(run.eval_prompts, run.task_to_env, run.backend, run.renderer, greedy)
+        run.evaluations[when] = result.to_json()
+        _write_json(run.out / "eval.json", run.evaluations)
+    run.ranks.barrier()
 
 
 def _preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.Loaded | None:
@@ -201,30 +335,7 @@ def _preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt
 
         for url in server_urls(config.model.base_url):
             check_server(url)
-    return _resumable(Path(config.out)) if resume else None
-
-
-def _resumable(out: Path) -> ckpt.Loaded | None:
-    """The checkpoint to continue from: the newest one that reads completely (warning about the
-    ones skipped), or None for a run that has recorded nothing yet. A run with history but no
-    usable checkpoint is an error: starting over would replace its metrics."""
-    root = out / "checkpoints"
-    for name in ckpt.remove_orphans(root):
-        logger.warning("deleted %s, a checkpoint that a killed run left unfinished", root / name)
-    loaded, skipped = ckpt.load_newest(root)
-    if loaded is None:
-        recorded = [m.get("step", 0) for m in read_metrics(out / "metrics.jsonl")]
-        if not skipped and not recorded:
-            return None
-        why = f" (skipped: {'; '.join(skipped)})" if skipped else ""
-        history = f"; metrics.jsonl records steps up to {max(recorded)}" if recorded else ""
-        raise CheckpointError(
-            f"cannot resume {str(out)!r}: no usable checkpoint under {str(root)!r}{why}{history}; "
-            f"to start over, choose another out or delete {str(out)!r}"
-        )
-    if skipped:
-        logger.warning("resuming from %s after skipping: %s", loaded.path, "; ".join(skipped))
-    return loaded
+    return ckpt.resumable(Path(config.out)) if resume else None
 
 
 def _eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:

@@ -16,27 +16,38 @@ whole batch so that micro-batching and gradient accumulation give exactly the fu
 - ``token``: w = 1 / (policy tokens in the batch)       (DAPO: long answers weigh by their length)
 - ``sequence``: w = 1 / (episodes x policy tokens of the episode)   (GRPO: each episode weighs 1)
 - ``fixed``: w = 1 / (episodes x max_loss_tokens)        (Dr.GRPO: no length bias)
+
+The counts are over the whole batch: on several ranks, ``total`` sums a rank's count over all of
+them (``Ranks.total``), so each rank's weights are its share of the global normaliser.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..errors import ConfigError
 
 
+Total = Callable[[float], float]
+
+
+def _local(value: float) -> float:
+    return value
+
+
 class TokenMean:
-    def weights(self, masks: list[torch.Tensor]) -> list[torch.Tensor]:
-        total = sum(float(m.sum()) for m in masks)
-        return [m / total if total else m * 0 for m in masks]
+    def weights(self, masks: list[torch.Tensor], total: Total = _local) -> list[torch.Tensor]:
+        tokens = total(sum(float(m.sum()) for m in masks))
+        return [m / tokens if tokens else m * 0 for m in masks]
 
 
 class SequenceMean:
-    def weights(self, masks: list[torch.Tensor]) -> list[torch.Tensor]:
-        counted = [m for m in masks if m.sum() > 0]
-        return [m / (len(counted) * m.sum()) if m.sum() > 0 else m * 0 for m in masks]
+    def weights(self, masks: list[torch.Tensor], total: Total = _local) -> list[torch.Tensor]:
+        counted = total(sum(1 for m in masks if m.sum() > 0))
+        return [m / (counted * m.sum()) if m.sum() > 0 else m * 0 for m in masks]
 
 
 class FixedNormalizer:
@@ -45,8 +56,9 @@ class FixedNormalizer:
             raise ConfigError(f"max_loss_tokens must be >= 1, got {max_loss_tokens}")
         self.max_loss_tokens = max_loss_tokens
 
-    def weights(self, masks: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [m / (len(masks) * self.max_loss_tokens) for m in masks]
+    def weights(self, masks: list[torch.Tensor], total: Total = _local) -> list[torch.Tensor]:
+        episodes = total(len(masks))
+        return [m / (episodes * self.max_loss_tokens) for m in masks]
 
 
 def get_aggregation(name: str, max_loss_tokens: int | None = None):

@@ -27,6 +27,9 @@ class WeightSync:
             )
         self.syncs = 0
 
+    async def release(self) -> None:
+        """Called right before the update (a colocated engine frees its memory there)."""
+
     async def push(self, model: Any) -> None:
         if self.shared:
             self.backend.invalidate_cache()  # caches computed with the old weights must not be reused

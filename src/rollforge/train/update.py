@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from ..types import Segment, Trajectory
+from .distributed import Ranks, is_sharded
 from .losses import ClippedPolicyLoss
 
 
@@ -137,7 +138,7 @@ def sequence_logprobs(
     if rows.numel() == 0:
         return out
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if _plain_lm_head(base):
+    if _plain_lm_head(base) and not is_sharded(model):  # a sharded model gathers its weights in its own forward
         decoder = base.get_decoder()
         if prefix:
             shared = decoder(input_ids=ids[:1, :prefix], use_cache=True)
@@ -190,16 +191,22 @@ def policy_update(
     max_grad_norm: float | None = None,
     reference: Any = None,
     group_size: int = 1,
+    ranks: Ranks = Ranks(),
 ) -> UpdateStats:
     """Accumulate the loss over micro-batches and take one optimizer step. ``group_size``: episodes
-    come in groups of that many rollouts of one prompt (their shared prompt is computed once)."""
+    come in groups of that many rollouts of one prompt (their shared prompt is computed once).
+    With several ``ranks`` (a sharded model) every rank runs as many micro-batches as the busiest
+    one (each FSDP forward and backward is a collective); ``weights`` must be normalised over the
+    global batch."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = dict(loss=0.0, policy_loss=0.0, kl=0.0, clipped=0, tokens=0, policy_tokens=0, ratio=0.0)
     batches = plan_micro_batches(episodes, group_size, micro_batch_tokens)
+    for _ in range(ranks.most(len(batches)) - len(batches)):
+        _empty_pass(model, pad_id)
     for batch in batches:
         rows = batch.rows
-        if not any(float(weights[i].abs().sum()) for i in rows):
+        if not ranks.distributed and not any(float(weights[i].abs().sum()) for i in rows):
             continue  # nothing to learn from these rows (zero weight everywhere)
         ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id)
         ref = None
@@ -231,6 +238,14 @@ def policy_update(
     )
 
 
+def _empty_pass(model: Any, pad_id: int) -> None:
+    """A forward and backward that contributes nothing, so this rank joins the other ranks'
+    collectives for a micro-batch it does not have."""
+    ids = torch.full((1, 2), pad_id, dtype=torch.long)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    (logits.float().sum() * 0.0).backward()
+
+
 @dataclass(frozen=True)
 class Reference:
     """The frozen policy the KL term is measured against: a separate model, or the trained
@@ -250,10 +265,9 @@ def optimizer_step(model: Any, optimizer: Any, max_grad_norm: float | None) -> f
     """Clip (when ``max_grad_norm`` is set), step, zero the gradients and leave the model in eval
     mode; returns the gradient norm before clipping."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if max_grad_norm is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    else:
-        grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
+    # clip_grad_norm_ reduces sharded (DTensor) gradients across ranks; an infinite bound only measures
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()

@@ -1,0 +1,214 @@
+"""Training on several ranks: PyTorch's own machinery (torchrun, a process group, FSDP2), nothing home-made.
+
+Launch: ``torchrun --nproc-per-node N -m rollforge train cfg.yaml`` (or ``rollforge train --nproc N``,
+which runs exactly that). torchrun sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and the rendezvous;
+``Ranks.open()`` joins the process group (gloo on CPU, NCCL on CUDA) and leaves it at the end. A
+process not started by torchrun is one rank with no process group, and every collective below is
+the identity, so the single-process trainer runs the same code.
+
+How a step is divided:
+
+- Every rank draws the same global batch of prompts (the prompt source is seeded identically) and
+  rolls out its own contiguous share of whole GRPO groups (``batch_size`` must divide by the world
+  size), so group advantages need no communication.
+- The loss normaliser is global: the aggregation's token and sequence counts are summed over ranks
+  (``Ranks.total``) and FSDP sums the gradients instead of averaging them, so the gradient equals
+  the single-process gradient of the same batch.
+- FSDP2 (``fully_shard`` on each decoder layer, then the root) shards parameters, gradients and
+  optimizer state. Every FSDP forward and backward is a collective, so ranks run the same number of
+  micro-batches (``Ranks.most``; a rank with fewer runs empty ones).
+- Generation cannot run on sharded weights (each rank decodes its own episodes at its own pace), so
+  each rank generates from a plain copy of the policy (``GenerationCopy``; memory for one more
+  copy of the weights) that receives the gathered full weights after every update; a backend
+  elsewhere (vLLM, servers, Ray replicas) receives them from rank 0 alone.
+- Metrics: rank 0 gathers every rank's trajectories, rewards and update statistics and computes the
+  step's metrics over the global batch; only rank 0 writes the run directory's logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @staticmethod
+    @contextlib.contextmanager
+    def open(device: torch.device | None = None) -> Iterator["Ranks"]:
+        """The ranks of this run: joins torchrun's process group when launched by torchrun (and
+        leaves it on exit), else one rank."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            yield Ranks()
+            return
+        import torch.distributed as dist
+
+        cuda = device is not None and device.type == "cuda"
+        already = dist.is_initialized()
+        if not already:
+            dist.init_process_group("nccl" if cuda else "gloo")
+        try:
+            yield Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        finally:
+            if not already:
+                dist.destroy_process_group()
+
+    def share(self, items: Sequence[Any], group_size: int) -> list[Any]:
+        """This rank's contiguous share of a global batch of whole groups."""
+        groups = len(items) // group_size
+        if groups % self.world:
+            raise ConfigError(
+                f"algorithm.batch_size={groups} prompts cannot be split evenly over {self.world} ranks: "
+                f"use a multiple of {self.world}"
+            )
+        per_rank = groups // self.world * group_size
+        return list(items[self.rank * per_rank:(self.rank + 1) * per_rank])
+
+    def total(self, value: float) -> float:
+        """The sum of ``value`` over ranks."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def most(self, value: int) -> int:
+        """The largest ``value`` of any rank."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (in rank order); None elsewhere."""
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world if self.main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def shard(model: Any, ranks: Ranks) -> Any:
+    """FSDP2 over the ranks: each decoder layer is one unit, the root holds the rest (embeddings,
+    final norm, the head). Gradients are summed across ranks, not averaged (the loss weights are
+    already normalised over the global batch). One rank: the model unchanged."""
+    if not ranks.distributed:
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    layers = _decoder_layers(model)
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    for module in (*layers, model):
+        module.set_gradient_divide_factor(1.0)
+    return model
+
+
+def is_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ConfigError(
+            f"cannot shard {type(base).__name__} over ranks: its decoder has no 'layers' list of blocks"
+        )
+    return list(layers)
+
+
+def full_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The full (unsharded) weights on every rank: a collective when the model is sharded."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_state_dict(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Put full weights into a model, sharded or not (each rank keeps its shard)."""
+    if not is_sharded(model):
+        model.load_state_dict(weights, strict=False)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+class GenerationCopy:
+    """A plain copy of a sharded policy for this rank's generation, refreshed after each update."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def refresh(self, policy: Any) -> None:
+        weights = full_state_dict(policy)  # every rank takes part
+        with torch.no_grad():
+            self.model.load_state_dict({k: v.detach() for k, v in weights.items()}, strict=False)
+
+
+def merge_update_stats(stats: Sequence[Any]) -> Any:
+    """One ``UpdateStats`` for the global batch from every rank's: losses are sums of globally
+    weighted terms (so they add), fractions are weighted by each rank's policy tokens, the
+    gradient norm is already global."""
+    tokens = sum(s.policy_tokens for s in stats)
+    n = max(tokens, 1)
+    return replace(
+        stats[0],
+        loss=sum(s.loss for s in stats),
+        policy_loss=sum(s.policy_loss for s in stats),
+        kl=sum(s.kl for s in stats),
+        clip_fraction=sum(s.clip_fraction * s.policy_tokens for s in stats) / n,
+        mean_ratio=sum(s.mean_ratio * s.policy_tokens for s in stats) / n,
+        micro_batches=sum(s.micro_batches for s in stats),
+        tokens=sum(s.tokens for s in stats),
+        policy_tokens=tokens,
+    )
