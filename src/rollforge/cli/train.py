@@ -22,6 +22,11 @@ def add_parser(commands: Any) -> None:
     _common(train)
     train.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
     train.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
+    train.add_argument("--nproc", type=int, default=None, metavar="N",
+                       help="train on N ranks of this node with FSDP2: runs `torchrun --nproc-per-node N -m rollforge train ...`")
+    train.add_argument("--nnodes", type=int, default=1, help="nodes taking part (with --nproc; torchrun's rendezvous)")
+    train.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                       help="rendezvous of a several-node run (with --nnodes > 1), as torchrun's --rdzv-endpoint")
     train.set_defaults(run=_train)
 
     quick = commands.add_parser("quickstart", help="train SmolLM2-135M on CPU on arithmetic + guess_number (~12 min)")
@@ -74,9 +79,35 @@ def _train(args: Any) -> int:
     if args.config is None:
         raise ConfigError("rollforge train needs a config file (see examples/), or --help-config")
     config = load_config(args.config, _overrides(args))
+    if args.nproc is not None:
+        return _torchrun(args)
     result = train(config, resume=args.resume)
     print(f"trained {result.steps} steps -> {result.out}")
     return 0
+
+
+def _torchrun(args: Any) -> int:
+    """Re-run this command under torchrun on ``--nproc`` ranks (per node), without the launcher flags."""
+    import subprocess
+    import sys
+
+    from ..errors import ConfigError
+
+    if args.nproc < 1 or args.nnodes < 1:
+        raise ConfigError(f"--nproc and --nnodes must be >= 1, got {args.nproc} and {args.nnodes}")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise ConfigError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    where = (["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+             if args.nnodes > 1 else ["--standalone"])
+    command = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc-per-node", str(args.nproc),
+               "-m", "rollforge", "train", str(args.config), *[a for o in args.overrides for a in ("--set", o)]]
+    if args.executor:
+        command += ["--executor", args.executor]
+    if args.ray_address:
+        command += ["--ray-address", args.ray_address]
+    if args.resume:
+        command.append("--resume")
+    return subprocess.call(command)
 
 
 def _quickstart(args: Any) -> int:

@@ -42,6 +42,9 @@ class RolloutConfig(BaseModel):
     (``backend_error``); None: no limit beyond ``episode_timeout``."""
     seed: int = 0
     """Sampling seeds of every request derive from it, the episode index and the turn."""
+    first_index: int = Field(0, ge=0)
+    """Episode index of the first sample (indices, and the seeds and tool-call ids derived from
+    them, count on from it): a batch split over ranks samples what it would sample whole."""
     tool_parser: str | None = None
     """How tool calls are written by the model (see ``chat/toolcalls.py``); None: the model
     family's parser (``chat/families.py``)."""

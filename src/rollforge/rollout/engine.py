@@ -153,9 +153,9 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
         env = task_to_env[sample.task_name]
         if isinstance(env, GeneratingEnvironment):  # it runs its own turns: no barrier holds it
             gate.leave()
-            trajectory = await env.run_episode(index, sample, ctx)
+            trajectory = await env.run_episode(config.first_index + index, sample, ctx)
         else:
-            trajectory = await run_episode(index, sample, env, ctx, gate)
+            trajectory = await run_episode(config.first_index + index, sample, env, ctx, gate)
         results[index] = trajectory
         if on_episode is not None:
             try:

@@ -144,6 +144,7 @@ def shard(model: Any, ranks: Ranks) -> Any:
     fully_shard(model)
     for module in (*layers, model):
         module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no pre-multiplied sum)
     return model
 
 

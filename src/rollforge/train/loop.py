@@ -10,7 +10,8 @@ Choices made (see the modules for each): one optimizer step per rollout batch by
 on-policy, so the ratio is 1 up to engine/trainer numerics and clipping only guards drift);
 failed episodes (an environment crashed, a backend request failed) keep their reward in the
 group statistics but contribute no tokens to the loss; truncated episodes are trained on; sampling
-seeds derive from (seed, step, rank), so a resumed run repeats the uninterrupted run's requests.
+seeds derive from (seed, step, episode index in the global batch), so a resumed run repeats the
+uninterrupted run's requests and ranks sample what one process would.
 Under torchrun each rank rolls out its share of the groups and the update is sharded with FSDP2
 (``distributed.py``); rank 0 logs, evaluates and writes the run directory.
 """
@@ -138,9 +139,8 @@ async def train_step(run: Run, step: int) -> dict[str, Any] | None:
     began = time.perf_counter()
     batch = [s for s in run.source.next_batch(algo.batch_size) for _ in range(algo.group_size)]
     samples = ranks.share(batch, algo.group_size)
-    seed = config.seed * 1_000_003 + step + ranks.rank * 104_729
-    result = await arollout(samples, run.task_to_env, run.backend, run.renderer,
-                            config.rollout.model_copy(update={"seed": seed}))
+    where = {"seed": config.seed * 1_000_003 + step, "first_index": ranks.rank * len(samples)}  # as if whole
+    result = await arollout(samples, run.task_to_env, run.backend, run.renderer, config.rollout.model_copy(update=where))
     trajectories = result.trajectories
     rewards = await compute_rewards(trajectories, samples, run.functions, algo.env_reward_weight)
     advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage)
