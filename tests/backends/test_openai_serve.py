@@ -120,3 +120,53 @@ def test_rollout_cli_with_the_openai_backend(vllm_server, smollm2_dir, renderer,
             max_turns_reached=r["max_turns_reached"],
         )
         assert token_fidelity_gap(trajectory, renderer) is None
+
+
+def test_two_training_ranks_push_their_weights_to_the_server(vllm_server, smollm2_dir, hf, prompt, tmp_path):
+    """Disaggregated: 2 torchrun ranks train while the server generates; after the step the server
+    serves exactly the checkpoint the ranks wrote (rank 0 gathered and pushed it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from rollforge.train.update import sequence_logprobs
+
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({
+        "model": {"name": str(smollm2_dir), "backend": "openai", "base_url": vllm_server, "served_model_name": "smollm2"},
+        "out": str(tmp_path / "run"), "steps": 1, "environments": [{"name": "arithmetic"}],
+        "algorithm": {"batch_size": 2, "group_size": 2, "advantage": "grpo_no_std"},
+        "rollout": {"max_new_tokens": 8, "max_turns": 1}, "optim": {"lr": 1e-4, "max_grad_norm": None},
+        "rewards": [{"function": "dense_reward:reply_length"}],
+    }))
+    (tmp_path / "dense_reward.py").write_text(  # every group has variance, so the step moves the weights
+        "def reply_length(prompts, completions, **_):\n"
+        "    return [len(c[0]['content']) / 10 if c else 0.0 for c in completions]\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    backend = client(vllm_server)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             "-m", "rollforge", "train", str(config)],
+            capture_output=True, text=True, timeout=400, env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        (metrics,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert metrics["ranks"] == 2 and metrics["policy_tokens"] > 0
+        trained, _ = load_model(tmp_path / "run" / "checkpoints" / "step-000001" / "model")
+        ids = prompt + [28723, 253, 1789, 30, 2]  # a fixed continuation
+        n = len(ids) - len(prompt)
+        with torch.inference_mode():
+            ids_t = torch.tensor([ids])
+            targets = torch.zeros_like(ids_t, dtype=torch.bool)
+            targets[0, len(prompt):] = True
+            want = sequence_logprobs(trained, ids_t, torch.ones_like(ids_t), targets)[0, -n:]
+            before = sequence_logprobs(hf[0], ids_t, torch.ones_like(ids_t), targets)[0, -n:]
+        served = torch.tensor(asyncio.run(backend.score(ids))[-n:])
+        assert (served - want).abs().max().item() < 1e-3
+        assert (want - before).abs().max().item() > 1e-3  # the step moved the weights
+    finally:
+        asyncio.run(backend.update_weights(hf[0]))  # back to the original weights for the other tests
+        asyncio.run(backend.close())

@@ -28,6 +28,13 @@ class RayConfig(BaseModel):
     """CPUs Ray reserves for each generation replica. None: as for ``env_actor_cpus``."""
     replica_gpus: float = Field(0.0, ge=0)
     """GPUs Ray reserves for each generation replica (a vLLM engine on a GPU node: 1)."""
+    training_workers: int = Field(1, ge=1)
+    """Training ranks on Ray actors forming one process group (FSDP2 over them, as under
+    torchrun); 1: the trainer runs in this process."""
+    training_worker_cpus: float = Field(1.0, gt=0)
+    """CPUs Ray reserves for each training worker (its torch threads)."""
+    training_worker_gpus: float = Field(0.0, ge=0)
+    """GPUs Ray reserves for each training worker (1 on a GPU node)."""
     num_cpus: int | None = Field(None, ge=1)
     """CPUs of a private local instance (None: all of this machine's)."""
     object_store_mb: int = Field(256, ge=75)

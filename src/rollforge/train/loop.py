@@ -94,7 +94,12 @@ class Run:
 
 
 def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
-    """Synchronous façade over ``atrain``."""
+    """Synchronous façade over ``atrain``; with ``executor: ray`` and ``ray.training_workers`` > 1,
+    the ranks run on Ray actors (``cluster/trainers.py``) and this returns rank 0's result."""
+    if config.executor == "ray" and config.ray.training_workers > 1 and "WORLD_SIZE" not in os.environ:
+        from ..cluster.trainers import train_on_ray
+
+        return train_on_ray(config, **kwargs)
     return asyncio.run(atrain(config, **kwargs))
 
 
@@ -213,10 +218,11 @@ def _gather(run: Run, step, trajectories, rewards: Rewards, advantages: Advantag
 
 async def _push_weights(run: Run) -> None:
     """The new weights to the backend: a rank's plain generation copy takes the gathered weights
-    (every rank takes part); a backend elsewhere receives them from rank 0 while the others wait."""
+    (every rank takes part); each rank's own backend (hf, in-process vLLM) loads them, while servers
+    that every rank shares (``openai``) receive them from rank 0 alone and the others wait."""
     if run.generator is not run.model:
         await UPDATE_WORKERS.run(GenerationCopy(run.generator).refresh, run.model)
-    if run.sync.shared or run.ranks.main:
+    if run.ranks.main or run.config.model.backend != "openai":
         await run.sync.push(run.generator)
     run.ranks.barrier()
 
@@ -296,6 +302,11 @@ def _check_ranks(config: TrainConfig, ranks: Ranks) -> None:
         raise ConfigError(
             f"algorithm.batch_size={config.algorithm.batch_size} prompts cannot be split evenly over "
             f"{ranks.world} ranks: use a multiple of {ranks.world}"
+        )
+    if config.ray.training_workers > 1 and config.executor == "ray" and "RAY_TRAINING_RANK" not in os.environ:
+        raise ConfigError(
+            f"ray.training_workers={config.ray.training_workers} under torchrun: start the ranks with torchrun or "
+            f"with Ray, not both"
         )
     if config.lora.enabled:
         raise ConfigError(f"lora.enabled with {ranks.world} ranks is not supported yet: train LoRA on one rank")

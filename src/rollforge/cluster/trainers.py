@@ -1,0 +1,91 @@
+"""Training ranks on Ray: ``ray.training_workers`` actors form one ``torch.distributed`` process group
+and each runs the trainer as one rank, exactly as torchrun's processes would (``train/distributed.py``).
+
+Ray places the workers: a placement group reserves ``training_worker_cpus`` CPUs and
+``training_worker_gpus`` GPUs per worker (strategy PACK: on one node when they fit, spread
+otherwise), beside whatever the environments' actors and generation replicas reserve. Each
+worker learns its rank and the rendezvous (rank 0's node address and a free port there) from the
+driver, sets the variables torchrun would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``) and calls ``train``; torch uses as many threads as the worker
+reserved CPUs. A worker that sees GPUs sees only its own (Ray sets ``CUDA_VISIBLE_DEVICES``), so
+its local rank is 0. The driver waits for every worker, returns rank 0's result and removes the
+placement group; a worker that dies fails the run with Ray's reason.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Any
+
+from ..errors import ConfigError, RollforgeError
+from .connect import actor_death_reason, ensure_ray, worker_runtime_env
+
+
+def train_on_ray(config: Any, **kwargs: Any) -> Any:
+    """``train(config, **kwargs)`` on ``config.ray.training_workers`` Ray actors; rank 0's ``TrainResult``."""
+    settings = config.ray
+    ray = ensure_ray(settings.address, num_cpus=settings.num_cpus, object_store_mb=settings.object_store_mb)
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    world = settings.training_workers
+    bundle = {"CPU": settings.training_worker_cpus, **({"GPU": settings.training_worker_gpus} if settings.training_worker_gpus else {})}
+    total = ray.cluster_resources()
+    unplaceable = ConfigError(
+        f"Ray cannot place {world} training workers of {bundle} each (the cluster has CPU {total.get('CPU', 0):g}, "
+        f"GPU {total.get('GPU', 0):g}): lower ray.training_workers, ray.training_worker_cpus or training_worker_gpus"
+    )
+    if any(amount * world > total.get(kind, 0) for kind, amount in bundle.items()):
+        raise unplaceable
+    group = placement_group([bundle] * world, strategy="PACK")
+    try:
+        if not _ready(ray, group, timeout=120):  # fits the cluster, but not what is free now
+            raise unplaceable
+        worker, runtime_env = ray.remote(_Rank), worker_runtime_env()
+        ranks = [
+            worker.options(
+                num_cpus=settings.training_worker_cpus, num_gpus=settings.training_worker_gpus, runtime_env=runtime_env,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+            ).remote()
+            for i in range(world)
+        ]
+        address, port = ray.get(ranks[0].rendezvous.remote())
+        threads = max(1, math.floor(settings.training_worker_cpus))
+        runs = [r.train.remote(config, rank, world, address, port, threads, kwargs) for rank, r in enumerate(ranks)]
+        try:
+            results = ray.get(runs)
+        except ray.exceptions.RayActorError as exc:
+            raise RollforgeError(f"a training worker died: {actor_death_reason(exc)}") from None
+        return results[0]
+    finally:
+        remove_placement_group(group)
+
+
+def _ready(ray: Any, group: Any, timeout: float) -> bool:
+    ready, _ = ray.wait([group.ready()], timeout=timeout)
+    return bool(ready)
+
+
+class _Rank:
+    """One training rank in a Ray actor."""
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        address = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((address, 0))
+            return address, s.getsockname()[1]
+
+    def train(self, config: Any, rank: int, world: int, address: str, port: int, threads: int,
+              kwargs: dict[str, Any]) -> Any:
+        import torch
+
+        from ..train.loop import train
+
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR=address, MASTER_PORT=str(port), RAY_TRAINING_RANK=str(rank))
+        torch.set_num_threads(threads)
+        return train(config, **{**kwargs, "console": kwargs.get("console", True) and rank == 0})
