@@ -43,8 +43,8 @@ def test_ray_training_workers_match_torchrun_ranks(ray_session, tiny_model_dir, 
     assert done.returncode == 0, done.stderr[-3000:]
     expected = [json.loads(line) for line in (tmp_path / "torchrun" / "metrics.jsonl").read_text().splitlines()]
 
-    config = load_config(overrides=[f"out={tmp_path / 'ray'}", "ray.training_workers=2", "ray.training_worker_cpus=1"],
-                         **{k: v for k, v in settings.items()})
+    ray = {**settings["ray"], "training_workers": 2, "training_worker_cpus": 1}
+    config = load_config(**{**settings, "out": str(tmp_path / "ray"), "ray": ray})
     result = train(config, console=False)
     assert result.steps == 3 and [m["step"] for m in result.history] == [1, 2, 3]
     for got, want in zip(result.history, expected, strict=True):
@@ -59,7 +59,8 @@ def test_ray_training_workers_match_torchrun_ranks(ray_session, tiny_model_dir, 
 
 
 def test_too_many_training_workers_is_one_clear_error(ray_session, tiny_model_dir, tmp_path):
-    config = load_config(overrides=[f"out={tmp_path / 'ray'}", "ray.training_workers=3", "ray.training_worker_cpus=2"],
-                         **_settings(tmp_path, tiny_model_dir))
+    settings = _settings(tmp_path, tiny_model_dir)
+    ray = {**settings["ray"], "training_workers": 3, "training_worker_cpus": 2}
+    config = load_config(**{**settings, "out": str(tmp_path / "ray"), "ray": ray})
     with pytest.raises(Exception, match=r"cannot place 3 training workers"):
         train(config, console=False)
