@@ -183,7 +183,7 @@ def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_i
     return ids, attention, old, w
 
 
-def _autocast(device: torch.device, dtype: torch.dtype):
+def mixed_precision(device: torch.device, dtype: torch.dtype):
     """Mixed precision for the forward passes, or nothing when computing in float32."""
     if dtype == torch.float32:
         return contextlib.nullcontext()
@@ -218,7 +218,7 @@ def policy_update(
         if not any(float(weights[i].abs().sum()) for i in rows):
             continue  # nothing to learn from these rows (zero weight everywhere)
         ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id, device)
-        with _autocast(device, compute_dtype):
+        with mixed_precision(device, compute_dtype):
             ref = None
             if reference is not None:
                 with torch.no_grad(), _reference_context(reference):
