@@ -89,11 +89,13 @@ def test_device_and_dtype_default_to_auto_and_bad_devices_are_named():
 
 def test_colocated_vllm_is_checked_against_the_other_sections():
     c = load_config(overrides=["model.backend=vllm", "vllm.colocate=true", "vllm.gpu_memory_utilization=0.3"])
-    assert c.vllm.backend_options() == {"sleep_level": 2, "gpu_memory_utilization": 0.3, "kv_cache_gib": None}
-    assert load_config(overrides=["model.backend=vllm"]).vllm.backend_options() == {}
+    assert c.vllm.backend_options("bfloat16") == {
+        "dtype": "bfloat16", "sleep_level": 2, "gpu_memory_utilization": 0.3, "kv_cache_gib": None}
+    assert load_config(overrides=["model.backend=vllm"]).vllm.backend_options("float32") == {"dtype": "float32"}
     cases = {
         ("vllm.colocate=true",): "vllm.colocate needs model.backend 'vllm', got 'hf'",
         ("vllm.colocate=true", "model.backend=vllm", "model.device=cpu"): "model.device is 'cpu'",
+        ("vllm.colocate=true", "model.backend=vllm", "model.device=cuda:1"): "first visible GPU, but model.device is 'cuda:1'",
         ("vllm.colocate=true", "model.backend=vllm", "lora.enabled=true"): "use vllm.sleep_level 1",
         ("vllm.gpu_memory_utilization=0",): r"vllm.gpu_memory_utilization: Input should be greater than 0",
         ("vllm.gpu_memory_utilization=1.5",): r"vllm.gpu_memory_utilization: Input should be less than or equal to 1",
@@ -104,4 +106,4 @@ def test_colocated_vllm_is_checked_against_the_other_sections():
             load_config(overrides=list(overrides))
         assert "\n" not in str(error.value)
     lora = load_config(overrides=["vllm.colocate=true", "model.backend=vllm", "lora.enabled=true", "vllm.sleep_level=1"])
-    assert lora.vllm.backend_options()["sleep_level"] == 1
+    assert lora.vllm.backend_options("float32")["sleep_level"] == 1

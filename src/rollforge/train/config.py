@@ -64,11 +64,14 @@ class VLLMConfig(_Section):
     trainer sends the new weights after every update anyway). LoRA runs need 1: only the adapter
     is sent, the base weights must survive the sleep."""
 
-    def backend_options(self) -> dict[str, Any]:
-        """Keyword arguments of ``VLLMBackend`` for this section (none unless colocated)."""
-        if not self.colocate:
-            return {}
-        return {"sleep_level": self.sleep_level, "gpu_memory_utilization": self.gpu_memory_utilization, "kv_cache_gib": None}
+    def backend_options(self, dtype: str) -> dict[str, Any]:
+        """Keyword arguments of ``VLLMBackend``: the engine computes in the trainer's resolved
+        precision ``dtype`` (``float32``/``bfloat16``) and, when colocated, has a sleep mode and a
+        GPU memory share (its KV cache sized from that share)."""
+        options: dict[str, Any] = {"dtype": dtype}
+        if self.colocate:
+            options.update(sleep_level=self.sleep_level, gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_gib=None)
+        return options
 
 
 class LoraConfig(_Section):
@@ -197,6 +200,11 @@ class TrainConfig(_Section):
             raise ValueError(f"vllm.colocate needs model.backend 'vllm', got {self.model.backend!r}")
         if self.model.device == "cpu":
             raise ValueError("vllm.colocate shares a GPU between training and vLLM, but model.device is 'cpu'")
+        if self.model.device not in ("auto", "cuda", "cuda:0"):
+            raise ValueError(
+                f"vllm.colocate runs vLLM on the first visible GPU, but model.device is {self.model.device!r}; "
+                f"choose the GPU with CUDA_VISIBLE_DEVICES and keep model.device 'cuda'"
+            )
         if self.lora.enabled and self.vllm.sleep_level == 2:
             raise ValueError("vllm.sleep_level 2 discards the engine's base weights, which a LoRA run never re-sends; use vllm.sleep_level 1")
         return self
