@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from rollforge.errors import ConfigError
 from rollforge.train.config import describe_config, load_config
@@ -89,7 +90,7 @@ def test_device_and_dtype_default_to_auto_and_bad_devices_are_named():
 
 def test_colocated_vllm_is_checked_against_the_other_sections():
     c = load_config(overrides=["model.backend=vllm", "vllm.colocate=true", "vllm.gpu_memory_utilization=0.3"])
-    assert c.vllm.backend_options("bfloat16") == {
+    assert c.vllm.backend_options(torch.bfloat16) == c.vllm.backend_options("bfloat16") == {
         "dtype": "bfloat16", "sleep_level": 2, "gpu_memory_utilization": 0.3, "kv_cache_gib": None}
     assert load_config(overrides=["model.backend=vllm"]).vllm.backend_options("float32") == {"dtype": "float32"}
     cases = {

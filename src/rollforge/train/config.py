@@ -64,11 +64,11 @@ class VLLMConfig(_Section):
     trainer sends the new weights after every update anyway). LoRA runs need 1: only the adapter
     is sent, the base weights must survive the sleep."""
 
-    def backend_options(self, dtype: str) -> dict[str, Any]:
+    def backend_options(self, dtype: Any) -> dict[str, Any]:
         """Keyword arguments of ``VLLMBackend``: the engine computes in the trainer's resolved
-        precision ``dtype`` (``float32``/``bfloat16``) and, when colocated, has a sleep mode and a
-        GPU memory share (its KV cache sized from that share)."""
-        options: dict[str, Any] = {"dtype": dtype}
+        precision ``dtype`` (``torch.bfloat16`` or its name) and, when colocated, has a sleep mode
+        and a GPU memory share (its KV cache sized from that share)."""
+        options: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
         if self.colocate:
             options.update(sleep_level=self.sleep_level, gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_gib=None)
         return options
