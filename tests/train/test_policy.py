@@ -24,7 +24,7 @@ def _episodes():
 def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights_and_adam_state(tiny_model_dir):
     config = _config(tiny_model_dir, "model.dtype=bfloat16", "algorithm.kl_beta=0.1")
     assert compute_dtype(config.model) == torch.bfloat16
-    model, tokenizer = load_policy(config)
+    model, _ = load_policy(config)
     assert {(p.dtype, p.device, p.requires_grad) for p in model.parameters()} == {(torch.float32, torch.device("cpu"), True)}
     reference = make_reference(model, config)
     assert {p.dtype for p in reference.model.parameters()} == {torch.bfloat16}  # frozen: compute precision

@@ -193,7 +193,7 @@ class TrainConfig(_Section):
     vllm: VLLMConfig = VLLMConfig()
 
     @model_validator(mode="after")
-    def _colocation_consistent(self) -> "TrainConfig":
+    def _colocation_consistent(self) -> TrainConfig:
         if not self.vllm.colocate:
             return self
         if self.model.backend != "vllm":
