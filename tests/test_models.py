@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rollforge import models
-from rollforge.errors import ModelError
+from rollforge.errors import ConfigError, ModelError
 from rollforge.models import install_atomically, load_model, load_tokenizer, resolve_model
 from rollforge.testing import make_tiny_model
 
@@ -225,3 +225,53 @@ def test_smollm2_alias_is_a_plain_checkpoint(smollm2_dir, tiny_model_dir):
             options = {"tokenize": False, "add_generation_prompt": prompt}
             expected = tokenizer.apply_chat_template(conversation, **options)
             assert tiny.apply_chat_template(conversation, **options) == expected
+
+
+# --- devices and precision ---------------------------------------------------------------------
+
+
+def _gpus(monkeypatch, count: int, bf16: bool = True) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+
+
+def test_auto_is_cuda_when_a_gpu_is_there_and_cpu_otherwise(monkeypatch):
+    _gpus(monkeypatch, 0)
+    assert models.resolve_device("auto") == torch.device("cpu")
+    assert models.resolve_device("cpu") == torch.device("cpu")
+    _gpus(monkeypatch, 2)
+    assert models.resolve_device("auto") == torch.device("cuda")
+    assert models.resolve_device("cuda") == torch.device("cuda")
+    assert models.resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert models.resolve_device("CPU") == torch.device("cpu")
+
+
+def test_a_device_that_is_not_there_is_a_one_line_error_naming_it(monkeypatch):
+    _gpus(monkeypatch, 0)
+    with pytest.raises(ConfigError, match=r"^device 'cuda' was requested but PyTorch sees no CUDA GPU here; use device 'cpu' or 'auto'$"):
+        models.resolve_device("cuda")
+    _gpus(monkeypatch, 1)
+    with pytest.raises(ConfigError, match=r"^device 'cuda:7' does not exist: this machine has 1 CUDA GPU\(s\) \(cuda:0..cuda:0\)$"):
+        models.resolve_device("cuda:7")
+    for garbage in ("gpu", "cuda:x", "cuda:", "mps", ""):
+        with pytest.raises(ConfigError, match=r"unknown device .*; expected auto, cpu, cuda or cuda:N"):
+            models.resolve_device(garbage)
+
+
+def test_auto_precision_is_bfloat16_on_a_gpu_and_float32_on_cpu(monkeypatch):
+    _gpus(monkeypatch, 1)
+    assert models.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert models.resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert models.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert models.resolve_dtype("float32", torch.device("cuda")) == torch.float32
+    _gpus(monkeypatch, 1, bf16=False)  # pre-Ampere GPUs have no bfloat16 units
+    assert models.resolve_dtype("auto", torch.device("cuda")) == torch.float32
+    with pytest.raises(ConfigError, match=r"unknown dtype 'float16'; expected auto, float32, bfloat16"):
+        models.resolve_dtype("float16", torch.device("cpu"))
+
+
+def test_load_model_places_the_model_on_the_given_device(tiny_model_dir):
+    model, _ = load_model(tiny_model_dir, dtype=torch.bfloat16, device=models.resolve_device("cpu"))
+    assert {p.device for p in model.parameters()} == {torch.device("cpu")}
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

@@ -13,6 +13,11 @@
   ``ROLLFORGE_ALLOW_DOWNLOAD=1``.
 
 Every failure is raised as ``ModelError`` naming the model and what to do about it.
+
+Devices and precision (``resolve_device``, ``resolve_dtype``): ``auto`` is CUDA when PyTorch sees a
+GPU, else the CPU; the compute precision ``auto`` is bfloat16 on a GPU that supports it, float32
+elsewhere. A device that is not there (``cuda`` without CUDA, ``cuda:7`` on a one-GPU machine) is a
+``ConfigError`` naming the value, raised before any weights load.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import MissingDependency, ModelError
+from .errors import ConfigError, MissingDependency, ModelError
 
 try:
     import torch
@@ -79,6 +84,40 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     if name.startswith(("/", "./", "../", "~")) or "\\" in name:
         raise ModelError(f"model directory {name!r} does not exist")
     return _resolve_hub_id(name)
+
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+DTYPE_CHOICES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The device named by ``spec`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``), checked to exist here."""
+    text = str(spec).strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (_ and not index.isdigit()):
+        raise ConfigError(f"unknown device {spec!r}; expected {DEVICE_CHOICES}")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {spec!r} was requested but PyTorch sees no CUDA GPU here; use device 'cpu' or 'auto'")
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        raise ConfigError(f"device {spec!r} does not exist: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    return torch.device(text if index else "cuda")
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """The compute precision named by ``spec`` (``auto``, ``float32``, ``bfloat16``) on ``device``:
+    ``auto`` is bfloat16 on a CUDA GPU that supports it, float32 elsewhere."""
+    text = str(spec).strip().lower()
+    if text == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    if text not in DTYPE_CHOICES:
+        raise ConfigError(f"unknown dtype {spec!r}; expected auto, {', '.join(DTYPE_CHOICES)}")
+    return DTYPE_CHOICES[text]
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:

@@ -511,3 +511,23 @@ async def test_smollm2_answers_a_chat_prompt(smollm2_dir):
     assert completion.finish_reason == "stop"
     assert text.endswith("<|im_end|>") and text.removesuffix("<|im_end|>").strip()
     assert "Paris" in text
+
+
+# --- precision -------------------------------------------------------------------------------------
+
+
+async def test_compute_dtype_runs_generation_under_autocast_like_the_trainer(tiny_model_dir, prompts):
+    model, tokenizer = load_model(tiny_model_dir)  # float32 weights: the trainer's master copy
+    seen = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    backend = HFBackend(model, tokenizer, compute_dtype=torch.bfloat16)
+    try:
+        completion = await backend.generate(prompts[0], unstopped(6))
+    finally:
+        await backend.close()
+    assert seen and set(seen) == {torch.bfloat16}  # one prefill and five decode steps, all in bfloat16
+    assert len(seen) == 6 and {p.dtype for p in model.parameters()} == {torch.float32}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = teacher_forced_logprobs(model, prompts[0], completion.token_ids)
+    # bfloat16 keeps ~3 significant digits; batch shapes differ between the two passes
+    assert torch.allclose(torch.tensor(completion.logprobs), mixed, atol=0.1)

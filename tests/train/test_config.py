@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from rollforge.errors import ConfigError
 from rollforge.train.config import describe_config, load_config
@@ -75,3 +76,35 @@ def test_yaml_mistakes_name_the_file_line_and_column(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match=r"override 'algorithm.batch_size=\{4': the value is not valid YAML: .* at line 1, column 3"):
         load_config(overrides=["algorithm.batch_size={4"])
+
+
+def test_device_and_dtype_default_to_auto_and_bad_devices_are_named():
+    c = load_config()
+    assert (c.model.device, c.model.dtype) == ("auto", "auto")
+    assert load_config(overrides=["model.device=CUDA:1"]).model.device == "cuda:1"
+    with pytest.raises(ConfigError, match=r"^invalid training config: model.device: .*unknown device 'gpu'; expected auto, cpu, cuda or cuda:N"):
+        load_config(overrides=["model.device=gpu"])
+    with pytest.raises(ConfigError, match=r"model.dtype: .*'float16'"):
+        load_config(overrides=["model.dtype=float16"])
+
+
+def test_colocated_vllm_is_checked_against_the_other_sections():
+    c = load_config(overrides=["model.backend=vllm", "vllm.colocate=true", "vllm.gpu_memory_utilization=0.3"])
+    assert c.vllm.backend_options(torch.bfloat16) == c.vllm.backend_options("bfloat16") == {
+        "dtype": "bfloat16", "sleep_level": 2, "gpu_memory_utilization": 0.3, "kv_cache_gib": None}
+    assert load_config(overrides=["model.backend=vllm"]).vllm.backend_options("float32") == {"dtype": "float32"}
+    cases = {
+        ("vllm.colocate=true",): "vllm.colocate needs model.backend 'vllm', got 'hf'",
+        ("vllm.colocate=true", "model.backend=vllm", "model.device=cpu"): "model.device is 'cpu'",
+        ("vllm.colocate=true", "model.backend=vllm", "model.device=cuda:1"): "first visible GPU, but model.device is 'cuda:1'",
+        ("vllm.colocate=true", "model.backend=vllm", "lora.enabled=true"): "use vllm.sleep_level 1",
+        ("vllm.gpu_memory_utilization=0",): r"vllm.gpu_memory_utilization: Input should be greater than 0",
+        ("vllm.gpu_memory_utilization=1.5",): r"vllm.gpu_memory_utilization: Input should be less than or equal to 1",
+        ("vllm.sleep_level=3",): r"vllm.sleep_level: ",
+    }
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message) as error:
+            load_config(overrides=list(overrides))
+        assert "\n" not in str(error.value)
+    lora = load_config(overrides=["vllm.colocate=true", "model.backend=vllm", "lora.enabled=true", "vllm.sleep_level=1"])
+    assert lora.vllm.backend_options("float32")["sleep_level"] == 1

@@ -8,7 +8,7 @@ from rollforge import ChatRenderer, HFBackend, RolloutConfig, rollout
 from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import pack_micro_batches, policy_update, sequence_logprobs, sequences
+from rollforge.train.update import Episode, pack_micro_batches, policy_update, sequence_logprobs, sequences
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +116,42 @@ def test_each_segment_is_a_sequence_the_model_saw_with_its_episodes_advantage(ti
             assert "(earlier answer)" in tokenizer.decode(t.segments[1].token_ids[: t.segments[1].prompt_length])
     advantages = torch.tensor([1.0, -1.0])[owners]  # every segment carries its episode's advantage
     assert advantages.tolist() == [1.0 if o == 0 else -1.0 for o in owners]
+
+
+def _assert_inputs_on(device):
+    """A forward pre-hook failing when a tensor handed to the model is not on ``device``."""
+
+    def hook(module, args, kwargs):
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                assert value.device == device, f"{module.__class__.__name__} got a tensor on {value.device}"
+
+    return hook
+
+
+def test_the_update_builds_every_tensor_on_the_models_device(tiny_model_dir):
+    # No GPU here: the default device is set to "meta" while the model lives on the CPU, so any
+    # tensor the update creates without naming the model's device lands on "meta" and fails the
+    # hook or the arithmetic. On a GPU the same code puts them on the GPU.
+    model, _ = load_model(tiny_model_dir)
+    model.requires_grad_(True)
+    device = next(model.parameters()).device
+    handles = [m.register_forward_pre_hook(_assert_inputs_on(device), with_kwargs=True)
+               for m in (model, model.get_decoder(), model.get_output_embeddings())]
+    ids = torch.arange(5, 17)
+    mask = torch.tensor([0.0] * 6 + [1.0] * 6)
+    episodes = [Episode(ids, mask, -mask, prompt_length=6), Episode(ids[:10], mask[:10], -mask[:10], prompt_length=6)]
+    weights = TokenMean().weights([e.mask for e in episodes])
+    advantages = torch.tensor([1.0, -1.0])
+    results = []
+    for group_size in (1, 2):  # packed rows, and a shared prompt computed once
+        with torch.device("meta"):
+            results.append(policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), episodes, advantages,
+                                         weights, ClippedPolicyLoss(), micro_batch_tokens=1000, pad_id=0,
+                                         max_grad_norm=1.0, group_size=group_size))
+    for handle in handles:
+        handle.remove()
+    for stats in results:
+        assert all(isinstance(v, (int, float)) for v in vars(stats).values())
+        assert stats.policy_tokens == 10 and stats.clip_fraction > 0
+    assert results[0].loss == pytest.approx(results[1].loss, abs=1e-6)

@@ -15,7 +15,7 @@ nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason 
 
 ``Backend`` is a base class: everything the engine and the trainer may ask of a backend is declared
 on it with a default (``accepts_images``, ``shares_model``, ``invalidate_cache``, ``close``,
-``syncs_weights``); only ``generate`` must be written. Weight sync stays a separate optional
+``syncs_weights``, ``supports_sleep`` with ``sleep``/``wake_up``); only ``generate`` must be written. Weight sync stays a separate optional
 protocol (``WeightSync``); ``syncs_weights`` says whether a backend implements it.
 """
 
@@ -26,7 +26,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from ..errors import ConfigError
+from ..errors import BackendError, ConfigError
 from ..types import Completion
 
 
@@ -94,6 +94,21 @@ class Backend(abc.ABC):
     def syncs_weights(self) -> bool:
         """Whether this backend implements the ``WeightSync`` protocol (``update_weights``)."""
         return isinstance(self, WeightSync)
+
+    @property
+    def supports_sleep(self) -> bool:
+        """Whether ``sleep``/``wake_up`` release and retake the backend's accelerator memory (a
+        vLLM engine colocated with the trainer on one GPU). A sleeping backend refuses requests."""
+        return False
+
+    async def sleep(self) -> None:
+        """Release the weights' and the KV cache's accelerator memory until ``wake_up``."""
+        raise BackendError(f"{type(self).__name__} has no sleep mode")
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Take back what ``sleep`` released: ``tags`` among ``weights`` and ``kv_cache``
+        (None: both). Requests are served again once both are awake."""
+        raise BackendError(f"{type(self).__name__} has no sleep mode")
 
 
 @runtime_checkable

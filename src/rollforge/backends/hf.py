@@ -26,6 +26,9 @@ Design (the loop is ``HFBackend._run``):
   with ``BackendError`` and the backend then refuses new ones; nothing waits forever. Results and
   errors go back with ``loop.call_soon_threadsafe``.
 
+Device and precision: the worker builds every tensor on the model's device; ``compute_dtype``
+(bfloat16 on the trainer's float32 master weights) runs it under ``torch.autocast``, as the update.
+
 Only models whose cache is plain full attention (Llama, Qwen2, Mistral without sliding window, ...)
 are supported; others are rejected at construction.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import queue
 import random
@@ -79,6 +83,8 @@ class HFBackend(Backend):
       numerically identical ``FAST_GQA_ATTENTION`` instead of "sdpa" (``close`` switches it back).
     - ``release_openmp``: on CPU, ``generate`` releases the idle OpenMP threads of the calling
       (event-loop) thread; see ``release_idle_openmp_threads``.
+    - ``compute_dtype``: run the forward passes under ``torch.autocast`` in this precision (e.g.
+      bfloat16 on float32 weights); None: in the weights' own precision.
     - ``prefix_cache_mb``: memory for the caches of finished requests, which requests that extend
       them (the next turn of an episode) reuse instead of prefilling their history again
       (``hf_prefix``); 0 disables it. After changing the weights in place, call
@@ -100,6 +106,7 @@ class HFBackend(Backend):
         fast_gqa: bool = True,
         release_openmp: bool = True,
         prefix_cache_mb: float = 512.0,
+        compute_dtype: torch.dtype | None = None,
     ):
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -117,6 +124,8 @@ class HFBackend(Backend):
         self.max_prefill_tokens = max_prefill_tokens
         self._num_threads = num_threads
         self._device = next(model.parameters()).device
+        weights_dtype = next(model.parameters()).dtype
+        self._autocast = compute_dtype if compute_dtype not in (None, weights_dtype) else None
         config = model.config.get_text_config(decoder=True)
         self._max_positions: int | None = getattr(config, "max_position_embeddings", None)
         self._vocab_size: int = model.get_input_embeddings().num_embeddings
@@ -183,7 +192,8 @@ class HFBackend(Backend):
         if self._num_threads is not None:
             torch.set_num_threads(self._num_threads)
         try:
-            with torch.inference_mode():
+            mixed = torch.autocast(self._device.type, self._autocast) if self._autocast else contextlib.nullcontext()
+            with torch.inference_mode(), mixed:
                 while self._admit():
                     if self._batch is not None:
                         self._decode_step()

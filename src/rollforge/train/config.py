@@ -9,11 +9,12 @@ prints them).
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..cluster.config import RayConfig
 from ..errors import ConfigError
@@ -27,8 +28,13 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     name: str = "smollm2-135m"
     """A local model directory, a cached hub id, or an alias (``smollm2-135m``)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and compute precision of the trained model."""
+    device: str = "auto"
+    """Where the model trains (and the ``hf`` backend generates): ``auto`` (CUDA when PyTorch sees a
+    GPU, else CPU), ``cpu``, ``cuda`` or ``cuda:N``. A GPU that is not there is an error at start."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute precision: ``auto`` is bfloat16 on a GPU, float32 on CPU. Trained weights and AdamW
+    state stay float32 (master weights); with bfloat16 the update's forward passes run under
+    ``torch.autocast``. Frozen weights (the KL reference, a LoRA base) are stored in this dtype."""
     backend: Literal["hf", "vllm", "openai"] = "hf"
     """Generation backend. ``hf`` generates with the trained model object itself (no sync needed);
     the others receive the new weights after every update."""
@@ -36,6 +42,36 @@ class ModelConfig(_Section):
     """Server URL for the ``openai`` backend (a ``vllm serve`` of the same model; see README)."""
     served_model_name: str | None = None
     """The server's model name for the ``openai`` backend (None: its only model)."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value.strip().lower()):
+            raise ValueError(f"unknown device {value!r}; expected auto, cpu, cuda or cuda:N")
+        return value.strip().lower()
+
+
+class VLLMConfig(_Section):
+    colocate: bool = False
+    """Run the in-process vLLM engine on the training GPU with vLLM's sleep mode: it wakes for the
+    rollout and sleeps, releasing its GPU memory, during each update (needs ``model.backend: vllm``
+    and a CUDA build of vLLM)."""
+    gpu_memory_utilization: float = Field(0.4, gt=0, le=1)
+    """Share of the GPU's memory the colocated engine may take (weights and KV cache); the rest
+    stays for training."""
+    sleep_level: Literal[1, 2] = 2
+    """While asleep the engine's weights are offloaded to CPU memory (1) or discarded (2: the
+    trainer sends the new weights after every update anyway). LoRA runs need 1: only the adapter
+    is sent, the base weights must survive the sleep."""
+
+    def backend_options(self, dtype: Any) -> dict[str, Any]:
+        """Keyword arguments of ``VLLMBackend``: the engine computes in the trainer's resolved
+        precision ``dtype`` (``torch.bfloat16`` or its name) and, when colocated, has a sleep mode
+        and a GPU memory share (its KV cache sized from that share)."""
+        options: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
+        if self.colocate:
+            options.update(sleep_level=self.sleep_level, gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_gib=None)
+        return options
 
 
 class LoraConfig(_Section):
@@ -154,6 +190,24 @@ class TrainConfig(_Section):
     """Write each step's trajectories to ``trajectories/step-NNNNNN.jsonl``."""
     eval_episodes: int = Field(0, ge=0)
     """Greedy held-out episodes evaluated before and after training (0: none)."""
+    vllm: VLLMConfig = VLLMConfig()
+
+    @model_validator(mode="after")
+    def _colocation_consistent(self) -> TrainConfig:
+        if not self.vllm.colocate:
+            return self
+        if self.model.backend != "vllm":
+            raise ValueError(f"vllm.colocate needs model.backend 'vllm', got {self.model.backend!r}")
+        if self.model.device == "cpu":
+            raise ValueError("vllm.colocate shares a GPU between training and vLLM, but model.device is 'cpu'")
+        if self.model.device not in ("auto", "cuda", "cuda:0"):
+            raise ValueError(
+                f"vllm.colocate runs vLLM on the first visible GPU, but model.device is {self.model.device!r}; "
+                f"choose the GPU with CUDA_VISIBLE_DEVICES and keep model.device 'cuda'"
+            )
+        if self.lora.enabled and self.vllm.sleep_level == 2:
+            raise ValueError("vllm.sleep_level 2 discards the engine's base weights, which a LoRA run never re-sends; use vllm.sleep_level 1")
+        return self
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (), **values: Any) -> TrainConfig:
@@ -203,7 +257,9 @@ def build_config(data: dict[str, Any]) -> TrainConfig:
     try:
         return TrainConfig(**data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid training config: {describe_validation_error(exc)}") from None
+        whole = [e for e in exc.errors() if not e["loc"]]  # a check across sections: its message alone
+        problem = str(whole[0]["ctx"]["error"]) if whole else describe_validation_error(exc)
+        raise ConfigError(f"invalid training config: {problem}") from None
 
 
 def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:

@@ -63,11 +63,14 @@ class Ranks:
         import torch.distributed as dist
 
         cuda = device is not None and device.type == "cuda"
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if cuda:
+            torch.cuda.set_device(local_rank)  # "cuda" is this rank's GPU from here on
         already = dist.is_initialized()
         if not already:
             dist.init_process_group("nccl" if cuda else "gloo")
         try:
-            yield Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+            yield Ranks(dist.get_rank(), dist.get_world_size(), local_rank)
         finally:
             if not already:
                 dist.destroy_process_group()

@@ -35,7 +35,7 @@ import yaml
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
-from ..models import load_tokenizer
+from ..models import load_tokenizer, resolve_device
 from ..rollout.engine import arollout
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
@@ -48,7 +48,7 @@ from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
 from .logbook import Logbook, read_metrics
 from .losses import ClippedPolicyLoss, get_aggregation
-from .policy import load_policy, make_optimizer, make_reference
+from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .rewards import RewardFunction, Rewards, compute_rewards, load_reward_functions
 from .step_metrics import step_metrics
 from .sync import WeightSync
@@ -76,6 +76,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     reference: Any
+    dtype: torch.dtype  # the update's compute precision
     loss_fn: ClippedPolicyLoss
     aggregation: Any
     source: PromptSource
@@ -160,7 +161,8 @@ async def train_step(run: Run, step: int) -> dict[str, Any] | None:
         stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
             policy_update, run.model, run.optimizer, episodes, advantages.values[owners], weights, run.loss_fn,
             micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
-            max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared, ranks=ranks,
+            max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared,
+            compute_dtype=run.dtype, ranks=ranks,
         )
         run.scheduler.step()
     updated = time.perf_counter()
@@ -256,7 +258,7 @@ async def open_run(
     if resumed is not None:
         source.load_state(resumed.data_state)
     async with contextlib.AsyncExitStack() as stack:
-        ranks = stack.enter_context(Ranks.open())
+        ranks = stack.enter_context(Ranks.open(resolve_device(config.model.device)))
         _check_ranks(config, ranks)
         out.mkdir(parents=True, exist_ok=True)
         if ranks.main:
@@ -281,7 +283,7 @@ async def open_run(
         stack.push_async_callback(backend.close)
         run = Run(
             config, ranks, model, generator, tokenizer, ChatRenderer(tokenizer), optimizer, scheduler, reference,
-            ClippedPolicyLoss(algo.clip_low, algo.clip_high, algo.kl_beta),
+            compute_dtype(config.model), ClippedPolicyLoss(algo.clip_low, algo.clip_high, algo.kl_beta),
             get_aggregation(algo.loss_aggregation,
                             algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns),
             source, functions, task_to_env, backend, WeightSync(backend, generator), logbook, start,
@@ -394,7 +396,10 @@ def _open_backend(config: TrainConfig, model: Any, tokenizer: Any):
     from ..backends.select import open_backend
 
     kind = config.model.backend
-    options = {"enable_lora": True} if kind == "vllm" and config.lora.enabled else None
+    dtype = compute_dtype(config.model)
+    options = {"hf": {"compute_dtype": dtype}, "openai": {}}.get(kind)
+    if kind == "vllm":
+        options = {**config.vllm.backend_options(dtype), **({"enable_lora": True} if config.lora.enabled else {})}
     replicas = config.ray.generation_replicas if config.executor == "ray" else 1
     return open_backend(
         kind, config.model.name, tokenizer, base_url=config.model.base_url,

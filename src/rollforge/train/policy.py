@@ -1,5 +1,14 @@
-"""The trained model and what surrounds it: precision, the optional LoRA adapter, the optimizer,
-the learning-rate schedule and the frozen reference for the KL term."""
+"""The trained model and what surrounds it: device and precision, the optional LoRA adapter, the
+optimizer, the learning-rate schedule and the frozen reference for the KL term.
+
+Precision (``model.dtype``) is a *compute* precision. Weights the optimizer updates are stored in
+float32 whatever it is: AdamW on bfloat16 weights rounds away updates smaller than 2^-8 of a
+weight (a 1e-5 learning rate does nothing to most of them), so the float32 weights are the master
+copy and, with bfloat16, ``policy_update`` runs its forward passes under ``torch.autocast``
+(``compute_dtype``). AdamW's moments follow their parameters, so they are float32 too. Weights
+nobody updates (the KL reference, the base model under a LoRA adapter, whose adapter peft keeps in
+float32) are stored in the compute precision, which halves their memory.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +17,24 @@ from typing import Any
 import torch
 
 from ..errors import require
-from ..models import load_model
-from .config import TrainConfig
+from ..models import load_model, resolve_device, resolve_dtype
+from .config import ModelConfig, TrainConfig
 from .update import Reference
 
 
+def compute_dtype(model: ModelConfig) -> torch.dtype:
+    """The precision of the update's forward passes (``model.dtype`` resolved on ``model.device``)."""
+    return resolve_dtype(model.dtype, resolve_device(model.device))
+
+
 def load_policy(config: TrainConfig) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: the model in eval mode (the update switches modes), trainable
-    parameters requiring grad, wrapped with a LoRA adapter when configured."""
-    dtype = torch.bfloat16 if config.model.dtype == "bfloat16" else torch.float32
-    model, tokenizer = load_model(config.model.name, dtype=dtype)
+    """``(model, tokenizer)``: the model on ``model.device`` in eval mode (the update switches
+    modes), trainable parameters float32 and requiring grad, wrapped with a LoRA adapter when
+    configured (its frozen base in the compute precision)."""
+    device = resolve_device(config.model.device)
+    frozen_dtype = resolve_dtype(config.model.dtype, device)
+    dtype = frozen_dtype if config.lora.enabled else torch.float32
+    model, tokenizer = load_model(config.model.name, dtype=dtype, device=device)
     if config.lora.enabled:
         peft = require("peft", extra="train", feature="LoRA training")
         lora = peft.LoraConfig(
@@ -27,7 +44,7 @@ def load_policy(config: TrainConfig) -> tuple[Any, Any]:
             target_modules=config.lora.target_modules,
             task_type="CAUSAL_LM",
         )
-        model = peft.get_peft_model(model, lora)
+        model = peft.get_peft_model(model, lora, autocast_adapter_dtype=True)  # adapter weights float32
     else:
         model.requires_grad_(True)
     return model.eval(), tokenizer
@@ -51,12 +68,12 @@ def make_optimizer(model: Any, config: TrainConfig) -> tuple[torch.optim.Optimiz
 
 def make_reference(model: Any, config: TrainConfig) -> Reference | None:
     """None without a KL term; the adapter-less model under LoRA; else a frozen copy of the
-    initial weights."""
+    initial weights on the policy's device, stored in the compute precision."""
     if config.algorithm.kl_beta == 0:
         return None
     if config.lora.enabled:
         return Reference(model, disable_adapter=True)
-    dtype = torch.bfloat16 if config.model.dtype == "bfloat16" else torch.float32
-    reference, _ = load_model(config.model.name, dtype=dtype)
+    device = next(model.parameters()).device
+    reference, _ = load_model(config.model.name, dtype=resolve_dtype(config.model.dtype, device), device=device)
     reference.requires_grad_(False)
     return Reference(reference)

@@ -43,13 +43,13 @@ from .config import TrainConfig
 from .data import generated_samples
 from .environments import build_environments
 from .logbook import Logbook, read_metrics
-from .policy import load_policy, make_optimizer
+from .policy import compute_dtype, load_policy, make_optimizer
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
 from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
     select_trajectories, trajectory_examples,
 )
-from .update import Episode, optimizer_step, plan_micro_batches, sequence_logprobs
+from .update import Episode, mixed_precision, optimizer_step, plan_micro_batches, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,11 @@ class SFTStats:
 
 def sft_update(
     model: Any, optimizer: torch.optim.Optimizer, examples: Sequence[Example], *, micro_batch_tokens: int,
-    pad_id: int, max_grad_norm: float | None = None,
+    pad_id: int, max_grad_norm: float | None = None, compute_dtype: torch.dtype = torch.float32,
 ) -> SFTStats:
-    """One optimizer step on ``examples``: micro-batches, accumulated NLL, clip, step."""
+    """One optimizer step on ``examples``: micro-batches, accumulated NLL, clip, step; on the
+    model's device, the forward passes in ``compute_dtype`` (bfloat16: under autocast)."""
+    device = next(model.parameters()).device
     loss_fn = MaskedNLLLoss()
     episodes = [_episode(e) for e in examples]
     weights = loss_fn.weights([e.mask for e in episodes])
@@ -96,9 +98,11 @@ def sft_update(
     total, tokens = 0.0, 0
     batches = plan_micro_batches(episodes, 1, micro_batch_tokens)
     for batch in batches:
-        ids, attention, w = _collate([episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id)
-        logprobs = sequence_logprobs(model, ids, attention, w != 0)  # (B, T)
-        loss = loss_fn(logprobs, w)
+        collated = _collate([episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id)
+        ids, attention, w = (t.to(device) for t in collated)
+        with mixed_precision(device, compute_dtype):
+            logprobs = sequence_logprobs(model, ids, attention, w != 0)  # (B, T)
+            loss = loss_fn(logprobs, w)
         loss.backward()
         total += float(loss.detach())
         tokens += int(attention.sum())
@@ -225,7 +229,8 @@ async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, render
     prompts = generated_samples(rollouts.environments, rollouts.prompts, config.seed + 7919 * phase)
     samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
     backend = open_backend(config.model.backend, config.model.name, tokenizer, base_url=config.model.base_url,
-                           hf_model=model, concurrency=config.rollout.concurrency, seed=config.seed)
+                           hf_model=model, concurrency=config.rollout.concurrency, seed=config.seed,
+                           options={"compute_dtype": compute_dtype(config.model)} if config.model.backend == "hf" else None)
     try:
         if config.model.backend != "hf":
             await backend.update_weights(model)
@@ -259,7 +264,8 @@ class _Trainer:
                 began = time.perf_counter()
                 batch = [examples[i] for i in order[start : start + config.batch_size]]
                 stats = sft_update(self.model, self.optimizer, batch, micro_batch_tokens=config.optim.micro_batch_tokens,
-                                   pad_id=self.tokenizer.pad_token_id, max_grad_norm=config.optim.max_grad_norm)
+                                   pad_id=self.tokenizer.pad_token_id, max_grad_norm=config.optim.max_grad_norm,
+                                   compute_dtype=compute_dtype(config.model))
                 self.scheduler.step()
                 step += 1
                 metrics = {

@@ -15,6 +15,11 @@ micro-batch whose prompt is computed once and whose rows continue from its cache
 Without groups, episodes are sorted by length and packed greedily into micro-batches whose padded
 size (rows x longest row) stays within ``micro_batch_tokens``. The loss weights are computed for the whole batch beforehand (see ``losses``), so the
 accumulated gradient equals the full-batch gradient whatever the packing.
+
+Devices: episodes live on the CPU; each micro-batch is built on the model's device (that of its
+first parameter) and the statistics come back as Python numbers. With a ``compute_dtype`` below
+the weights' float32 (bfloat16), the forward passes and the loss run under ``torch.autocast`` and
+the backward pass outside it (see ``policy``).
 """
 
 from __future__ import annotations
@@ -134,7 +139,7 @@ def sequence_logprobs(
     """
     batch, length = ids.shape
     rows, cols = targets[:, 1:].nonzero(as_tuple=True)  # token cols + 1 is a target
-    out = torch.zeros(batch, length)
+    out = torch.zeros(batch, length, device=ids.device)
     if rows.numel() == 0:
         return out
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -166,16 +171,24 @@ def _plain_lm_head(model: Any) -> bool:
     return not scaled and callable(getattr(model, "get_decoder", None)) and model.get_output_embeddings() is not None
 
 
-def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int):
+def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int, device: torch.device):
+    """(B, T) ids, attention, old logprobs and loss weights on ``device``, right-padded."""
     length = max(e.ids.numel() for e in episodes)
-    ids = torch.full((len(episodes), length), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(episodes), length), dtype=torch.long)
-    old = torch.zeros((len(episodes), length))
-    w = torch.zeros((len(episodes), length))
+    ids = torch.full((len(episodes), length), pad_id, dtype=torch.long, device=device)
+    attention = torch.zeros((len(episodes), length), dtype=torch.long, device=device)
+    old = torch.zeros((len(episodes), length), device=device)
+    w = torch.zeros((len(episodes), length), device=device)
     for row, (e, wt) in enumerate(zip(episodes, weights)):
         n = e.ids.numel()
         ids[row, :n], attention[row, :n], old[row, :n], w[row, :n] = e.ids, 1, e.old_logprobs, wt
     return ids, attention, old, w
+
+
+def mixed_precision(device: torch.device, dtype: torch.dtype):
+    """Mixed precision for the forward passes, or nothing when computing in float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def policy_update(
@@ -191,30 +204,34 @@ def policy_update(
     max_grad_norm: float | None = None,
     reference: Any = None,
     group_size: int = 1,
+    compute_dtype: torch.dtype = torch.float32,
     ranks: Ranks = Ranks(),
 ) -> UpdateStats:
     """Accumulate the loss over micro-batches and take one optimizer step. ``group_size``: episodes
     come in groups of that many rollouts of one prompt (their shared prompt is computed once).
+    ``compute_dtype``: precision of the forward passes (bfloat16: under ``torch.autocast``).
     With several ``ranks`` (a sharded model) every rank runs as many micro-batches as the busiest
     one (each FSDP forward and backward is a collective); ``weights`` must be normalised over the
     global batch."""
+    device = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = dict(loss=0.0, policy_loss=0.0, kl=0.0, clipped=0, tokens=0, policy_tokens=0, ratio=0.0)
     batches = plan_micro_batches(episodes, group_size, micro_batch_tokens)
     for _ in range(ranks.most(len(batches)) - len(batches)):
-        _empty_pass(model, pad_id)
+        _empty_pass(model, pad_id, device)
     for batch in batches:
         rows = batch.rows
         if not ranks.distributed and not any(float(weights[i].abs().sum()) for i in rows):
             continue  # nothing to learn from these rows (zero weight everywhere)
-        ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id)
-        ref = None
-        if reference is not None:
-            with torch.no_grad(), _reference_context(reference):
-                ref = sequence_logprobs(reference.model, ids, attention, w != 0, batch.prefix)
-        logprobs = sequence_logprobs(model, ids, attention, w != 0, batch.prefix)
-        parts = loss_fn(logprobs, old, advantages[rows], w, ref)
+        ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id, device)
+        with mixed_precision(device, compute_dtype):
+            ref = None
+            if reference is not None:
+                with torch.no_grad(), _reference_context(reference):
+                    ref = sequence_logprobs(reference.model, ids, attention, w != 0, batch.prefix)
+            logprobs = sequence_logprobs(model, ids, attention, w != 0, batch.prefix)
+            parts = loss_fn(logprobs, old, advantages[rows].to(device), w, ref)
         parts.loss.backward()
         totals["loss"] += float(parts.loss.detach())
         totals["policy_loss"] += parts.policy_loss
@@ -238,10 +255,10 @@ def policy_update(
     )
 
 
-def _empty_pass(model: Any, pad_id: int) -> None:
+def _empty_pass(model: Any, pad_id: int, device: torch.device) -> None:
     """A forward and backward that contributes nothing, so this rank joins the other ranks'
     collectives for a micro-batch it does not have."""
-    ids = torch.full((1, 2), pad_id, dtype=torch.long)
+    ids = torch.full((1, 2), pad_id, dtype=torch.long, device=device)
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
     (logits.float().sum() * 0.0).backward()
 
