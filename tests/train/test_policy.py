@@ -24,12 +24,12 @@ def _episodes():
 def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights_and_adam_state(tiny_model_dir):
     config = _config(tiny_model_dir, "model.dtype=bfloat16", "algorithm.kl_beta=0.1")
     assert compute_dtype(config.model) == torch.bfloat16
-    model, _ = load_policy(config)
+    model, _ = load_policy(config.model, config.lora)
     assert {(p.dtype, p.device, p.requires_grad) for p in model.parameters()} == {(torch.float32, torch.device("cpu"), True)}
-    reference = make_reference(model, config)
+    reference = make_reference(model, config.model, config.algorithm.kl_beta, config.lora.enabled)
     assert {p.dtype for p in reference.model.parameters()} == {torch.bfloat16}  # frozen: compute precision
     assert not any(p.requires_grad for p in reference.model.parameters())
-    optimizer, _ = make_optimizer(model, config)
+    optimizer, _ = make_optimizer(model, config.optim, config.steps)
     seen = []  # dtypes of the first projection's outputs during the update
     hook = model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     episodes = _episodes()
@@ -47,7 +47,7 @@ def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights_and_adam
 def test_float32_computes_in_float32(tiny_model_dir):
     config = _config(tiny_model_dir)  # dtype auto on cpu
     assert compute_dtype(config.model) == torch.float32
-    model, _ = load_policy(config)
+    model, _ = load_policy(config.model, config.lora)
     seen = []
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     episodes = _episodes()
@@ -58,7 +58,8 @@ def test_float32_computes_in_float32(tiny_model_dir):
 
 
 def test_lora_keeps_the_frozen_base_in_bfloat16_and_the_adapter_in_float32(tiny_model_dir):
-    model, _ = load_policy(_config(tiny_model_dir, "model.dtype=bfloat16", "lora.enabled=true", "lora.r=2"))
+    config = _config(tiny_model_dir, "model.dtype=bfloat16", "lora.enabled=true", "lora.r=2")
+    model, _ = load_policy(config.model, config.lora)
     trainable = {p.dtype for p in model.parameters() if p.requires_grad}
     frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
     assert trainable == {torch.float32} and frozen == {torch.bfloat16}

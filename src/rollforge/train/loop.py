@@ -263,11 +263,11 @@ async def open_run(
         out.mkdir(parents=True, exist_ok=True)
         if ranks.main:
             (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        model, tokenizer = load_policy(config)
+        model, tokenizer = load_policy(config.model, config.lora)
         generator = _generation_copy(config) if ranks.distributed else model
         model = shard(model, ranks)
-        optimizer, scheduler = make_optimizer(model, config)
-        reference = make_reference(model, config)
+        optimizer, scheduler = make_optimizer(model, config.optim, config.steps * config.algorithm.epochs_per_batch)
+        reference = make_reference(model, config.model, config.algorithm.kl_beta, config.lora.enabled)
         algo = config.algorithm
         start = 0
         if resumed is not None:
@@ -322,7 +322,7 @@ def _check_ranks(config: TrainConfig, ranks: Ranks) -> None:
 def _generation_copy(config: TrainConfig) -> Any:
     """A plain copy of the policy: this rank's generation model (``hf``) or what rank 0 exports to
     the engine; its weights come from the trained policy at every sync."""
-    model = load_policy(config)[0]
+    model = load_policy(config.model, config.lora)[0]
     return model.requires_grad_(False)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import require
 from ..models import load_model, resolve_device, resolve_dtype
-from .config import ModelConfig, TrainConfig
+from .config import LoraConfig, ModelConfig, OptimConfig
 from .update import Reference
 
 
@@ -27,53 +27,52 @@ def compute_dtype(model: ModelConfig) -> torch.dtype:
     return resolve_dtype(model.dtype, resolve_device(model.device))
 
 
-def load_policy(config: TrainConfig) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: the model on ``model.device`` in eval mode (the update switches
+def load_policy(spec: ModelConfig, lora: LoraConfig) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the model on ``spec.device`` in eval mode (the update switches
     modes), trainable parameters float32 and requiring grad, wrapped with a LoRA adapter when
     configured (its frozen base in the compute precision)."""
-    device = resolve_device(config.model.device)
-    frozen_dtype = resolve_dtype(config.model.dtype, device)
-    dtype = frozen_dtype if config.lora.enabled else torch.float32
-    model, tokenizer = load_model(config.model.name, dtype=dtype, device=device)
-    if config.lora.enabled:
+    device = resolve_device(spec.device)
+    frozen_dtype = resolve_dtype(spec.dtype, device)
+    dtype = frozen_dtype if lora.enabled else torch.float32
+    model, tokenizer = load_model(spec.name, dtype=dtype, device=device)
+    if lora.enabled:
         peft = require("peft", extra="train", feature="LoRA training")
-        lora = peft.LoraConfig(
-            r=config.lora.r,
-            lora_alpha=config.lora.alpha,
-            lora_dropout=config.lora.dropout,
-            target_modules=config.lora.target_modules,
+        adapter = peft.LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
             task_type="CAUSAL_LM",
         )
-        model = peft.get_peft_model(model, lora, autocast_adapter_dtype=True)  # adapter weights float32
+        model = peft.get_peft_model(model, adapter, autocast_adapter_dtype=True)  # adapter weights float32
     else:
         model.requires_grad_(True)
     return model.eval(), tokenizer
 
 
-def make_optimizer(model: Any, config: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
+def make_optimizer(model: Any, optim: OptimConfig, optimizer_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the trainable parameters and its schedule over ``optimizer_steps`` steps."""
     from transformers import get_scheduler
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
-    )
+    optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     scheduler = get_scheduler(
-        "constant_with_warmup" if config.optim.schedule == "constant" else config.optim.schedule,
+        "constant_with_warmup" if optim.schedule == "constant" else optim.schedule,
         optimizer,
-        num_warmup_steps=config.optim.warmup_steps,
-        num_training_steps=config.steps * config.algorithm.epochs_per_batch,
+        num_warmup_steps=optim.warmup_steps,
+        num_training_steps=optimizer_steps,
     )
     return optimizer, scheduler
 
 
-def make_reference(model: Any, config: TrainConfig) -> Reference | None:
-    """None without a KL term; the adapter-less model under LoRA; else a frozen copy of the
-    initial weights on the policy's device, stored in the compute precision."""
-    if config.algorithm.kl_beta == 0:
+def make_reference(model: Any, spec: ModelConfig, kl_beta: float, lora: bool) -> Reference | None:
+    """None without a KL term (``kl_beta`` 0); the adapter-less model under LoRA; else a frozen
+    copy of the initial weights on the policy's device, stored in the compute precision."""
+    if kl_beta == 0:
         return None
-    if config.lora.enabled:
+    if lora:
         return Reference(model, disable_adapter=True)
     device = next(model.parameters()).device
-    reference, _ = load_model(config.model.name, dtype=resolve_dtype(config.model.dtype, device), device=device)
+    reference, _ = load_model(spec.name, dtype=resolve_dtype(spec.dtype, device), device=device)
     reference.requires_grad_(False)
     return Reference(reference)

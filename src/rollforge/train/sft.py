@@ -39,7 +39,6 @@ from ..errors import ConfigError
 from ..rollout.engine import arollout
 from ..types import Trajectory
 from . import checkpoint as ckpt
-from .config import TrainConfig
 from .data import generated_samples
 from .environments import build_environments
 from .logbook import Logbook, read_metrics
@@ -149,8 +148,7 @@ async def asft(
     (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    shared = TrainConfig(model=config.model, lora=config.lora, optim=config.optim, seed=config.seed)
-    model, tokenizer = load_policy(shared)
+    model, tokenizer = load_policy(config.model, config.lora)
     renderer = ChatRenderer(tokenizer)
     examples = await _source_examples(config, renderer, dataset, trajectories)
     rounds = config.from_rollouts.rounds if config.from_rollouts.enabled else 0
@@ -160,7 +158,7 @@ async def asft(
         config.from_rollouts.prompts * config.from_rollouts.samples_per_prompt, config
     )
     total = min(planned, config.max_steps or planned)
-    optimizer, scheduler = make_optimizer(model, shared.model_copy(update={"steps": max(total, 1)}))
+    optimizer, scheduler = make_optimizer(model, config.optim, max(total, 1))
     logbook = Logbook(out, total, 0, console=False)
     step = 0
     try:
