@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -197,22 +197,3 @@ class GenerationCopy:
         weights = full_state_dict(policy)  # every rank takes part
         with torch.no_grad():
             self.model.load_state_dict({k: v.detach() for k, v in weights.items()}, strict=False)
-
-
-def merge_update_stats(stats: Sequence[Any]) -> Any:
-    """One ``UpdateStats`` for the global batch from every rank's: losses are sums of globally
-    weighted terms (so they add), fractions are weighted by each rank's policy tokens, the
-    gradient norm is already global."""
-    tokens = sum(s.policy_tokens for s in stats)
-    n = max(tokens, 1)
-    return replace(
-        stats[0],
-        loss=sum(s.loss for s in stats),
-        policy_loss=sum(s.policy_loss for s in stats),
-        kl=sum(s.kl for s in stats),
-        clip_fraction=sum(s.clip_fraction * s.policy_tokens for s in stats) / n,
-        mean_ratio=sum(s.mean_ratio * s.policy_tokens for s in stats) / n,
-        micro_batches=sum(s.micro_batches for s in stats),
-        tokens=sum(s.tokens for s in stats),
-        policy_tokens=tokens,
-    )

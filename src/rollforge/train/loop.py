@@ -40,17 +40,17 @@ from ..rollout.engine import arollout
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
-from .advantages import Advantages, compute_advantages
+from .advantages import compute_advantages
 from .config import TrainConfig
 from .data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
-from .distributed import GenerationCopy, Ranks, merge_update_stats, shard
+from .distributed import GenerationCopy, Ranks, shard
 from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
 from .logbook import Logbook, read_metrics
 from .losses import ClippedPolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
-from .rewards import RewardFunction, Rewards, compute_rewards, load_reward_functions
-from .step_metrics import step_metrics
+from .rewards import RewardFunction, compute_rewards, load_reward_functions
+from .step_metrics import RankStep, merge_ranks, step_metrics
 from .sync import WeightSync
 from .update import policy_update, sequences
 
@@ -162,60 +162,29 @@ async def train_step(run: Run, step: int) -> dict[str, Any] | None:
             policy_update, run.model, run.optimizer, episodes, advantages.values[owners], weights, run.loss_fn,
             micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
             max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared,
-            compute_dtype=run.dtype, ranks=ranks,
+            compute_dtype=run.dtype, ranks=ranks, scheduler=run.scheduler,
         )
-        run.scheduler.step()
     updated = time.perf_counter()
     await _push_weights(run)
     synced = time.perf_counter()
 
     times = {"rollout": rolled - began, "update": updated - rolled, "sync": synced - updated}
     metrics = None
-    if (gathered := _gather(run, step, trajectories, rewards, advantages, stats, result.metrics, times)) is not None:
-        metrics, batch = gathered
+    if (parts := ranks.gather(RankStep(trajectories, rewards, advantages, stats, result.metrics, times))) is not None:
+        done = merge_ranks(parts)  # rank 0: the global batch
+        metrics = step_metrics(step, done.trajectories, done.rewards, done.advantages, done.update, done.rollout,
+                               lr=run.scheduler.get_last_lr()[0], times=done.times)
+        if ranks.distributed:
+            metrics["ranks"] = ranks.world
         run.logbook.log(metrics)
         if config.save_trajectories:
-            run.logbook.save_trajectories(step, *batch)
+            run.logbook.save_trajectories(step, done.trajectories, done.rewards.totals, done.advantages.values.tolist())
     if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
         await UPDATE_WORKERS.run(
             ckpt.save_checkpoint, run.out / "checkpoints", step, run.model, run.tokenizer, run.optimizer,
             run.scheduler, run.source.state(), config.keep_checkpoints, ranks=ranks, plain=run.generator,
         )
     return metrics
-
-
-def _gather(run: Run, step, trajectories, rewards: Rewards, advantages: Advantages, stats, rollout,
-            times) -> tuple[dict[str, Any], tuple[list, list, list]] | None:
-    """Rank 0: the step's metrics over every rank's episodes, and the global batch (trajectories,
-    rewards, advantages) for saving; other ranks: None."""
-    gathered = run.ranks.gather((trajectories, rewards, advantages, stats, rollout, times))
-    if gathered is None:
-        return None
-    everything = [t for part in gathered for t in part[0]]
-    merged_rewards = Rewards(
-        [r for part in gathered for r in part[1].totals],
-        {name: [v for part in gathered for v in part[1].per_function[name]] for name in rewards.per_function},
-        {k: v for part in gathered for k, v in part[1].errors.items()},
-    )
-    merged_advantages = Advantages(
-        torch.cat([part[2].values for part in gathered]),
-        sum(part[2].zero_variance_groups for part in gathered), sum(part[2].groups for part in gathered),
-    )
-    engine = dict(gathered[0][4])
-    for key in ("errors", "failures"):  # counts add up over ranks; the other engine figures are rank 0's
-        counts: dict[str, int] = {}
-        for part in gathered:
-            for kind, n in part[4].get(key, {}).items():
-                counts[kind] = counts.get(kind, 0) + n
-        engine[key] = counts
-    slowest = {k: max(part[5][k] for part in gathered) for k in times}  # a step lasts as long as its slowest rank
-    metrics = step_metrics(
-        step, everything, merged_rewards, merged_advantages, merge_update_stats([part[3] for part in gathered]),
-        engine, lr=run.scheduler.get_last_lr()[0], times=slowest,
-    )
-    if run.ranks.distributed:
-        metrics["ranks"] = run.ranks.world
-    return metrics, (everything, merged_rewards.totals, merged_advantages.values.tolist())
 
 
 async def _push_weights(run: Run) -> None:

@@ -84,10 +84,10 @@ class SFTStats:
 
 def sft_update(
     model: Any, optimizer: torch.optim.Optimizer, examples: Sequence[Example], *, micro_batch_tokens: int,
-    pad_id: int, max_grad_norm: float | None = None, compute_dtype: torch.dtype = torch.float32,
+    pad_id: int, max_grad_norm: float | None = None, compute_dtype: torch.dtype = torch.float32, scheduler: Any = None,
 ) -> SFTStats:
-    """One optimizer step on ``examples``: micro-batches, accumulated NLL, clip, step; on the
-    model's device, the forward passes in ``compute_dtype`` (bfloat16: under autocast)."""
+    """One optimizer (and ``scheduler``) step on ``examples``: micro-batches, accumulated NLL, clip,
+    step; on the model's device, the forward passes in ``compute_dtype`` (bfloat16: under autocast)."""
     device = next(model.parameters()).device
     loss_fn = MaskedNLLLoss()
     episodes = [_episode(e) for e in examples]
@@ -105,7 +105,7 @@ def sft_update(
         loss.backward()
         total += float(loss.detach())
         tokens += int(attention.sum())
-    grad_norm = optimizer_step(model, optimizer, max_grad_norm)
+    grad_norm = optimizer_step(model, optimizer, max_grad_norm, scheduler)
     return SFTStats(total, grad_norm, tokens, int(sum(float(e.mask.sum()) for e in episodes)), len(batches))
 
 
@@ -263,8 +263,7 @@ class _Trainer:
                 batch = [examples[i] for i in order[start : start + config.batch_size]]
                 stats = sft_update(self.model, self.optimizer, batch, micro_batch_tokens=config.optim.micro_batch_tokens,
                                    pad_id=self.tokenizer.pad_token_id, max_grad_norm=config.optim.max_grad_norm,
-                                   compute_dtype=compute_dtype(config.model))
-                self.scheduler.step()
+                                   compute_dtype=compute_dtype(config.model), scheduler=self.scheduler)
                 step += 1
                 metrics = {
                     "step": step, "phase": phase, "epoch": epoch, "loss": stats.loss, "grad_norm": stats.grad_norm,

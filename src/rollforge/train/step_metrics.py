@@ -12,12 +12,75 @@ under ``rollout/``. A mean over nothing is None, never NaN.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
+
+import torch
 
 from ..types import Trajectory
 from .advantages import Advantages
 from .rewards import Rewards, mean_or_none
 from .update import UpdateStats
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """What one rank's step produced, as ``step_metrics`` takes it (rank 0 gathers every rank's)."""
+
+    trajectories: Sequence[Trajectory]
+    rewards: Rewards
+    advantages: Advantages
+    update: UpdateStats
+    rollout: dict[str, Any]
+    times: dict[str, float]
+
+
+def merge_ranks(parts: Sequence[RankStep]) -> RankStep:
+    """The step of the global batch from every rank's share, in rank order: episodes, rewards and
+    advantages concatenate; the update's statistics combine (``merge_update_stats``); the engine's
+    error and failure counts add up (its other figures are rank 0's); each time is the slowest
+    rank's (a step lasts as long as its slowest rank)."""
+    if len(parts) == 1:
+        return parts[0]
+    names = parts[0].rewards.per_function
+    rewards = Rewards(
+        [r for p in parts for r in p.rewards.totals],
+        {name: [v for p in parts for v in p.rewards.per_function[name]] for name in names},
+        {k: v for p in parts for k, v in p.rewards.errors.items()},
+    )
+    advantages = Advantages(
+        torch.cat([p.advantages.values for p in parts]),
+        sum(p.advantages.zero_variance_groups for p in parts), sum(p.advantages.groups for p in parts),
+    )
+    rollout = dict(parts[0].rollout)
+    for key in ("errors", "failures"):
+        counts: dict[str, int] = {}
+        for p in parts:
+            for kind, n in p.rollout.get(key, {}).items():
+                counts[kind] = counts.get(kind, 0) + n
+        rollout[key] = counts
+    times = {k: max(p.times[k] for p in parts) for k in parts[0].times}
+    trajectories = [t for p in parts for t in p.trajectories]
+    return RankStep(trajectories, rewards, advantages, merge_update_stats([p.update for p in parts]), rollout, times)
+
+
+def merge_update_stats(stats: Sequence[UpdateStats]) -> UpdateStats:
+    """One ``UpdateStats`` for the global batch from every rank's: losses are sums of globally
+    weighted terms (so they add), fractions are weighted by each rank's policy tokens, the
+    gradient norm is already global."""
+    tokens = sum(s.policy_tokens for s in stats)
+    n = max(tokens, 1)
+    return replace(
+        stats[0],
+        loss=sum(s.loss for s in stats),
+        policy_loss=sum(s.policy_loss for s in stats),
+        kl=sum(s.kl for s in stats),
+        clip_fraction=sum(s.clip_fraction * s.policy_tokens for s in stats) / n,
+        mean_ratio=sum(s.mean_ratio * s.policy_tokens for s in stats) / n,
+        micro_batches=sum(s.micro_batches for s in stats),
+        tokens=sum(s.tokens for s in stats),
+        policy_tokens=tokens,
+    )
 
 
 def step_metrics(

@@ -206,6 +206,7 @@ def policy_update(
     group_size: int = 1,
     compute_dtype: torch.dtype = torch.float32,
     ranks: Ranks = Ranks(),
+    scheduler: Any = None,
 ) -> UpdateStats:
     """Accumulate the loss over micro-batches and take one optimizer step. ``group_size``: episodes
     come in groups of that many rollouts of one prompt (their shared prompt is computed once).
@@ -240,7 +241,7 @@ def policy_update(
         totals["policy_tokens"] += parts.tokens
         totals["ratio"] += parts.ratio_sum
         totals["tokens"] += int(attention.sum()) - (len(rows) - 1) * batch.prefix
-    grad_norm = optimizer_step(model, optimizer, max_grad_norm)
+    grad_norm = optimizer_step(model, optimizer, max_grad_norm, scheduler)
     n = max(totals["policy_tokens"], 1)
     return UpdateStats(
         loss=totals["loss"],
@@ -278,14 +279,16 @@ def _reference_context(reference: Reference):
     return contextlib.nullcontext()
 
 
-def optimizer_step(model: Any, optimizer: Any, max_grad_norm: float | None) -> float:
-    """Clip (when ``max_grad_norm`` is set), step, zero the gradients and leave the model in eval
-    mode; returns the gradient norm before clipping."""
+def optimizer_step(model: Any, optimizer: Any, max_grad_norm: float | None, scheduler: Any = None) -> float:
+    """Clip (when ``max_grad_norm`` is set), step the optimizer and the learning-rate ``scheduler``,
+    zero the gradients and leave the model in eval mode; returns the gradient norm before clipping."""
     params = [p for p in model.parameters() if p.requires_grad]
     # clip_grad_norm_ reduces sharded (DTensor) gradients across ranks; an infinite bound only measures
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
     return grad_norm
