@@ -53,3 +53,9 @@ def test_the_value_is_frozen_typed_and_travels_pickled():
     with pytest.raises(ConfigError, match="base_url is only used by the openai backend"):
         dataclasses.replace(config, kind="hf")
     assert server_urls("http://a:1, http://b:2") == ["http://a:1", "http://b:2"]
+
+
+def test_equal_configs_hash_alike():
+    a = BackendConfig(kind="vllm", model="m", options={"enable_lora": True})
+    b = BackendConfig(kind="vllm", model="m", options={"enable_lora": True})
+    assert a == b and hash(a) == hash(b) and a != BackendConfig(kind="vllm", model="m")

@@ -48,7 +48,7 @@ class BackendConfig:
     """Seed of requests that carry none; replica ``i`` gets ``seed + i``."""
     request_timeout: float | None = None
     """Seconds one request may take (``vllm``, ``openai``; None: the backend's default)."""
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Extra keyword arguments of the chosen backend's constructor (``HFBackend``, ``VLLMBackend``,
     ``OpenAICompatBackend``), e.g. ``{"enable_lora": True}`` or ``{"weights_dir": ...}``."""
     replicas: int = 1
