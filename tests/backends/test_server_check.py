@@ -6,8 +6,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from rollforge.backends.openai_compat import check_server
 from rollforge.backends.config import BackendConfig
+from rollforge.backends.openai_compat import check_server
 from rollforge.backends.select import open_backend
 from rollforge.errors import BackendError
 
