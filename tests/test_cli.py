@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -60,8 +61,17 @@ def check_records(records: list[dict], metrics: dict, renderer: ChatRenderer) ->
     return trajectories
 
 
-def test_rollout_cli_on_tiny_model(tiny_model_dir, tmp_path):
+def test_rollout_cli_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
+    loops = []
+    real_run = asyncio.run
+
+    def counted_run(main, **kwargs):
+        loops.append(main.__qualname__)
+        return real_run(main, **kwargs)
+
+    monkeypatch.setattr(asyncio, "run", counted_run)
     records, metrics = run_rollout(str(tiny_model_dir), tmp_path / "run", "--mode", "lockstep", "--seed", "3")
+    assert loops == ["_rollout"]  # one event loop runs the backend, the environments and the rollout
     _, tokenizer = load_model(tiny_model_dir)
     check_records(records, metrics, ChatRenderer(tokenizer))
     again, _ = run_rollout(str(tiny_model_dir), tmp_path / "again", "--mode", "lockstep", "--seed", "3")

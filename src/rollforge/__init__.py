@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .backends.base import Backend, SamplingParams, WeightSync
+from .backends.config import BackendConfig
 from .backends.scripted import ScriptedBackend
 from .chat.families import Family, detect_family, get_family
 from .chat.fidelity import token_fidelity_gap
@@ -45,10 +46,11 @@ _LAZY = {
     "VLLMBackend": ("rollforge.backends.vllm", "VLLMBackend"),
     "OpenAICompatBackend": ("rollforge.backends.openai_compat", "OpenAICompatBackend"),
     "open_backend": ("rollforge.backends.select", "open_backend"),
+    "open_generation": ("rollforge.cluster.generation", "open_generation"),
 }
 
 __all__ = [
-    "AgentEnvironment", "Backend", "BackendError", "BaseSession", "ChatRenderer", "CheckReport",
+    "AgentEnvironment", "Backend", "BackendConfig", "BackendError", "BaseSession", "ChatRenderer", "CheckReport",
     "CheckpointError", "Completion", "ConfigError", "ENV_NAMES", "EnvSession", "EnvSpec",
     "Environment", "EnvironmentError_", "FactoryEnvironment", "Failure", "Family",
     "GeneratingEnvironment", "HFBackend", "InvariantError", "Message", "MissingDependency",
@@ -57,7 +59,7 @@ __all__ = [
     "Step", "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "TemplateReport", "ToolCall",
     "ToolCallParser", "Trajectory", "VLLMBackend", "WeightSync", "acheck_env", "arollout",
     "check_env", "detect_family", "get_env_spec", "get_family", "get_parser", "load_model",
-    "load_tokenizer", "open_backend", "rollout", "rollout_metrics", "token_fidelity_gap",
+    "load_tokenizer", "open_backend", "open_generation", "rollout", "rollout_metrics", "token_fidelity_gap",
 ]
 
 

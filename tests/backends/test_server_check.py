@@ -6,6 +6,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from rollforge.backends.config import BackendConfig
 from rollforge.backends.openai_compat import check_server
 from rollforge.backends.select import open_backend
 from rollforge.errors import BackendError
@@ -31,9 +32,10 @@ def test_any_answer_counts_and_silence_is_one_clear_error(tiny_model_dir):
     try:
         url = f"http://127.0.0.1:{server.server_port}"
         check_server(url + "/v1/")  # a 404 is an answer: a server is up
-        open_backend("openai", str(tiny_model_dir), base_url=url, check_reachable=True)
+        open_backend(BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=url, check_reachable=True))
         with pytest.raises(BackendError, match=f"answers at {down}"):  # each replica is checked
-            open_backend("openai", str(tiny_model_dir), base_url=f"{url},{down}", check_reachable=True)
+            open_backend(BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=f"{url},{down}",
+                                       check_reachable=True))
     finally:
         server.shutdown()
         server.server_close()

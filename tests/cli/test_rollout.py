@@ -3,6 +3,7 @@ write that does not lose the rollout, and ``--episode-timeout``."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -62,8 +63,8 @@ def test_a_failing_partial_write_is_reported_and_every_episode_still_lands(tiny_
 
     monkeypatch.setattr(PartialWriter, "append", full_disk_after_two)
     samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}]) for i in range(5)]
-    result = run_with_progress(samples, {"default": FactoryEnvironment(Echo)}, backend, renderer, RolloutConfig(),
-                               tmp_path)
+    result = asyncio.run(run_with_progress(samples, {"default": FactoryEnvironment(Echo)}, backend, renderer,
+                                           RolloutConfig(), tmp_path))
     assert result.metrics["on_episode_errors"] == 3 and len(appended) == 2
     lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert [json.loads(line)["index"] for line in lines] == [0, 1, 2, 3, 4]

@@ -1,7 +1,7 @@
 """Generation replicas on Ray actors behind a router, on the session's local Ray instance: two HF
 replicas of the tiny model (num_cpus=0, so both fit on two CPUs) driven by the real engine.
 
-The vLLM path (``open_backend("vllm", ..., replicas=N)``) builds the same actors with a vLLM engine
+The vLLM path (``open_generation(BackendConfig(kind="vllm", ..., replicas=N))``) builds the same actors with a vLLM engine
 inside; it is not exercised here because each engine takes ~45 s to start on this machine.
 """
 
@@ -13,9 +13,10 @@ import copy
 import pytest
 import torch
 
+from rollforge.backends.config import BackendConfig
 from rollforge.backends.router import RouterBackend
-from rollforge.backends.select import open_backend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.cluster.generation import open_generation
 from rollforge.cluster.replicas import RayBackendReplica, start_replicas
 from rollforge.backends.base import Backend
 from rollforge.envs.base import BaseSession, Environment, Reset, Step
@@ -103,8 +104,9 @@ def teacher_forced(model, trajectory) -> tuple[torch.Tensor, torch.Tensor]:
 
 async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_session, tiny_model_dir, tiny, renderer):
     model = tiny[0]
-    built = open_backend("hf", str(tiny_model_dir), replicas=2, replica_cpus=0, concurrency=8, seed=0)
+    built = open_generation(BackendConfig(model=str(tiny_model_dir), replicas=2, replica_cpus=0, concurrency=8, seed=0))
     assert isinstance(built, RouterBackend) and all(isinstance(r, RayBackendReplica) for r in built.replicas)
+    assert [(r.config.seed, r.config.replicas, r.config.replica_cpus) for r in built.replicas] == [(0, 1, 0), (1, 1, 0)]
     replicas = [Recording(r) for r in built.replicas]
     router = RouterBackend(replicas)
     try:
@@ -164,6 +166,8 @@ async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_
 
 def test_a_replica_that_cannot_start_is_named(ray_session, tmp_path):
     with pytest.raises(BackendError, match=r"hf replica 0 failed to start: .*ModelError: .*does not exist"):
-        start_replicas("hf", str(tmp_path / "missing"), 1, num_cpus=0, start_timeout=120)
+        start_replicas(BackendConfig(model=str(tmp_path / "missing"), replica_cpus=0), start_timeout=120)
     with pytest.raises(ConfigError, match=r"a Ray replica runs one of hf, vllm, not 'openai'"):
-        RayBackendReplica("openai", str(tmp_path))
+        RayBackendReplica(BackendConfig(kind="openai", model=str(tmp_path), base_url="http://127.0.0.1:1"))
+    with pytest.raises(ConfigError, match=r"hf_model cannot be shared by 2 replicas on Ray actors"):
+        open_generation(BackendConfig(model=str(tmp_path), replicas=2), hf_model=object())

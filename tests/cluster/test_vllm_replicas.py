@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from rollforge.backends.base import SamplingParams
-from rollforge.backends.select import open_backend
+from rollforge.backends.config import BackendConfig
 from rollforge.chat.render import ChatRenderer
 from rollforge.cli.rollout import split_samples
+from rollforge.cluster.generation import open_generation
 from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.rollout.config import RolloutConfig
@@ -37,8 +38,8 @@ def teacher_forced(model, prompt, completion) -> torch.Tensor:
 def test_two_vllm_replicas_on_ray(ray_session, smollm2_dir):
     model, tokenizer = load_model(smollm2_dir)
     renderer = ChatRenderer(tokenizer)
-    router = open_backend("vllm", str(smollm2_dir), replicas=2, replica_cpus=0, concurrency=8, seed=0,
-                          request_timeout=300, options=VLLM_OPTIONS)
+    router = open_generation(BackendConfig(kind="vllm", model=str(smollm2_dir), replicas=2, replica_cpus=0,
+                                           concurrency=8, seed=0, request_timeout=300, options=VLLM_OPTIONS))
 
     async def scenario():
         try:

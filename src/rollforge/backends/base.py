@@ -17,6 +17,10 @@ nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason 
 on it with a default (``accepts_images``, ``shares_model``, ``invalidate_cache``, ``close``,
 ``syncs_weights``, ``supports_sleep`` with ``sleep``/``wake_up``); only ``generate`` must be written. Weight sync stays a separate optional
 protocol (``WeightSync``); ``syncs_weights`` says whether a backend implements it.
+
+A backend is an async context manager, like httpx's transports: ``async with backend:`` (or
+``async with open_backend(config) as backend:``) closes it on the way out, error or not. Whoever
+opens a backend closes it.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from __future__ import annotations
 import abc
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 
 from ..errors import BackendError, ConfigError
 from ..types import Completion
 
+
+_B = TypeVar("_B", bound="Backend")
 
 #: The episode a ``generate`` call comes from: the engine sets it in each episode's task to an object
 #: that lives exactly as long as the episode (weak references work). A router of replicas keys its
@@ -80,6 +86,12 @@ class Backend(abc.ABC):
     async def close(self) -> None:
         """Release engines, threads and connections. Idempotent."""
         return None
+
+    async def __aenter__(self: _B) -> _B:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     def shares_model(self, model: Any) -> bool:
         """Whether this backend generates with ``model`` itself (the trainer's object), so that

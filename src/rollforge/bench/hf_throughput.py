@@ -74,21 +74,18 @@ def run(model_name: str = "smollm2-135m", episodes: int = 16, max_new_tokens: in
         seconds = time.perf_counter() - started
         return sum(_useful(row[width:].tolist(), stop_ids) for row in out), seconds
 
-    def ours() -> tuple[int, float]:
-        backend = HFBackend(model, tokenizer, max_batch_size=episodes)
-        try:
+    async def ours() -> tuple[int, float]:
+        async with HFBackend(model, tokenizer, max_batch_size=episodes) as backend:
             started = time.perf_counter()
-            result = asyncio.run(arollout(samples, {"default": _SingleTurn()}, backend, renderer, config))
+            result = await arollout(samples, {"default": _SingleTurn()}, backend, renderer, config)
             seconds = time.perf_counter() - started
-        finally:
-            asyncio.run(backend.close())
         return sum(t.generated_tokens for t in result.trajectories), seconds
 
     raw()  # warm-up (allocations, kernels)
     raw_runs, our_runs = [], []
     for _ in range(repeats):
         raw_runs.append(raw())
-        our_runs.append(ours())
+        our_runs.append(asyncio.run(ours()))
     raw_tokens, raw_seconds = min(raw_runs, key=lambda r: r[1])
     our_tokens, our_seconds = min(our_runs, key=lambda r: r[1])
     raw_tps, our_tps = raw_tokens / raw_seconds, our_tokens / our_seconds

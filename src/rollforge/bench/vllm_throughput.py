@@ -165,13 +165,14 @@ def _hf_side(path, renderer, config, environments, episodes: int) -> dict[str, A
     from ..models import load_model
 
     model, tokenizer = load_model(path)
-    backend = HFBackend(model, tokenizer, max_batch_size=episodes)
-    try:
-        started = time.perf_counter()
-        result = asyncio.run(arollout(_samples(episodes, 0), environments, backend, renderer, config))
-        seconds = time.perf_counter() - started
-    finally:
-        asyncio.run(backend.close())
+
+    async def run() -> tuple[Any, float]:
+        async with HFBackend(model, tokenizer, max_batch_size=episodes) as backend:
+            started = time.perf_counter()
+            result = await arollout(_samples(episodes, 0), environments, backend, renderer, config)
+            return result, time.perf_counter() - started
+
+    result, seconds = asyncio.run(run())
     return _side(sum(t.generated_tokens for t in result.trajectories), seconds)
 
 

@@ -48,32 +48,34 @@ def run(args: Any) -> int:
 
 
 async def _serve(args: Any) -> None:
+    from ..backends.config import BackendConfig
     from ..backends.select import open_backend
     from ..chat.render import ChatRenderer
     from ..chat.toolcalls import get_parser
     from ..gateway import Gateway, Sampling, SessionLimits
     from ..models import load_tokenizer
 
+    backend_config = BackendConfig(
+        kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
+        concurrency=args.concurrency, seed=args.seed, check_reachable=True,
+    )
     tokenizer = load_tokenizer(args.model)
     renderer = ChatRenderer(tokenizer)
     parser = get_parser(args.tool_parser or renderer.family.parser)
     limits = SessionLimits(args.max_seq_len, args.max_new_tokens, args.max_requests, args.session_timeout)
-    backend = open_backend(args.backend, args.model, tokenizer, base_url=args.base_url,
-                           served_model_name=args.served_model_name, concurrency=args.concurrency, seed=args.seed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        async with Gateway(backend, renderer, parser, model_name=os.path.basename(str(args.model).rstrip("/")),
-                           limits=limits, sampling=Sampling(seed=args.seed), host=args.host, port=args.port) as gateway:
-            print(f"rollforge gateway: serving {args.model} ({renderer.family.name} family, {args.backend} backend) "
-                  f"on {gateway.base_url()}; per session: {gateway.base_url('<id>')}", flush=True)
-            await stop.wait()
-            if args.record is not None:
-                _write_records(args.record, gateway)
-    finally:
-        await backend.close()
+    async with open_backend(backend_config, tokenizer=tokenizer) as backend, Gateway(
+        backend, renderer, parser, model_name=os.path.basename(str(args.model).rstrip("/")), limits=limits,
+        sampling=Sampling(seed=args.seed), host=args.host, port=args.port,
+    ) as gateway:
+        print(f"rollforge gateway: serving {args.model} ({renderer.family.name} family, {args.backend} backend) "
+              f"on {gateway.base_url()}; per session: {gateway.base_url('<id>')}", flush=True)
+        await stop.wait()
+        if args.record is not None:
+            _write_records(args.record, gateway)
 
 
 def _write_records(path: Path, gateway: Any) -> None:

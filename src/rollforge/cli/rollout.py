@@ -18,12 +18,14 @@ lost power mid-write).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..types import Sample, Trajectory
 
@@ -92,23 +94,22 @@ def run(args: Any) -> int:
         get_parser(args.tool_parser)
     samples, task_to_env = environments_and_prompts(args.envs or ["arithmetic"], args.data, args.episodes, args.seed)
 
-    from ..backends.select import open_backend
-    from ..chat.render import ChatRenderer
+    from ..backends.config import BackendConfig
     from ..models import load_tokenizer
     from ..train.data import check_prompt_lengths
 
     if args.replicas != 1 and args.executor != "ray":
         raise ConfigError(f"--replicas {args.replicas} needs --executor ray (generation replicas run on Ray actors)")
-    tokenizer = load_tokenizer(args.model)
-    check_prompt_lengths(samples, ChatRenderer(tokenizer), args.max_seq_len, "--max-seq-len")
-    ray_config = _ray_config(args)
-    backend = open_backend(
-        args.backend, args.model, tokenizer, base_url=args.base_url, served_model_name=args.served_model_name,
+    backend_config = BackendConfig(
+        kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
         concurrency=args.concurrency, seed=args.seed, replicas=args.replicas, replica_cpus=args.replica_cpus,
         check_reachable=True,
     )
-    with _placed(ray_config, task_to_env) as placed:
-        result = run_with_progress(samples, placed, backend, ChatRenderer(tokenizer), config, args.out)
+    tokenizer = load_tokenizer(args.model)
+    renderer = ChatRenderer(tokenizer)
+    check_prompt_lengths(samples, renderer, args.max_seq_len, "--max-seq-len")
+    ray_config = _ray_config(args)
+    result = asyncio.run(_rollout(samples, task_to_env, backend_config, renderer, ray_config, config, args.out))
     m = result.metrics
     print(
         f"{m['episodes']} episodes, {m['total_turns']} turns, mean reward {m['mean_total_reward']:.3f}, "
@@ -118,6 +119,15 @@ def run(args: Any) -> int:
         print(f"warning: {m['on_episode_errors']} episode(s) could not be appended to trajectories.jsonl.partial "
               "(logged above); trajectories.jsonl holds every episode")
     return 0
+
+
+async def _rollout(samples, task_to_env, backend_config, renderer, ray_config, config, out: Path):
+    """The whole rollout on one event loop: the backend (replicas first), then the environments."""
+    from ..cluster.generation import open_generation
+
+    async with open_generation(backend_config, tokenizer=renderer.tokenizer) as backend:
+        with _placed(ray_config, task_to_env) as placed:
+            return await run_with_progress(samples, placed, backend, renderer, config, out)
 
 
 def _ray_config(args: Any):
@@ -183,10 +193,12 @@ def split_samples(specs: list, episodes: int, seed: int) -> list[Sample]:
     return [group[j] for j in range(max(map(len, per_env))) for group in per_env if j < len(group)]
 
 
-def run_with_progress(samples, task_to_env, backend, renderer, config, out: Path):
+async def run_with_progress(samples, task_to_env, backend, renderer, config, out: Path):
+    """Roll out with a progress bar, streaming episodes to ``.partial``, then write the results.
+    The caller opened ``backend`` and closes it."""
     from tqdm import tqdm
 
-    from ..rollout.engine import rollout
+    from ..rollout.engine import arollout
 
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "trajectories.jsonl.partial"
@@ -199,10 +211,9 @@ def run_with_progress(samples, task_to_env, backend, renderer, config, out: Path
             stream.append(trajectory.to_json())
 
         try:
-            result = rollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode)
+            result = await arollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode)
         finally:
             bar.close()
-            _close_backend(backend)
     write_results(out, result.trajectories, result.metrics)
     partial.unlink()
     return result
@@ -258,9 +269,3 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def _close_backend(backend) -> None:
-    import asyncio
-
-    asyncio.run(backend.close())

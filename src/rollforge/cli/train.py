@@ -3,7 +3,8 @@
 ``train CONFIG.yaml [--set key=value ...] [--resume]`` runs the GRPO loop of ``train/loop.py``.
 ``quickstart`` is ``train`` on the packaged ``presets/quickstart.yaml`` followed by the report
 (reward before and after, reward curve). ``eval`` rolls a model or checkpoint out greedily (or
-``--samples N`` times per prompt) and prints mean reward and pass@k as JSON.
+``--samples N`` times per prompt) on the backend ``--backend`` names (as ``rollforge rollout``:
+``hf``, ``vllm``, or ``openai`` with ``--base-url``) and prints mean reward and pass@k as JSON.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def add_parser(commands: Any) -> None:
     ev.add_argument("--max-new-tokens", type=int, default=64)
     ev.add_argument("--success-threshold", type=float, default=1.0, help="total reward counted as a pass")
     ev.add_argument("--seed", type=int, default=1234)
+    ev.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
+                    help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model")
+    ev.add_argument("--base-url", default=None, help="server of the openai backend, e.g. http://127.0.0.1:8000")
+    ev.add_argument("--served-model-name", default=None, help="model name on the openai backend's server")
     ev.add_argument("--out", type=Path, default=None, help="write metrics.json (this result) and trajectories.jsonl here")
     ev.set_defaults(run=_eval)
 
@@ -134,10 +139,13 @@ def _quickstart(args: Any) -> int:
 def _eval(args: Any) -> int:
     import asyncio
 
+    from ..backends.config import BackendConfig
+    from ..backends.select import open_backend
     from ..chat.render import ChatRenderer
     from ..cli.rollout import check_out_dir, split_samples, write_results
     from ..envs.library import get_env_spec
     from ..errors import ConfigError
+    from ..models import load_tokenizer
     from ..rollout.config import RolloutConfig
     from ..train.evaluate import aevaluate
 
@@ -151,17 +159,16 @@ def _eval(args: Any) -> int:
     config = RolloutConfig.build(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                                  greedy=args.samples == 1, seed=args.seed)
 
-    async def run():
-        from ..backends.hf import HFBackend
-        from ..models import load_model
+    backend_config = BackendConfig(
+        kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
+        seed=args.seed, check_reachable=True,
+    )
+    renderer = ChatRenderer(load_tokenizer(args.model))
 
-        model, tokenizer = load_model(args.model)
-        backend = HFBackend(model, tokenizer)
-        try:
-            return await aevaluate(prompts, {s.name: s.build() for s in specs}, backend, ChatRenderer(tokenizer),
-                                   config, samples_per_prompt=args.samples, success_threshold=args.success_threshold)
-        finally:
-            await backend.close()
+    async def run():
+        async with open_backend(backend_config, tokenizer=renderer.tokenizer) as backend:
+            return await aevaluate(prompts, {s.name: s.build() for s in specs}, backend, renderer, config,
+                                   samples_per_prompt=args.samples, success_threshold=args.success_threshold)
 
     result = asyncio.run(run())
     print(json.dumps(result.to_json(), indent=2))

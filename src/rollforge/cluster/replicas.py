@@ -1,11 +1,13 @@
 """Generation replicas on Ray actors: the engine or model lives on a Ray worker, the driver holds a
 ``Backend`` proxy. Several of them behind ``backends.router.RouterBackend`` are "replicas".
 
-- ``RayBackendReplica(kind, model, ...)`` starts one async Ray actor (``BackendHost``, reserving
-  ``num_cpus``/``num_gpus``) that builds its backend with ``open_backend(kind, model, ...)`` on the
-  worker: a vLLM engine (``vllm``) or a transformers model with dynamic batching (``hf``; each
-  actor loads the model itself). ``start_replicas`` starts several at once and waits until every
-  one runs; one that cannot start is named, and all are stopped.
+- ``RayBackendReplica(config)`` starts one async Ray actor (``BackendHost``, reserving the
+  config's ``replica_cpus``/``replica_gpus``) that builds its backend with
+  ``backends.select.open_backend(config)`` on the worker: a vLLM engine (``vllm``) or a
+  transformers model with dynamic batching (``hf``; each actor loads the model itself).
+  ``start_replicas(config)`` starts ``config.replicas`` of them at once and waits until every one
+  runs; one that cannot start is named, and all are stopped. ``cluster/generation.py`` puts them
+  behind a router.
 - ``generate`` is one actor call; the ``Completion`` comes back pickled. Cancelling the caller (an
   episode timeout) cancels the actor's task, so the HF batch drops the row and vLLM aborts it.
 - Weight sync: ``share_weights(model)`` exports the state dict on the driver once
@@ -25,12 +27,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import time
 from typing import Any, Sequence
 
 from ..backends.base import Backend, SamplingParams
+from ..backends.config import BackendConfig
 from ..backends.weights import save_state_dict, scratch_directory, state_dict_for_export
 from ..errors import BackendError, ConfigError
 from ..types import Completion
@@ -43,11 +47,11 @@ REPLICA_KINDS = ("hf", "vllm")
 class BackendHost:
     """The actor body: one backend built on this worker, and the gate of weight updates."""
 
-    def __init__(self, kind: str, model: str, options: dict[str, Any]):
+    def __init__(self, config: BackendConfig):
         from ..backends.select import open_backend
 
-        self._kind = kind
-        self._backend = open_backend(kind, model, **options)
+        self._kind = config.kind
+        self._backend = open_backend(config)
         self._running = 0  # generate calls in progress
         self._updating: asyncio.Future | None = None  # new requests wait on it during an update
         self._drained: asyncio.Future | None = None  # an update waits on it for running == 0
@@ -113,34 +117,30 @@ class SharedWeights:
 
 
 class RayBackendReplica(Backend):
-    """A ``Backend`` whose ``kind`` backend (``hf`` or ``vllm``) of ``model`` runs on a Ray actor (see
-    the module docstring). ``backend_kwargs`` are ``open_backend``'s keyword arguments
-    (``concurrency``, ``seed``, ``request_timeout``, ``options``); ``num_cpus``/``num_gpus`` are
-    reserved for the actor. Ray must already be initialised (``cluster.connect.ensure_ray``)."""
+    """A ``Backend`` whose ``config.kind`` backend (``hf`` or ``vllm``) runs on a Ray actor (see the
+    module docstring). ``config`` describes this one replica (``replicas == 1``); the actor reserves
+    its ``replica_cpus`` (None: 1) and ``replica_gpus``. Ray must already be initialised
+    (``cluster.connect.ensure_ray``)."""
 
-    def __init__(
-        self, kind: str, model: str, *, name: str | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-        close_timeout: float = 120.0, **backend_kwargs: Any,
-    ):
-        if kind not in REPLICA_KINDS:
-            raise ConfigError(f"a Ray replica runs one of {', '.join(REPLICA_KINDS)}, not {kind!r}")
-        if num_cpus < 0 or num_gpus < 0:
-            raise ConfigError(f"num_cpus and num_gpus per replica must be >= 0, got {num_cpus} and {num_gpus}")
-        if backend_kwargs.get("hf_model") is not None:
-            raise ConfigError("a Ray replica loads its own model from the model path; hf_model cannot be shared")
+    def __init__(self, config: BackendConfig, *, name: str | None = None, close_timeout: float = 120.0):
+        if config.kind not in REPLICA_KINDS:
+            raise ConfigError(f"a Ray replica runs one of {', '.join(REPLICA_KINDS)}, not {config.kind!r}")
+        if config.replicas != 1:
+            raise ConfigError(f"one Ray replica runs one backend (replicas=1), got replicas={config.replicas}")
         ray = import_ray()
         if not ray.is_initialized():
             raise ConfigError("Ray is not initialised: call rollforge.cluster.connect.ensure_ray() first")
-        self.kind, self.model = kind, str(model)
-        self.name = name or f"{kind} replica"
+        self.config = config
+        self.kind, self.model = config.kind, config.model
+        self.name = name or f"{config.kind} replica"
         self.close_timeout = close_timeout
         self.weight_version = 0
         self.dead: str | None = None  # why the actor died, once it has
         options = {
-            "num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 100_000, "max_restarts": 0,
-            "runtime_env": worker_runtime_env(),
+            "num_cpus": 1.0 if config.replica_cpus is None else config.replica_cpus, "num_gpus": config.replica_gpus,
+            "max_concurrency": 100_000, "max_restarts": 0, "runtime_env": worker_runtime_env(),
         }
-        self.actor = ray.remote(BackendHost).options(**options).remote(kind, self.model, backend_kwargs)
+        self.actor = ray.remote(BackendHost).options(**options).remote(config)
         self._closed = False
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
@@ -198,25 +198,24 @@ class RayBackendReplica(Backend):
             raise BackendError(f"{self.name}: {what} failed: {type(cause).__name__}: {cause}") from None
 
 
-def start_replicas(
-    kind: str, model: str, count: int, *, seed: int | None = None, start_timeout: float = 600.0, **kwargs: Any
-) -> list[RayBackendReplica]:
-    """Start ``count`` replicas named ``<kind> replica <i>`` (replica ``i`` seeded ``seed + i``, so that
-    unseeded requests do not repeat each other's samples) and wait until all run. ``kwargs`` go to
-    ``RayBackendReplica``."""
-    if count < 1:
-        raise ConfigError(f"replicas must be >= 1, got {count}")
+def start_replicas(config: BackendConfig, *, start_timeout: float = 600.0) -> list[RayBackendReplica]:
+    """Start ``config.replicas`` replicas named ``<kind> replica <i>`` (replica ``i`` seeded
+    ``seed + i``, so that unseeded requests do not repeat each other's samples) and wait until all
+    run. ``config.replica_cpus`` None is sized by ``cluster.resources.share_cpus``."""
     ray = import_ray()
-    kwargs["num_cpus"] = share_cpus(kwargs.get("num_cpus"), count)
+    count = config.replicas
+    num_cpus = share_cpus(config.replica_cpus, count)
     check_fits(Demand(
-        f"{kind} replicas", count, kwargs["num_cpus"], gpus=kwargs.get("num_gpus", 0.0),
+        f"{config.kind} replicas", count, num_cpus, gpus=config.replica_gpus,
         knobs="ray.replica_cpus / --replica-cpus, ray.replica_gpus, ray.generation_replicas / --replicas",
     ))
     replicas: list[RayBackendReplica] = []
     try:
         for i in range(count):
-            replica_seed = None if seed is None else seed + i
-            replicas.append(RayBackendReplica(kind, model, name=f"{kind} replica {i}", seed=replica_seed, **kwargs))
+            own = dataclasses.replace(
+                config, replicas=1, replica_cpus=num_cpus, seed=None if config.seed is None else config.seed + i
+            )
+            replicas.append(RayBackendReplica(own, name=f"{config.kind} replica {i}"))
         deadline = time.monotonic() + start_timeout
         pending = [(replica, replica.actor.ready.remote()) for replica in replicas]
         for replica, ref in pending:

@@ -34,6 +34,7 @@ import yaml
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
+from ..cluster.generation import open_generation
 from ..errors import ConfigError
 from ..models import load_tokenizer, resolve_device
 from ..rollout.engine import arollout
@@ -46,6 +47,7 @@ from .data import PromptSource, check_prompt_lengths, generated_samples, load_ro
 from .distributed import GenerationCopy, Ranks, shard
 from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
+from .generation import backend_config, shared_model
 from .logbook import Logbook, read_metrics
 from .losses import ClippedPolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
@@ -248,8 +250,11 @@ async def open_run(
         else:
             logbook = None
         task_to_env = stack.enter_context(_placed(config, local_envs))
-        backend = _open_backend(config, generator, tokenizer)
-        stack.push_async_callback(backend.close)
+        generation = backend_config(config.model, config.rollout, config.ray, config.executor, config.seed,
+                                    config.lora.enabled, config.vllm)
+        backend = await stack.enter_async_context(
+            open_generation(generation, hf_model=shared_model(generation, generator), tokenizer=tokenizer)
+        )
         run = Run(
             config, ranks, model, generator, tokenizer, ChatRenderer(tokenizer), optimizer, scheduler, reference,
             compute_dtype(config.model), ClippedPolicyLoss(algo.clip_low, algo.clip_high, algo.kl_beta),
@@ -359,20 +364,3 @@ def _placed(config: TrainConfig, task_to_env: dict[str, Any]):
 
         return environments_on_ray(task_to_env, config.ray)
     return contextlib.nullcontext(task_to_env)
-
-
-def _open_backend(config: TrainConfig, model: Any, tokenizer: Any):
-    from ..backends.select import open_backend
-
-    kind = config.model.backend
-    dtype = compute_dtype(config.model)
-    options = {"hf": {"compute_dtype": dtype}, "openai": {}}.get(kind)
-    if kind == "vllm":
-        options = {**config.vllm.backend_options(dtype), **({"enable_lora": True} if config.lora.enabled else {})}
-    replicas = config.ray.generation_replicas if config.executor == "ray" else 1
-    return open_backend(
-        kind, config.model.name, tokenizer, base_url=config.model.base_url,
-        hf_model=model if replicas == 1 else None, served_model_name=config.model.served_model_name,
-        concurrency=config.rollout.concurrency, seed=config.seed, options=options,
-        replicas=replicas, replica_cpus=config.ray.replica_cpus, replica_gpus=config.ray.replica_gpus,
-    )

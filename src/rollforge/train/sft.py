@@ -220,22 +220,23 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
 async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, renderer: ChatRenderer, phase: int):
     """Roll out the current model ``samples_per_prompt`` times per prompt: the rollout, the episodes
     whose total reward is >= ``min_reward`` (and that did not fail), and the round's metrics."""
+    from ..backends.config import BackendConfig
     from ..backends.select import open_backend
 
     rollouts = config.from_rollouts
     task_to_env = build_environments(rollouts.environments)
     prompts = generated_samples(rollouts.environments, rollouts.prompts, config.seed + 7919 * phase)
     samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
-    backend = open_backend(config.model.backend, config.model.name, tokenizer, base_url=config.model.base_url,
-                           hf_model=model, concurrency=config.rollout.concurrency, seed=config.seed,
-                           options={"compute_dtype": compute_dtype(config.model)} if config.model.backend == "hf" else None)
-    try:
+    backend_config = BackendConfig(
+        kind=config.model.backend, model=config.model.name, base_url=config.model.base_url,
+        served_model_name=config.model.served_model_name, concurrency=config.rollout.concurrency, seed=config.seed,
+        options={"compute_dtype": compute_dtype(config.model)} if config.model.backend == "hf" else {},
+    )
+    async with open_backend(backend_config, hf_model=model, tokenizer=tokenizer) as backend:
         if config.model.backend != "hf":
             await backend.update_weights(model)
         rollout_config = config.rollout.model_copy(update={"seed": config.seed * 1_000_003 + phase})
         result = await arollout(samples, task_to_env, backend, renderer, rollout_config)
-    finally:
-        await backend.close()
     kept = select_trajectories(result.trajectories, rollouts.min_reward)
     metrics = {f"rollout/{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float)) or v is None}
     metrics.update({"rollout/episodes": len(samples), "rollout/kept": len(kept)})
