@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rollforge.backends.config import BackendConfig
 from rollforge.cluster.config import RayConfig
@@ -17,15 +18,16 @@ RAY = RayConfig(generation_replicas=3, replica_cpus=0.5, replica_gpus=1.0)
 
 def test_a_local_hf_run_shares_the_trained_model():
     config = backend_config(ModelConfig(name="m"), ROLLOUT, RAY, "local", 7, lora_enabled=True)
-    assert config == BackendConfig(kind="hf", model="m", concurrency=12, seed=7, replica_cpus=0.5, replica_gpus=1.0)
+    assert config == BackendConfig(kind="hf", model="m", concurrency=12, seed=7, replica_cpus=0.5, replica_gpus=1.0,
+                                   options={"compute_dtype": torch.float32})  # CPU: float32 compute
     model = object()
     assert shared_model(config, model) is model
 
 
 def test_vllm_with_lora_loads_adapters_and_ray_runs_the_replicas():
-    vllm = ModelConfig(name="m", backend="vllm")
-    assert backend_config(vllm, ROLLOUT, RAY, "local", 0, lora_enabled=True).options == {"enable_lora": True}
-    assert backend_config(vllm, ROLLOUT, RAY, "local", 0, lora_enabled=False).options == {}
+    vllm = ModelConfig(name="m", backend="vllm", device="cpu")
+    assert backend_config(vllm, ROLLOUT, RAY, "local", 0, lora_enabled=True).options == {"dtype": "float32", "enable_lora": True}
+    assert backend_config(vllm, ROLLOUT, RAY, "local", 0, lora_enabled=False).options == {"dtype": "float32"}
     on_ray = backend_config(vllm, ROLLOUT, RAY, "ray", 0, lora_enabled=False)
     assert (on_ray.replicas, on_ray.replica_cpus, on_ray.replica_gpus) == (3, 0.5, 1.0)
     assert shared_model(on_ray, object()) is None  # each actor loads its own copy
