@@ -59,19 +59,22 @@ def add_arguments(parser: Any) -> None:
 
 
 def main(args: Any) -> dict[str, Any]:
-    defaults = DEFAULTS[args.workload]
+    workload = arithmetic(args.model, seed=args.seed) if args.workload == "arithmetic" else guess_number(args.seed)
+    return run(workload, settings_from(args), sides=tuple(args.sides.split(",")), out=args.out)
+
+
+def settings_from(args: Any) -> dict[str, Any]:
+    """The run's settings: the flags given, the workload's defaults for the others."""
+    if args.workload == "arithmetic" and args.max_tool_calls:
+        raise ConfigError(f"--max-tool-calls applies to the guess-number workload (arithmetic has no tools), got {args.max_tool_calls}")
     given = {
         "steps": args.steps, "batch_size": args.batch_size, "generations": args.generations,
         "max_completion_tokens": args.max_completion_tokens, "max_tool_calls": args.max_tool_calls, "lr": args.lr,
     }
-    if args.workload == "arithmetic" and args.max_tool_calls:
-        raise ConfigError(f"--max-tool-calls applies to the guess-number workload; arithmetic has no tools, got {args.max_tool_calls}")
-    settings = {
-        **defaults, **{k: v for k, v in given.items() if v is not None},
+    return {
+        **DEFAULTS[args.workload], **{k: v for k, v in given.items() if v is not None},
         "rounds": args.rounds, "seed": args.seed, "rollforge_mode": args.rollforge_mode,
     }
-    workload = arithmetic(args.model, seed=args.seed) if args.workload == "arithmetic" else guess_number(args.seed)
-    return run(workload, settings, sides=tuple(args.sides.split(",")), out=args.out)
 
 
 def run(workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = ("trl", "rollforge"),

@@ -69,11 +69,12 @@ def arithmetic(model: str | Path = "smollm2-135m", rows: int = 64, seed: int = 0
     )
 
 
-def guess_number(seed: int = 0) -> Workload:
+def guess_number(seed: int = 0, model_dir: Path | None = None) -> Workload:
+    """``model_dir``: the tool-caller to use (default: ``vs_trl_setup.prepare_model()``'s)."""
     from .vs_trl_setup import prepare_model
 
     return Workload(
-        name="guess-number", model_dir=prepare_model(), rows=prompt_rows(64, seed),
+        name="guess-number", model_dir=model_dir or prepare_model(), rows=prompt_rows(64, seed),
         rollforge_environment={"name": GUESS_NUMBER_ENV, "task_name": "guess"},
         trl_environment_factory=GuessNumber, tools=(GuessNumber,), defaults=DEFAULTS["guess-number"],
     )
