@@ -192,6 +192,28 @@ def test_releasing_idle_openmp_threads_keeps_results(model, prompts):
     assert torch.equal(before, after)
 
 
+async def test_identical_prompts_share_one_prefill_row(model, tokenizer, prompts):
+    """A GRPO group: four requests with one prompt (different seeds) and one other prompt. The pass
+    computes two prompts; every row still samples with its own seed and scores its own tokens."""
+    group = [SamplingParams(max_new_tokens=10, temperature=1.0, seed=s, stop_token_ids=NEVER) for s in range(4)]
+    backend = HFBackend(model, tokenizer, max_wait_ms=50)
+    try:
+        together = await asyncio.gather(
+            *(backend.generate(prompts[2], p) for p in group), backend.generate(prompts[0], unstopped(10))
+        )
+        stats = backend.stats
+        alone = [await backend.generate(prompts[2], p) for p in group]
+    finally:
+        await backend.close()
+    assert (stats.prefill_passes, stats.prefill_rows, stats.prefill_shared) == (1, 5, 3)
+    assert [c.token_ids for c in together[:4]] == [c.token_ids for c in alone]
+    assert len({c.token_ids for c in together[:4]}) > 1  # the copies did not share a sampler
+    assert list(together[4].token_ids) == greedy_reference(model, prompts[0], 10, -1)
+    for completion in together[:4]:
+        expected = teacher_forced_logprobs(model, prompts[2], completion.token_ids)
+        assert (torch.tensor(completion.logprobs) - expected).abs().max().item() < 1e-4
+
+
 # --- logprobs and sampling ------------------------------------------------------------------------
 
 

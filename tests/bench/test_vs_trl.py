@@ -132,19 +132,98 @@ def test_template_is_trls_qwen25():
     assert env_module.QWEN25_TEMPLATE == qwen2_5_chat_template
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
-def test_both_trainers_run_and_are_timed(tmp_path, monkeypatch):
-    from rollforge.bench import vs_trl
+def test_arithmetic_reward_scores_like_the_environment():
+    from rollforge.bench.vs_trl_workloads import arithmetic_reward
 
-    model_dir = setup.prepare_model(tmp_path / "cache", warmup_steps=2)
-    monkeypatch.setattr(vs_trl, "prepare_model", lambda: model_dir)
+    completions = [[{"role": "assistant", "content": "3 + 4 = 7"}], [{"role": "assistant", "content": "It is 8."}],
+                   [{"role": "assistant", "content": "no idea"}]]
+    metadata = [{"a": 3, "b": 4, "answer": 7}] * 3
+    assert arithmetic_reward(completions, metadata, prompts=None) == [1.0, 0.0, 0.0]
+
+
+def test_settings_take_the_workload_defaults_unless_given():
+    import argparse
+
+    from rollforge.bench import vs_trl
+    from rollforge.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    vs_trl.add_arguments(parser)
+    settings = vs_trl.settings_from(parser.parse_args(["--generations", "8"]))
+    assert (settings["batch_size"], settings["generations"], settings["max_completion_tokens"]) == (2, 8, 32)
+    assert settings["max_tool_calls"] == 0 and settings["steps"] == 6
+    tools = vs_trl.settings_from(parser.parse_args(["--workload", "guess-number"]))
+    assert (tools["batch_size"], tools["max_completion_tokens"], tools["max_tool_calls"]) == (4, 128, 4)
+    with pytest.raises(ConfigError, match="--max-tool-calls applies to the guess-number workload"):
+        vs_trl.settings_from(parser.parse_args(["--max-tool-calls", "2"]))
+
+
+def test_turns_alternate_strictly():
+    import threading
+
+    from rollforge.bench.vs_trl_runners import Turns
+
+    turns, events = Turns(), []
+    hook = turns.rollforge_hook(last_step=3)
+
+    def rollforge():
+        turns.wait(turns.rollforge_turn)
+        for step in (1, 2, 3):
+            events.append(f"rf{step}")
+            hook(step)
+        turns.rollforge_done.set()
+
+    thread = threading.Thread(target=rollforge)
+    thread.start()
+    for step in (1, 2, 3):  # what TRL's on_step_begin / on_step_end do
+        turns.wait(turns.trl_turn)
+        events.append(f"trl{step}")
+        turns.rollforge_turn.set()
+    turns.wait(turns.rollforge_done)
+    thread.join(5)
+    assert events == ["trl1", "rf1", "trl2", "rf2", "trl3", "rf3"]
+
+
+def _tiny_settings(**changes):
     settings = {"steps": 2, "rounds": 1, "batch_size": 2, "generations": 2, "max_completion_tokens": 16,
-                "max_tool_calls": 1, "lr": 1e-4, "seed": 0}
-    result = vs_trl.run(settings, out=str(tmp_path / "out"))
+                "max_tool_calls": 0, "lr": 1e-4, "seed": 0}
+    return {**settings, **changes}
+
+
+def _check_result(result, completions, max_tokens):
     assert result["ratio_step_time"] > 0
     for side in ("trl", "rollforge"):
-        assert result[side]["timed_steps"] == 1
+        summary = result[side]
+        assert summary["timed_steps"] == 1
         assert len(result["learning_curves"][side][0]) == 2
-        assert 0 < result[side]["generated_tokens_per_step"] <= 4 * 16 * 2
+        assert 0 < summary["generated_tokens_per_step"] <= completions * max_tokens
+        phases = summary["phases_seconds_per_step"]
+        assert phases["generation"] > 0 and phases["update"] > 0 and phases["other"] >= 0
+        assert sum(phases.values()) == pytest.approx(summary["seconds_per_step"], abs=2e-3)
+    assert result["trl"]["prompt_tokens"] == result["rollforge"]["prompt_tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
+def test_both_trainers_run_arithmetic_and_are_timed(tmp_path):
+    from rollforge.bench import vs_trl
+    from rollforge.bench.vs_trl_workloads import arithmetic
+    from rollforge.testing import make_tiny_model
+
+    workload = arithmetic(make_tiny_model(tmp_path / "model"))
+    result = vs_trl.run(workload, _tiny_settings(), out=str(tmp_path / "out"))
+    _check_result(result, completions=4, max_tokens=16)
+    assert result["settings"]["completions_per_step"] == 4 and result["settings"]["workload"] == "arithmetic"
+    assert result["trl"]["tool_calls_per_step"] == result["rollforge"]["tool_calls_per_step"] == 0
     assert (tmp_path / "out" / "result.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
+def test_both_trainers_run_the_tool_game_and_are_timed(tmp_path):
+    from rollforge.bench import vs_trl
+    from rollforge.bench.vs_trl_workloads import guess_number
+
+    workload = guess_number(model_dir=setup.prepare_model(tmp_path / "cache", warmup_steps=2))
+    result = vs_trl.run(workload, _tiny_settings(max_tool_calls=1))
+    _check_result(result, completions=4, max_tokens=16 * 2)

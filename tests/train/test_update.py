@@ -80,6 +80,25 @@ def test_micro_batching_and_shared_prompts_give_the_full_batch_gradient(rolled):
     assert results[0].policy_tokens == sum(int(e.mask.sum()) for e in episodes)
 
 
+def test_rows_packed_behind_a_shared_prompt_score_as_if_run_alone(tiny_model_dir):
+    """Rows of 3, 9, 5 and 1 tokens after one 7-token prompt: run unpadded end to end behind the
+    prompt, each token scores as in its own row's plain forward pass (no leak across rows)."""
+    model, _ = load_model(tiny_model_dir)
+    g = torch.Generator().manual_seed(0)
+    prompt, lengths = torch.randint(3, 600, (7,), generator=g), [3, 9, 5, 1]
+    ids = torch.zeros(4, 7 + 9, dtype=torch.long)
+    attention, targets = torch.zeros_like(ids), torch.zeros(4, 16, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        ids[row, :7], ids[row, 7:7 + n] = prompt, torch.randint(3, 600, (n,), generator=g)
+        attention[row, :7 + n], targets[row, 7:7 + n] = 1, True
+    with torch.no_grad():
+        packed = sequence_logprobs(model, ids, attention, targets, prefix=7)
+        for row, n in enumerate(lengths):
+            alone = sequence_logprobs(model, ids[row:row + 1, :7 + n], attention[row:row + 1, :7 + n], targets[row:row + 1, :7 + n])
+            assert torch.allclose(packed[row, :7 + n], alone[0], atol=1e-5)
+    assert int((packed != 0).sum()) == sum(lengths)
+
+
 # Drops every assistant message but the last one, like templates that drop past reasoning.
 FORGETFUL = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"

@@ -8,8 +8,9 @@ Design (the loop is ``HFBackend._run``):
   row lives in one KV cache, left-padded to a common length, with a (B, L) attention mask, an
   explicit next position per row, and per-row sampling parameters held as tensors.
 - The worker alternates two things. (1) Admission: requests that arrived since the last step are
-  prefilled together in one left-padded forward pass (``logits_to_keep=1``), sample their first
-  token, and their cache is merged into the running one. A running batch never drains before
+  prefilled together in one left-padded forward pass (``logits_to_keep=1``; identical prompts, such
+  as a GRPO group's, are computed once and copied), sample their first token, and their cache is
+  merged into the running one. A running batch never drains before
   others join; ``max_wait_ms`` only applies when the worker is idle, so that simultaneous arrivals
   share one prefill. (2) One decode step: one forward pass of one token per row. Finished rows then
   leave the batch, and pad columns that every remaining row has in common are trimmed.
@@ -52,7 +53,7 @@ from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .base import Backend, SamplingParams, StopStrings
 from .cpu_speedups import FAST_GQA_ATTENTION, can_switch_to_fast_gqa, release_idle_openmp_threads
-from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_support
+from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_support, prefill_key
 from .hf_prefix import PrefixStore
 from .sampling import RowSampling, filtered_probs, sample
 
@@ -312,6 +313,7 @@ class HFBackend(Backend):
             return
         self._counts["prefill_passes"] += 1
         self._counts["prefill_rows"] += len(rows)
+        self._counts["prefill_shared"] += len(rows) - len({prefill_key(row) for row in rows})
         tokens, logprobs = sample(logits, batch.uniforms[:, 0], batch.sampling)
         batch.last = tokens
         batch.steps += 1

@@ -46,6 +46,7 @@ class BackendStats:
 
     prefill_passes: int = 0  # forward passes over newly admitted prompts
     prefill_rows: int = 0  # prompts prefilled (sum of prefill batch sizes)
+    prefill_shared: int = 0  # of those, rows whose identical prompt was computed once for several rows
     joins: int = 0  # prefills whose rows joined a batch that was already decoding
     decode_steps: int = 0  # one-token forward passes of the running batch
     decode_rows: int = 0  # sum of the running batch size over decode steps
@@ -144,21 +145,29 @@ class RunningBatch:
     ) -> tuple[RunningBatch, torch.Tensor]:
         """One left-padded forward pass over the rows' prompts (the last position's logits only).
         Return the batch holding their cache, with the uniforms of each row's sampler (``seeds``
-        seeds the requests that carry no seed), and the logits (B, V) of their first tokens."""
+        seeds the requests that carry no seed), and the logits (B, V) of their first tokens.
+
+        Rows with the same prompt (the rollouts of one GRPO group) run it once: the pass covers the
+        distinct prompts and its cache rows and logits are copied to the rows that share them."""
         prompts = [row.request.prompt_ids for row in rows]
         reused = [len(row.prefix.ids) if row.prefix is not None else 0 for row in rows]
+        distinct: dict[tuple[tuple[int, ...], int], int] = {}
+        source = [distinct.setdefault(prefill_key(row), len(distinct)) for row in rows]  # row -> pass row
+        first = [source.index(j) for j in range(len(distinct))]  # pass row -> its first row
         held = max(reused)  # columns of stored cache in front of the new tokens
-        news = [p[n:] for p, n in zip(prompts, reused)]
+        news = [prompts[i][reused[i]:] for i in first]
         width = max(len(p) for p in news)
         ids = torch.tensor([(pad_id,) * (width - len(p)) + p for p in news], device=device)
         mask = torch.tensor(
-            [[False] * (held - n) + [True] * n + [False] * (width - len(p)) + [True] * len(p) for p, n in zip(news, reused)],
+            [[False] * (held - reused[i]) + [True] * reused[i] + [False] * (width - len(p)) + [True] * len(p)
+             for p, i in zip(news, first)],
             device=device,
-        )  # (B, held + T): stored columns (left-padded), then the new tokens (left-padded)
+        )  # (D, held + T): stored columns (left-padded), then the new tokens (left-padded)
         positions = torch.tensor(
-            [[0] * (width - len(p)) + list(range(n, n + len(p))) for p, n in zip(news, reused)], device=device
-        )  # (B, T)
-        cache = _stored_cache(rows, held) if held else Cache(layer_class_to_replicate=SlackLayer)
+            [[0] * (width - len(p)) + list(range(reused[i], reused[i] + len(p))) for p, i in zip(news, first)],
+            device=device,
+        )  # (D, T)
+        cache = _stored_cache([rows[i] for i in first], held) if held else Cache(layer_class_to_replicate=SlackLayer)
         padded = bool(held) or any(len(p) < width for p in news)
         out = model(
             input_ids=ids,
@@ -168,6 +177,11 @@ class RunningBatch:
             use_cache=True,
             logits_to_keep=1,
         )
+        logits = out.logits[:, -1]  # (D, V)
+        if len(distinct) < len(rows):  # copy each pass row to the rows that share its prompt
+            index = torch.tensor(source, device=device)
+            cache = _make_cache((k.index_select(0, index), v.index_select(0, index)) for k, v in _cache_tensors(cache))
+            ids, mask, logits = ids.index_select(0, index), mask.index_select(0, index), logits.index_select(0, index)
         batch = cls(
             rows=rows,
             cache=cache,
@@ -179,7 +193,7 @@ class RunningBatch:
                 [row.request.params for row in rows], [row.budget for row in rows], seeds, device
             ),
         )
-        return batch, out.logits[:, -1]  # (B, V)
+        return batch, logits  # (B, V)
 
     def row_prefix(self, i: int) -> CachedPrefix | None:
         """Row ``i``'s cache without its padding, under the ids it holds (prompt and generated
@@ -246,6 +260,11 @@ class RunningBatch:
         params = [row.request.params for row in self.rows]
         self.sampling = RowSampling.from_params(params, self.mask.device)
         self.padded = not bool(self.mask.all())
+
+
+def prefill_key(row: Row) -> tuple[tuple[int, ...], int]:
+    """Rows with equal keys have the same prefill: same prompt, same stored columns reused."""
+    return row.request.prompt_ids, len(row.prefix.ids) if row.prefix is not None else 0
 
 
 class SlackLayer(DynamicLayer):

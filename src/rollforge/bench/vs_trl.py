@@ -1,22 +1,26 @@
 """``rollforge bench vs-trl``: seconds per GRPO step of rollforge's trainer vs TRL's ``GRPOTrainer``.
 
-Both trainers train the same warmed-up tiny tool-calling model (``vs_trl_setup``) on the same
-``environment_factory`` class (``vs_trl_env.GuessNumber``: ``guess(number)``, ``hint(kind)``, reward 1
-when a guess was right), the same prompt rows, with the same algorithm: 4 prompts x 4 generations per step, one
-optimizer step per batch, group-normalised advantages, token-level clipped loss (TRL's ``dapo``,
-rollforge's ``token``), no KL, AdamW with the same learning rate and betas, constant schedule,
-gradient norm clipped at 1, temperature 1, fp32 on CPU, no gradient checkpointing. Each episode may
-call tools ``max_tool_calls`` times (TRL ``max_tool_calling_iterations``; rollforge ``max_turns`` =
-calls + 1) within ``max_completion_tokens`` tokens after the prompt, tool results included (TRL
-``max_completion_length``; rollforge ``max_seq_len`` = prompt + that, ``max_new_tokens`` the same).
+Both trainers train the same model on the same prompt rows with the same algorithm (see
+``vs_trl_workloads`` for the two workloads; the default, ``arithmetic``, is SmolLM2-135M on
+single-turn one-digit additions): ``batch_size`` prompts x ``generations`` completions per step,
+so both generate the same number of completions (TRL's ``per_device_train_batch_size`` counts
+completions: it is set to the product), one optimizer step per batch, group-normalised
+advantages, token-level clipped loss (DAPO aggregation: TRL's ``loss_type="dapo"``, rollforge's
+``loss_aggregation: token``), no KL, AdamW with the same learning rate and betas, constant schedule,
+gradient norm clipped at 1, temperature 1, fp32 on CPU, no gradient checkpointing. Token limits:
+``max_completion_tokens`` new tokens per completion (TRL ``max_completion_length``; rollforge
+``max_new_tokens``, and ``max_seq_len`` = the longest prompt + that); with tools (``guess-number``)
+each episode may call them ``max_tool_calls`` times (TRL ``max_tool_calling_iterations``; rollforge
+``max_turns`` = calls + 1) within that token budget, tool results included.
 
-Timing: a step is TRL's ``on_step_begin`` -> ``on_step_end`` (generation, tools, rewards, loss,
-optimizer) and rollforge's ``time/step`` (rollout, rewards, update, weight sync); neither includes
-logging. The two trainers run in this process at the same time but take strictly alternating steps
-(``vs_trl_runners.Turns``), so that load from other processes on a shared machine falls on both alike. The first
-step of every run is a warm-up and is not timed; ``--rounds`` repeats the whole pair of runs from the
-warmed-up model. ``ratio_step_time`` is rollforge's mean timed step over TRL's. Learning curves are
-the mean reward of every step of each run; with ``--out`` they are also written as JSON and a PNG.
+Timing: a step is TRL's ``on_step_begin`` -> ``on_step_end`` (generation, rewards, loss, optimizer)
+and rollforge's ``time/step`` (rollout, rewards, update, weight sync); neither includes logging.
+Each side's step is split into generation, update and other (``vs_trl_runners`` says exactly what
+each covers). The two trainers run in this process at the same time but take strictly alternating
+steps (``vs_trl_runners.Turns``), so that load from other processes on a shared machine falls on
+both alike. The first step of every run is a warm-up and is not timed; ``--rounds`` repeats the whole
+pair of runs. ``ratio_step_time`` is rollforge's mean timed step over TRL's. Learning curves are the
+mean reward of every step of each run; with ``--out`` they are also written as JSON and a PNG.
 """
 
 from __future__ import annotations
@@ -28,18 +32,25 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .vs_trl_env import MAX_TOOL_CALLS, QWEN25_TEMPLATE, prompt_rows
+from .vs_trl_env import QWEN25_TEMPLATE
 from .vs_trl_runners import run_alternating, run_rollforge, run_trl
-from .vs_trl_setup import prepare_model
+from .vs_trl_workloads import DEFAULTS, Workload, arithmetic, guess_number
+
+PHASES = ("generation", "update", "other")
+
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--steps", type=int, default=8, help="steps per run, the first one untimed (default 8)")
+    parser.add_argument("--workload", choices=sorted(DEFAULTS), default="arithmetic",
+                        help="arithmetic: SmolLM2-135M, single-turn additions (default); guess-number: a 0.9M "
+                             "tool-calling model, multi-turn")
+    parser.add_argument("--model", default="smollm2-135m", help="the arithmetic workload's model (default smollm2-135m)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run, the first one untimed (default 6; 8 for guess-number)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each trainer (default 1)")
-    parser.add_argument("--batch-size", type=int, default=4, help="prompts per step")
-    parser.add_argument("--generations", type=int, default=4, help="episodes per prompt (the GRPO group)")
-    parser.add_argument("--max-completion-tokens", type=int, default=128)
-    parser.add_argument("--max-tool-calls", type=int, default=MAX_TOOL_CALLS)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--batch-size", type=int, default=None, help="prompts per step (default 2; 4 for guess-number)")
+    parser.add_argument("--generations", type=int, default=None, help="completions per prompt, the GRPO group (default 4)")
+    parser.add_argument("--max-completion-tokens", type=int, default=None, help="default 32; 128 for guess-number")
+    parser.add_argument("--max-tool-calls", type=int, default=None, help="guess-number only (default 4)")
+    parser.add_argument("--lr", type=float, default=None, help="default 1e-6; 5e-4 for guess-number")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rollforge-mode", choices=["async", "lockstep"], default="async",
                         help="rollforge's rollout mode (default async)")
@@ -48,45 +59,59 @@ def add_arguments(parser: Any) -> None:
 
 
 def main(args: Any) -> dict[str, Any]:
-    settings = {
-        "steps": args.steps, "rounds": args.rounds, "batch_size": args.batch_size, "generations": args.generations,
+    workload = arithmetic(args.model, seed=args.seed) if args.workload == "arithmetic" else guess_number(args.seed)
+    return run(workload, settings_from(args), sides=tuple(args.sides.split(",")), out=args.out)
+
+
+def settings_from(args: Any) -> dict[str, Any]:
+    """The run's settings: the flags given, the workload's defaults for the others."""
+    if args.workload == "arithmetic" and args.max_tool_calls:
+        raise ConfigError(f"--max-tool-calls applies to the guess-number workload (arithmetic has no tools), got {args.max_tool_calls}")
+    given = {
+        "steps": args.steps, "batch_size": args.batch_size, "generations": args.generations,
         "max_completion_tokens": args.max_completion_tokens, "max_tool_calls": args.max_tool_calls, "lr": args.lr,
-        "seed": args.seed, "rollforge_mode": args.rollforge_mode,
     }
-    return run(settings, sides=tuple(args.sides.split(",")), out=args.out)
+    return {
+        **DEFAULTS[args.workload], **{k: v for k, v in given.items() if v is not None},
+        "rounds": args.rounds, "seed": args.seed, "rollforge_mode": args.rollforge_mode,
+    }
 
 
-def run(settings: dict[str, Any], sides: tuple[str, ...] = ("trl", "rollforge"), out: str | None = None) -> dict[str, Any]:
+def run(workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = ("trl", "rollforge"),
+        out: str | None = None) -> dict[str, Any]:
     import torch
 
     _check_trl()
     if settings["steps"] < 2:
         raise ConfigError(f"--steps must be at least 2 (one warm-up step, then timed steps), got {settings['steps']}")
-    model_dir = prepare_model()
-    rows = prompt_rows(64, settings["seed"])
+    unknown = sorted(set(sides) - {"trl", "rollforge"})
+    if unknown or not sides:
+        raise ConfigError(f"--sides must name trl and/or rollforge, got {','.join(sides)!r}")
     runners = {"trl": run_trl, "rollforge": run_rollforge}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="rollforge-vs-trl-") as scratch:
         for round_ in range(settings["rounds"]):
             folder = Path(scratch) / f"round-{round_}"
             if set(sides) == {"trl", "rollforge"}:
-                trl_run, rollforge_run = run_alternating(model_dir, rows, settings, folder)
+                trl_run, rollforge_run = run_alternating(workload, settings, folder)
                 runs["trl"].append(trl_run)
                 runs["rollforge"].append(rollforge_run)
             else:
                 for side in sides:
-                    runs[side].append(runners[side](model_dir, rows, settings, folder / side))
+                    runs[side].append(runners[side](workload, settings, folder / side))
     result: dict[str, Any] = {
         "benchmark": "vs-trl",
         "ratio_step_time": None,
-        "settings": {**settings, "model": str(model_dir), "torch_threads": torch.get_num_threads()},
+        "settings": {**settings, "workload": workload.name, "model": str(workload.model_dir),
+                     "completions_per_step": settings["batch_size"] * settings["generations"],
+                     "torch_threads": torch.get_num_threads()},
     }
     for side in sides:
         result[side] = _summary(runs[side])
     if "trl" in result and "rollforge" in result:
         result["ratio_step_time"] = round(result["rollforge"]["seconds_per_step"] / result["trl"]["seconds_per_step"], 4)
     result["learning_curves"] = {side: [r["rewards"] for r in runs[side]] for side in sides}
-    result["notes"] = _notes(runs)
+    result["notes"] = _notes(workload, runs)
     if out is not None:
         _write(Path(out), result)
     return result
@@ -118,10 +143,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "generated_tokens_per_step": round(statistics.fmean(s["generated_tokens"] for s in steps), 1),
         "assistant_turns_per_step": round(statistics.fmean(s["assistant_turns"] for s in steps), 2),
         "tool_calls_per_step": round(statistics.fmean(s["tool_calls"] for s in steps), 2),
-        "rollout_seconds_per_step": round(statistics.fmean(s["rollout_seconds"] for s in steps), 4),
-        "rollout_seconds_per_step_per_round": [
-            round(statistics.fmean(s["rollout_seconds"] for s in r["steps"][1:]), 4) for r in runs
-        ],
+        "phases_seconds_per_step": {p: round(statistics.fmean(s["phases"][p] for s in steps), 4) for p in PHASES},
         "mean_reward": round(statistics.fmean(s["reward"] for s in steps), 4),
         "prompt_tokens": runs[0]["prompt_tokens"],
         "run_seconds": [round(r["run_seconds"], 2) for r in runs],
@@ -134,27 +156,39 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _notes(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _notes(workload: Workload, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     notes = [
-        "both trainers start from the same warmed-up weights and take alternating steps in one process; "
-        "the first step of each is untimed",
-        "tool-call budget: TRL max_tool_calling_iterations = rollforge max_turns - 1; token budget after the "
-        "prompt (tool results included): TRL max_completion_length = rollforge max_seq_len - prompt tokens",
-        "TRL keeps going after a correct guess until the model answers without a tool call, and so does "
-        "rollforge (the environment has no `done` attribute)",
-        "a tool call that does not parse: TRL takes the reply as a final answer (the episode ends), "
-        "rollforge answers with an 'Error: ...' tool message and the episode goes on (a counted failure); "
-        "TRL's tool_call_failures_per_step counts only calls that raised",
-        "both re-read each episode's whole history at every turn (no KV cache kept across turns); TRL in "
-        "lockstep (one left-padded model.generate per turn over the episodes still calling tools, each call "
-        "decoding until its longest row ends), rollforge's HF backend by continuous batching (an episode's "
-        "next turn joins the running batch as soon as its tool result is in; finished rows leave)",
+        "both trainers start from the same weights and take strictly alternating steps in one process (load "
+        "from other processes on a shared machine falls on both alike); the first step of each is untimed",
+        "phases: TRL generation = _generate, update = loss forward/backward + clip/optimizer step, other = rewards, "
+        "advantages, padding; rollforge generation = time/rollout (generation, environment, rewards, advantages), "
+        "update = time/update, other = time/sync",
+        "TRL scales advantages by the sample std of the group (torch .std), rollforge by the population std "
+        "(a constant factor per group size; the loss aggregation, clipping and token counts are the same)",
     ]
+    if workload.multi_turn:
+        notes += [
+            "tool-call budget: TRL max_tool_calling_iterations = rollforge max_turns - 1; token budget after the "
+            "prompt (tool results included): TRL max_completion_length = rollforge max_seq_len - prompt tokens",
+            "TRL keeps going after a correct guess until the model answers without a tool call, and so does "
+            "rollforge (the environment has no `done` attribute)",
+            "a tool call that does not parse: TRL takes the reply as a final answer (the episode ends), "
+            "rollforge answers with an 'Error: ...' tool message and the episode goes on (a counted failure); "
+            "TRL's tool_call_failures_per_step counts only calls that raised",
+            "both re-read each episode's whole history at every turn (no KV cache kept across turns); TRL in "
+            "lockstep (one left-padded model.generate per turn over the episodes still calling tools, each call "
+            "decoding until its longest row ends), rollforge's HF backend by continuous batching (an episode's "
+            "next turn joins the running batch as soon as its tool result is in; finished rows leave)",
+        ]
+    else:
+        notes.append(
+            "single turn: TRL runs one left-padded model.generate over all completions, decoding until the longest "
+            "ends; rollforge's HF backend batches them continuously (finished rows leave the batch)"
+        )
     if "trl" in runs and "rollforge" in runs:
         ours, theirs = runs["rollforge"][0]["prompt_tokens"], runs["trl"][0]["prompt_tokens"]
         if ours != theirs:
-            notes.append(f"prompt tokens differ: rollforge {ours}, TRL {theirs} (tool schemas rendered from the "
-                         "same methods by each library)")
+            notes.append(f"prompt tokens differ: rollforge {ours}, TRL {theirs} (each library renders the template)")
     return notes
 
 
@@ -181,8 +215,8 @@ def _write(out: Path, result: dict[str, Any]) -> None:
                     marker="o", label=f"{side} ({result[side]['seconds_per_step']:.2f} s/step)" if i == 0 else None)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
-    ax.set_title(f"GuessNumber, {result['settings']['batch_size']}x{result['settings']['generations']} "
-                 f"episodes/step (one line per run)")
+    ax.set_title(f"{result['settings']['workload']}, {result['settings']['batch_size']}x{result['settings']['generations']} "
+                 f"completions/step (one line per run)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=100)

@@ -1,6 +1,18 @@
 """The two sides of ``rollforge bench vs-trl``: a TRL ``GRPOTrainer`` run, a rollforge ``train`` run,
-each returning per-step seconds, rewards and work counts, and ``Turns``, which makes the two take
-strictly alternating steps when they run together (see ``vs_trl``'s docstring for the settings)."""
+each returning per-step seconds (with where they went), rewards and work counts, and ``Turns``,
+which makes the two take strictly alternating steps when they run together (see ``vs_trl``'s
+docstring for the settings and ``vs_trl_workloads`` for what they train on).
+
+Where a step's time goes, per side (seconds; ``other`` is the step minus the two):
+
+- TRL: ``generation`` is ``_generate`` (prompt tokenizing, ``model.generate``, tool calls);
+  ``update`` is ``training_step`` less its ``_prepare_inputs`` (the loss forward and backward) plus
+  what follows up to ``on_step_end`` (gradient clipping, optimizer and scheduler steps);
+  ``other`` is mostly ``_prepare_inputs`` less ``_generate`` (rewards, advantages, padding).
+- rollforge: ``generation`` is ``time/rollout`` (generation, environment steps, rewards,
+  advantages); ``update`` is ``time/update``; ``other`` is ``time/sync`` (pushing weights to the
+  backend: nothing to copy when it shares the trainer's model).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RollforgeError
-from .vs_trl_env import GuessNumber
-
-ENV_NAME = "rollforge.bench.vs_trl_env:GuessNumber"
-
+from .vs_trl_workloads import Workload
 
 # -- alternation -----------------------------------------------------------------------------------
 
@@ -25,13 +34,12 @@ class Turns:
     first, so that load from other processes falls on both alike and their work never overlaps.
 
     TRL waits in ``on_step_begin`` (before its clock starts) and hands over in ``on_step_end``.
-    Rollforge has no step hook, so its ``arollout`` is wrapped: entering the rollout of step k means
-    step k - 1 is complete; it hands over there and waits. That wait lies inside rollforge's
-    ``time/rollout``; it is measured per step and subtracted."""
+    Rollforge waits for its first turn before ``train`` starts (so its set-up never overlaps a
+    timed TRL step) and hands over in ``train``'s ``on_step`` hook, after its step's clock stopped."""
 
     def __init__(self):
         self.trl_turn, self.rollforge_turn, self.rollforge_done = (threading.Event() for _ in range(3))
-        self.trl_ready = threading.Event()  # transformers' model loading is not thread-safe: one at a time
+        self.trl_turn.set()  # TRL goes first
         self.failed = False
 
     def wait(self, event: threading.Event) -> None:
@@ -40,35 +48,25 @@ class Turns:
                 raise RollforgeError("the other trainer of the comparison failed (its error follows)")
         event.clear()
 
-    @contextlib.contextmanager
-    def gate_rollforge(self):
-        from ..train import loop
+    def rollforge_hook(self, last_step: int):
+        """``train``'s ``on_step``: hand over to TRL and wait, except after the last step."""
 
-        real = loop.arollout
-        waited: list[float] = []
+        def on_step(step: int, *_: Any) -> None:
+            if step < last_step:
+                self.trl_turn.set()
+                self.wait(self.rollforge_turn)
 
-        async def gated(*args, **kwargs):
-            began = time.perf_counter()
-            self.trl_turn.set()
-            self.wait(self.rollforge_turn)
-            waited.append(time.perf_counter() - began)
-            return await real(*args, **kwargs)
-
-        loop.arollout = gated
-        try:
-            yield waited
-        finally:
-            loop.arollout = real
+        return on_step
 
 
-def run_alternating(model_dir: Path, rows: list[dict[str, Any]], s: dict[str, Any], out: Path):
+def run_alternating(workload: Workload, s: dict[str, Any], out: Path):
     turns = Turns()
     outcome: dict[str, Any] = {}
 
     def rollforge_side():
         try:
-            turns.wait(turns.trl_ready)
-            outcome["run"] = run_rollforge(model_dir, rows, s, out / "rollforge", turns)
+            turns.wait(turns.rollforge_turn)
+            outcome["run"] = run_rollforge(workload, s, out / "rollforge", turns)
         except BaseException as exc:  # handed to the main thread, which re-raises it
             outcome["error"] = exc
             turns.failed = True
@@ -78,7 +76,7 @@ def run_alternating(model_dir: Path, rows: list[dict[str, Any]], s: dict[str, An
     thread = threading.Thread(target=rollforge_side, name="rollforge-trainer", daemon=True)
     thread.start()
     try:
-        trl_run = run_trl(model_dir, rows, s, out / "trl", turns)
+        trl_run = run_trl(workload, s, out / "trl", turns)
     except BaseException as exc:
         turns.failed = True
         thread.join()
@@ -94,32 +92,87 @@ def run_alternating(model_dir: Path, rows: list[dict[str, Any]], s: dict[str, An
 # -- TRL -------------------------------------------------------------------------------------------
 
 
-def run_trl(
-    model_dir: Path, rows: list[dict[str, Any]], s: dict[str, Any], out: Path, turns: "Turns | None" = None
-) -> dict[str, Any]:
+def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None) -> dict[str, Any]:
     import os
 
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(workload.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(workload.model_dir, dtype=torch.float32)
+    clock = _trl_clock(turns)
+    n = s["batch_size"] * s["generations"]
+    config = GRPOConfig(
+        output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=n,
+        gradient_accumulation_steps=1, num_generations=s["generations"], max_completion_length=s["max_completion_tokens"],
+        max_tool_calling_iterations=s["max_tool_calls"] if workload.multi_turn else None,
+        learning_rate=s["lr"], lr_scheduler_type="constant",
+        warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
+        epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0,
+        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, logging_steps=1, report_to="none",
+        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=model, args=config, train_dataset=datasets.Dataset.from_list(workload.rows), processing_class=tokenizer,
+        reward_funcs=workload.trl_reward_funcs or None, environment_factory=workload.trl_environment_factory,
+        callbacks=[clock],
+    )
+    tools = trainer._env_tools[None] if workload.multi_turn else None
+    prompt = tokenizer.apply_chat_template(workload.rows[0]["prompt"], tools=tools, add_generation_prompt=True)
+    clock.instrument(trainer)
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout is for the JSON
+        trainer.train()
+    run_seconds = time.perf_counter() - started
+    steps = []
+    for log, phases, tokens in zip(clock.logs, clock.phases, clock.context_tokens):
+        calls = log.get("tools/call_frequency", 0.0) * n
+        steps.append({
+            "reward": log["reward"],
+            "generated_tokens": log["completions/mean_length"] * n,
+            "tool_calls": calls,
+            "tool_failures": log.get("tools/failure_frequency", 0.0) * calls,
+            "assistant_turns": calls + n,  # each episode's last generation calls no tool
+            "phases": phases,
+            "context_tokens": tokens,
+        })
+    return {
+        "step_seconds": clock.step_seconds, "steps": steps, "rewards": [round(x["reward"], 4) for x in steps],
+        "run_seconds": run_seconds, "prompt_tokens": len(_ids(prompt)),
+    }
+
+
+def _trl_clock(turns: "Turns | None") -> Any:
+    """A callback that records step times (``on_step_begin`` -> ``on_step_end``), their phases (see
+    the module docstring), the logs and, per step, the context tokens handed to ``model.generate``
+    (every turn re-reads its history); ``instrument(trainer)`` wraps the methods it times."""
+    from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
         def __init__(self):
             self.step_seconds: list[float] = []
+            self.phases: list[dict[str, float]] = []
             self.logs: list[dict[str, float]] = []
+            self.context_tokens: list[int] = []
+            self.spent = {"generate": 0.0, "prepare": 0.0}
 
         def on_step_begin(self, args, state, control, **kwargs):
             if turns is not None:
                 turns.wait(turns.trl_turn)
             self.began = time.perf_counter()
+            self.spent = {"generate": 0.0, "prepare": 0.0}
+            self.context_tokens.append(0)
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.step_seconds.append(time.perf_counter() - self.began)
+            ended = time.perf_counter()
+            step = ended - self.began
+            update = self.trained - self.training_began - self.spent["prepare"] + (ended - self.trained)
+            self.step_seconds.append(step)
+            self.phases.append({"generation": self.spent["generate"], "update": update,
+                                "other": step - self.spent["generate"] - update})
             if turns is not None:
                 turns.rollforge_turn.set()
                 if state.global_step == args.max_steps:
@@ -129,69 +182,34 @@ def run_trl(
             if logs and "reward" in logs:
                 self.logs.append(dict(logs))
 
-    n = s["batch_size"] * s["generations"]
-    config = GRPOConfig(
-        output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=n,
-        gradient_accumulation_steps=1, num_generations=s["generations"], max_completion_length=s["max_completion_tokens"],
-        max_tool_calling_iterations=s["max_tool_calls"], learning_rate=s["lr"], lr_scheduler_type="constant",
-        warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
-        epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0,
-        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, logging_steps=1, report_to="none",
-        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-    )
-    clock = Clock()
-    trainer = GRPOTrainer(
-        model=model, args=config, train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
-        environment_factory=GuessNumber, callbacks=[clock],
-    )
-    if turns is not None:
-        turns.trl_ready.set()
-    prompt = tokenizer.apply_chat_template(rows[0]["prompt"], tools=trainer._env_tools[None], add_generation_prompt=True)
-    rollout_seconds, context_tokens = _instrument_trl(trainer)
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout is for the JSON
-        trainer.train()
-    run_seconds = time.perf_counter() - started
-    steps = [
-        {
-            "reward": log["reward"],
-            "generated_tokens": log["completions/mean_length"] * n,
-            "tool_calls": log.get("tools/call_frequency", 0.0) * n,
-            "tool_failures": log.get("tools/failure_frequency", 0.0) * log.get("tools/call_frequency", 0.0) * n,
-        }
-        for log in clock.logs
-    ]
-    for step, seconds, tokens in zip(steps, rollout_seconds, context_tokens):
-        step["assistant_turns"] = step["tool_calls"] + n  # each episode's last generation calls no tool
-        step["rollout_seconds"] = seconds
-        step["context_tokens"] = tokens
-    return {
-        "step_seconds": clock.step_seconds, "steps": steps, "rewards": [round(x["reward"], 4) for x in steps],
-        "run_seconds": run_seconds, "prompt_tokens": len(_ids(prompt)),
-    }
+        def instrument(self, trainer: Any) -> None:
+            generate, prepare, training_step = trainer._generate, trainer._prepare_inputs, trainer.training_step
+            single_turn = trainer._generate_single_turn
 
+            def timed(function, key):
+                def wrapper(*args, **kwargs):
+                    began = time.perf_counter()
+                    try:
+                        return function(*args, **kwargs)
+                    finally:
+                        self.spent[key] += time.perf_counter() - began
+                return wrapper
 
-def _instrument_trl(trainer: Any) -> tuple[list[float], list[int]]:
-    """Per step: seconds in ``_generate`` (generation and tool calls) and the context tokens handed to
-    ``model.generate`` (every turn re-reads its whole history). Wraps two methods of this instance."""
-    rollout_seconds: list[float] = []
-    context_tokens: list[int] = []
-    generate, single_turn = trainer._generate, trainer._generate_single_turn
+            def timed_training_step(*args, **kwargs):
+                self.training_began = time.perf_counter()
+                try:
+                    return training_step(*args, **kwargs)
+                finally:
+                    self.trained = time.perf_counter()
 
-    def timed_generate(*args, **kwargs):
-        context_tokens.append(0)
-        began = time.perf_counter()
-        try:
-            return generate(*args, **kwargs)
-        finally:
-            rollout_seconds.append(time.perf_counter() - began)
+            def counted_single_turn(prompt_ids, *args, **kwargs):
+                self.context_tokens[-1] += sum(len(ids) for ids in prompt_ids)
+                return single_turn(prompt_ids, *args, **kwargs)
 
-    def counted_single_turn(prompt_ids, *args, **kwargs):
-        context_tokens[-1] += sum(len(ids) for ids in prompt_ids)
-        return single_turn(prompt_ids, *args, **kwargs)
+            trainer._generate, trainer._prepare_inputs = timed(generate, "generate"), timed(prepare, "prepare")
+            trainer.training_step, trainer._generate_single_turn = timed_training_step, counted_single_turn
 
-    trainer._generate, trainer._generate_single_turn = timed_generate, counted_single_turn
-    return rollout_seconds, context_tokens
+    return Clock()
 
 
 def _ids(encoded: Any) -> list[int]:
@@ -201,26 +219,26 @@ def _ids(encoded: Any) -> list[int]:
 # -- rollforge -------------------------------------------------------------------------------------
 
 
-def run_rollforge(
-    model_dir: Path, rows: list[dict[str, Any]], s: dict[str, Any], out: Path, turns: "Turns | None" = None
-) -> dict[str, Any]:
+def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None) -> dict[str, Any]:
     from ..chat.render import ChatRenderer
     from ..envs.tools import discover_tools
-    from ..models import load_model
+    from ..models import load_tokenizer
     from ..train.config import load_config
     from ..train.loop import train
     from ..types import Message
 
-    _, tokenizer = load_model(model_dir)
-    tools = tuple(t.schema() for t in discover_tools(GuessNumber()).values())
-    prompt = [Message(m["role"], m["content"]) for m in rows[0]["prompt"]]
+    tokenizer = load_tokenizer(workload.model_dir)
+    tools = tuple(t.schema() for factory in workload.tools for t in discover_tools(factory()).values())
     renderer = ChatRenderer(tokenizer)
-    prompt_tokens = len(renderer.prompt_ids(prompt, tools) + renderer.generation_prompt)
+    lengths = [
+        len(renderer.prompt_ids([Message(m["role"], m["content"]) for m in row["prompt"]], tools) + renderer.generation_prompt)
+        for row in workload.rows
+    ]
     n = s["batch_size"] * s["generations"]
     config = load_config(
         out=str(out), steps=s["steps"], seed=s["seed"], checkpoint_every=0, save_trajectories=False,
-        model={"name": str(model_dir), "dtype": "float32", "backend": "hf"},
-        environments=[{"name": ENV_NAME, "task_name": "guess"}],
+        model={"name": str(workload.model_dir), "dtype": "float32", "backend": "hf"},
+        environments=[workload.rollforge_environment],
         algorithm={
             "batch_size": s["batch_size"], "group_size": s["generations"], "advantage": "grpo",
             "loss_aggregation": "token", "clip_low": 0.2, "clip_high": 0.2, "kl_beta": 0.0, "epochs_per_batch": 1,
@@ -230,32 +248,29 @@ def run_rollforge(
             "max_grad_norm": 1.0,
         },
         rollout={
-            "mode": s.get("rollforge_mode", "async"), "max_turns": s["max_tool_calls"] + 1, "max_new_tokens": s["max_completion_tokens"],
-            "max_seq_len": prompt_tokens + s["max_completion_tokens"], "temperature": 1.0, "concurrency": n,
-            "seed": s["seed"],
+            "mode": s.get("rollforge_mode", "async"), "max_turns": s["max_tool_calls"] + 1,
+            "max_new_tokens": s["max_completion_tokens"], "max_seq_len": max(lengths) + s["max_completion_tokens"],
+            "temperature": 1.0, "concurrency": n, "seed": s["seed"],
         },
     )
+    hook = turns.rollforge_hook(s["steps"]) if turns is not None else None
     started = time.perf_counter()
-    if turns is None:
-        result = train(config, dataset=rows, console=False)
-        waited = [0.0] * s["steps"]
-    else:
-        with turns.gate_rollforge() as waited:
-            result = train(config, dataset=rows, console=False)
+    result = train(config, dataset=workload.rows, console=False, on_step=hook)
     run_seconds = time.perf_counter() - started
     steps = [
         {
             "reward": m["reward/mean"],
             "generated_tokens": m["rollout/mean_gen_tokens_per_sample"] * n,
             "assistant_turns": m["rollout/total_turns"],
-            "tool_calls": m["rollout/total_turns"] - n,  # every episode's last turn answers without a call
-            "rollout_seconds": m["time/rollout"] - w,
+            "tool_calls": m["rollout/total_turns"] - n if workload.multi_turn else 0,
+            "phases": {"generation": m["time/rollout"], "update": m["time/update"],
+                       "other": m["time/step"] - m["time/rollout"] - m["time/update"]},
             "context_tokens": None,
             "tool_failures": sum(v for k, v in m.items() if k.startswith("rollout/failures/")),
         }
-        for m, w in zip(result.history, waited)
+        for m in result.history
     ]
     return {
-        "step_seconds": [m["time/step"] - w for m, w in zip(result.history, waited)], "steps": steps,
-        "rewards": [round(x["reward"], 4) for x in steps], "run_seconds": run_seconds, "prompt_tokens": prompt_tokens,
+        "step_seconds": [m["time/step"] for m in result.history], "steps": steps,
+        "rewards": [round(x["reward"], 4) for x in steps], "run_seconds": run_seconds, "prompt_tokens": lengths[0],
     }

@@ -11,7 +11,8 @@ The vocabulary projection runs only on the positions that predict a policy token
 
 The rollouts of one prompt (a GRPO group) share their prompt tokens: each group runs as one
 micro-batch whose prompt is computed once and whose rows continue from its cached keys and values
-(``plan_micro_batches``); that removes (group_size - 1) / group_size of the prompt compute.
+(``plan_micro_batches``); that removes (group_size - 1) / group_size of the prompt compute. Those
+rows run unpadded, packed end to end behind the prompt with a block-causal mask.
 Without groups, episodes are sorted by length and packed greedily into micro-batches whose padded
 size (rows x longest row) stays within ``micro_batch_tokens``. The loss weights are computed for the whole batch beforehand (see ``losses``), so the
 accumulated gradient equals the full-batch gradient whatever the packing.
@@ -147,10 +148,8 @@ def sequence_logprobs(
         decoder = base.get_decoder()
         if prefix:
             shared = decoder(input_ids=ids[:1, :prefix], use_cache=True)
-            cache = shared.past_key_values
-            cache.batch_repeat_interleave(batch)
-            rest = decoder(input_ids=ids[:, prefix:], attention_mask=attention, past_key_values=cache, use_cache=True)
-            hidden = torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest.last_hidden_state], dim=1)
+            rest = _packed_continuations(decoder, ids, attention.sum(dim=1), prefix, shared.past_key_values)
+            hidden = torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
         else:
             hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
         logits = base.get_output_embeddings()(hidden[rows, cols]).float()  # (N, V)
@@ -162,6 +161,24 @@ def sequence_logprobs(
     picked = ids[rows, cols + 1]
     out[rows, cols + 1] = logits.gather(-1, picked[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return out
+
+
+def _packed_continuations(decoder: Any, ids: torch.Tensor, lengths: torch.Tensor, prefix: int, cache: Any) -> torch.Tensor:
+    """(B, T - prefix, H) hidden states of every row's tokens after the shared ``prefix`` (whose keys
+    and values are in ``cache``, batch 1), zero on padding. The rows run unpadded, end to end as one
+    sequence: each token attends to the prefix and to its own row's earlier tokens (a block-causal
+    mask, positions restarting at ``prefix`` per row), so no compute goes to padding."""
+    batch, length = ids.shape
+    rests = (lengths - prefix).tolist()
+    owner = torch.repeat_interleave(torch.arange(batch, device=ids.device), lengths - prefix)  # (S,)
+    offset = torch.cat([torch.arange(n, device=ids.device) for n in rests])  # (S,) index within its row
+    flat = ids[owner, prefix + offset][None]  # (1, S)
+    own_past = (owner[:, None] == owner[None, :]) & (offset[:, None] >= offset[None, :])  # (S, S)
+    mask = torch.cat([own_past.new_ones(len(owner), prefix), own_past], dim=1)[None, None]  # (1, 1, S, prefix + S)
+    out = decoder(input_ids=flat, attention_mask=mask, position_ids=(prefix + offset)[None],
+                  past_key_values=cache, use_cache=True)
+    hidden = out.last_hidden_state[0]  # (S, H)
+    return hidden.new_zeros(batch, length - prefix, hidden.shape[-1]).index_put((owner, offset), hidden)
 
 
 def _plain_lm_head(model: Any) -> bool:
