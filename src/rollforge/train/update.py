@@ -144,15 +144,11 @@ def sequence_logprobs(
     if rows.numel() == 0:
         return out
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if _plain_lm_head(base) and not is_sharded(model):  # a sharded model gathers its weights in its own forward
-        decoder = base.get_decoder()
-        if prefix:
-            shared = decoder(input_ids=ids[:1, :prefix], use_cache=True)
-            rest = _packed_continuations(decoder, ids, attention.sum(dim=1), prefix, shared.past_key_values)
-            hidden = torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
+    if _plain_lm_head(base):
+        if is_sharded(model):  # one decoder pass, so every rank's FSDP collectives line up
+            logits = getattr(model, SHARDED_FORWARD)(ids, attention, rows, cols, 0)
         else:
-            hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
-        logits = base.get_output_embeddings()(hidden[rows, cols]).float()  # (N, V)
+            logits = _head_logits(model, ids, attention, rows, cols, prefix)
     else:
         first = int(cols.min())
         keep = length - first
@@ -161,6 +157,37 @@ def sequence_logprobs(
     picked = ids[rows, cols + 1]
     out[rows, cols + 1] = logits.gather(-1, picked[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return out
+
+
+def _head_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                 prefix: int) -> torch.Tensor:
+    """(N, V) logits at the positions (rows, cols) only: the decoder over every token (the shared
+    ``prefix`` once), then the head on the hidden states that predict a target."""
+    batch = ids.shape[0]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder()
+    if prefix:
+        shared = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+        rest = _packed_continuations(decoder, ids, attention.sum(dim=1), prefix, shared.past_key_values)
+        hidden = torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
+    else:
+        hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    return base.get_output_embeddings()(hidden[rows, cols]).float()
+
+
+#: The name under which a sharded model runs ``_head_logits`` as an FSDP forward of its root (the
+#: root gathers its own weights, the embeddings and the head, and reduces their gradients).
+SHARDED_FORWARD = "rollforge_head_logits"
+
+
+def register_sharded_forward(model: Any) -> None:
+    """Make ``_head_logits`` a forward of the FSDP root ``model`` (``shard`` calls this)."""
+    import types
+
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    setattr(model, SHARDED_FORWARD, types.MethodType(_head_logits, model))
+    register_fsdp_forward_method(model, SHARDED_FORWARD)
 
 
 def _packed_continuations(decoder: Any, ids: torch.Tensor, lengths: torch.Tensor, prefix: int, cache: Any) -> torch.Tensor:
@@ -240,8 +267,10 @@ def policy_update(
         _empty_pass(model, pad_id, device)
     for batch in batches:
         rows = batch.rows
-        if not ranks.distributed and not any(float(weights[i].abs().sum()) for i in rows):
-            continue  # nothing to learn from these rows (zero weight everywhere)
+        if not any(float(weights[i].abs().sum()) for i in rows):  # nothing to learn from these rows
+            if ranks.distributed:
+                _empty_pass(model, pad_id, device)  # still one pass: the other ranks' collectives wait for it
+            continue
         ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id, device)
         with mixed_precision(device, compute_dtype):
             ref = None
@@ -277,8 +306,8 @@ def _empty_pass(model: Any, pad_id: int, device: torch.device) -> None:
     """A forward and backward that contributes nothing, so this rank joins the other ranks'
     collectives for a micro-batch it does not have."""
     ids = torch.full((1, 2), pad_id, dtype=torch.long, device=device)
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-    (logits.float().sum() * 0.0).backward()
+    logprobs = sequence_logprobs(model, ids, torch.ones_like(ids), torch.tensor([[False, True]], device=device))
+    (logprobs.sum() * 0.0).backward()
 
 
 @dataclass(frozen=True)
