@@ -25,6 +25,7 @@ optimizer file). Applying it (``restore``) then cannot fail half-way for a damag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -106,11 +107,18 @@ def optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
     return get_optimizer_state_dict(model, optimizer)
 
 
+@contextlib.contextmanager
+def _single_process_is_fine():
+    """DCP warns when there is no process group; one process is the intended single-rank case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _dcp_save(state: dict[str, Any], directory: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():  # one process without a process group is the intended single-rank case
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _single_process_is_fine():
         dcp.save({"optimizer": state}, checkpoint_id=directory)
 
 
@@ -226,8 +234,7 @@ def _dcp_load(state: dict[str, Any], directory: Path, checkpoint: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with _single_process_is_fine():
             dcp.load({"optimizer": state}, checkpoint_id=directory)
     except Exception as exc:  # DCP raises its own kinds (CheckpointException, RuntimeError) for damaged files
         raise CheckpointError(f"{checkpoint.name}/optimizer cannot be read: {type(exc).__name__}: {exc}") from None

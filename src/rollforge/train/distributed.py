@@ -18,9 +18,9 @@ How a step is divided:
   optimizer state. Every FSDP forward and backward is a collective, so ranks run the same number of
   micro-batches (``Ranks.most``; a rank with fewer runs empty ones).
 - Generation cannot run on sharded weights (each rank decodes its own episodes at its own pace), so
-  each rank generates from a plain copy of the policy (``GenerationCopy``; memory for one more
-  copy of the weights) that receives the gathered full weights after every update; a backend
-  elsewhere (vLLM, servers, Ray replicas) receives them from rank 0 alone.
+  each rank generates from a plain copy of the policy (``refresh_copy``; memory for one more
+  copy of the weights) that receives the gathered full weights after every update; each rank's
+  in-process backend (hf, vllm) loads them, servers every rank shares receive them from rank 0 alone.
 - Metrics: rank 0 gathers every rank's trajectories, rewards and update statistics and computes the
   step's metrics over the global batch; only rank 0 writes the run directory's logs.
 """
@@ -75,15 +75,18 @@ class Ranks:
             if not already:
                 dist.destroy_process_group()
 
-    def share(self, items: Sequence[Any], group_size: int) -> list[Any]:
-        """This rank's contiguous share of a global batch of whole groups."""
-        groups = len(items) // group_size
+    def groups_per_rank(self, groups: int) -> int:
+        """How many of ``groups`` (a batch's prompts) each rank rolls out; they must split evenly."""
         if groups % self.world:
             raise ConfigError(
                 f"algorithm.batch_size={groups} prompts cannot be split evenly over {self.world} ranks: "
                 f"use a multiple of {self.world}"
             )
-        per_rank = groups // self.world * group_size
+        return groups // self.world
+
+    def share(self, items: Sequence[Any], group_size: int) -> list[Any]:
+        """This rank's contiguous share of a global batch of whole groups."""
+        per_rank = self.groups_per_rank(len(items) // group_size) * group_size
         return list(items[self.rank * per_rank:(self.rank + 1) * per_rank])
 
     def total(self, value: float) -> float:
@@ -190,13 +193,9 @@ def load_full_state_dict(model: Any, weights: dict[str, torch.Tensor]) -> None:
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
-class GenerationCopy:
-    """A plain copy of a sharded policy for this rank's generation, refreshed after each update."""
-
-    def __init__(self, model: Any):
-        self.model = model
-
-    def refresh(self, policy: Any) -> None:
-        weights = full_state_dict(policy)  # every rank takes part
-        with torch.no_grad():
-            self.model.load_state_dict({k: v.detach() for k, v in weights.items()}, strict=False)
+def refresh_copy(copy: Any, policy: Any) -> None:
+    """Load a sharded ``policy``'s full weights into ``copy``, this rank's plain model for
+    generation (every rank takes part in the gather)."""
+    weights = full_state_dict(policy)
+    with torch.no_grad():
+        copy.load_state_dict({k: v.detach() for k, v in weights.items()}, strict=False)

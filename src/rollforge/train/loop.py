@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import json
 import os
@@ -44,7 +45,7 @@ from . import checkpoint as ckpt
 from .advantages import compute_advantages
 from .config import TrainConfig
 from .data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
-from .distributed import GenerationCopy, Ranks, shard
+from .distributed import Ranks, refresh_copy, shard
 from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
 from .generation import backend_config, shared_model
@@ -194,7 +195,7 @@ async def _push_weights(run: Run) -> None:
     (every rank takes part); each rank's own backend (hf, in-process vLLM) loads them, while servers
     that every rank shares (``openai``) receive them from rank 0 alone and the others wait."""
     if run.generator is not run.model:
-        await UPDATE_WORKERS.run(GenerationCopy(run.generator).refresh, run.model)
+        await UPDATE_WORKERS.run(refresh_copy, run.generator, run.model)
     if run.ranks.main or run.config.model.backend != "openai":
         await run.sync.push(run.generator)
     run.ranks.barrier()
@@ -235,7 +236,8 @@ async def open_run(
         if ranks.main:
             (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         model, tokenizer = load_policy(config.model, config.lora)
-        generator = _generation_copy(config) if ranks.distributed else model
+        # a sharded policy cannot generate: each rank generates from a plain copy, refreshed at every sync
+        generator = copy.deepcopy(model).requires_grad_(False) if ranks.distributed else model
         model = shard(model, ranks)
         optimizer, scheduler = make_optimizer(model, config.optim, config.steps * config.algorithm.epochs_per_batch)
         reference = make_reference(model, config.model, config.algorithm.kl_beta, config.lora.enabled)
@@ -274,11 +276,7 @@ async def open_run(
 def _check_ranks(config: TrainConfig, ranks: Ranks) -> None:
     if not ranks.distributed:
         return
-    if config.algorithm.batch_size % ranks.world:
-        raise ConfigError(
-            f"algorithm.batch_size={config.algorithm.batch_size} prompts cannot be split evenly over "
-            f"{ranks.world} ranks: use a multiple of {ranks.world}"
-        )
+    ranks.groups_per_rank(config.algorithm.batch_size)  # before the model loads
     if config.ray.training_workers > 1 and config.executor == "ray" and "RAY_TRAINING_RANK" not in os.environ:
         raise ConfigError(
             f"ray.training_workers={config.ray.training_workers} under torchrun: start the ranks with torchrun or "
@@ -291,13 +289,6 @@ def _check_ranks(config: TrainConfig, ranks: Ranks) -> None:
             f"ray.generation_replicas={config.ray.generation_replicas} under torchrun would start replicas on "
             f"every rank: serve the model with `vllm serve` and set model.backend=openai, or train on one rank"
         )
-
-
-def _generation_copy(config: TrainConfig) -> Any:
-    """A plain copy of the policy: this rank's generation model (``hf``) or what rank 0 exports to
-    the engine; its weights come from the trained policy at every sync."""
-    model = load_policy(config.model, config.lora)[0]
-    return model.requires_grad_(False)
 
 
 async def _evaluate(run: Run, when: str) -> None:

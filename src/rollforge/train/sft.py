@@ -220,19 +220,16 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
 async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, renderer: ChatRenderer, phase: int):
     """Roll out the current model ``samples_per_prompt`` times per prompt: the rollout, the episodes
     whose total reward is >= ``min_reward`` (and that did not fail), and the round's metrics."""
-    from ..backends.config import BackendConfig
     from ..backends.select import open_backend
+    from ..cluster.config import RayConfig
+    from .generation import backend_config
 
     rollouts = config.from_rollouts
     task_to_env = build_environments(rollouts.environments)
     prompts = generated_samples(rollouts.environments, rollouts.prompts, config.seed + 7919 * phase)
     samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
-    backend_config = BackendConfig(
-        kind=config.model.backend, model=config.model.name, base_url=config.model.base_url,
-        served_model_name=config.model.served_model_name, concurrency=config.rollout.concurrency, seed=config.seed,
-        options={"compute_dtype": compute_dtype(config.model)} if config.model.backend == "hf" else {},
-    )
-    async with open_backend(backend_config, hf_model=model, tokenizer=tokenizer) as backend:
+    generation = backend_config(config.model, config.rollout, RayConfig(), "local", config.seed, config.lora.enabled)
+    async with open_backend(generation, hf_model=model, tokenizer=tokenizer) as backend:
         if config.model.backend != "hf":
             await backend.update_weights(model)
         rollout_config = config.rollout.model_copy(update={"seed": config.seed * 1_000_003 + phase})
