@@ -144,6 +144,23 @@ class AlgorithmConfig(_Section):
     """Optimizer steps on each rollout batch (ratios use the generation logprobs throughout)."""
     env_reward_weight: float = 1.0
     """Weight of the environments' own rewards (step rewards and ``get_reward()``)."""
+    max_staleness: int = Field(0, ge=0)
+    """Weight versions a trained token may lag the update it is trained in. 0: the synchronous loop
+    (roll out, update, push, repeat). k >= 1: generation goes on while the trainer updates, the
+    backend takes new weights between requests, and a group starts only where its tokens can be
+    trained within k versions (``train/pipeline.py``)."""
+    off_policy_correction: Literal["auto", "none", "decoupled", "masked"] = "auto"
+    """How the loss corrects for the lag between the behaviour policy (that generated) and the
+    policy being updated (``losses.py``). ``none``: ratios against the generation logprobs (today's
+    loss). ``decoupled``: clipped ratios against the proximal policy (the weights before this
+    update) times the behaviour weight min(pi_prox / pi_behav, importance_cap) (AReaL).
+    ``masked``: the same ratios, and tokens whose behaviour weight leaves [1/cap, cap] are dropped.
+    ``auto``: ``none`` when max_staleness is 0, else ``decoupled``."""
+    importance_cap: float = Field(2.0, gt=1)
+    """Cap of the behaviour importance weight (``decoupled``), or the band (``masked``)."""
+    infra_retries: int = Field(2, ge=0)
+    """Times an episode that failed for infrastructure reasons (backend error, lost connection,
+    hung environment) is run again before it is left out of its group's baseline."""
 
 
 class OptimConfig(_Section):
