@@ -230,6 +230,8 @@ class Completion:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    #: The weight version that generated it, when the backend is versioned (asynchronous training).
+    version: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -294,9 +296,16 @@ class Trajectory:
     #: segments one after another (every token the episode rendered or generated, but not one
     #: sequence: train on the segments) and ``prompt_length`` is the first segment's.
     segments: tuple[Segment, ...] = ()
+    #: The weight version that generated each policy token, in order (one per mask-1 token); empty
+    #: when the backend does not say (it is versioned during asynchronous training).
+    versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
+        if self.versions and len(self.versions) != sum(self.loss_mask):
+            raise InvariantError(
+                f"trajectory {self.index}: {len(self.versions)} weight versions for {sum(self.loss_mask)} policy tokens"
+            )
         if not self.segments:
             whole = Segment(self.token_ids, self.loss_mask, self.logprobs, self.prompt_length, len(self.messages))
             object.__setattr__(self, "segments", (whole,))
@@ -371,6 +380,7 @@ class Trajectory:
             "generation_seconds": _json_float(self.generation_seconds),
             "environment_seconds": _json_float(self.environment_seconds),
             **({"segments": [s.to_json() for s in self.segments]} if len(self.segments) > 1 else {}),
+            **({"versions": list(self.versions)} if self.versions else {}),
         }
 
     @classmethod
@@ -400,6 +410,7 @@ class Trajectory:
             failures=tuple(failure(f) for f in record.get("failures") or ()), metadata=record.get("metadata"),
             tools=tuple(record.get("tools") or ()), generation_seconds=floats([record.get("generation_seconds", 0.0)])[0],
             environment_seconds=floats([record.get("environment_seconds", 0.0)])[0], segments=segments,
+            versions=tuple(record.get("versions") or ()),
         )
 
 

@@ -105,34 +105,29 @@ async def arollout(
     config: RolloutConfig | None = None,
     *,
     on_episode: Callable[[Trajectory], None] | None = None,
+    session: RolloutSession | None = None,
 ) -> RolloutResult:
-    """Run every sample to the end of its episode and return trajectories in input order."""
+    """Run every sample to the end of its episode and return trajectories in input order.
+    ``session`` (``open_session``): the environments are already prepared and the episodes of
+    every rollout sharing it count against one concurrency limit (overlapping rollouts)."""
     config = config or RolloutConfig()
     samples = list(samples)
     _check_tasks(samples, task_to_env)
     _check_contracts(task_to_env, backend)
-    _check_capacity(samples, task_to_env, config)
+    if session is None:
+        _check_capacity(samples, task_to_env, config)
     parser = get_parser(config.tool_parser or renderer.family.parser)
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
             renderer.check_template(prompt, (), parser)
     ctx = EpisodeContext(backend, renderer, parser, config)
     results: list[Trajectory | None] = [None] * len(samples)
-    async with _prepared(samples, task_to_env, config):
+    async with _prepared(samples, task_to_env, config) if session is None else contextlib.nullcontext():
         _check_images(samples, task_to_env, backend)
         started = time.perf_counter()
-        # Objects alive now (the model, the libraries) are not garbage; without this, every full
-        # collection during the rollout walks all of them again (measured: +10% wall time at 1k
-        # episodes). Episode state lives until its episode ends, so full collections find little:
-        # one per 100 middle-generation ones instead of 10 (measured at 10k episodes: 12.4 -> 9.5 s).
-        gc.freeze()
-        thresholds = gc.get_threshold()
-        gc.set_threshold(thresholds[0], thresholds[1], max(thresholds[2], 100))
-        try:
-            callback_errors = await _schedule(samples, task_to_env, ctx, results, on_episode)
-        finally:
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
+        with _quiet_collector():
+            callback_errors = await _schedule(samples, task_to_env, ctx, results, on_episode,
+                                              session.limit if session else None)
     trajectories = tuple(t for t in results if t is not None)
     metrics = rollout_metrics(trajectories, time.perf_counter() - started)
     metrics["on_episode_errors"] = callback_errors
@@ -142,8 +137,61 @@ async def arollout(
     return RolloutResult(trajectories, metrics)
 
 
-async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on_episode) -> int:
-    """Run every episode; returns how many ``on_episode`` calls raised."""
+_COLLECTOR = {"users": 0, "thresholds": (0, 0, 0)}
+
+
+@contextlib.contextmanager
+def _quiet_collector():
+    """Objects alive when a rollout starts (the model, the libraries) are not garbage; without this,
+    every full collection during the rollout walks all of them again (measured: +10% wall time at
+    1k episodes). Episode state lives until its episode ends, so full collections find little: one
+    per 100 middle-generation ones instead of 10 (measured at 10k episodes: 12.4 -> 9.5 s).
+    Counted, so that overlapping rollouts (asynchronous training) restore the settings once, at
+    the end of the last."""
+    if _COLLECTOR["users"] == 0:
+        gc.freeze()
+        thresholds = _COLLECTOR["thresholds"] = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], max(thresholds[2], 100))
+    _COLLECTOR["users"] += 1
+    try:
+        yield
+    finally:
+        _COLLECTOR["users"] -= 1
+        if _COLLECTOR["users"] == 0:
+            gc.set_threshold(*_COLLECTOR["thresholds"])
+            gc.unfreeze()
+
+
+@dataclass(frozen=True)
+class RolloutSession:
+    """Environments prepared once for many rollouts that overlap (asynchronous training), whose
+    episodes share one limit of ``concurrency`` running at once."""
+
+    limit: asyncio.Semaphore
+
+
+@contextlib.asynccontextmanager
+async def open_session(task_to_env: Mapping[str, Environment], concurrency: int):
+    """Prepare every environment of ``task_to_env`` for ``concurrency`` sessions (its capacity
+    checked) and release them on exit; pass the session to each ``arollout``."""
+    envs = {id(env): (task, env) for task, env in task_to_env.items()}
+    async with contextlib.AsyncExitStack() as stack:
+        for task, env in envs.values():
+            if env.max_sessions is not None and env.max_sessions < concurrency:
+                raise ConfigError(
+                    f"environment for task {task!r} allows {env.max_sessions} concurrent sessions but the "
+                    f"rollouts need {concurrency} (rollout.concurrency); lower it or raise the environment's "
+                    "max_concurrent_envs / max_sessions"
+                )
+            await env.prepare(concurrency)
+            stack.push_async_callback(env.release)
+        yield RolloutSession(asyncio.Semaphore(concurrency))
+
+
+async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on_episode,
+                    limit: asyncio.Semaphore | None = None) -> int:
+    """Run every episode; returns how many ``on_episode`` calls raised. ``limit``: a concurrency
+    limit shared with other rollouts (async mode)."""
     config = ctx.config
     callback_errors = 0
 
@@ -166,7 +214,7 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
                                index, type(exc).__name__, exc)
 
     if config.mode == "async":
-        limit = asyncio.Semaphore(config.concurrency)
+        limit = limit or asyncio.Semaphore(config.concurrency)
         gate = OpenGate()
 
         async def limited(index: int) -> None:

@@ -135,6 +135,7 @@ class _State:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # weight version of each policy token, when known
     prompt_length: int = 0
     prompt_messages: int | None = None
     rewards: list[float] = field(default_factory=list)
@@ -201,6 +202,7 @@ class _State:
             environment_seconds=self.environment_seconds,
             environment=session.handle if session is not None else None,
             segments=segments,
+            versions=tuple(self.versions) if len(self.versions) == sum(mask) else (),
         )
 
 
@@ -253,6 +255,8 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         completion = await _generate(state, ctx, _params(config, budget, stop, renderer, state.index, turn))
         generated = list(completion.token_ids)
         state.extend(generated, completion.logprobs)
+        if completion.version is not None:
+            state.versions += [completion.version] * len(generated)
         text = renderer.decode(renderer.content_ids(generated))
         calls = _with_ids(await ctx.parse(text), renderer, state.index, turn)
         state.messages.append(Message("assistant", text, tool_calls=calls))
