@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "fuzz": ("fuzz", "malformed tool calls in every family's format through the engine: failures counted, none fatal"),
     "gateway": ("gateway", "agents through the OpenAI SDK and the gateway vs the same requests sent to the backend directly"),
     "train-throughput": ("train_throughput", "training tokens/s, step time and MFU of real policy updates on random tokens"),
+    "async-training": ("async_training", "wall time of GRPO at max_staleness 0/1/2 with remote-like generation, vs max(generation, update) per step"),
     "scale": ("scale", "10,000 concurrent episodes on one machine: peak memory per episode, wall vs the lower bound"),
 }
 

@@ -222,6 +222,11 @@ class TrainConfig(_Section):
                 f"vllm.colocate runs vLLM on the first visible GPU, but model.device is {self.model.device!r}; "
                 f"choose the GPU with CUDA_VISIBLE_DEVICES and keep model.device 'cuda'"
             )
+        if self.algorithm.max_staleness:
+            raise ValueError(
+                f"algorithm.max_staleness={self.algorithm.max_staleness} with vllm.colocate: a colocated engine "
+                "sleeps while the trainer updates, so nothing can overlap; set max_staleness 0 or serve the model apart"
+            )
         if self.lora.enabled and self.vllm.sleep_level == 2:
             raise ValueError("vllm.sleep_level 2 discards the engine's base weights, which a LoRA run never re-sends; use vllm.sleep_level 1")
         return self

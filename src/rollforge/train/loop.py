@@ -318,11 +318,6 @@ async def open_run(
 
 
 def _check_ranks(config: TrainConfig, ranks: Ranks) -> None:
-    if config.algorithm.max_staleness and config.vllm.colocate:
-        raise ConfigError(
-            f"algorithm.max_staleness={config.algorithm.max_staleness} with vllm.colocate: a colocated engine "
-            "sleeps while the trainer updates, so nothing can overlap; set max_staleness=0 or serve the model apart"
-        )
     if not ranks.distributed:
         return
     if config.algorithm.max_staleness:
