@@ -88,12 +88,12 @@ async def _run(root: Path, model: Path, data: Path, args: Any, *, k: int, steps:
         "rollout.max_new_tokens=2", "rollout.max_turns=1", "optim.lr=1e-3", "checkpoint_every=0",
         "save_trajectories=false", "eval_episodes=0", f"algorithm.max_staleness={k}",
     ])
-    async with _remote(model, latency) as backend:
+    async with remote_backend(model, latency) as backend:
         result = await atrain(config, console=False, backend=backend)
     return result.history
 
 
-def _remote(model: Path, latency: float):
+def remote_backend(model: Path, latency: float):
     """A scripted backend standing in for a remote server: latency per request, weights "pushed"
     by counting them (a real server would load them)."""
     from ..backends.scripted import ScriptedBackend

@@ -1,0 +1,116 @@
+"""Asynchronous training (``algorithm.max_staleness``): k = 0 is the synchronous loop step by step;
+with k >= 1 no trained token is older than k versions and generation runs ahead of the trainer."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from rollforge.bench.async_training import remote_backend
+from rollforge.errors import ConfigError
+from rollforge.train.admission import AdmissionLedger
+from rollforge.train.loop import atrain, open_run, train
+from rollforge.train.pipeline import train_async
+from rollforge.types import Trajectory
+
+TIMING = ("time/", "tokens_per_second", "async/", "admission/", "rollout/generation_seconds",
+          "rollout/environment_seconds", "rollout/wall_seconds", "rollout/episodes_per_second",
+          "rollout/generated_tokens_per_second")
+
+
+def same_metrics(a, b):
+    """Equal but for timings; the update's floats to 1e-6 (the HF backend batches whichever requests
+    are in flight together, which moves logprobs in the 7th digit)."""
+    a, b = ({k: v for k, v in m.items() if not k.startswith(TIMING)} for m in (a, b))
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], float) and not key.startswith("reward"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-6), key
+        else:
+            assert a[key] == b[key], key
+
+
+async def test_pipeline_at_k0_is_the_synchronous_loop(tiny_config):
+    """The same requests, rewards, updates and metrics, step by step (HF backend, real model)."""
+    sync = await atrain(tiny_config("steps=3", "out=" + str(tiny_config().out) + "-sync"), console=False)
+    async with open_run(tiny_config("steps=3"), console=False) as run:
+        assert await train_async(run) == 3
+    lines = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == len(sync.history) == 3
+    for a, b in zip(sync.history, lines):
+        same_metrics(a, b)
+    assert all(m["async/token_lag_max"] == 0 for m in lines)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+async def test_no_trained_token_is_older_than_k(tiny_config, tiny_model_dir, k):
+    config = tiny_config("steps=6", f"algorithm.max_staleness={k}", "eval_episodes=4")
+    async with remote_backend(tiny_model_dir, latency=0.05) as backend:
+        result = await atrain(config, console=False, backend=backend)
+    history = result.history
+    assert [m["step"] for m in history] == list(range(1, 7))
+    assert all(m["async/token_lag_max"] <= k for m in history)
+    assert max(m["async/token_lag_max"] for m in history) == k  # generation did run ahead
+    assert all(m["admission/dropped"] == 0 for m in history)
+    assert history[-1]["admission/admitted"] == history[-1]["admission/started"] == 6 * 32
+    for step in range(1, 7):  # what was saved: every policy token's version, none too old
+        rows = (result.out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        versions = [v for row in rows for v in Trajectory.from_json(json.loads(row)).versions]
+        assert len(versions) == sum(json.loads(row)["loss_mask"].count(1) for row in rows)
+        assert min(versions) >= step - 1 - k and max(versions) <= step - 1
+    assert backend.weight_version == 6  # one push per update
+    assert result.evaluations["before"]["weight_version"] == 0
+    assert result.evaluations["after"]["weight_version"] == 6
+
+
+def test_several_ranks_are_refused_with_one_line(tiny_config):
+    from rollforge.train.distributed import Ranks
+    from rollforge.train.loop import _check_ranks
+
+    with pytest.raises(ConfigError, match="max_staleness=1 with 2 ranks is not supported yet"):
+        _check_ranks(tiny_config("algorithm.max_staleness=1", "algorithm.batch_size=4"), Ranks(rank=0, world=2))
+
+
+def test_admission_ledger_shares_worked_by_hand():
+    """Four finished episodes of one group of 4 (durations 1, 2, 3, 4 s), two admitted (1 s and 4 s)."""
+    def t(index, seconds, reward):
+        return Trajectory(index=index, task_name="t", messages=(), token_ids=(1,), loss_mask=(0,), logprobs=(None,),
+                          prompt_length=1, rewards=(reward,), total_reward=reward, turns=1,
+                          generation_seconds=seconds)
+
+    ledger = AdmissionLedger(group_size=2)
+    ledger.start(6)
+    done = [t(0, 1.0, 0.0), t(1, 2.0, 1.0), t(2, 3.0, 1.0), t(3, 4.0, 1.0)]
+    for trajectory in done:
+        ledger.finish(1, trajectory)
+    out = ledger.admit(1, [done[0], done[3]], {"infra_failure": 1, "stale": 0})
+    assert out["admission/started"] == 6 and out["admission/finished"] == 4 and out["admission/in_flight"] == 2
+    assert out["admission/admitted"] == 2
+    assert out["admission/dropped"] == 1 and out["admission/dropped/infra_failure"] == 1
+    assert "admission/dropped/stale" not in out  # zero counts are not reasons
+    # quartile edges of (1, 2, 3, 4), inclusive method: 1.75, 2.5, 3.25 -> each episode its own quartile
+    assert [out[f"admission/finished_duration_q{q}"] for q in (1, 2, 3, 4)] == [0.25] * 4
+    assert [out[f"admission/admitted_duration_q{q}"] for q in (1, 2, 3, 4)] == [0.5, 0.0, 0.0, 0.5]
+    assert out["admission/duration_bias"] == 0.25
+    # groups (0, 1) mean 0.5 and (2, 3) mean 1.0; both admitted (each has an admitted member)
+    assert out["admission/difficulty_bias"] == 0.0
+
+
+@pytest.mark.slow
+def test_tiny_model_learns_with_staleness_2_nearly_as_fast(tiny_config):
+    """The learning test at k = 2 (HF backend generating from its own copy while the other trains):
+    above 0.9 within 1.3x the steps the synchronous loop needs."""
+    def first_above(history):
+        rewards = [m["reward/mean"] for m in history]
+        means = [statistics.fmean(rewards[i : i + 3]) for i in range(len(rewards) - 2)]
+        return next((i + 3 for i, m in enumerate(means) if m > 0.9), None)
+
+    sync = train(tiny_config("steps=40", "save_trajectories=false", "out=" + str(tiny_config().out) + "-sync"),
+                 console=False)
+    stale = train(tiny_config("steps=52", "save_trajectories=false", "algorithm.max_staleness=2"), console=False)
+    n0, n2 = first_above(sync.history), first_above(stale.history)
+    assert n0 is not None, [m["reward/mean"] for m in sync.history]
+    assert n2 is not None and n2 <= 1.3 * n0, ([m["reward/mean"] for m in stale.history], n0)
+    assert max(m["async/token_lag_max"] for m in stale.history) == 2

@@ -1,0 +1,133 @@
+"""Weight versions: completions stamped, updates between requests (in-flight), pinned evaluation,
+stale tokens masked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rollforge.backends.scripted import ScriptedBackend
+from rollforge.chat.render import ChatRenderer
+from rollforge.envs.base import BaseSession, Environment, Reset, Step
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout
+from rollforge.train.versions import VersionedBackend, fresh_masks
+from rollforge.types import Message, Sample, Trajectory
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    return ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def scripted(renderer, latency=0.0):
+    return ScriptedBackend(lambda r: "ok", renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+
+
+class ThreeTurns(Environment):
+    class Session(BaseSession):
+        turn = 0
+
+        async def reset(self, sample):
+            return Reset(prompt=sample.prompt)
+
+        async def step(self, conversation):
+            self.turn += 1
+            return Step(messages=(Message("user", f"turn {self.turn}"),), reward=0.0, terminated=self.turn == 3)
+
+    def open(self, sample):
+        return self.Session()
+
+
+async def test_update_waits_for_running_requests_and_holds_new_ones(renderer):
+    versions = VersionedBackend(scripted(renderer, latency=0.2))
+    order = []
+
+    async def push():  # the request that was running has finished by now
+        order.append(("push", first.done(), second.done()))
+
+    from rollforge.backends.base import SamplingParams
+
+    params = SamplingParams(max_new_tokens=4)
+    first = asyncio.create_task(versions.generate([1, 2], params))
+    await asyncio.sleep(0.05)  # the first request is running
+    update = asyncio.create_task(versions.advance(push))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(versions.generate([1, 2], params))  # arrives while the update waits
+    done_first = await first
+    assert await update == 1
+    done_second = await second
+    assert order == [("push", True, False)]
+    assert done_first.version == 0  # generated before the push, on the old weights
+    assert done_second.version == 1  # held back until the new weights were in
+    assert versions.version == 1
+
+
+async def test_running_episode_continues_under_new_weights(renderer):
+    """An update between the turns of an episode: its later turns carry the new version."""
+    versions = VersionedBackend(scripted(renderer, latency=0.05))
+    sample = Sample(prompt=({"role": "user", "content": "go"},), task_name="t")
+    pushed = 0
+
+    async def push():
+        nonlocal pushed
+        pushed += 1
+
+    async def update_mid_episode():
+        await asyncio.sleep(0.08)  # after the first turn's request
+        await versions.advance(push)
+
+    rollout = asyncio.create_task(arollout([sample], {"t": ThreeTurns()}, versions, renderer,
+                                           RolloutConfig(max_turns=3)))
+    await update_mid_episode()
+    (trajectory,) = (await rollout).trajectories
+    assert pushed == 1 and trajectory.turns == 3 and trajectory.error is None
+    assert len(trajectory.versions) == trajectory.generated_tokens
+    turn_lengths = [len(trajectory.versions) // 3] * 3  # "ok" + end token each turn
+    first_turn = trajectory.versions[: turn_lengths[0]]
+    assert set(first_turn) == {0} and trajectory.versions[-1] == 1
+    assert list(trajectory.versions) == sorted(trajectory.versions)  # never back in time
+    assert Trajectory.from_json(trajectory.to_json()).versions == trajectory.versions
+
+
+async def test_pinned_holds_updates_until_it_ends(renderer):
+    versions = VersionedBackend(scripted(renderer))
+    from rollforge.backends.base import SamplingParams
+
+    async def push():
+        return None
+
+    async with versions.pinned() as version:
+        update = asyncio.create_task(versions.advance(push))
+        await asyncio.sleep(0.05)
+        assert not update.done()  # the evaluation's weights stay
+        completion = await versions.generate([1], SamplingParams(max_new_tokens=2))  # requests still run
+        assert version == completion.version == 0
+    assert await update == 1
+
+
+def test_fresh_masks_removes_tokens_older_than_the_bound():
+    # one trajectory, two segments: policy tokens (in order) of versions 3, 3 | 4, 5, 5
+    def t(versions):
+        return Trajectory(index=0, task_name="t", messages=(), token_ids=(1,) * 8, loss_mask=(0, 1, 1, 0, 0, 1, 1, 1),
+                          logprobs=(None, -1.0, -1.0, None, None, -1.0, -1.0, -1.0), prompt_length=1,
+                          rewards=(), total_reward=0.0, turns=0, versions=versions)
+
+    masks = [torch.tensor([0.0, 1, 1, 0]), torch.tensor([0.0, 1, 1, 1])]
+    out, stale = fresh_masks(masks, [0, 0], [t((3, 3, 4, 5, 5))], oldest=4)
+    assert stale == 2
+    assert out[0].tolist() == [0, 0, 0, 0] and out[1].tolist() == [0, 1, 1, 1]
+    assert masks[0].tolist() == [0, 1, 1, 0]  # the caller's masks are not changed
+    kept, none = fresh_masks(masks, [0, 0], [t(())], oldest=4)  # no versions: nothing is known to be old
+    assert none == 0 and [m.tolist() for m in kept] == [m.tolist() for m in masks]
+
+
+def test_versions_must_match_policy_tokens():
+    from rollforge.errors import InvariantError
+
+    with pytest.raises(InvariantError, match="2 weight versions for 1 policy tokens"):
+        Trajectory(index=0, task_name="t", messages=(), token_ids=(1, 2), loss_mask=(0, 1), logprobs=(None, -1.0),
+                   prompt_length=1, rewards=(), total_reward=0.0, turns=0, versions=(0, 0))
