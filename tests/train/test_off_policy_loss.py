@@ -2,8 +2,13 @@
 reduction to today's loss at zero lag, and the proximal logprobs ``policy_update`` records."""
 
 import copy
+import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +17,7 @@ from rollforge.errors import ConfigError
 from rollforge.models import load_model
 from rollforge.train.config import AlgorithmConfig
 from rollforge.train.corrections import DecoupledPolicyLoss, MaskedPolicyLoss, Proximal, policy_loss
+from rollforge.train.distributed import Ranks
 from rollforge.train.losses import ClippedPolicyLoss, LossParts, TokenMean
 from rollforge.train.step_metrics import merge_update_stats
 from rollforge.train.update import Episode, UpdateStats, policy_update, sequence_logprobs
@@ -267,3 +273,33 @@ def test_none_updates_exactly_as_before(tiny_model_dir):
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(a, b), name
     assert {f.name for f in fields(UpdateStats)} >= {"behaviour_weight_mean", "off_policy_tokens"}
+
+
+@pytest.mark.slow
+def test_two_ranks_take_the_one_rank_decoupled_epochs(tiny_model_dir, tmp_path):
+    """Two epochs on 2 ranks (gloo, FSDP2; the ranks run different numbers of micro-batches, so one
+    runs empty passes, and each records its own share's proximal logprobs) equal them in one process."""
+    import off_policy_ranks_worker as worker
+
+    worker_path = Path(__file__).resolve().parent / "off_policy_ranks_worker.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker_path),
+         str(tiny_model_dir), str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    model, epochs, proximal = worker.update(str(tiny_model_dir), Ranks())
+    assert all(p is not None for p in proximal.logprobs)
+    initial, _ = load_model(tiny_model_dir)
+    sharded = torch.load(tmp_path / "weights.pt")
+    moved = 0.0
+    for name, value in model.state_dict().items():
+        assert torch.allclose(sharded[name], value, atol=1e-6), name
+        moved = max(moved, float((value - initial.state_dict()[name]).abs().max()))
+    assert moved > 1e-3  # two real steps
+    for one, two in zip(epochs, (UpdateStats(**s) for s in json.loads((tmp_path / "stats.json").read_text()))):
+        assert (one.policy_tokens, one.off_policy_tokens) == (two.policy_tokens, two.off_policy_tokens)
+        assert one.off_policy_tokens > 0
+        for key in ("loss", "behaviour_weight_mean", "mean_ratio", "clip_fraction"):
+            assert getattr(one, key) == pytest.approx(getattr(two, key), abs=1e-5), key
+    assert epochs[0].mean_ratio == pytest.approx(1.0, abs=1e-6) and abs(epochs[1].mean_ratio - 1) > 1e-4
