@@ -7,8 +7,13 @@ Per policy token t of an episode with advantage A (tokens with loss mask 0 never
     kl_t    = exp(ref_t - logp_t) - (ref_t - logp_t) - 1     # k3 estimator, >= 0 (only if kl_beta > 0)
     loss    = sum_t w_t * (pg_t + kl_beta * kl_t)
 
-``logp_old`` are the logprobs the backend returned while generating, so the ratio corrects for
-any drift between the engine and the trainer (and for several optimizer steps on one batch).
+``logp_old`` are the logprobs the backend returned while generating (the *behaviour* policy), so
+the ratio corrects for any drift between the engine and the trainer (and for several optimizer
+steps on one batch). This is the ``none`` correction; when generation runs ahead of training
+(``max_staleness`` > 0) the behaviour policy lags the trained one by several versions and
+``corrections.py`` splits the ratio in two (AReaL's decoupled loss, masked importance sampling):
+those classes subclass ``ClippedPolicyLoss`` and change only ``anchor`` (what the ratio is taken
+against and a detached factor on each token's loss).
 
 The weights ``w_t`` come from an *aggregation*, a small class per variant, computed once for the
 whole batch so that micro-batching and gradient accumulation give exactly the full-batch gradient:
@@ -81,10 +86,16 @@ class LossParts:
     clipped_tokens: int  # tokens whose objective took the clipped branch
     tokens: int  # policy tokens seen
     ratio_sum: float
+    behaviour_weight_sum: float  # sum over policy tokens of the correction's factor (none: 1 each)
+    off_policy_tokens: int  # policy tokens the correction truncated or masked (none: 0)
 
 
 class ClippedPolicyLoss:
-    """PPO-style clipped objective on tokens, with an optional k3 KL penalty to a reference."""
+    """PPO-style clipped objective on tokens, with an optional k3 KL penalty to a reference: the
+    ``none`` off-policy correction, ratio_t = exp(logp_t - logp_old_t) against the behaviour policy.
+    ``proximal_logprobs`` are ignored (subclasses that use them set ``needs_proximal``)."""
+
+    needs_proximal = False
 
     def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, kl_beta: float = 0.0):
         if clip_low < 0 or clip_high < 0 or kl_beta < 0:
@@ -98,16 +109,19 @@ class ClippedPolicyLoss:
         advantages: torch.Tensor,  # (B,) or (B, T)
         weights: torch.Tensor,  # (B, T) aggregation weights, 0 off the loss mask
         ref_logprobs: torch.Tensor | None = None,  # (B, T)
+        proximal_logprobs: torch.Tensor | None = None,  # (B, T) policy before this batch's update, detached
     ) -> LossParts:
         if advantages.dim() == 1:
             advantages = advantages[:, None]
         on = weights != 0
-        log_ratio = torch.where(on, logprobs - old_logprobs, torch.zeros_like(logprobs))
+        anchor, factor, off_policy = self.anchor(old_logprobs, proximal_logprobs, on)
+        log_ratio = torch.where(on, logprobs - anchor, torch.zeros_like(logprobs))
         ratio = torch.exp(log_ratio)
         unclipped = ratio * advantages
         clipped = torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high) * advantages
         pg = -torch.minimum(unclipped, clipped)  # (B, T)
-        policy_loss = (weights * pg).sum()
+        live = on if factor is None else on & (factor != 0)  # tokens whose loss counts
+        policy_loss = ((weights if factor is None else weights * factor) * pg).sum()
         loss = policy_loss
         kl_value = 0.0
         if self.kl_beta > 0:
@@ -122,7 +136,17 @@ class ClippedPolicyLoss:
             loss=loss,
             policy_loss=float(policy_loss.detach()),
             kl=kl_value,
-            clipped_tokens=int(((clipped < unclipped) & on).sum()),
+            clipped_tokens=int(((clipped < unclipped) & live).sum()),
             tokens=int(on.sum()),
             ratio_sum=float(ratio.detach()[on].sum()),
+            behaviour_weight_sum=float(on.sum()) if factor is None else float(factor[on].sum()),
+            off_policy_tokens=off_policy,
         )
+
+    def anchor(
+        self, old_logprobs: torch.Tensor, proximal_logprobs: torch.Tensor | None, on: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """What the ratio is taken against, the detached factor on each token's loss (None: 1
+        everywhere) and how many policy tokens (``on``) the correction truncated or masked. Here:
+        the behaviour logprobs, no factor, none."""
+        return old_logprobs, None, 0

@@ -4,9 +4,11 @@ Keys: ``step``; ``reward/mean|std|min|max``; ``reward/env/<task>`` (mean total p
 ``reward/fn/<name>`` (mean of a reward function over the samples it applied to, None when it
 applied to none) and ``reward/errors``; ``advantage/mean|abs_mean``, ``advantage/zero_variance_groups``
 and ``advantage/groups``; the update's ``loss``, ``policy_loss``, ``kl``, ``clip_fraction``,
-``mean_ratio``, ``grad_norm``, ``lr``; token counts and ``tokens_per_second``; ``time/*``
-(rollout = generation and environments, update, sync, step); and the engine's rollout metrics
-under ``rollout/``. A mean over nothing is None, never NaN.
+``mean_ratio``, ``grad_norm``, ``lr``; the off-policy correction's ``behaviour_weight_mean`` (mean
+factor it put on the policy tokens' losses: 1 without one) and ``off_policy_tokens`` (tokens whose
+behaviour weight it truncated or masked, see ``corrections``); token counts and
+``tokens_per_second``; ``time/*`` (rollout = generation and environments, update, sync, step);
+and the engine's rollout metrics under ``rollout/``. A mean over nothing is None, never NaN.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def merge_update_stats(stats: Sequence[UpdateStats]) -> UpdateStats:
         kl=sum(s.kl for s in stats),
         clip_fraction=sum(s.clip_fraction * s.policy_tokens for s in stats) / n,
         mean_ratio=sum(s.mean_ratio * s.policy_tokens for s in stats) / n,
+        behaviour_weight_mean=sum(s.behaviour_weight_mean * s.policy_tokens for s in stats) / n if tokens else 1.0,
+        off_policy_tokens=sum(s.off_policy_tokens for s in stats),
         micro_batches=sum(s.micro_batches for s in stats),
         tokens=sum(s.tokens for s in stats),
         policy_tokens=tokens,
@@ -118,6 +122,8 @@ def step_metrics(
         "kl": update.kl,
         "clip_fraction": update.clip_fraction,
         "mean_ratio": update.mean_ratio,
+        "behaviour_weight_mean": update.behaviour_weight_mean,
+        "off_policy_tokens": update.off_policy_tokens,
         "grad_norm": update.grad_norm,
         "lr": lr,
         "policy_tokens": update.policy_tokens,

@@ -21,6 +21,17 @@ Devices: episodes live on the CPU; each micro-batch is built on the model's devi
 first parameter) and the statistics come back as Python numbers. With a ``compute_dtype`` below
 the weights' float32 (bfloat16), the forward passes and the loss run under ``torch.autocast`` and
 the backward pass outside it (see ``policy``).
+
+Policy lag: the ratio of ``ClippedPolicyLoss`` is taken against the generation (behaviour)
+logprobs; with asynchronous training (``max_staleness`` > 0) those come from weights up to k
+versions old, and a correction (``corrections.py``: AReaL's ``decoupled`` loss, ``masked``
+importance sampling) takes the clipped ratio against the *proximal* policy instead, the weights
+before this batch's first optimizer step, and weighs each token by the detached behaviour weight.
+Each call takes one optimizer step after all its micro-batches, so the first epoch's forward
+passes already run the proximal weights: their detached logprobs are the proximal logprobs (no
+extra forward) and go into the ``Proximal`` the caller passes, indexed by episode; later epochs
+(``epochs_per_batch`` > 1, one call each) read them back. The ``none`` loss needs none of this and
+nothing is computed or stored for it.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from typing import Any, Sequence
 import torch
 
 from ..types import Segment, Trajectory
+from .corrections import Proximal
 from .distributed import Ranks, is_sharded
 from .losses import ClippedPolicyLoss
 
@@ -79,6 +91,8 @@ class UpdateStats:
     micro_batches: int
     tokens: int  # tokens forwarded (policy and context)
     policy_tokens: int
+    behaviour_weight_mean: float = 1.0  # mean over policy tokens of the off-policy correction's factor
+    off_policy_tokens: int = 0  # policy tokens the correction truncated (decoupled) or masked (masked)
 
 
 def plan_micro_batches(episodes: Sequence[Episode], group_size: int, micro_batch_tokens: int) -> list[MicroBatch]:
@@ -251,17 +265,24 @@ def policy_update(
     compute_dtype: torch.dtype = torch.float32,
     ranks: Ranks = Ranks(),
     scheduler: Any = None,
+    proximal: Proximal | None = None,
 ) -> UpdateStats:
     """Accumulate the loss over micro-batches and take one optimizer step. ``group_size``: episodes
     come in groups of that many rollouts of one prompt (their shared prompt is computed once).
+    ``proximal``: one ``Proximal(len(episodes))`` per batch, passed to each of its epochs, for a
+    loss that ``needs_proximal`` (the first call fills it, later ones read it; ignored otherwise).
     ``compute_dtype``: precision of the forward passes (bfloat16: under ``torch.autocast``).
     With several ``ranks`` (a sharded model) every rank runs as many micro-batches as the busiest
     one (each FSDP forward and backward is a collective); ``weights`` must be normalised over the
     global batch."""
+    if loss_fn.needs_proximal and (proximal is None or len(proximal) != len(episodes)):
+        raise ValueError(f"{type(loss_fn).__name__} needs proximal=Proximal({len(episodes)}) (one per batch, "
+                         f"shared by its epochs), got {proximal!r}")
     device = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals = dict(loss=0.0, policy_loss=0.0, kl=0.0, clipped=0, tokens=0, policy_tokens=0, ratio=0.0)
+    totals = dict(loss=0.0, policy_loss=0.0, kl=0.0, clipped=0, tokens=0, policy_tokens=0, ratio=0.0,
+                  behaviour_weight=0.0, off_policy=0)
     batches = plan_micro_batches(episodes, group_size, micro_batch_tokens)
     for _ in range(ranks.most(len(batches)) - len(batches)):
         _empty_pass(model, pad_id, device)
@@ -278,7 +299,10 @@ def policy_update(
                 with torch.no_grad(), _reference_context(reference):
                     ref = sequence_logprobs(reference.model, ids, attention, w != 0, batch.prefix)
             logprobs = sequence_logprobs(model, ids, attention, w != 0, batch.prefix)
-            parts = loss_fn(logprobs, old, advantages[rows].to(device), w, ref)
+            prox = None
+            if loss_fn.needs_proximal:
+                prox = proximal.take(rows, [episodes[i].ids.numel() for i in rows], logprobs)
+            parts = loss_fn(logprobs, old, advantages[rows].to(device), w, ref, prox)
         parts.loss.backward()
         totals["loss"] += float(parts.loss.detach())
         totals["policy_loss"] += parts.policy_loss
@@ -286,6 +310,8 @@ def policy_update(
         totals["clipped"] += parts.clipped_tokens
         totals["policy_tokens"] += parts.tokens
         totals["ratio"] += parts.ratio_sum
+        totals["behaviour_weight"] += parts.behaviour_weight_sum
+        totals["off_policy"] += parts.off_policy_tokens
         totals["tokens"] += int(attention.sum()) - (len(rows) - 1) * batch.prefix
     grad_norm = optimizer_step(model, optimizer, max_grad_norm, scheduler)
     n = max(totals["policy_tokens"], 1)
@@ -299,6 +325,8 @@ def policy_update(
         micro_batches=len(batches),
         tokens=totals["tokens"],
         policy_tokens=totals["policy_tokens"],
+        behaviour_weight_mean=totals["behaviour_weight"] / n if totals["policy_tokens"] else 1.0,
+        off_policy_tokens=totals["off_policy"],
     )
 
 
