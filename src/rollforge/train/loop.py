@@ -148,11 +148,13 @@ async def train_step(run: Run, step: int) -> dict[str, Any] | None:
     began = time.perf_counter()
     batch = [s for s in run.source.next_batch(algo.batch_size) for _ in range(algo.group_size)]
     samples = ranks.share(batch, algo.group_size)
-    where = {"seed": config.seed * 1_000_003 + step, "first_index": ranks.rank * len(samples)}  # as if whole
+    where = {"seed": config.seed * 1_000_003 + step, "first_index": ranks.rank * len(samples),  # as if whole
+             "infra_retries": algo.infra_retries}
     result = await arollout(samples, run.task_to_env, run.backend, run.renderer, config.rollout.model_copy(update=where))
     trajectories = result.trajectories
     rewards = await compute_rewards(trajectories, samples, run.functions, algo.env_reward_weight)
-    advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage)
+    keep = [t.outcome != "infra_failure" for t in trajectories]  # their reward is unknown, not 0
+    advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage, keep=keep)
     rolled = time.perf_counter()
 
     episodes, owners = sequences(trajectories)  # one per segment, with its episode's advantage
