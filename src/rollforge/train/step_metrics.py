@@ -37,7 +37,7 @@ class RankStep:
     times: dict[str, float]
 
 
-#: The counts of ``Advantages``, in field order: each rank counts its own groups, and they add up.
+#: The counts of ``Advantages``: each rank counts its own groups, and they add up.
 COUNTS = ("zero_variance_groups", "groups", "excluded", "shrunk_groups", "lost_groups")
 
 
@@ -57,7 +57,7 @@ def merge_ranks(parts: Sequence[RankStep]) -> RankStep:
     )
     advantages = Advantages(
         torch.cat([p.advantages.values for p in parts]),
-        *(sum(getattr(p.advantages, name) for p in parts) for name in COUNTS),
+        **{name: sum(getattr(p.advantages, name) for p in parts) for name in COUNTS},
     )
     rollout = dict(parts[0].rollout)
     for key in ("infra_retries", "infra_failures"):
