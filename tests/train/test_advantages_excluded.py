@@ -65,7 +65,9 @@ def test_keeping_everyone_is_bit_identical_to_no_keep(estimator):
     plain = compute_advantages(rewards, 4, estimator)
     kept = compute_advantages(rewards, 4, estimator, keep=[True] * 12)
     assert torch.equal(plain.values, kept.values)
-    counts = lambda a: (a.zero_variance_groups, a.groups, a.excluded, a.shrunk_groups, a.lost_groups)  # noqa: E731
+    def counts(a):
+        return a.zero_variance_groups, a.groups, a.excluded, a.shrunk_groups, a.lost_groups
+
     assert counts(plain) == counts(kept) == (1, 3, 0, 0, 0)
 
 
