@@ -42,6 +42,16 @@ FailureKind = Literal[
     "reward_error",  # a reward function raised (never on a trajectory: its values count as None)
 ]
 
+#: An episode's outcome (``Trajectory.outcome``): ``completed`` (no ``error``: terminated, truncated,
+#: max turns, whatever tool calls failed on the way), ``policy_failure`` (an error that is the
+#: model's own doing, e.g. ``template_error``: a conversation it steered where no template renders)
+#: or ``infra_failure`` (an error of the machinery around it: the backend failed, a connection was
+#: lost, an actor died, the environment raised or hung). Infrastructure failures are retried
+#: (``RolloutConfig.infra_retries``) and kept out of group baselines; their reward is unknown.
+Outcome = Literal["completed", "policy_failure", "infra_failure"]
+#: Error kinds that are infrastructure failures; every other ``error`` kind is a policy failure.
+INFRA_FAILURES: frozenset[str] = frozenset({"backend_error", "env_error", "env_timeout", "episode_timeout"})
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -299,6 +309,8 @@ class Trajectory:
     #: The weight version that generated each policy token, in order (one per mask-1 token); empty
     #: when the backend does not say (it is versioned during asynchronous training).
     versions: tuple[int, ...] = ()
+    #: Times the episode was run again after an infrastructure failure (this is the last run).
+    retries: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -356,6 +368,13 @@ class Trajectory:
     def generated_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    @property
+    def outcome(self) -> Outcome:
+        """``completed``, ``policy_failure`` or ``infra_failure`` (see ``Outcome``)."""
+        if self.error is None:
+            return "completed"
+        return "infra_failure" if self.error.kind in INFRA_FAILURES else "policy_failure"
+
     def to_json(self) -> dict[str, Any]:
         """The ``trajectories.jsonl`` record."""
         return {
@@ -379,6 +398,7 @@ class Trajectory:
             "tools": _jsonable(self.tools),
             "generation_seconds": _json_float(self.generation_seconds),
             "environment_seconds": _json_float(self.environment_seconds),
+            "retries": self.retries,
             **({"segments": [s.to_json() for s in self.segments]} if len(self.segments) > 1 else {}),
             **({"versions": list(self.versions)} if self.versions else {}),
         }
@@ -411,6 +431,7 @@ class Trajectory:
             tools=tuple(record.get("tools") or ()), generation_seconds=floats([record.get("generation_seconds", 0.0)])[0],
             environment_seconds=floats([record.get("environment_seconds", 0.0)])[0], segments=segments,
             versions=tuple(record.get("versions") or ()),
+            retries=record.get("retries", 0),
         )
 
 

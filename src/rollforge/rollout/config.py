@@ -40,6 +40,10 @@ class RolloutConfig(BaseModel):
     request_timeout: float | None = Field(600.0, gt=0)
     """Seconds one generation request may take, waiting in the backend's queue included
     (``backend_error``); None: no limit beyond ``episode_timeout``."""
+    infra_retries: int = Field(0, ge=0)
+    """Times an episode that ended in an infrastructure failure (``backend_error``, ``env_error``,
+    ``env_timeout``, ``episode_timeout``; see ``types.INFRA_FAILURES``) is run again, from the start
+    with the same seeds; ``Trajectory.retries`` counts the reruns. Policy failures are never rerun."""
     seed: int = 0
     """Sampling seeds of every request derive from it, the episode index and the turn."""
     first_index: int = Field(0, ge=0)

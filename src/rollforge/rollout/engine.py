@@ -18,7 +18,10 @@ environments connect there and check the server's capacity for real); after ``pr
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
 Results come back in input order. The engine does not know what a tool is.
 
-Failures inside an episode are recorded on its trajectory; a bug in rollforge (see
+Failures inside an episode are recorded on its trajectory. An episode that ends in an
+infrastructure failure (``Trajectory.outcome``: backend error, environment raised or hung) is run
+again up to ``infra_retries`` times (``run_sample``: same index and seeds; reruns leave the lockstep
+wave and run ungated); ``Trajectory.retries`` says how often. A bug in rollforge (see
 ``errors.boundary``) cancels the other episodes and propagates. ``on_episode`` runs as each episode
 ends; what it raises is logged and counted (``on_episode_errors`` in the metrics), and the rollout
 still completes and returns every trajectory. ``abandoned_worker_calls`` counts blocking calls (hung
@@ -33,7 +36,7 @@ import gc
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..backends.base import Backend
@@ -44,7 +47,7 @@ from ..errors import ConfigError
 from ..types import Sample, Trajectory
 from ..workers import ENVIRONMENT_WORKERS
 from .config import RolloutConfig
-from .episode import EpisodeContext, OpenGate, run_episode
+from .episode import EpisodeContext, Gate, OpenGate, run_episode
 from .metrics import rollout_metrics
 
 logger = logging.getLogger(__name__)
@@ -198,12 +201,8 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
     async def run(index: int, gate) -> None:
         nonlocal callback_errors
         sample = samples[index]
-        env = task_to_env[sample.task_name]
-        if isinstance(env, GeneratingEnvironment):  # it runs its own turns: no barrier holds it
-            gate.leave()
-            trajectory = await env.run_episode(config.first_index + index, sample, ctx)
-        else:
-            trajectory = await run_episode(config.first_index + index, sample, env, ctx, gate)
+        trajectory = await run_sample(config.first_index + index, sample, task_to_env[sample.task_name], ctx, gate,
+                                      config.infra_retries)
         results[index] = trajectory
         if on_episode is not None:
             try:
@@ -228,6 +227,29 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
             gate = LockstepGate(len(wave))
             await _all(run(i, gate) for i in wave)
     return callback_errors
+
+
+async def run_sample(index: int, sample: Sample, env: Environment, ctx: EpisodeContext, gate: Gate,
+                     retries: int = 0) -> Trajectory:
+    """One sample's episode, run again (up to ``retries`` times) while it ends in an infrastructure
+    failure (``Trajectory.outcome``); the trajectory returned is the last run's, with ``retries``
+    set to the number of reruns. A rerun has the same index, hence the same sampling seeds and
+    tool-call ids: a deterministic backend repeats itself. The first run holds its place in
+    ``gate`` (a lockstep wave) and leaves it when it ends; reruns go through an ``OpenGate``, as
+    the wave they would wait on has gone on without them (so a retry never holds the barrier)."""
+    attempt = 0
+    while True:
+        if isinstance(env, GeneratingEnvironment):  # it runs its own turns: no barrier holds it
+            gate.leave()
+            trajectory = await env.run_episode(index, sample, ctx)
+        else:
+            trajectory = await run_episode(index, sample, env, ctx, gate)
+        if trajectory.outcome != "infra_failure" or attempt >= retries:
+            return replace(trajectory, retries=attempt) if attempt else trajectory
+        attempt += 1
+        logger.warning("episode %d failed for infrastructure reasons (%s: %s); running it again (retry %d of %d)",
+                       index, trajectory.error.kind, trajectory.error.message, attempt, retries)
+        gate = OpenGate()
 
 
 async def _all(coroutines) -> None:

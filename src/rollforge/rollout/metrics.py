@@ -2,7 +2,8 @@
 
 A mean over no values is reported as ``None`` (missing), never NaN. Timing: ``generation_seconds``
 and ``environment_seconds`` are summed over episodes (they overlap in async mode), ``wall_seconds``
-is the rollout's wall time.
+is the rollout's wall time. ``infra_retries``: reruns after infrastructure failures, summed;
+``infra_failures``: episodes whose last run still failed that way (``Trajectory.outcome``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], wall_seconds: float | No
         "min_total_reward": min(rewards, default=None),
         "generation_seconds": sum(t.generation_seconds for t in trajectories),
         "environment_seconds": sum(t.environment_seconds for t in trajectories),
+        "infra_retries": sum(t.retries for t in trajectories),
+        "infra_failures": sum(t.outcome == "infra_failure" for t in trajectories),
         "errors": dict(sorted(errors.items())),
         "failures": dict(sorted(failures.items())),
         "per_task": _per_task(trajectories),

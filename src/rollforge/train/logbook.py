@@ -61,11 +61,15 @@ def console_line(m: dict[str, Any], total_steps: int) -> str:
     per_env = "  ".join(
         f"{k.removeprefix('reward/env/')} {v:.2f}" for k, v in m.items() if k.startswith("reward/env/") and v is not None
     )
+    reward = "n/a" if m["reward/mean"] is None else f"{m['reward/mean']:.3f}"  # every episode failed (infra)
+    if "async/rollout_seconds" in m:  # asynchronous: the batch's rollout overlapped the previous updates
+        rollout = f"gen+env {m['async/rollout_seconds']:.1f}s overlapped, waited {m['time/wait']:.1f}s"
+    else:
+        rollout = f"gen+env {m['time/rollout']:.1f}s"
     return (
-        f"step {m['step']:>4}/{total_steps}  reward {m['reward/mean']:.3f}  [{per_env}]  "
+        f"step {m['step']:>4}/{total_steps}  reward {reward}  [{per_env}]  "
         f"loss {m['loss']:+.4f}  kl {m['kl']:.4f}  clip {m['clip_fraction']:.3f}  "
-        f"gnorm {m['grad_norm']:.3f}  {m['time/step']:.1f}s (gen+env {m['time/rollout']:.1f}s, "
-        f"train {m['time/update']:.1f}s)"
+        f"gnorm {m['grad_norm']:.3f}  {m['time/step']:.1f}s ({rollout}, train {m['time/update']:.1f}s)"
     )
 
 

@@ -3,13 +3,16 @@
 Each step: draw ``batch_size`` prompts, roll each out ``group_size`` times (the engine, async by
 default), score every episode (environment reward plus reward functions), turn rewards into
 group-relative advantages, take ``epochs_per_batch`` clipped policy-gradient steps whose
-importance ratios are taken against the generation logprobs, push the new weights to the backend,
-then log and checkpoint.
+importance ratios are taken against the generation logprobs (or corrected for a lag, see
+``corrections.py``), push the new weights to the backend, then log and checkpoint. With
+``algorithm.max_staleness`` >= 1 generation runs ahead of the update (``pipeline.py``).
 
 Choices made (see the modules for each): one optimizer step per rollout batch by default (fully
 on-policy, so the ratio is 1 up to engine/trainer numerics and clipping only guards drift);
-failed episodes (an environment crashed, a backend request failed) keep their reward in the
-group statistics but contribute no tokens to the loss; truncated episodes are trained on; sampling
+failed episodes contribute no tokens to the loss: policy failures keep their reward in the group
+statistics, infrastructure failures (a backend, connection or environment failed) are run again
+``algorithm.infra_retries`` times, then left out of their group's baseline (advantage 0);
+truncated episodes are trained on; sampling
 seeds derive from (seed, step, episode index in the global batch), so a resumed run repeats the
 uninterrupted run's requests and ranks sample what one process would.
 Under torchrun each rank rolls out its share of the groups and the update is sharded with FSDP2
@@ -50,6 +53,7 @@ from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
 from .generation import backend_config, shared_model
 from .logbook import Logbook, read_metrics
+from .corrections import Proximal, policy_loss
 from .losses import ClippedPolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .rewards import RewardFunction, compute_rewards, load_reward_functions
@@ -168,7 +172,8 @@ def draw(run: Run) -> list[Sample]:
 def rollout_config(run: Run, step: int, share: int):
     """The step's rollout settings: its sampling seed, and this rank's episode indices (``share``
     episodes per rank) as if the batch were whole."""
-    where = {"seed": run.config.seed * 1_000_003 + step, "first_index": run.ranks.rank * share}
+    where = {"seed": run.config.seed * 1_000_003 + step, "first_index": run.ranks.rank * share,
+             "infra_retries": run.config.algorithm.infra_retries}
     return run.config.rollout.model_copy(update=where)
 
 
@@ -186,7 +191,8 @@ async def learn(
     began = time.perf_counter()
     trajectories = result.trajectories
     rewards = await compute_rewards(trajectories, samples, run.functions, algo.env_reward_weight)
-    advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage)
+    keep = [t.outcome != "infra_failure" for t in trajectories]  # their reward is unknown, not 0
+    advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage, keep=keep)
     scored = time.perf_counter()
 
     episodes, owners = sequences(trajectories)  # one per segment, with its episode's advantage
@@ -197,12 +203,13 @@ async def learn(
     weights = run.aggregation.weights(masks, ranks.total)  # normalised over the global batch
     shared = algo.group_size if len(episodes) == len(trajectories) else 1  # segments: no shared prompts
     await run.sync.release()  # a colocated engine frees its memory for the update
+    proximal = Proximal(len(episodes))  # the weights before this update's logprobs, for a correction that needs them
     for _ in range(algo.epochs_per_batch):
         stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
             policy_update, run.model, run.optimizer, episodes, advantages.values[owners], weights, run.loss_fn,
             micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
             max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared,
-            compute_dtype=run.dtype, ranks=ranks, scheduler=run.scheduler,
+            compute_dtype=run.dtype, ranks=ranks, scheduler=run.scheduler, proximal=proximal,
         )
     updated = time.perf_counter()
     await push()
@@ -303,7 +310,9 @@ async def open_run(
             )
         run = Run(
             config, ranks, model, generator, tokenizer, ChatRenderer(tokenizer), optimizer, scheduler, reference,
-            compute_dtype(config.model), ClippedPolicyLoss(algo.clip_low, algo.clip_high, algo.kl_beta),
+            compute_dtype(config.model),
+            policy_loss(algo.off_policy_correction, algo.clip_low, algo.clip_high, algo.kl_beta, algo.importance_cap,
+                        algo.max_staleness),
             get_aggregation(algo.loss_aggregation,
                             algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns),
             source, functions, task_to_env, backend, WeightSync(backend, generator), logbook, start,

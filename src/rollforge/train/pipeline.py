@@ -112,7 +112,7 @@ def _lag(trajectories: Any, trained: int) -> dict[str, Any]:
 def _dropped(trajectories: Any, group_size: int) -> dict[str, int]:
     """Episodes of the batch that contribute nothing, by reason (see ``admission.py``): infrastructure
     failures (out of their group's baseline) and the members left in a group of fewer than two."""
-    infra = [getattr(t, "outcome", None) == "infra_failure" for t in trajectories]
+    infra = [t.outcome == "infra_failure" for t in trajectories]
     lost = 0
     for first in range(0, len(infra), group_size):
         kept = group_size - sum(infra[first : first + group_size])

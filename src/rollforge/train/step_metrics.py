@@ -1,14 +1,16 @@
 """The flat metrics dict of one training step (one line of ``metrics.jsonl``).
 
-Keys: ``step``; ``reward/mean|std|min|max``; ``reward/env/<task>`` (mean total per environment);
+Keys: ``step``; ``reward/mean|std|min|max`` and ``reward/env/<task>`` (mean total per environment),
+over the episodes whose reward is known (not infrastructure failures; None when there are none);
 ``reward/fn/<name>`` (mean of a reward function over the samples it applied to, None when it
 applied to none) and ``reward/errors``; ``advantage/mean|abs_mean``, ``advantage/zero_variance_groups``
-and ``advantage/groups``; the update's ``loss``, ``policy_loss``, ``kl``, ``clip_fraction``,
-``mean_ratio``, ``grad_norm``, ``lr``; the off-policy correction's ``behaviour_weight_mean`` (mean
-factor it put on the policy tokens' losses: 1 without one) and ``off_policy_tokens`` (tokens whose
-behaviour weight it truncated or masked, see ``corrections``); token counts and
-``tokens_per_second``; ``time/*`` (rollout = generation and environments, update, sync, step);
-and the engine's rollout metrics under ``rollout/``. A mean over nothing is None, never NaN.
+and ``advantage/groups``; ``infra/failed_episodes|retries|groups_shrunk|groups_lost|reward_lost`` and
+``episodes/policy_failures`` (``infra_metrics``); the update's ``loss``, ``policy_loss``, ``kl``,
+``clip_fraction``, ``mean_ratio``, ``grad_norm``, ``lr``; the off-policy correction's
+``behaviour_weight_mean`` (mean factor it put on the policy tokens' losses: 1 without one) and
+``off_policy_tokens`` (tokens whose behaviour weight it truncated or masked, see ``corrections``);
+token counts and ``tokens_per_second``; ``time/*`` (rollout = generation and environments, update,
+sync, step); and the engine's rollout metrics under ``rollout/``. A mean over nothing is None, never NaN.
 """
 
 from __future__ import annotations
@@ -37,11 +39,16 @@ class RankStep:
     times: dict[str, float]
 
 
+#: The counts of ``Advantages``: each rank counts its own groups, and they add up.
+COUNTS = ("zero_variance_groups", "groups", "excluded", "shrunk_groups", "lost_groups")
+
+
 def merge_ranks(parts: Sequence[RankStep]) -> RankStep:
     """The step of the global batch from every rank's share, in rank order: episodes, rewards and
     advantages concatenate; the update's statistics combine (``merge_update_stats``); the engine's
     error and failure counts add up (its other figures are rank 0's); each time is the slowest
-    rank's (a step lasts as long as its slowest rank)."""
+    rank's (a step lasts as long as its slowest rank); the engine's infrastructure retry and
+    failure counts add up too."""
     if len(parts) == 1:
         return parts[0]
     names = parts[0].rewards.per_function
@@ -52,9 +59,12 @@ def merge_ranks(parts: Sequence[RankStep]) -> RankStep:
     )
     advantages = Advantages(
         torch.cat([p.advantages.values for p in parts]),
-        sum(p.advantages.zero_variance_groups for p in parts), sum(p.advantages.groups for p in parts),
+        **{name: sum(getattr(p.advantages, name) for p in parts) for name in COUNTS},
     )
     rollout = dict(parts[0].rollout)
+    for key in ("infra_retries", "infra_failures"):
+        if all(key in p.rollout for p in parts):
+            rollout[key] = sum(p.rollout[key] for p in parts)
     for key in ("errors", "failures"):
         counts: dict[str, int] = {}
         for p in parts:
@@ -98,16 +108,18 @@ def step_metrics(
     lr: float,
     times: dict[str, float],
 ) -> dict[str, Any]:
-    totals = rewards.totals
+    known = [(r, t) for r, t in zip(rewards.totals, trajectories) if t.outcome != "infra_failure"]
+    totals = [r for r, _ in known]  # an infrastructure failure has no reward to count
     out: dict[str, Any] = {
         "step": step,
-        "reward/mean": statistics.fmean(totals),
-        "reward/std": statistics.pstdev(totals),
-        "reward/min": min(totals),
-        "reward/max": max(totals),
+        "reward/mean": statistics.fmean(totals) if totals else None,
+        "reward/std": statistics.pstdev(totals) if totals else None,
+        "reward/min": min(totals, default=None),
+        "reward/max": max(totals, default=None),
     }
     for task in sorted({t.task_name for t in trajectories}):
-        out[f"reward/env/{task}"] = statistics.fmean(r for r, t in zip(totals, trajectories) if t.task_name == task)
+        values = [r for r, t in known if t.task_name == task]
+        out[f"reward/env/{task}"] = statistics.fmean(values) if values else None
     for name, values in rewards.per_function.items():
         out[f"reward/fn/{name}"] = mean_or_none(values)
     out["reward/errors"] = len(rewards.errors)
@@ -117,6 +129,7 @@ def step_metrics(
         "advantage/abs_mean": float(values.abs().mean()),
         "advantage/zero_variance_groups": advantages.zero_variance_groups,
         "advantage/groups": advantages.groups,
+        **infra_metrics(trajectories, advantages),
         "loss": update.loss,
         "policy_loss": update.policy_loss,
         "kl": update.kl,
@@ -142,3 +155,23 @@ def step_metrics(
     for kind, count in rollout.get("failures", {}).items():
         out[f"rollout/failures/{kind}"] = count
     return out
+
+
+def infra_metrics(trajectories: Sequence[Trajectory], advantages: Advantages) -> dict[str, Any]:
+    """What infrastructure failures cost a batch (``Trajectory.outcome``; ``advantages`` computed
+    with those episodes excluded): ``infra/failed_episodes`` (still failing after their retries),
+    ``infra/retries`` (reruns, summed), ``infra/groups_shrunk`` and ``infra/groups_lost``
+    (``Advantages.shrunk_groups`` / ``lost_groups``), ``infra/reward_lost`` (the share of the
+    batch's episodes whose reward is unknown: what they would have added to the mean cannot be
+    known, only their count and their groups), and ``episodes/policy_failures`` (episodes that
+    failed by the model's own doing: their reward counts)."""
+    outcomes = [t.outcome for t in trajectories]
+    failed = outcomes.count("infra_failure")
+    return {
+        "infra/failed_episodes": failed,
+        "infra/retries": sum(t.retries for t in trajectories),
+        "infra/groups_shrunk": advantages.shrunk_groups,
+        "infra/groups_lost": advantages.lost_groups,
+        "infra/reward_lost": failed / len(trajectories) if trajectories else None,
+        "episodes/policy_failures": outcomes.count("policy_failure"),
+    }
