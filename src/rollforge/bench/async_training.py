@@ -3,7 +3,8 @@
 Generation and training must not share compute for overlap to pay (on one CPU they would just take
 turns), so generation is remote inference stood in for by a scripted backend with known latency:
 each request sleeps ``latency x u`` seconds, u drawn in [0.5, 1] from the request's seed, and
-answers a letter drawn from the seed (so rewards vary within groups and the updates do work). The
+answers a letter drawn from the seed (so rewards vary within groups) followed by some 30 tokens
+of text (so the updates have tokens to train on). The
 updates are real: the tiny test model (``rollforge.testing``) trained with GRPO on FirstCharacter.
 ``--latency auto`` first times two synchronous steps and sets the latency so that generating a
 batch takes about as long as updating on it, the case where overlap helps most.
@@ -17,9 +18,14 @@ Per run (same seed, same prompts, same requests):
 - ``async_to_bound`` = wall / bound (target <= 1.1 for k >= 1; a synchronous run is near
   (generation + update) / max of the two);
 - ``token_lag_max``: the oldest token trained, in versions (at most k);
-- the last step's admission figures (``train/admission.py``): ``duration_bias`` and
-  ``difficulty_bias`` (largest gap, over quartiles, between the share of admitted and of finished
-  episodes), ``dropped``.
+- the admission figures (``train/admission.py``): ``duration_bias_max`` and
+  ``difficulty_bias_max`` (the largest over the steps of the largest gap, over quartiles, between
+  the share of admitted and of finished episodes) and ``dropped``.
+
+Run side by side, generation and update slow each other a little (the engine's Python and the
+update share the interpreter lock and the cores), so each is measured in its own run;
+``async_to_sync_bound`` divides k = 1's wall time by the bound computed from k = 0's undisturbed
+times instead.
 
 ``ratio_async_to_sync`` = wall(k=1) / wall(k=0) (target <= 0.6 when generation and update take
 about equal time); ``ratio_k2_to_sync`` the same for k = 2.
@@ -73,6 +79,8 @@ async def _main(args: Any) -> dict[str, Any]:
         "ratio_async_to_sync": round(runs[1]["wall_seconds"] / runs[0]["wall_seconds"], 3),
         "ratio_k2_to_sync": round(runs[2]["wall_seconds"] / runs[0]["wall_seconds"], 3),
         "async_to_bound": runs[1]["async_to_bound"],
+        # the stricter bound: generation and update as long as when they do not overlap (k = 0)
+        "async_to_sync_bound": round(runs[1]["wall_seconds"] / runs[0]["bound_seconds"], 3),
         "targets": {"ratio_async_to_sync": "<= 0.6", "async_to_bound": "<= 1.1"},
     }
 
@@ -85,7 +93,7 @@ async def _run(root: Path, model: Path, data: Path, args: Any, *, k: int, steps:
         f"model.name={model}", f"out={root / f'run_{k}_{steps}'}", f"steps={steps}", f"data.path={data}",
         "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
         f"algorithm.batch_size={args.batch_size}", f"algorithm.group_size={args.group_size}",
-        "rollout.max_new_tokens=2", "rollout.max_turns=1", "optim.lr=1e-3", "checkpoint_every=0",
+        "rollout.max_new_tokens=48", "rollout.max_turns=1", "optim.lr=1e-3", "checkpoint_every=0",
         "save_trajectories=false", "eval_episodes=0", f"algorithm.max_staleness={k}",
     ])
     async with remote_backend(model, latency) as backend:
@@ -112,7 +120,9 @@ def remote_backend(model: Path, latency: float):
         async def update_weights(self, model: Any) -> None:
             self.weight_version += 1
 
-    return Remote(lambda request: random.Random(request.params.seed).choice(LETTERS), tokenizer,
+    filler = " then some more words to train on" * 4  # longer replies: the update has tokens to work on
+
+    return Remote(lambda request: random.Random(request.params.seed).choice(LETTERS) + filler, tokenizer,
                   end_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
 
 
@@ -137,7 +147,12 @@ def _summary(history: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "update_seconds_per_step": round(statistics.fmean(_update_seconds(m) for m in history), 3),
         "mean_reward": round(statistics.fmean(m["reward/mean"] for m in history), 3),
         "token_lag_max": max(lags) if lags else 0 if k == 0 else None,
-        "duration_bias": last.get("admission/duration_bias"),
-        "difficulty_bias": last.get("admission/difficulty_bias"),
+        "duration_bias_max": _largest(history, "admission/duration_bias"),
+        "difficulty_bias_max": _largest(history, "admission/difficulty_bias"),
         "dropped": last.get("admission/dropped", 0),
     }
+
+
+def _largest(history: list[dict[str, Any]], key: str) -> float | None:
+    values = [m[key] for m in history if m.get(key) is not None]
+    return round(max(values), 3) if values else None
