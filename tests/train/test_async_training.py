@@ -114,3 +114,33 @@ def test_tiny_model_learns_with_staleness_2_nearly_as_fast(tiny_config):
     assert n0 is not None, [m["reward/mean"] for m in sync.history]
     assert n2 is not None and n2 <= 1.3 * n0, ([m["reward/mean"] for m in stale.history], n0)
     assert max(m["async/token_lag_max"] for m in stale.history) == 2
+
+
+async def test_resumed_async_run_continues_with_the_prompts_it_would_have_drawn(tiny_config, tiny_model_dir, tmp_path):
+    """The producer draws ahead of the trainer; a checkpoint stores the prompt position of its own
+    step, so a resumed run trains on what the uninterrupted one trained on (scripted replies: the
+    rewards are a function of the prompts and the seeds)."""
+    whole_dir, split_dir = tmp_path / "whole", tmp_path / "split"
+    common = ("algorithm.max_staleness=2", "checkpoint_every=2", "data.shuffle=true")
+    async with remote_backend(tiny_model_dir, latency=0.02) as backend:
+        whole = await atrain(tiny_config("steps=5", f"out={whole_dir}", *common), console=False, backend=backend)
+        class Killed(Exception):
+            pass
+
+        def kill_after_step_2(step, *_):
+            if step == 2:  # its checkpoint is written; the producer has drawn further
+                raise Killed
+
+        with pytest.raises(Killed):
+            await atrain(tiny_config("steps=5", f"out={split_dir}", *common), console=False, backend=backend,
+                         on_step=kill_after_step_2)
+        resumed = await atrain(tiny_config("steps=5", f"out={split_dir}", *common), console=False, backend=backend,
+                               resume=True)
+    assert [m["step"] for m in resumed.history] == [1, 2, 3, 4, 5]
+    def prompts(out, step):
+        rows = (out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        return [json.loads(r)["messages"][0]["content"] for r in rows]
+
+    for step in (3, 4, 5):
+        assert prompts(split_dir, step) == prompts(whole_dir, step)
+    assert [m["reward/mean"] for m in resumed.history[2:]] == [m["reward/mean"] for m in whole.history[2:]]
