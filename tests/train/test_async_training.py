@@ -67,10 +67,10 @@ async def test_no_trained_token_is_older_than_k(tiny_config, tiny_model_dir, k):
 
 def test_several_ranks_are_refused_with_one_line(tiny_config):
     from rollforge.train.distributed import Ranks
-    from rollforge.train.loop import _check_ranks
+    from rollforge.train.prepare import check_ranks
 
     with pytest.raises(ConfigError, match="max_staleness=1 with 2 ranks is not supported yet"):
-        _check_ranks(tiny_config("algorithm.max_staleness=1", "algorithm.batch_size=4"), Ranks(rank=0, world=2))
+        check_ranks(tiny_config("algorithm.max_staleness=1", "algorithm.batch_size=4"), Ranks(rank=0, world=2))
 
 
 def test_admission_ledger_shares_worked_by_hand():

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import copy
 import inspect
-import json
 import os
 import random
 import time
@@ -40,14 +39,15 @@ from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..cluster.generation import open_generation
 from ..errors import ConfigError
-from ..models import load_tokenizer, resolve_device
+from ..models import resolve_device
 from ..rollout.engine import arollout
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
+from . import prepare
 from .advantages import compute_advantages
 from .config import TrainConfig
-from .data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
+from .data import PromptSource, check_prompt_lengths
 from .distributed import Ranks, refresh_copy, shard
 from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
@@ -259,7 +259,7 @@ async def open_run(
     backend: Backend | None = None,
 ) -> AsyncIterator[Run]:
     """Set a run up (see ``atrain`` for the arguments) and close what it opened on exit: the
-    process group, environments placed on Ray, the backend, the logbook."""
+    process group, environments prepare.placed on Ray, the backend, the logbook."""
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out {str(out)!r} is a file; expected a run directory")
@@ -269,16 +269,16 @@ async def open_run(
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     local_envs = build_environments(config.environments, given)
-    prompts = _prompts(config, list(local_envs), dataset, given)
+    prompts = prepare.prompts(config, list(local_envs), dataset, given)
     check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
-    resumed = _preflight(config, prompts, resume)
+    resumed = prepare.preflight(config, prompts, resume)
     if resumed is not None:
         source.load_state(resumed.data_state)
     async with contextlib.AsyncExitStack() as stack:
         ranks = stack.enter_context(Ranks.open(resolve_device(config.model.device)))
-        _check_ranks(config, ranks)
+        prepare.check_ranks(config, ranks)
         out.mkdir(parents=True, exist_ok=True)
         if ranks.main:
             (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
@@ -301,7 +301,7 @@ async def open_run(
             stack.callback(logbook.close)
         else:
             logbook = None
-        task_to_env = stack.enter_context(_placed(config, local_envs))
+        task_to_env = stack.enter_context(prepare.placed(config, local_envs))
         generation = backend_config(config.model, config.rollout, config.ray, config.executor, config.seed,
                                     config.lora.enabled, config.vllm)
         if backend is None:
@@ -319,34 +319,11 @@ async def open_run(
         )
         if start or config.lora.enabled or ranks.distributed:
             await _push_weights(run)  # a resumed, adapter-wrapped or sharded policy differs from what the engine loaded
-        run.evaluations = _read_json(out / "eval.json")
+        run.evaluations = prepare.read_json(out / "eval.json")
         if config.eval_episodes:
-            run.eval_prompts = _eval_prompts(config, list(task_to_env), dataset, given)
+            run.eval_prompts = prepare.eval_prompts(config, list(task_to_env), dataset, given)
             check_prompt_lengths(run.eval_prompts, run.renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
         yield run
-
-
-def _check_ranks(config: TrainConfig, ranks: Ranks) -> None:
-    if not ranks.distributed:
-        return
-    if config.algorithm.max_staleness:
-        raise ConfigError(
-            f"algorithm.max_staleness={config.algorithm.max_staleness} with {ranks.world} ranks is not supported "
-            "yet: train asynchronously on one rank, or set max_staleness=0"
-        )
-    ranks.groups_per_rank(config.algorithm.batch_size)  # before the model loads
-    if config.ray.training_workers > 1 and config.executor == "ray" and "RAY_TRAINING_RANK" not in os.environ:
-        raise ConfigError(
-            f"ray.training_workers={config.ray.training_workers} under torchrun: start the ranks with torchrun or "
-            f"with Ray, not both"
-        )
-    if config.lora.enabled:
-        raise ConfigError(f"lora.enabled with {ranks.world} ranks is not supported yet: train LoRA on one rank")
-    if config.executor == "ray" and config.ray.generation_replicas > 1:
-        raise ConfigError(
-            f"ray.generation_replicas={config.ray.generation_replicas} under torchrun would start replicas on "
-            f"every rank: serve the model with `vllm serve` and set model.backend=openai, or train on one rank"
-        )
 
 
 async def _evaluate(run: Run, when: str, version: int) -> None:
@@ -356,61 +333,5 @@ async def _evaluate(run: Run, when: str, version: int) -> None:
         greedy = run.config.rollout.model_copy(update={"greedy": True, "seed": run.config.seed})
         result = await aevaluate(run.eval_prompts, run.task_to_env, run.backend, run.renderer, greedy)
         run.evaluations[when] = {**result.to_json(), "weight_version": version}
-        _write_json(run.out / "eval.json", run.evaluations)
+        prepare.write_json(run.out / "eval.json", run.evaluations)
     run.ranks.barrier()
-
-
-def _preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.Loaded | None:
-    """What can refuse the run, checked before the model loads so that a refusal is quick: prompts
-    that leave no room to generate, an OpenAI-compatible server that does not answer, and (with
-    ``resume``) the checkpoint to continue from."""
-    check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
-                         "rollout.max_seq_len")
-    if config.model.backend == "openai" and config.model.base_url:
-        from ..backends.openai_compat import check_server
-        from ..backends.select import server_urls
-
-        for url in server_urls(config.model.base_url):
-            check_server(url)
-    return ckpt.resumable(Path(config.out)) if resume else None
-
-
-def _eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
-    """Held-out prompts from the generators (another seed); with a dataset, its first rows."""
-    if dataset is not None or config.data.path is not None:
-        return _prompts(config, tasks, dataset, given)[: config.eval_episodes]
-    return generated_samples(config.environments, config.eval_episodes, config.seed + 7919)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _prompts(
-    config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, Any]] | None, given: dict[str, Any],
-) -> list[Sample]:
-    if dataset is not None:
-        return rows_to_samples(dataset, tasks, config.data.system_prompt)
-    if config.data.path is not None:
-        return rows_to_samples(load_rows(config.data.path), tasks, config.data.system_prompt)
-    if given:
-        raise ConfigError(
-            f"the environments given to train() ({', '.join(map(repr, given))}) have no prompt generator: "
-            "pass dataset= or set data.path"
-        )
-    return generated_samples(config.environments, config.data.size, config.seed)
-
-
-def _placed(config: TrainConfig, task_to_env: dict[str, Any]):
-    """The environments where ``executor`` says they run."""
-    if config.executor == "ray":
-        from ..cluster.executor import environments_on_ray
-
-        return environments_on_ray(task_to_env, config.ray)
-    return contextlib.nullcontext(task_to_env)

@@ -1,0 +1,99 @@
+"""What ``open_run`` checks and reads before a run starts: the ranks' constraints, a quick
+preflight (prompt lengths, the server, the checkpoint to resume), the prompts and held-out prompts,
+where environments run, and the run directory's small JSON files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..chat.render import ChatRenderer
+from ..errors import ConfigError
+from ..models import load_tokenizer
+from ..types import Sample
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .data import check_prompt_lengths, generated_samples, load_rows, rows_to_samples
+from .distributed import Ranks
+
+
+def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
+    if not ranks.distributed:
+        return
+    if config.algorithm.max_staleness:
+        raise ConfigError(
+            f"algorithm.max_staleness={config.algorithm.max_staleness} with {ranks.world} ranks is not supported "
+            "yet: train asynchronously on one rank, or set max_staleness=0"
+        )
+    ranks.groups_per_rank(config.algorithm.batch_size)  # before the model loads
+    if config.ray.training_workers > 1 and config.executor == "ray" and "RAY_TRAINING_RANK" not in os.environ:
+        raise ConfigError(
+            f"ray.training_workers={config.ray.training_workers} under torchrun: start the ranks with torchrun or "
+            f"with Ray, not both"
+        )
+    if config.lora.enabled:
+        raise ConfigError(f"lora.enabled with {ranks.world} ranks is not supported yet: train LoRA on one rank")
+    if config.executor == "ray" and config.ray.generation_replicas > 1:
+        raise ConfigError(
+            f"ray.generation_replicas={config.ray.generation_replicas} under torchrun would start replicas on "
+            f"every rank: serve the model with `vllm serve` and set model.backend=openai, or train on one rank"
+        )
+
+
+def preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.Loaded | None:
+    """What can refuse the run, checked before the model loads so that a refusal is quick: prompts
+    that leave no room to generate, an OpenAI-compatible server that does not answer, and (with
+    ``resume``) the checkpoint to continue from."""
+    check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
+                         "rollout.max_seq_len")
+    if config.model.backend == "openai" and config.model.base_url:
+        from ..backends.openai_compat import check_server
+        from ..backends.select import server_urls
+
+        for url in server_urls(config.model.base_url):
+            check_server(url)
+    return ckpt.resumable(Path(config.out)) if resume else None
+
+
+def eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
+    """Held-out prompts from the generators (another seed); with a dataset, its first rows."""
+    if dataset is not None or config.data.path is not None:
+        return prompts(config, tasks, dataset, given)[: config.eval_episodes]
+    return generated_samples(config.environments, config.eval_episodes, config.seed + 7919)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def prompts(
+    config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, Any]] | None, given: dict[str, Any],
+) -> list[Sample]:
+    if dataset is not None:
+        return rows_to_samples(dataset, tasks, config.data.system_prompt)
+    if config.data.path is not None:
+        return rows_to_samples(load_rows(config.data.path), tasks, config.data.system_prompt)
+    if given:
+        raise ConfigError(
+            f"the environments given to train() ({', '.join(map(repr, given))}) have no prompt generator: "
+            "pass dataset= or set data.path"
+        )
+    return generated_samples(config.environments, config.data.size, config.seed)
+
+
+def placed(config: TrainConfig, task_to_env: dict[str, Any]):
+    """The environments where ``executor`` says they run."""
+    if config.executor == "ray":
+        from ..cluster.executor import environments_on_ray
+
+        return environments_on_ray(task_to_env, config.ray)
+    return contextlib.nullcontext(task_to_env)
