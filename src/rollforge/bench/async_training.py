@@ -6,7 +6,7 @@ each request sleeps ``latency x u`` seconds, u drawn in [0.5, 1] from the reques
 answers a letter drawn from the seed (so rewards vary within groups) followed by some 30 tokens
 of text (so the updates have tokens to train on). The
 updates are real: the tiny test model (``rollforge.testing``) trained with GRPO on FirstCharacter.
-``--latency auto`` first times two synchronous steps and sets the latency so that generating a
+``--latency auto`` first times three synchronous steps (their median) and sets the latency so that generating a
 batch takes about as long as updating on it, the case where overlap helps most.
 
 Per run (same seed, same prompts, same requests):
@@ -45,7 +45,7 @@ LETTERS = "aB3xY7kQ9z"  # digits, capitals and lower case: rewards vary within a
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--steps", type=int, default=12, help="training steps per run (default 12)")
+    parser.add_argument("--steps", type=int, default=24, help="training steps per run (default 24)")
     parser.add_argument("--latency", default="auto",
                         help="seconds per generation request at u=1, or 'auto' (about the update time)")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step (default 8)")
@@ -65,8 +65,8 @@ async def _main(args: Any) -> dict[str, Any]:
         data = root / "prompts.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in first_character_rows(64)))
         if args.latency == "auto":
-            calibration = await _run(root, model, data, args, k=0, steps=2, latency=0.0)
-            latency = statistics.fmean(_update_seconds(m) for m in calibration)
+            calibration = await _run(root, model, data, args, k=0, steps=3, latency=0.0)
+            latency = statistics.median(_update_seconds(m) for m in calibration)  # the first step warms up
         else:
             latency = float(args.latency)
         runs = {k: _summary(await _run(root, model, data, args, k=k, steps=args.steps, latency=latency), k)
