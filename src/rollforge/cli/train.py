@@ -14,9 +14,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-PRESETS = Path(__file__).resolve().parent.parent / "train" / "presets"
-
-
 def add_parser(commands: Any) -> None:
     train = commands.add_parser("train", help="train a model with GRPO from a YAML config")
     train.add_argument("config", nargs="?", type=Path, help="YAML config (omit with --help-config)")
@@ -30,7 +27,7 @@ def add_parser(commands: Any) -> None:
                        help="rendezvous of a several-node run (with --nnodes > 1), as torchrun's --rdzv-endpoint")
     train.set_defaults(run=_train)
 
-    quick = commands.add_parser("quickstart", help="train SmolLM2-135M on CPU on arithmetic + guess_number (~12 min)")
+    quick = commands.add_parser("quickstart", help="SmolLM2-135M on CPU: SFT warm-up on expert echo tool calls, then GRPO on arithmetic + echo (~13 min, shared 2 cores)")
     quick.add_argument("--out", type=Path, default=Path("runs/quickstart"))
     quick.add_argument("--steps", type=int, default=None)
     quick.add_argument("--model", default=None, help="model directory or alias (default smollm2-135m)")
@@ -118,7 +115,7 @@ def _torchrun(args: Any) -> int:
 def _quickstart(args: Any) -> int:
     from ..cli.rollout import check_out_dir
     from ..train.config import load_config
-    from ..train.quickstart import quickstart
+    from ..train.quickstart import PRESETS, quickstart
     from ..train.sft_config import load_sft_config
 
     check_out_dir(args.out, "--out")

@@ -31,6 +31,8 @@ from .logbook import read_metrics
 from .report import write_report
 from .sft_config import SFTConfig
 
+PRESETS = Path(__file__).resolve().parent / "presets"  # quickstart.yaml (GRPO), quickstart_warmup.yaml (SFT)
+
 
 @dataclass(frozen=True)
 class QuickstartResult:
@@ -114,7 +116,7 @@ def write_quickstart_report(out: Path, warm: Path, evaluations: dict[str, Any], 
     if shown:
         episodes = evaluations[shown[-1][0]]["episodes"]
         tasks = sorted({t for key, _ in shown for t in evaluations[key]["per_task"]})
-        lines += ["", f"## Held-out greedy evaluation ({episodes} episodes, mean reward)", "",
+        lines += ["", f"## Held-out greedy evaluation ({episodes} episodes): mean reward", "",
                   "| environment | " + " | ".join(name for _, name in shown) + " |",
                   "|---" * (len(shown) + 1) + "|"]
         for task in [*tasks, "all"]:
