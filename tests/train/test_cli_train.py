@@ -44,7 +44,7 @@ def test_quickstart_writes_metrics_and_report(tiny_model_dir, tmp_path, capsys):
     assert "Held-out greedy evaluation (4 episodes)" in report and "arithmetic" in report
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     evaluations = json.loads((out / "eval.json").read_text())
-    assert set(evaluations) == {"before", "after"}
+    assert set(evaluations) == {"before_warmup", "before", "after"}  # before the warm-up, after it, after GRPO
 
 
 def test_eval_reports_mean_reward_and_pass_at_k(tiny_model_dir, tmp_path, capsys):
