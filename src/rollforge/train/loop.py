@@ -304,6 +304,7 @@ async def open_run(
         task_to_env = stack.enter_context(prepare.placed(config, local_envs))
         generation = backend_config(config.model, config.rollout, config.ray, config.executor, config.seed,
                                     config.lora.enabled, config.vllm)
+        served = backend is None and config.model.backend == "openai"  # by a server we did not start
         if backend is None:
             backend = await stack.enter_async_context(
                 open_generation(generation, hf_model=shared_model(generation, generator), tokenizer=tokenizer)
@@ -317,8 +318,10 @@ async def open_run(
                             algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns),
             source, functions, task_to_env, backend, WeightSync(backend, generator), logbook, start,
         )
-        if start or config.lora.enabled or ranks.distributed:
-            await _push_weights(run)  # a resumed, adapter-wrapped or sharded policy differs from what the engine loaded
+        if start or config.lora.enabled or ranks.distributed or served:
+            # a resumed, adapter-wrapped or sharded policy differs from what the engine loaded, and a
+            # server may have loaded other weights than model.name (e.g. a warm-up's checkpoint)
+            await _push_weights(run)
         run.evaluations = prepare.read_json(out / "eval.json")
         if config.eval_episodes:
             run.eval_prompts = prepare.eval_prompts(config, list(task_to_env), dataset, given)
