@@ -234,6 +234,33 @@ async def test_capacity_below_concurrency_is_an_error_at_start(renderer):
     assert scripted.calls == 0
 
 
+async def test_a_session_for_overlapping_rollouts_checks_capacity_and_prepares_once(renderer):
+    from rollforge.rollout.engine import open_session
+
+    class Counted(Env):
+        prepared = released = 0
+
+        async def prepare(self, sessions):
+            self.prepared += 1
+            self.sessions = sessions
+
+        async def release(self):
+            self.released += 1
+
+    with pytest.raises(ConfigError, match="allows 2 concurrent sessions but the rollout needs 4"):
+        async with open_session({"default": Env(observe, max_sessions=2)}, 4):
+            pass
+    env = Counted(observe)
+    scripted = backend(renderer, lambda r: "x")
+    async with open_session({"default": env}, 4) as session:
+        for first in (0, 2):  # two rollouts on the one session: no prepare or release of their own
+            samples = [Sample(prompt=prompt(i)) for i in range(first, first + 2)]
+            result = await arollout(samples, {"default": env}, scripted, renderer, session=session)
+            assert all(t.error is None for t in result.trajectories)
+        assert (env.prepared, env.sessions, env.released) == (1, 4, 0)
+    assert env.released == 1
+
+
 async def test_lockstep_generates_each_turn_together_async_does_not_wait(renderer):
     in_flight, peaks, turns = [0], [], []
 

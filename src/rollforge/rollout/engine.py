@@ -117,15 +117,16 @@ async def arollout(
     samples = list(samples)
     _check_tasks(samples, task_to_env)
     _check_contracts(task_to_env, backend)
+    needed = _sessions_needed(samples, task_to_env, config)
     if session is None:
-        _check_capacity(samples, task_to_env, config)
+        _check_capacity(task_to_env, needed, f"concurrency={config.concurrency}, {len(samples)} samples")
     parser = get_parser(config.tool_parser or renderer.family.parser)
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
             renderer.check_template(prompt, (), parser)
     ctx = EpisodeContext(backend, renderer, parser, config)
     results: list[Trajectory | None] = [None] * len(samples)
-    async with _prepared(samples, task_to_env, config) if session is None else contextlib.nullcontext():
+    async with _prepared(task_to_env, needed) if session is None else contextlib.nullcontext():
         _check_images(samples, task_to_env, backend)
         started = time.perf_counter()
         with _quiet_collector():
@@ -177,17 +178,9 @@ class RolloutSession:
 async def open_session(task_to_env: Mapping[str, Environment], concurrency: int):
     """Prepare every environment of ``task_to_env`` for ``concurrency`` sessions (its capacity
     checked) and release them on exit; pass the session to each ``arollout``."""
-    envs = {id(env): (task, env) for task, env in task_to_env.items()}
-    async with contextlib.AsyncExitStack() as stack:
-        for task, env in envs.values():
-            if env.max_sessions is not None and env.max_sessions < concurrency:
-                raise ConfigError(
-                    f"environment for task {task!r} allows {env.max_sessions} concurrent sessions but the "
-                    f"rollouts need {concurrency} (rollout.concurrency); lower it or raise the environment's "
-                    "max_concurrent_envs / max_sessions"
-                )
-            await env.prepare(concurrency)
-            stack.push_async_callback(env.release)
+    needed = {id(env): concurrency for env in task_to_env.values()}
+    _check_capacity(task_to_env, needed, f"concurrency={concurrency}, shared by overlapping rollouts")
+    async with _prepared(task_to_env, needed):
         yield RolloutSession(asyncio.Semaphore(concurrency))
 
 
@@ -288,12 +281,11 @@ def _sessions_needed(samples: Sequence[Sample], task_to_env: Mapping[str, Enviro
 
 
 @contextlib.asynccontextmanager
-async def _prepared(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig):
-    """``Environment.prepare(sessions)`` (connect, read schemas, check a server's capacity for
-    real; raise ``ConfigError`` when it does not fit) before anything is generated, and
-    ``release()`` after the rollout for each environment whose ``prepare`` returned."""
+async def _prepared(task_to_env: Mapping[str, Environment], needed: Mapping[int, int]):
+    """``Environment.prepare(sessions)`` for each environment (by id) in ``needed`` (connect, read
+    schemas, check a server's capacity for real; raise ``ConfigError`` when it does not fit) before
+    anything is generated, and ``release()`` after the rollout for each whose ``prepare`` returned."""
     envs = {id(env): env for env in task_to_env.values()}
-    needed = _sessions_needed(samples, task_to_env, config)
     async with contextlib.AsyncExitStack() as stack:
         for env_id, sessions in needed.items():
             env = envs[env_id]
@@ -315,22 +307,21 @@ def _check_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environme
             )
 
 
-def _check_capacity(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig) -> None:
-    """Environments that cap their sessions (remote servers) must allow as many as can run at once;
-    tasks that share one environment object share its sessions."""
-    counts = Counter(id(task_to_env[s.task_name]) for s in samples)
+def _check_capacity(task_to_env: Mapping[str, Environment], needed: Mapping[int, int], why: str) -> None:
+    """Environments that cap their sessions (remote servers) must allow as many as ``needed`` (by
+    environment id) says can run at once (``why``: what sets that, for the message); tasks that
+    share one environment object share its sessions."""
     tasks: dict[int, list[str]] = {}
     for name, env in task_to_env.items():
         tasks.setdefault(id(env), []).append(name)
-    for env_id, count in counts.items():
+    for env_id, sessions in needed.items():
         task = tasks[env_id][0] if len(tasks[env_id]) == 1 else tasks[env_id]
         limit = task_to_env[tasks[env_id][0]].max_sessions
-        needed = min(count, config.concurrency)
-        if limit is not None and limit < needed:
+        if limit is not None and limit < sessions:
             raise ConfigError(
                 f"environment for task {task!r} allows {limit} concurrent sessions but the rollout "
-                f"needs {needed} (concurrency={config.concurrency}, {count} samples); lower the "
-                "concurrency or raise the environment's max_concurrent_envs / max_sessions"
+                f"needs {sessions} ({why}); lower the concurrency or raise the environment's "
+                "max_concurrent_envs / max_sessions"
             )
 
 
