@@ -143,11 +143,12 @@ async def atrain(
             from .pipeline import train_async
 
             step = await train_async(run, on_step)
-        for step in range(step + 1, config.steps + 1):
-            metrics = await train_step(run, step)
-            if metrics is not None and on_step is not None:
-                if inspect.isawaitable(hook := on_step(step, metrics, run.model, run.backend)):
-                    await hook
+        else:
+            for step in range(run.start + 1, config.steps + 1):
+                metrics = await train_step(run, step)
+                if metrics is not None and on_step is not None:
+                    if inspect.isawaitable(hook := on_step(step, metrics, run.model, run.backend)):
+                        await hook
         if run.eval_prompts and step == config.steps:
             await _evaluate(run, "after", step)
         return TrainResult(run.out, step, read_metrics(run.out / "metrics.jsonl"), run.evaluations)

@@ -27,6 +27,7 @@ supported yet: several ranks, and a colocated vLLM (it sleeps while the trainer 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any, Callable
 
@@ -36,9 +37,9 @@ from .loop import Run, _push_weights, draw, learn, rollout_config
 from .versions import VersionedBackend
 
 
-async def train_async(run: Run, on_step: Callable[[int, dict[str, Any]], Any] | None = None) -> int:
+async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> int:
     """Steps ``run.start + 1 .. config.steps`` with generation ahead of training by up to
-    ``max_staleness`` versions; returns the last step done. ``on_step(step, metrics, backend)``
+    ``max_staleness`` versions; returns the last step done. ``on_step(step, metrics, model, backend)``
     runs after each step with the versioned backend (``backend.pinned()`` holds the weights for an
     evaluation)."""
     config, algo = run.config, run.config.algorithm
@@ -90,7 +91,7 @@ async def train_async(run: Run, on_step: Callable[[int, dict[str, Any]], Any] | 
                     oldest=step - 1 - k, extra=extra, data_state=state,
                 )
                 if metrics is not None and on_step is not None:
-                    if asyncio.iscoroutine(hook := on_step(step, metrics, run.model, versions)):
+                    if inspect.isawaitable(hook := on_step(step, metrics, run.model, versions)):
                         await hook
         finally:
             for pending in [producer, *rollouts]:
