@@ -32,6 +32,7 @@ from the ``Proximal`` the first one filled.
 
 from __future__ import annotations
 
+import abc
 from typing import Sequence
 
 import torch
@@ -40,7 +41,7 @@ from ..errors import ConfigError
 from .losses import ClippedPolicyLoss
 
 
-class _BehaviourCorrected(ClippedPolicyLoss):
+class _BehaviourCorrected(ClippedPolicyLoss, metaclass=abc.ABCMeta):
     """The clipped ratio against the proximal policy, times a detached factor of the behaviour
     weight b = exp(logp_prox - logp_old) (``factor``)."""
 
@@ -60,9 +61,9 @@ class _BehaviourCorrected(ClippedPolicyLoss):
         factor, off_policy = self.factor(weight)
         return proximal, factor, int((off_policy & on).sum())
 
+    @abc.abstractmethod
     def factor(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f(b) per token, and where it truncated or masked b."""
-        raise NotImplementedError
 
 
 class DecoupledPolicyLoss(_BehaviourCorrected):

@@ -194,8 +194,9 @@ def load_full_state_dict(model: Any, weights: dict[str, torch.Tensor]) -> None:
 
 
 def refresh_copy(copy: Any, policy: Any) -> None:
-    """Load a sharded ``policy``'s full weights into ``copy``, this rank's plain model for
-    generation (every rank takes part in the gather)."""
+    """Load ``policy``'s full weights into ``copy``, the plain model this rank generates from (a
+    sharded policy is gathered, every rank taking part; asynchronous training refreshes the HF
+    backend's own copy the same way)."""
     weights = full_state_dict(policy)
     with torch.no_grad():
         copy.load_state_dict({k: v.detach() for k, v in weights.items()}, strict=False)
