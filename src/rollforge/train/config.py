@@ -279,9 +279,7 @@ def build_config(data: dict[str, Any]) -> TrainConfig:
     try:
         return TrainConfig(**data)
     except ValidationError as exc:
-        whole = [e for e in exc.errors() if not e["loc"]]  # a check across sections: its message alone
-        problem = str(whole[0]["ctx"]["error"]) if whole else describe_validation_error(exc)
-        raise ConfigError(f"invalid training config: {problem}") from None
+        raise ConfigError(f"invalid training config: {describe_validation_error(exc)}") from None
 
 
 def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:

@@ -105,7 +105,7 @@ def load_sft_config(path: str | Path | None = None, overrides: list[str] = (), *
     try:
         return SFTConfig(**data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid sft config: {describe_validation_error(exc)}") from None
+        raise ConfigError(f"invalid sft config: {describe_validation_error(exc, tags=_KINDS)}") from None
 
 
 _KINDS = {"trajectories": TrajectoriesSource, "messages": MessagesSource, "expert": ExpertSource}
