@@ -6,6 +6,7 @@ import json
 import string
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,3 +276,46 @@ def test_load_model_places_the_model_on_the_given_device(tiny_model_dir):
     model, _ = load_model(tiny_model_dir, dtype=torch.bfloat16, device=models.resolve_device("cpu"))
     assert {p.device for p in model.parameters()} == {torch.device("cpu")}
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+# --- directories that are not model directories --------------------------------------------------
+
+
+def training_checkpoint(run: Path, step: int, model_dir: Path) -> Path:
+    """A run directory's checkpoint as ``train/checkpoint.py`` lays it out (weights in ``model/``)."""
+    import shutil
+
+    checkpoint = run / "checkpoints" / f"step-{step:06d}"
+    shutil.copytree(model_dir, checkpoint / "model")
+    (checkpoint / "state.json").write_text(json.dumps({"step": step, "data": {}, "files": {}}))
+    return checkpoint
+
+
+def test_a_training_checkpoint_loads_its_model_folder_with_a_note(tiny_model_dir, tmp_path, caplog):
+    checkpoint = training_checkpoint(tmp_path / "run", 2, tiny_model_dir)
+    with caplog.at_level("WARNING", logger="rollforge.models"):
+        assert resolve_model(checkpoint) == checkpoint / "model"
+        assert resolve_model(checkpoint) == checkpoint / "model"
+        assert len(load_tokenizer(checkpoint)) == len(load_tokenizer(tiny_model_dir))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{checkpoint} is a training checkpoint; loading its weights from {checkpoint / 'model'}"]
+
+
+def test_a_run_directory_names_where_its_newest_weights_are(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    for step in (9, 10):
+        training_checkpoint(run, step, tiny_model_dir)
+    with pytest.raises(ModelError) as caught:
+        load_tokenizer(run)
+    assert str(caught.value) == (
+        f"{str(run)!r} is a training run directory; its weights are in {run}/checkpoints/step-000010/model "
+        "(the newest checkpoint)")
+
+
+def test_a_directory_without_model_files_says_what_was_expected(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelError) as caught:
+        load_tokenizer(tmp_path)
+    assert str(caught.value) == (
+        f"model directory {str(tmp_path)!r} has no config.json; expected a model directory (config.json, "
+        "weights and tokenizer files) or a training checkpoint (RUN/checkpoints/step-N)")

@@ -115,3 +115,12 @@ def test_non_finite_numbers_read_back_from_strict_json():
     t = make(logprobs=(None, None, float("-inf"), -0.2))
     record = json.loads(json.dumps(t.to_json(), allow_nan=False))
     assert record["logprobs"][2] == "-Infinity" and Trajectory.from_json(record) == t
+
+
+def test_a_trajectory_reads_back_from_the_raw_line_of_trajectories_jsonl(tmp_path):
+    t = make(logprobs=(None, None, float("-inf"), -0.2))
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(json.dumps(t.to_json()) + "\n")
+    with path.open() as lines:
+        line = next(lines)  # as the README reads it, newline included
+    assert Trajectory.from_json(line) == Trajectory.from_json(line.encode()) == t

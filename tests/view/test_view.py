@@ -25,7 +25,7 @@ from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import rollout
 from rollforge.train.sft_data import expert_backend
 from rollforge.view import render_html, write_view
-from rollforge.view.run import CHUNK, load_run
+from rollforge.view.run import CHUNK, load_run, tokenizer_for
 
 BAD_CALL = '<tool_call>\n{"name": "move", "arguments": {"direction": "up"}}\n</tool_call>'
 
@@ -179,3 +179,53 @@ def test_chromium_renders_a_training_run_with_its_curve(tiny_model_dir, tmp_path
     assert dom.count('<polyline class="series" data-key="reward/mean"') == 1
     assert len(re.findall(r'<tr data-step="\d"', dom)) == 3
     assert '<span class="t m1" title="#' in dom
+
+
+# -- a trajectories file, or a directory of them ---------------------------------------------------------
+
+
+def test_view_takes_a_trajectories_file(tmp_path, rollout_run, capsys):
+    run, trajectories = rollout_run
+    file = tmp_path / "rollout" / "trajectories.jsonl"
+    file.parent.mkdir()
+    shutil.copy(run / "trajectories.jsonl", file)
+    shutil.copy(run / "metrics.json", tmp_path / "rollout" / "metrics.json")
+    assert main(["view", str(file)]) == 0
+    assert f"wrote {tmp_path / 'rollout' / 'trajectories.html'}" in capsys.readouterr().out
+    payload = load_run(file)
+    assert payload.summary["title"] == "rollout/trajectories.jsonl"
+    assert len(payload.summary["rows"]) == len(trajectories)
+    assert payload.summary["metrics"] == json.loads((run / "metrics.json").read_text())
+
+
+def test_view_takes_a_directory_of_step_files_and_finds_the_runs_tokenizer(tmp_path, rollout_run, tiny_model_dir):
+    run, trajectories = rollout_run
+    steps = tmp_path / "train" / "trajectories"
+    steps.mkdir(parents=True)
+    lines = (run / "trajectories.jsonl").read_text().splitlines(keepends=True)
+    (steps / "step-000001.jsonl").write_text("".join(lines[:3]))
+    (steps / "step-000002.jsonl").write_text("".join(lines[3:5]))
+    (tmp_path / "train" / "config.yaml").write_text(f"model:\n  name: {tiny_model_dir}\n")
+    rows = load_run(steps).summary["rows"]
+    assert [row[1] for row in rows] == [1, 1, 1, 2, 2]  # the step column, from the file names
+    assert tokenizer_for(steps / "step-000002.jsonl", None).name_or_path == str(tiny_model_dir)
+
+
+def test_a_path_that_is_not_a_run_says_whether_it_is_missing_or_the_wrong_kind(tmp_path, capsys):
+    missing = tmp_path / "runs" / "trajectories.jsonl"
+    assert main(["view", str(missing)]) == 2
+    assert capsys.readouterr().err == (
+        f"rollforge: error: {str(missing)!r} does not exist; expected a run directory or a trajectories .jsonl file\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    assert main(["view", str(notes)]) == 2
+    assert capsys.readouterr().err == (
+        f"rollforge: error: {str(notes)!r} is not a run directory or a trajectories file: expected a directory with "
+        "trajectories.jsonl (a rollout) or metrics.jsonl (a training run), a .jsonl file of trajectories or a "
+        "directory of them\n")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 0.5}\n')
+    assert main(["view", str(metrics)]) == 2
+    assert capsys.readouterr().err == (
+        f"rollforge: error: {str(metrics)!r} holds no trajectories: expected records with token_ids and loss_mask, "
+        "as trajectories.jsonl holds\n")

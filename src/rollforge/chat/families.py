@@ -18,8 +18,9 @@ The renderer (``chat/render.py``) is generic; what differs between families live
 - ``drops_reasoning``: whether the template rewrites past assistant turns (then episodes continue
   in new segments where it does).
 
-A family is detected from the tokenizer's template text (``detect_family``) or named
-(``get_family``); detection only picks defaults, the start-up check then verifies the template.
+A family is detected from the tokenizer's template text (``detect_family``; ChatML when no family's
+markers match, which ``matched_family`` tells apart) or named (``get_family``); detection only picks
+defaults, the start-up check then verifies the template.
 """
 
 from __future__ import annotations
@@ -165,6 +166,12 @@ def get_family(name: str) -> Family:
 
 
 def detect_family(template: str | None) -> Family:
-    """The family a chat template belongs to, from its text; ChatML when nothing more specific matches."""
+    """The family a chat template belongs to, from its text; ChatML when no family matches."""
+    return matched_family(template) or _BY_NAME["chatml"]
+
+
+def matched_family(template: str | None) -> Family | None:
+    """The first family whose markers all occur in the template, or None (``detect_family`` then
+    falls back to ChatML, a guess the start-up check verifies)."""
     text = template or ""
-    return next((f for f in FAMILIES if f.markers and all(m in text for m in f.markers)), _BY_NAME["chatml"])
+    return next((f for f in FAMILIES if f.markers and all(m in text for m in f.markers)), None)

@@ -47,7 +47,7 @@ def run(args: Any) -> int:
     renderer = ChatRenderer(tokenizer, args.family, keep_reasoning=args.keep_reasoning)
     family = renderer.family
     print(f"template:       {source}")
-    print(f"family:         {family.name} ({family.models}){'' if args.family else ', detected from the template'}")
+    print(f"family:         {family.name} ({family.models}){_how_chosen(args.family, tokenizer.chat_template)}")
     print(f"tool calls:     parser {family.parser!r}")
     options = ", ".join(f"{k}={v!r}" for k, v in renderer.template_kwargs.items()) or "none"
     print(f"options:        {options}")
@@ -75,6 +75,16 @@ def run(args: Any) -> int:
         print()
         sample(renderer, with_tools=False, show=segments == 1)
     return 0
+
+
+def _how_chosen(named: str | None, template: Any) -> str:
+    from ..chat.families import matched_family
+
+    if named:
+        return ", named with --family"
+    if matched_family(template if isinstance(template, str) else None) is None:
+        return " (fallback: no known family matched the template; name one with --family)"
+    return ", detected from the template"
 
 
 def load(model: str, tokenizer_name: str | None) -> tuple[Any, str]:

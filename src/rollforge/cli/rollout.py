@@ -47,7 +47,8 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--step-timeout", type=float, default=60.0, help="seconds per environment call")
+    p.add_argument("--step-timeout", type=float, default=None,
+                   help="seconds per environment call (default 60, or --episode-timeout when that is shorter)")
     p.add_argument("--episode-timeout", type=float, default=1800.0,
                    help="seconds a whole episode may take (it then fails with episode_timeout)")
     p.add_argument("--tool-parser", default=None, help="tool-call format (default: the model family's)")
@@ -59,11 +60,11 @@ def add_parser(commands: Any) -> None:
                    help="where environments run: this process, or pools of Ray actors")
     p.add_argument("--ray-address", default=None,
                    help="with --executor ray: the cluster to join (auto, ray://host:10001); default a private local instance")
-    p.add_argument("--env-actors", type=int, default=2, help="with --executor ray: Ray actors per environment")
+    p.add_argument("--env-actors", type=int, default=None, help="with --executor ray: Ray actors per environment (default 2)")
     p.add_argument("--env-actor-cpus", type=float, default=None,
                    help="with --executor ray: CPUs reserved per actor (default: 1 on a joined cluster, a share of a private instance's CPUs)")
-    p.add_argument("--replicas", type=int, default=1,
-                   help="with --executor ray and --backend hf|vllm: generation replicas on Ray actors behind a sticky router")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="with --executor ray and --backend hf|vllm: generation replicas on Ray actors behind a sticky router (default 1)")
     p.add_argument("--replica-cpus", type=float, default=None,
                    help="with --replicas: CPUs reserved per replica (default as for --env-actor-cpus)")
     p.set_defaults(run=run)
@@ -75,6 +76,7 @@ def run(args: Any) -> int:
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     check_out_dir(args.out, "--out")
+    _check_ray_flags(args)
     config = RolloutConfig.build(
         mode=args.mode,
         max_turns=args.max_turns,
@@ -83,8 +85,8 @@ def run(args: Any) -> int:
         temperature=args.temperature,
         greedy=args.greedy,
         concurrency=args.concurrency,
-        step_timeout=args.step_timeout,
         episode_timeout=args.episode_timeout,
+        **({} if args.step_timeout is None else {"step_timeout": args.step_timeout}),
         seed=args.seed,
         tool_parser=args.tool_parser,
     )
@@ -98,11 +100,9 @@ def run(args: Any) -> int:
     from ..models import load_tokenizer
     from ..train.data import check_prompt_lengths
 
-    if args.replicas != 1 and args.executor != "ray":
-        raise ConfigError(f"--replicas {args.replicas} needs --executor ray (generation replicas run on Ray actors)")
     backend_config = BackendConfig(
         kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
-        concurrency=args.concurrency, seed=args.seed, replicas=args.replicas, replica_cpus=args.replica_cpus,
+        concurrency=args.concurrency, seed=args.seed, replicas=1 if args.replicas is None else args.replicas, replica_cpus=args.replica_cpus,
         check_reachable=True,
     )
     tokenizer = load_tokenizer(args.model)
@@ -139,11 +139,26 @@ def _ray_config(args: Any):
     from ..rollout.config import describe_validation_error
 
     try:
-        ray_config = RayConfig(address=args.ray_address, env_actors=args.env_actors, env_actor_cpus=args.env_actor_cpus)
+        given = {"env_actors": args.env_actors} if args.env_actors is not None else {}
+        ray_config = RayConfig(address=args.ray_address, env_actor_cpus=args.env_actor_cpus, **given)
     except ValueError as exc:
         raise ConfigError(f"invalid Ray options: {describe_validation_error(exc)}") from None
     connect(ray_config)
     return ray_config
+
+
+#: Flags that only mean something with ``--executor ray`` (each defaults to None: "not given").
+_RAY_ONLY = ("--ray-address", "--env-actors", "--env-actor-cpus", "--replicas", "--replica-cpus")
+
+
+def _check_ray_flags(args: Any) -> None:
+    """A Ray-only flag given without ``--executor ray`` is a mistake, not something to ignore."""
+    if args.executor == "ray":
+        return
+    for flag in _RAY_ONLY:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            raise ConfigError(f"{flag} {value} needs --executor ray (it sets how environments or replicas run on Ray actors)")
 
 
 def _placed(ray_config, task_to_env: dict):

@@ -1,8 +1,13 @@
-"""Rollout settings: closed (an unknown key is an error), typed, documented next to each field."""
+"""Rollout settings: closed (an unknown key is an error), typed, documented next to each field.
+
+``describe_validation_error`` is the one place a pydantic ``ValidationError`` of any config (this
+one, training, SFT, Ray) becomes the words a user reads: one ``key: what was expected (got
+value)`` per problem, the key written as the user writes it (``sources[0].episodes``).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Collection, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,7 +39,8 @@ class RolloutConfig(BaseModel):
     """Episodes running at once (lockstep: the size of each lockstep wave)."""
     step_timeout: float | None = Field(60.0, gt=0)
     """Seconds one environment call (reset, step, reward, close) may take; None: no limit. A call
-    past it fails its episode (``env_timeout``); a sync call is abandoned on its worker thread."""
+    past it fails its episode (``env_timeout``); a sync call is abandoned on its worker thread.
+    Left unset, it is lowered to ``episode_timeout`` when that is shorter."""
     episode_timeout: float | None = Field(1800.0, gt=0)
     """Seconds a whole episode may take (``episode_timeout`` failure); None: no limit."""
     request_timeout: float | None = Field(600.0, gt=0)
@@ -56,11 +62,22 @@ class RolloutConfig(BaseModel):
     """Check at start-up that the chat template renders the prompts in use (tools are always
     checked when an environment first offers them)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _step_within_episode(cls, values: Any) -> Any:
+        """An ``episode_timeout`` below the default step timeout lowers it, unless it was given."""
+        if isinstance(values, dict) and "step_timeout" not in values:
+            episode, default = values.get("episode_timeout"), cls.model_fields["step_timeout"].default
+            if isinstance(episode, (int, float)) and not isinstance(episode, bool) and 0 < episode < default:
+                values = {**values, "step_timeout": episode}
+        return values
+
     @model_validator(mode="after")
     def _timeouts_consistent(self) -> "RolloutConfig":
         if self.step_timeout and self.episode_timeout and self.step_timeout > self.episode_timeout:
             raise ValueError(
-                f"step_timeout ({self.step_timeout}) is larger than episode_timeout ({self.episode_timeout})"
+                f"step_timeout ({self.step_timeout}) is larger than episode_timeout ({self.episode_timeout}); "
+                "expected step_timeout <= episode_timeout"
             )
         return self
 
@@ -75,9 +92,28 @@ class RolloutConfig(BaseModel):
             raise ConfigError(f"invalid rollout config: {describe_validation_error(exc)}") from None
 
 
-def describe_validation_error(exc) -> str:
-    """Each problem of a pydantic ``ValidationError`` as ``key.path: message (got value)``."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
-        for e in exc.errors()
-    )
+def describe_validation_error(exc: Any, tags: Collection[str] = ()) -> str:
+    """Each problem of a pydantic ``ValidationError`` as ``key: what was expected (got value)``,
+    joined by ``; ``. A check across keys (a model validator) gives its own message, without the
+    section it was handed. ``tags``: the discriminator values of tagged unions, which pydantic puts
+    in the key path (``sources.0.expert.episodes``) and the user never writes."""
+    return "; ".join(_problem(e, tags) for e in exc.errors())
+
+
+def _problem(error: dict[str, Any], tags: Collection[str]) -> str:
+    key = ""
+    for n, part in enumerate(error["loc"]):
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif not (n and isinstance(error["loc"][n - 1], int) and part in tags):
+            key += f".{part}" if key else str(part)
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "missing":
+        message, got = "required, but not given", ""
+    elif error["type"] == "extra_forbidden":
+        message, got = "unknown key", ""
+    elif error["type"] == "value_error" and isinstance(error.get("input"), dict):
+        got = ""  # a check across the keys of a section: its message names them and their values
+    else:
+        got = f" (got {error.get('input')!r:.80})"
+    return f"{key}: {message}{got}" if key else f"{message}{got}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -190,8 +191,10 @@ class TrainConfig(_Section):
     model: ModelConfig = ModelConfig()
     lora: LoraConfig = LoraConfig()
     environments: list[EnvConfig] = [EnvConfig(name="arithmetic")]
+    """The environments episodes run in; each prompt goes to the one its ``task_name`` names."""
     data: DataConfig = DataConfig()
     rewards: list[RewardConfig] = []
+    """Reward functions whose weighted values add to the environments' own rewards."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
     rollout: RolloutConfig = RolloutConfig(max_turns=4, max_new_tokens=64, max_seq_len=1024, concurrency=32)
@@ -277,11 +280,20 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def build_config(data: dict[str, Any]) -> TrainConfig:
     _check_keys(TrainConfig, data, ())
     try:
-        return TrainConfig(**data)
+        return TrainConfig(**with_section_defaults(TrainConfig, data))
     except ValidationError as exc:
-        whole = [e for e in exc.errors() if not e["loc"]]  # a check across sections: its message alone
-        problem = str(whole[0]["ctx"]["error"]) if whole else describe_validation_error(exc)
-        raise ConfigError(f"invalid training config: {problem}") from None
+        raise ConfigError(f"invalid training config: {describe_validation_error(exc)}") from None
+
+
+def with_section_defaults(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the keys a section's own default sets (``rollout: RolloutConfig(max_turns=4)``)
+    under the user's keys of that section: setting ``rollout.max_new_tokens`` keeps ``max_turns`` 4,
+    as ``--help-config`` shows it, instead of the class's 8."""
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        if isinstance(field.default, BaseModel) and isinstance(data.get(name), dict):
+            out[name] = {**field.default.model_dump(include=field.default.model_fields_set), **data[name]}
+    return out
 
 
 def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
@@ -311,25 +323,50 @@ def _check_keys(model: type[BaseModel], data: Any, where: tuple[str, ...]) -> No
 
 
 def _section_type(annotation: Any) -> type[BaseModel] | None:
+    kinds = _section_types(annotation)
+    return kinds[0] if kinds else None
+
+
+def _section_types(annotation: Any) -> list[type[BaseModel]]:
+    """The sections a field holds: its own type, a list's item type, or each kind of a tagged union."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
+        return [annotation]
+    return [kind for arg in typing.get_args(annotation) for kind in _section_types(arg)]
 
 
-def describe_config(model: type[BaseModel] = TrainConfig, prefix: str = "") -> str:
-    """Every key with its default and documentation, one per line (``--help-config``)."""
-    lines = []
+def describe_config(model: type[BaseModel] = TrainConfig) -> str:
+    """Every key with its default and documentation, one per line (``--help-config``): the
+    top-level keys under their own heading, then each section under its heading, the defaults
+    those of the section's own default (``rollout.max_turns = 4`` in training). A list's items
+    are described once (``environments[].name``), per kind when they come in kinds (``sources``);
+    ``--set`` reaches them only as a whole list."""
+    return "\n".join(_describe(model, "", None, "top-level keys:"))
+
+
+def _describe(model: type[BaseModel], prefix: str, defaults: BaseModel | None, heading: str) -> list[str]:
+    """``heading``, the keys of ``model`` (values from ``defaults`` when given), then its sections."""
+    lines, sections = [heading], []
     for name, field in model.model_fields.items():
-        inner = _section_type(field.annotation)
-        key = f"{prefix}{name}"
-        if inner is not None:
-            lines.append(f"{key}:")
-            lines.append(describe_config(inner, key + "."))
-            continue
-        doc = " ".join((field.description or "").split())
-        default = "(required)" if field.is_required() else repr(field.default)
-        lines.append(f"  {key} = {default}" + (f"  # {doc}" if doc else ""))
-    return "\n".join(lines)
+        key, default = prefix + name, getattr(defaults, name) if defaults is not None else field.default
+        kinds = _section_types(field.annotation)
+        if kinds and typing.get_origin(field.annotation) is list:
+            shown = [item.model_dump(exclude_unset=True) for item in default or ()]
+            each = "has a kind and that kind's keys" if len(kinds) > 1 else "has these keys"
+            doc = " ".join((field.description or "").split())
+            sections.append([f"{key}: a list (default {shown}); each item {each}; --set {key}=[{{...}}] sets it whole"
+                             + (f"  # {doc}" if doc else "")])
+            sections += [_describe(kind, f"{key}[].", None, _item_heading(kind, key)) for kind in kinds]
+        elif kinds:
+            sections.append(_describe(kinds[0], f"{key}.", default if isinstance(default, BaseModel) else None, f"{key}:"))
+        elif not (name == "kind" and typing.get_origin(field.annotation) is Literal):  # in the item's heading
+            doc = " ".join((field.description or "").split())
+            value = "(required)" if field.is_required() else repr(default)
+            lines.append(f"  {key} = {value}" + (f"  # {doc}" if doc else ""))
+    return [*lines, *(line for section in sections for line in section)]
+
+
+def _item_heading(kind: type[BaseModel], key: str) -> str:
+    tag = kind.model_fields.get("kind")
+    if tag is None or typing.get_origin(tag.annotation) is not Literal:
+        return f"{key}[] items:"
+    return f"{key}[] items of kind {typing.get_args(tag.annotation)[0]!r}:"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig, describe_validation_error
-from .config import EnvConfig, LoraConfig, ModelConfig, OptimConfig, _check_keys, read_config_data
+from .config import EnvConfig, LoraConfig, ModelConfig, OptimConfig, _check_keys, read_config_data, with_section_defaults
 
 
 class _Section(BaseModel):
@@ -103,9 +103,9 @@ def load_sft_config(path: str | Path | None = None, overrides: list[str] = (), *
     for n, source in enumerate(data.get("sources") or []):
         _check_source(source, n)
     try:
-        return SFTConfig(**data)
+        return SFTConfig(**with_section_defaults(SFTConfig, data))
     except ValidationError as exc:
-        raise ConfigError(f"invalid sft config: {describe_validation_error(exc)}") from None
+        raise ConfigError(f"invalid sft config: {describe_validation_error(exc, tags=_KINDS)}") from None
 
 
 _KINDS = {"trajectories": TrajectoriesSource, "messages": MessagesSource, "expert": ExpertSource}

@@ -1,4 +1,5 @@
-"""``rollforge view RUN_DIR``: one self-contained HTML file for a rollout or training run.
+"""``rollforge view RUN_DIR``: one self-contained HTML file for a rollout or training run (or a
+trajectories file, or a directory of them).
 
 The page needs no server and no network: its CSS and JavaScript (``page.html``, ``viewer.css``,
 ``viewer.js``, package data) are inlined, and the run's data is embedded -- a JSON summary (one
@@ -28,12 +29,14 @@ __all__ = ["render_html", "write_view"]
 
 
 def write_view(run_dir: str | Path, out: str | Path | None = None, *, model: str | None = None, tokenizer: Any = None) -> Path:
-    """Write the viewer of ``run_dir`` to ``out`` (default ``RUN_DIR/view.html``) and return its path.
+    """Write the viewer of ``run_dir`` (or of a trajectories file) to ``out`` (default
+    ``RUN_DIR/view.html``, or the file's name with ``.html``) and return its path.
     Token text comes from ``tokenizer``, else ``model``'s, else the run's configured model; else ids."""
     if tokenizer is None:
         tokenizer = tokenizer_for(run_dir, model)
     payload = load_run(run_dir, tokenizer)
-    path = Path(out) if out is not None else Path(run_dir) / "view.html"
+    source = Path(run_dir)
+    path = Path(out) if out is not None else source / "view.html" if source.is_dir() else source.with_suffix(".html")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(render_html(payload), encoding="utf-8")
     tmp.replace(path)

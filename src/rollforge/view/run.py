@@ -2,7 +2,8 @@
 
 A run is either a rollout (``trajectories.jsonl`` + ``metrics.json``, written by ``rollforge
 rollout``/``eval``) or a training run (``metrics.jsonl`` + ``trajectories/step-*.jsonl``, written
-by ``rollforge train``/``sft``). The payload has two parts:
+by ``rollforge train``/``sft``); a trajectories file, or a directory of them, is shown as a rollout
+without metrics. The payload has two parts:
 
 - ``summary``: what the page needs at load -- run kind, metrics or the per-step curve, and one
   short row per episode (index, step, task, reward, advantage, turns, ending, error and failure
@@ -40,30 +41,30 @@ class Payload:
 
 
 def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
+    """The payload of a run directory, a trajectories file or a directory of them (``trajectory_files``)."""
     run = Path(run_dir)
-    if not run.is_dir():
-        raise ConfigError(f"run directory {str(run)!r} does not exist")
     if (run / "trajectories.jsonl").is_file():
         kind, records = "rollout", _read(run / "trajectories.jsonl", None)
         metrics = _json(run / "metrics.json")
         curve: list[dict[str, Any]] = []
     elif (run / "metrics.jsonl").is_file():
-        files = sorted((run / "trajectories").glob("step-*.jsonl"))
-        kind = "training"
-        records = (r for f in files for r in _read(f, int(_STEP.search(f.name).group(1))))
+        kind, records = "training", _read_files(sorted((run / "trajectories").glob("step-*.jsonl")))
         metrics = _json(run / "eval.json")
         curve = [_numbers(m) for m in _jsonl(run / "metrics.jsonl")]
-    else:
-        raise ConfigError(
-            f"{str(run)!r} is not a run directory: expected trajectories.jsonl (a rollout) or metrics.jsonl (a training run)"
-        )
+    else:  # a rollout's own trajectories.jsonl keeps its metrics.json
+        kind, records, curve = "rollout", _read_files(trajectory_files(run)), []
+        metrics = _json(run.parent / "metrics.json") if run.name == "trajectories.jsonl" else None
     rows, details, ids = [], [], set()
     for record, step in records:
         rows.append(_row(len(rows), record, step))
         details.append(_detail(record))
         ids.update(record["token_ids"])
+    if not rows and run.is_file() and run.stat().st_size:
+        raise ConfigError(f"{str(run)!r} holds no trajectories: expected records with token_ids and loss_mask, "
+                          "as trajectories.jsonl holds")
+    title = run.resolve().name if run.is_dir() else f"{run.resolve().parent.name}/{run.name}"
     summary = {
-        "kind": kind, "title": run.resolve().name, "metrics": metrics, "curve": curve, "chunk": CHUNK,
+        "kind": kind, "title": title, "metrics": metrics, "curve": curve, "chunk": CHUNK,
         "columns": list(_COLUMNS), "rows": rows, "tokenizer": getattr(tokenizer, "name_or_path", None),
     }
     chunks = [_pack(details[i : i + CHUNK]) for i in range(0, len(details), CHUNK)]
@@ -71,11 +72,30 @@ def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
     return Payload(summary, chunks, vocab)
 
 
+def trajectory_files(path: Path) -> list[Path]:
+    """What ``rollforge view`` shows of a path that is not a run directory: the ``.jsonl`` file
+    itself (``.jsonl.partial``: a rollout still running), or a directory's ``.jsonl`` files (a
+    training run's ``trajectories/``)."""
+    if not path.exists():
+        raise ConfigError(f"{str(path)!r} does not exist; expected a run directory or a trajectories .jsonl file")
+    files = [path] if path.is_file() else sorted(path.glob("*.jsonl"))
+    if not files or path.is_file() and not path.name.endswith((".jsonl", ".jsonl.partial")):
+        raise ConfigError(
+            f"{str(path)!r} is not a run directory or a trajectories file: expected a directory with trajectories.jsonl "
+            "(a rollout) or metrics.jsonl (a training run), a .jsonl file of trajectories or a directory of them"
+        )
+    return files
+
+
 def tokenizer_for(run_dir: str | Path, model: str | None) -> Any:
-    """The tokenizer of ``model``, else of the model named in the run's ``config.yaml``; None when
-    neither is given (the page shows ids)."""
+    """The tokenizer of ``model``, else of the model named in the run's ``config.yaml`` (beside a
+    trajectories file, or above its ``trajectories/`` folder); None when neither is given (the page
+    shows ids)."""
     if model is None:
-        config = Path(run_dir) / "config.yaml"
+        where = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+        config = where / "config.yaml"
+        if not config.is_file() and where.name == "trajectories":
+            config = where.parent / "config.yaml"
         if not config.is_file():
             return None
         import yaml
@@ -150,6 +170,13 @@ def _round(value: Any, digits: int = 4) -> Any:
 
 def _numbers(m: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _read_files(files: list[Path]) -> Iterator[tuple[dict[str, Any], int | None]]:
+    """The trajectories of the files, each with the step its name gives (``step-N.jsonl``)."""
+    for f in files:
+        step = _STEP.search(f.name)
+        yield from _read(f, int(step.group(1)) if step else None)
 
 
 def _read(path: Path, step: int | None) -> Iterator[tuple[dict[str, Any], int | None]]:
