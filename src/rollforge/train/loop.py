@@ -38,7 +38,6 @@ import yaml
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..cluster.generation import open_generation
-from ..errors import ConfigError
 from ..models import resolve_device
 from ..rollout.engine import arollout
 from ..types import Sample
@@ -119,6 +118,7 @@ async def atrain(
     dataset: Sequence[dict[str, Any]] | None = None,
     reward_functions: Sequence[RewardFunction] = (),
     resume: bool = False,
+    overwrite: bool = False,
     console: bool = True,
     on_step: Callable[..., Any] | None = None,
     backend: Backend | None = None,
@@ -133,9 +133,10 @@ async def atrain(
     (on rank 0, with the step's global metrics; with ``max_staleness`` >= 1 the backend is the
     versioned one, whose ``pinned()`` holds the weights during an evaluation). ``backend``: a
     ``Backend`` to generate with instead of the one ``model.backend`` opens (whoever opened it
-    closes it); it must generate with the trained model object or take ``update_weights``."""
+    closes it); it must generate with the trained model object or take ``update_weights``. Without
+    ``resume``, an ``out`` that holds a run already is refused, or with ``overwrite`` cleared."""
     async with open_run(config, environments=environments, dataset=dataset, reward_functions=reward_functions,
-                        resume=resume, console=console, backend=backend) as run:
+                        resume=resume, overwrite=overwrite, console=console, backend=backend) as run:
         step = run.start
         if run.eval_prompts and run.start == 0:
             await _evaluate(run, "before", run.start)
@@ -206,7 +207,7 @@ async def learn(
     await run.sync.release()  # a colocated engine frees its memory for the update
     proximal = Proximal(len(episodes))  # the weights before this update's logprobs, for a correction that needs them
     for _ in range(algo.epochs_per_batch):
-        stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
+        stats = await uninterrupted(  # its own thread: never behind a hung tool
             policy_update, run.model, run.optimizer, episodes, advantages.values[owners], weights, run.loss_fn,
             micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
             max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared,
@@ -230,11 +231,25 @@ async def learn(
         if config.save_trajectories:
             run.logbook.save_trajectories(step, done.trajectories, done.rewards.totals, done.advantages.values.tolist())
     if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
-        await UPDATE_WORKERS.run(
+        await uninterrupted(
             ckpt.save_checkpoint, run.out / "checkpoints", step, run.model, run.tokenizer, run.optimizer,
             run.scheduler, data_state or run.source.state(), config.keep_checkpoints, ranks=ranks, plain=run.generator,
         )
     return metrics
+
+
+async def uninterrupted(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``function`` on the update thread, finished even when the run is cancelled meanwhile (Ctrl-C):
+    the call is bounded (an update, a weight copy, a checkpoint), and a thread abandoned in torch's
+    native code aborts the interpreter when it exits (and a checkpoint half-written is lost)."""
+    call = asyncio.ensure_future(UPDATE_WORKERS.run(function, *args, **kwargs))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        if not call.cancelled():
+            call.exception()  # retrieved: the cancellation is what propagates
+        raise
 
 
 async def _push_weights(run: Run) -> None:
@@ -242,7 +257,7 @@ async def _push_weights(run: Run) -> None:
     (every rank takes part); each rank's own backend (hf, in-process vLLM) loads them, while servers
     that every rank shares (``openai``) receive them from rank 0 alone and the others wait."""
     if run.generator is not run.model:
-        await UPDATE_WORKERS.run(refresh_copy, run.generator, run.model)
+        await uninterrupted(refresh_copy, run.generator, run.model)
     if run.ranks.main or run.config.model.backend != "openai":
         await run.sync.push(run.generator)
     run.ranks.barrier()
@@ -256,14 +271,13 @@ async def open_run(
     dataset: Sequence[dict[str, Any]] | None = None,
     reward_functions: Sequence[RewardFunction] = (),
     resume: bool = False,
+    overwrite: bool = False,
     console: bool = True,
     backend: Backend | None = None,
 ) -> AsyncIterator[Run]:
     """Set a run up (see ``atrain`` for the arguments) and close what it opened on exit: the
     process group, environments prepare.placed on Ray, the backend, the logbook."""
     out = Path(config.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out {str(out)!r} is a file; expected a run directory")
     given = named_environments(environments) if environments is not None else {}
     if given and "environments" not in config.model_fields_set:
         config = config.model_copy(update={"environments": []})  # the objects replace the default
@@ -274,7 +288,7 @@ async def open_run(
     check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
-    resumed = prepare.preflight(config, prompts, resume)
+    resumed = prepare.preflight(config, prompts, resume, overwrite)
     if resumed is not None:
         source.load_state(resumed.data_state)
     async with contextlib.AsyncExitStack() as stack:

@@ -43,10 +43,11 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
         )
 
 
-def preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.Loaded | None:
+def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrite: bool) -> ckpt.Loaded | None:
     """What can refuse the run, checked before the model loads so that a refusal is quick: prompts
-    that leave no room to generate, an OpenAI-compatible server that does not answer, and (with
-    ``resume``) the checkpoint to continue from."""
+    that leave no room to generate, an OpenAI-compatible server that does not answer, and the run
+    directory: with ``resume`` the checkpoint to continue from, else one that holds no run yet
+    (``overwrite``: deleting the one it holds)."""
     check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
                          "rollout.max_seq_len")
     if config.model.backend == "openai" and config.model.base_url:
@@ -55,7 +56,10 @@ def preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.
 
         for url in server_urls(config.model.base_url):
             check_server(url)
-    return ckpt.resumable(Path(config.out)) if resume else None
+    if resume:
+        return ckpt.resumable(Path(config.out))
+    ckpt.start_fresh(Path(config.out), overwrite)
+    return None
 
 
 def eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:

@@ -140,10 +140,13 @@ async def asft(
     dataset: Sequence[Mapping[str, Any]] | None = None,
     trajectories: Sequence[Trajectory] | None = None,
     console: bool = True,
+    overwrite: bool = False,
 ) -> SFTResult:
     """Fine-tune per ``config``. ``dataset``: in-memory conversation rows (a ``messages`` column),
-    ``trajectories``: in-memory episodes (kept as they are); both join the configured sources."""
+    ``trajectories``: in-memory episodes (kept as they are); both join the configured sources.
+    An ``out`` that holds a run already is refused, or with ``overwrite`` cleared."""
     out = Path(config.out)
+    ckpt.start_fresh(out, overwrite, can_resume=False)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     random.seed(config.seed)
