@@ -15,12 +15,13 @@ import pytest
 import yaml
 
 from rollforge.cli.main import main
-from rollforge.errors import CheckpointError
+from rollforge.errors import CheckpointError, ConfigError
 from rollforge.train import checkpoint as ckpt
 from rollforge.train.config import LoraConfig, ModelConfig, OptimConfig
 from rollforge.train.logbook import Logbook
 from rollforge.train.loop import train
 from rollforge.train.policy import load_policy, make_optimizer
+from rollforge.train.prepare import write_json
 
 
 def _steps(out):
@@ -69,6 +70,17 @@ def test_a_fresh_run_into_a_used_out_is_refused_then_overwritten_then_resumed(ti
     assert main(["train", str(config), "--set", "steps=3", "--resume"]) == 0
     assert _steps(out) == [1, 2, 3]
     assert _names(out / "checkpoints") == ["step-000002", "step-000003"]
+
+
+def test_resume_and_overwrite_exclude_each_other(tiny_config, tmp_path, capsys):
+    with pytest.raises(ConfigError, match="resume and overwrite exclude each other"):
+        train(tiny_config(), resume=True, overwrite=True, console=False)
+    config = _config_file(tiny_config, tmp_path)
+    capsys.readouterr()
+    assert main(["train", str(config), "--resume", "--overwrite"]) == 2
+    assert capsys.readouterr().err.startswith("rollforge train: error: argument --overwrite: not allowed with "
+                                              "argument --resume")
+    assert not (tmp_path / "run").exists()
 
 
 def test_what_counts_as_a_run_already_there(tiny_config, tmp_path):
@@ -201,6 +213,12 @@ def test_metrics_and_trajectories_on_a_full_disk_name_their_file(tmp_path):
     with pytest.raises(OSError, match=f"no space left on device: {str(folder / 'step-000001.jsonl')!r}"):
         logbook.save_trajectories(1, [_Row()], [1.0], [0.0])
     assert list(folder.iterdir()) == []
+
+    evaluations = tmp_path / "run" / "eval.json"  # the run's small files: config.yaml, eval.json
+    (tmp_path / "run" / "eval.json.tmp").symlink_to("/dev/full")
+    with pytest.raises(OSError, match=f"no space left on device: {str(evaluations)!r}"):
+        write_json(evaluations, {"before": {"mean_reward": 0.5}})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["metrics.jsonl", "trajectories"]
 
 
 class _Row:

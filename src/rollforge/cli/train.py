@@ -21,8 +21,9 @@ def add_parser(commands: Any) -> None:
     train = commands.add_parser("train", help="train a model with GRPO from a YAML config")
     train.add_argument("config", nargs="?", type=Path, help="YAML config (omit with --help-config)")
     _common(train)
-    train.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
-    train.add_argument("--overwrite", action="store_true", help="delete the run that out holds, then start over")
+    start = train.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    start.add_argument("--overwrite", action="store_true", help="delete the run that out holds, then start over")
     train.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     train.add_argument("--nproc", type=int, default=None, metavar="N",
                        help="train on N ranks of this node with FSDP2: runs `torchrun --nproc-per-node N -m rollforge train ...`")
@@ -38,8 +39,9 @@ def add_parser(commands: Any) -> None:
     quick.add_argument("--backend", choices=["hf", "vllm", "openai"], default=None)
     quick.add_argument("--base-url", default=None, help="server URL for --backend openai")
     _common(quick)
-    quick.add_argument("--resume", action="store_true")
-    quick.add_argument("--overwrite", action="store_true", help="delete the quickstart that --out holds, then start over")
+    start = quick.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="reuse the base evaluation and a finished warm-up, continue GRPO")
+    start.add_argument("--overwrite", action="store_true", help="delete the quickstart that --out holds, then start over")
     quick.set_defaults(run=_quickstart)
 
     ev = commands.add_parser("eval", help="evaluate a model or checkpoint: mean reward and pass@k")

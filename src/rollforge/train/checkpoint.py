@@ -15,12 +15,19 @@ Writing: under a temporary name ``.step-NNNNNN.tmp-PID``, renamed into place, th
 ``checkpoints/latest`` (a one-line file naming it) is replaced atomically; older checkpoints beyond
 ``keep`` are deleted after the new one is in place. A run killed at any instant leaves the previous
 checkpoint or the new one, and at worst an orphan temporary directory, which the next run deletes.
+A write that fails deletes its temporary directory; a full disk is one ``CheckpointError`` naming
+the checkpoint (``logbook.out_of_space`` recognises it even where torch lost the errno).
 
-Resuming (``load_newest``) trusts no single file: it tries the ``step-*`` directories newest first,
-reads each one completely into memory and checks it against its manifest before touching the live
-model, and returns the newest one that reads cleanly together with what it skipped and why (a
-``latest`` pointer naming a missing directory, a missing ``state.json``, a truncated weights or
-optimizer file). Applying it (``restore``) then cannot fail half-way for a damaged file.
+Resuming (``load_newest``) trusts no single file: it tries the directory ``latest`` names, then
+the older ``step-*`` directories newest first, reads each one completely into memory and checks it
+against its manifest before touching the live model, and returns the first one that reads cleanly
+together with what it skipped and why (a ``latest`` pointer naming a missing directory, a missing
+``state.json``, a truncated weights or optimizer file, a directory newer than ``latest``). Applying
+it (``restore``) then cannot fail half-way for a damaged file.
+
+One run per directory: a run that starts at step 1 (``start_fresh``) refuses a directory that
+holds one already, whose checkpoints, metrics and trajectories it would mix with its own; with
+``overwrite`` it deletes that run's files (``RUN_FILES``) first.
 """
 
 from __future__ import annotations
@@ -279,8 +286,8 @@ def step_of(path: Path) -> int:
 
 
 def resumable(out: Path) -> Loaded | None:
-    """The checkpoint to continue from: the newest one that reads completely (warning about the
-    ones skipped), or None for a run that has recorded nothing yet. A run with history but no
+    """The checkpoint to continue from (``load_newest``, warning about the ones skipped), or None
+    for a run that has recorded nothing yet. A run with history but no
     usable checkpoint is an error: starting over would replace its metrics."""
     _check_directory(out)
     root = out / "checkpoints"

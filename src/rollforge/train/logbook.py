@@ -30,8 +30,7 @@ class Logbook:
         self.console = console
         out.mkdir(parents=True, exist_ok=True)
         self.metrics_path = out / "metrics.jsonl"
-        with space_for(self.metrics_path):
-            _truncate_after(self.metrics_path, start_step)
+        _truncate_after(self.metrics_path, start_step)
         self._metrics = self.metrics_path.open("a")
         self._tensorboard = _tensorboard_writer(out / "tensorboard")
 
@@ -137,8 +136,18 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def _truncate_after(path: Path, step: int) -> None:
     kept = [m for m in read_metrics(path) if m.get("step", 0) <= step] if step else []
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
+    write_file(path, "".join(json.dumps(m) + "\n" for m in kept))
+
+
+def write_file(path: Path, text: str) -> None:
+    """``text`` to ``path`` atomically (a temporary file renamed over it); a full disk names ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with space_for(path):
+            tmp.write_text(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import torch
-import yaml
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
@@ -296,7 +295,7 @@ async def open_run(
         prepare.check_ranks(config, ranks)
         out.mkdir(parents=True, exist_ok=True)
         if ranks.main:
-            (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+            prepare.write_config(out, config)
         model, tokenizer = load_policy(config.model, config.lora)
         # a sharded policy cannot generate, nor can one that trains while generation goes on
         # (max_staleness >= 1): the backend generates from a plain copy, refreshed at every sync
