@@ -97,6 +97,8 @@ def test_what_counts_as_a_run_already_there(tiny_config, tmp_path):
     assert ckpt.recorded(out) == "trajectories up to step-000004.jsonl"
     (out / "checkpoints" / "step-000002").mkdir(parents=True)
     assert ckpt.recorded(out) == "checkpoint step-000002"
+    (out / "warmup" / "checkpoints").mkdir(parents=True)  # the quickstart's warm-up run and report
+    (out / "report.md").write_text("# Quickstart report\n")
     keep = out / "notes.txt"  # not rollforge's: --overwrite leaves it
     keep.write_text("mine")
     ckpt.start_fresh(out, overwrite=True)
