@@ -16,7 +16,9 @@ truncated episodes are trained on; sampling
 seeds derive from (seed, step, episode index in the global batch), so a resumed run repeats the
 uninterrupted run's requests and ranks sample what one process would.
 Under torchrun each rank rolls out its share of the groups and the update is sharded with FSDP2
-(``distributed.py``); rank 0 logs, evaluates and writes the run directory.
+(``distributed.py``); rank 0 logs, evaluates and writes the run directory. A run cancelled (Ctrl-C)
+lets the update, weight copy or checkpoint in flight finish first (``uninterrupted``): no thread is
+left in torch's native code, and the last checkpoint is whole.
 """
 
 from __future__ import annotations
