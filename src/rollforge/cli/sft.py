@@ -1,6 +1,7 @@
-"""``rollforge sft CONFIG [--from-rollouts] [--set key=value ...]``: supervised fine-tuning on
-trajectories, conversations or expert demonstrations (``train/sft.py``); ``--from-rollouts`` adds
-rejection-sampling rounds on the current model's own rollouts (``from_rollouts`` section)."""
+"""``rollforge sft CONFIG [--from-rollouts] [--set key=value ...] [--overwrite]``: supervised
+fine-tuning on trajectories, conversations or expert demonstrations (``train/sft.py``);
+``--from-rollouts`` adds rejection-sampling rounds on the current model's own rollouts
+(``from_rollouts`` section). An ``out`` that holds a run already is refused unless ``--overwrite``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ def add_parser(commands: Any) -> None:
                    help="override a config key, e.g. --set batch_size=4 (repeatable)")
     p.add_argument("--from-rollouts", action="store_true",
                    help="after the sources, roll out the model and train on episodes with reward >= from_rollouts.min_reward")
+    p.add_argument("--overwrite", action="store_true", help="delete the run that config's out holds, then start over")
     p.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     p.set_defaults(run=_run)
 
@@ -32,6 +34,6 @@ def _run(args: Any) -> int:
         raise ConfigError("rollforge sft needs a config file (see examples/sft_expert.yaml), or --help-config")
     extra = ["from_rollouts.enabled=true"] if args.from_rollouts else []
     config = load_sft_config(args.config, [*args.overrides, *extra])
-    result = sft(config)
+    result = sft(config, overwrite=args.overwrite)
     print(f"fine-tuned {result.steps} steps -> {result.out}")
     return 0

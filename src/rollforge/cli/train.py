@@ -1,6 +1,8 @@
 """``rollforge train``, ``rollforge quickstart`` and ``rollforge eval``.
 
-``train CONFIG.yaml [--set key=value ...] [--resume]`` runs the GRPO loop of ``train/loop.py``.
+``train CONFIG.yaml [--set key=value ...] [--resume | --overwrite]`` runs the GRPO loop of
+``train/loop.py``: into an ``out`` that holds no run yet, or continuing (``--resume``) or replacing
+(``--overwrite``) the one it holds; interrupted (Ctrl-C), it exits 130 naming the step to resume after.
 ``quickstart`` runs ``train/quickstart.py``: a supervised warm-up on expert demonstrations
 (``presets/quickstart_warmup.yaml``; ``--set warmup.KEY=VALUE`` overrides it), then ``train`` on
 ``presets/quickstart.yaml`` from the warmed-up weights, then the report of both phases. ``eval`` rolls a model or checkpoint out greedily (or
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,9 @@ def add_parser(commands: Any) -> None:
     train = commands.add_parser("train", help="train a model with GRPO from a YAML config")
     train.add_argument("config", nargs="?", type=Path, help="YAML config (omit with --help-config)")
     _common(train)
-    train.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    start = train.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    start.add_argument("--overwrite", action="store_true", help="delete the run that out holds, then start over")
     train.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     train.add_argument("--nproc", type=int, default=None, metavar="N",
                        help="train on N ranks of this node with FSDP2: runs `torchrun --nproc-per-node N -m rollforge train ...`")
@@ -34,7 +39,9 @@ def add_parser(commands: Any) -> None:
     quick.add_argument("--backend", choices=["hf", "vllm", "openai"], default=None)
     quick.add_argument("--base-url", default=None, help="server URL for --backend openai")
     _common(quick)
-    quick.add_argument("--resume", action="store_true")
+    start = quick.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="reuse the base evaluation and a finished warm-up, continue GRPO")
+    start.add_argument("--overwrite", action="store_true", help="delete the quickstart that --out holds, then start over")
     quick.set_defaults(run=_quickstart)
 
     ev = commands.add_parser("eval", help="evaluate a model or checkpoint: mean reward and pass@k")
@@ -83,9 +90,24 @@ def _train(args: Any) -> int:
     config = load_config(args.config, _overrides(args))
     if args.nproc is not None:
         return _torchrun(args)
-    result = train(config, resume=args.resume)
+    try:
+        result = train(config, resume=args.resume, overwrite=args.overwrite)
+    except KeyboardInterrupt:  # the step in flight finished its update and checkpoint, or was dropped
+        print(f"rollforge: interrupted; {_where_to_continue(Path(config.out))}", file=sys.stderr)
+        return 130
     print(f"trained {result.steps} steps -> {result.out}")
     return 0
+
+
+def _where_to_continue(out: Path) -> str:
+    from ..train import checkpoint as ckpt
+
+    latest = ckpt.latest_checkpoint(out / "checkpoints")
+    if latest is not None:
+        return f"--resume continues after step {ckpt.step_of(latest)} (checkpoint {str(latest)!r})"
+    if ckpt.recorded(out) is not None:
+        return "no checkpoint was written yet: start over with --overwrite"
+    return "nothing was recorded: run it again"
 
 
 def _torchrun(args: Any) -> int:
@@ -107,8 +129,7 @@ def _torchrun(args: Any) -> int:
         command += ["--executor", args.executor]
     if args.ray_address:
         command += ["--ray-address", args.ray_address]
-    if args.resume:
-        command.append("--resume")
+    command += [flag for flag, given in (("--resume", args.resume), ("--overwrite", args.overwrite)) if given]
     return subprocess.call(command)
 
 
@@ -127,7 +148,8 @@ def _quickstart(args: Any) -> int:
     grpo = [o for o in _overrides(args) if not o.startswith("warmup.")]
     warmup = [o.removeprefix("warmup.") for o in args.overrides if o.startswith("warmup.")]
     config = load_config(PRESETS / "quickstart.yaml", [*overrides, *grpo])
-    result = quickstart(config, load_sft_config(PRESETS / "quickstart_warmup.yaml", warmup), resume=args.resume)
+    result = quickstart(config, load_sft_config(PRESETS / "quickstart_warmup.yaml", warmup), resume=args.resume,
+                        overwrite=args.overwrite)
     print(result.report.read_text())
     return 0
 

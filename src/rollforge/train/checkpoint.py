@@ -15,12 +15,19 @@ Writing: under a temporary name ``.step-NNNNNN.tmp-PID``, renamed into place, th
 ``checkpoints/latest`` (a one-line file naming it) is replaced atomically; older checkpoints beyond
 ``keep`` are deleted after the new one is in place. A run killed at any instant leaves the previous
 checkpoint or the new one, and at worst an orphan temporary directory, which the next run deletes.
+A write that fails deletes its temporary directory; a full disk is one ``CheckpointError`` naming
+the checkpoint (``logbook.out_of_space`` recognises it even where torch lost the errno).
 
-Resuming (``load_newest``) trusts no single file: it tries the ``step-*`` directories newest first,
-reads each one completely into memory and checks it against its manifest before touching the live
-model, and returns the newest one that reads cleanly together with what it skipped and why (a
-``latest`` pointer naming a missing directory, a missing ``state.json``, a truncated weights or
-optimizer file). Applying it (``restore``) then cannot fail half-way for a damaged file.
+Resuming (``load_newest``) trusts no single file: it tries the directory ``latest`` names, then
+the older ``step-*`` directories newest first, reads each one completely into memory and checks it
+against its manifest before touching the live model, and returns the first one that reads cleanly
+together with what it skipped and why (a ``latest`` pointer naming a missing directory, a missing
+``state.json``, a truncated weights or optimizer file, a directory newer than ``latest``). Applying
+it (``restore``) then cannot fail half-way for a damaged file.
+
+One run per directory: a run that starts at step 1 (``start_fresh``) refuses a directory that
+holds one already, whose checkpoints, metrics and trajectories it would mix with its own; with
+``overwrite`` it deletes that run's files (``RUN_FILES``) first.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from .distributed import Ranks, load_full_state_dict
-from .logbook import read_metrics
+from .logbook import out_of_space, read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +80,30 @@ def save_checkpoint(
     plain = model if plain is None else plain
     final = root / f"step-{step:06d}"
     tmp = ranks.broadcast(root / f".step-{step:06d}.tmp-{os.getpid()}")  # rank 0's name for every rank
+    try:
+        _write(tmp, final, step, model, tokenizer, optimizer, scheduler, data_state, ranks, plain)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        full = out_of_space(exc, root)  # before the partial files are deleted
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise CheckpointError(
+                f"cannot write checkpoint {str(final)!r}: no space left on device; the checkpoints before it are "
+                f"intact: free space, then continue with --resume"
+            ) from None
+        raise
+    if ranks.main:
+        older = [p for p in _step_dirs(root) if step_of(p) < step]
+        for old in older[keep - 1:]:
+            shutil.rmtree(old, ignore_errors=True)
+    ranks.barrier()
+    return final
+
+
+def _write(tmp: Path, final: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
+           data_state: dict[str, int], ranks: Ranks, plain: Any) -> None:
+    """Every file of the checkpoint under ``tmp``, then (rank 0) renamed to ``final`` and named by
+    ``latest``."""
+    root = final.parent
     if ranks.main:
         root.mkdir(parents=True, exist_ok=True)
         remove_orphans(root)
@@ -92,11 +123,6 @@ def save_checkpoint(
         pointer = root / ".latest.tmp"
         pointer.write_text(final.name + "\n")
         os.replace(pointer, root / "latest")
-        older = [p for p in _step_dirs(root) if _step_of(p) < step]
-        for old in older[keep - 1:]:
-            shutil.rmtree(old, ignore_errors=True)
-    ranks.barrier()
-    return final
 
 
 def optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
@@ -144,15 +170,21 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def load_newest(root: Path) -> tuple[Loaded | None, list[str]]:
-    """The newest checkpoint under ``root`` that reads completely, and one line per checkpoint
-    skipped on the way (newest first) saying why."""
+    """The checkpoint to resume from under ``root``: the one ``latest`` names or, when it does not
+    read completely, the newest older one that does; and one line per checkpoint skipped on the way
+    (newest first) saying why."""
     skipped = []
+    candidates = _step_dirs(root)
     pointer = root / "latest"
     if pointer.is_file():
         named = pointer.read_text().strip()
-        if not (root / named).is_dir():
+        if not (_STEP_DIR.fullmatch(named) and (root / named).is_dir()):
             skipped.append(f"'latest' names {named!r}, which does not exist")
-    for path in _step_dirs(root):
+        else:  # 'latest' first: a newer directory is another run's, or was never named (the run was killed)
+            newer = [p for p in candidates if step_of(p) > step_of(root / named)]
+            skipped += [f"{p.name} is newer than the {named} that 'latest' names" for p in newer]
+            candidates = candidates[len(newer):]
+    for path in candidates:
         try:
             return read_checkpoint(path), skipped
         except CheckpointError as exc:
@@ -245,17 +277,19 @@ def _step_dirs(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name)]
-    return sorted(found, key=_step_of, reverse=True)
+    return sorted(found, key=step_of, reverse=True)
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """The step of a checkpoint directory ``step-NNNNNN``."""
     return int(_STEP_DIR.fullmatch(path.name).group(1))
 
 
 def resumable(out: Path) -> Loaded | None:
-    """The checkpoint to continue from: the newest one that reads completely (warning about the
-    ones skipped), or None for a run that has recorded nothing yet. A run with history but no
+    """The checkpoint to continue from (``load_newest``, warning about the ones skipped), or None
+    for a run that has recorded nothing yet. A run with history but no
     usable checkpoint is an error: starting over would replace its metrics."""
+    _check_directory(out)
     root = out / "checkpoints"
     for name in remove_orphans(root):
         logger.warning("deleted %s, a checkpoint that a killed run left unfinished", root / name)
@@ -273,3 +307,51 @@ def resumable(out: Path) -> Loaded | None:
     if skipped:
         logger.warning("resuming from %s after skipping: %s", loaded.path, "; ".join(skipped))
     return loaded
+
+
+#: What runs write in their directory, and all that ``overwrite`` deletes: the files of ``train``
+#: and ``sft``, the quickstart's report and its warm-up run.
+RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "tensorboard", "config.yaml", "eval.json",
+             "report.md", "reward_curve.png", "warmup")
+
+
+def start_fresh(out: Path, overwrite: bool, *, can_resume: bool = True) -> None:
+    """Ready ``out`` for a run that starts at step 1. A directory that holds a run already is
+    refused, so that two runs never mix in one (interleaved metrics, trajectories and checkpoints);
+    with ``overwrite``, that run's ``RUN_FILES`` are deleted first."""
+    _check_directory(out)
+    found = recorded(out)
+    if found is None:
+        return
+    if not overwrite:
+        resume = "continue it with --resume, or " if can_resume else ""
+        raise ConfigError(
+            f"out {str(out)!r} already holds a run ({found}); {resume}start over with --overwrite (deletes it) "
+            f"or another out"
+        )
+    for name in RUN_FILES:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)  # every rank clears, before they meet
+        else:
+            path.unlink(missing_ok=True)
+    logger.warning("deleted the run in %s (%s) to start over", out, found)
+
+
+def recorded(out: Path) -> str | None:
+    """What shows that ``out`` holds a run, or None: recorded metrics, a checkpoint or trajectories.
+    (A ``config.yaml`` or ``eval.json`` alone is no run: one stopped before its first step, or the
+    quickstart's base evaluation.)"""
+    steps = [m.get("step", 0) for m in read_metrics(out / "metrics.jsonl")]
+    if steps:
+        return f"metrics.jsonl records steps up to {max(steps)}"
+    if checkpoints := _step_dirs(out / "checkpoints"):
+        return f"checkpoint {checkpoints[0].name}"
+    if trajectories := sorted((out / "trajectories").glob("step-*.jsonl")):
+        return f"trajectories up to {trajectories[-1].name}"
+    return None
+
+
+def _check_directory(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out {str(out)!r} is a file; expected a run directory")

@@ -4,12 +4,18 @@ trajectories under ``trajectories/step-NNNNNN.jsonl`` with their reward and adva
 
 On resume, lines of ``metrics.jsonl`` for steps after the checkpoint (written by the run that
 died) are dropped, so the file ends up with every step exactly once.
+
+A full disk is one ``OSError`` (ENOSPC) naming the file that could not be written, where the
+writer's own names none; ``out_of_space`` tells it apart for writers that lose the errno.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,8 +35,9 @@ class Logbook:
         self._tensorboard = _tensorboard_writer(out / "tensorboard")
 
     def log(self, metrics: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(metrics) + "\n")
-        self._metrics.flush()
+        with space_for(self.metrics_path):
+            self._metrics.write(json.dumps(metrics) + "\n")
+            self._metrics.flush()
         if self._tensorboard is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
@@ -46,9 +53,13 @@ class Logbook:
         folder.mkdir(exist_ok=True)
         path = folder / f"step-{step:06d}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            for t, reward, advantage in zip(trajectories, rewards, advantages):
-                f.write(json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n")
+        try:
+            with space_for(path), tmp.open("w") as f:
+                for t, reward, advantage in zip(trajectories, rewards, advantages):
+                    f.write(json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, path)
 
     def close(self) -> None:
@@ -73,6 +84,43 @@ def console_line(m: dict[str, Any], total_steps: int) -> str:
     )
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NEARLY_FULL = 1 << 20  # bytes free below which a failed write is put down to the disk
+
+
+@contextlib.contextmanager
+def space_for(path: Path):
+    """Writes to ``path``: a full disk raises ``OSError`` ENOSPC naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _FULL and exc.filename is None:
+            raise OSError(exc.errno, "no space left on device", str(path)) from None
+        raise
+
+
+def out_of_space(error: BaseException, where: Path) -> bool:
+    """Whether ``error``, raised writing under ``where``, means the disk (or a quota) is full: an
+    ENOSPC or EDQUOT ``OSError`` in it, behind it, or among the failures it collects (DCP's
+    ``CheckpointException``); or, for writers that lose the errno (torch.save's "unexpected pos",
+    safetensors), less than 1 MiB left on ``where``'s file system."""
+    seen = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    seen += [e for s in seen for e, *_ in getattr(s, "failures", {}).values() if isinstance(e, BaseException)]
+    if any(isinstance(e, OSError) and e.errno in _FULL for e in seen):
+        return True
+    if not any(isinstance(e, Exception) for e in seen):  # an interrupt, not a failed write
+        return False
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free < _NEARLY_FULL
+    except OSError:
+        return False
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of ``path`` (a torn last line from a killed run is skipped)."""
     if not path.is_file():
@@ -88,8 +136,18 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def _truncate_after(path: Path, step: int) -> None:
     kept = [m for m in read_metrics(path) if m.get("step", 0) <= step] if step else []
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
+    write_file(path, "".join(json.dumps(m) + "\n" for m in kept))
+
+
+def write_file(path: Path, text: str) -> None:
+    """``text`` to ``path`` atomically (a temporary file renamed over it); a full disk names ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with space_for(path):
+            tmp.write_text(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 

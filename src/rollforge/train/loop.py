@@ -16,7 +16,9 @@ truncated episodes are trained on; sampling
 seeds derive from (seed, step, episode index in the global batch), so a resumed run repeats the
 uninterrupted run's requests and ranks sample what one process would.
 Under torchrun each rank rolls out its share of the groups and the update is sharded with FSDP2
-(``distributed.py``); rank 0 logs, evaluates and writes the run directory.
+(``distributed.py``); rank 0 logs, evaluates and writes the run directory. A run cancelled (Ctrl-C)
+lets the update, weight copy or checkpoint in flight finish first (``uninterrupted``): no thread is
+left in torch's native code, and the last checkpoint is whole.
 """
 
 from __future__ import annotations
@@ -33,12 +35,10 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import torch
-import yaml
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..cluster.generation import open_generation
-from ..errors import ConfigError
 from ..models import resolve_device
 from ..rollout.engine import arollout
 from ..types import Sample
@@ -119,6 +119,7 @@ async def atrain(
     dataset: Sequence[dict[str, Any]] | None = None,
     reward_functions: Sequence[RewardFunction] = (),
     resume: bool = False,
+    overwrite: bool = False,
     console: bool = True,
     on_step: Callable[..., Any] | None = None,
     backend: Backend | None = None,
@@ -133,9 +134,10 @@ async def atrain(
     (on rank 0, with the step's global metrics; with ``max_staleness`` >= 1 the backend is the
     versioned one, whose ``pinned()`` holds the weights during an evaluation). ``backend``: a
     ``Backend`` to generate with instead of the one ``model.backend`` opens (whoever opened it
-    closes it); it must generate with the trained model object or take ``update_weights``."""
+    closes it); it must generate with the trained model object or take ``update_weights``. Without
+    ``resume``, an ``out`` that holds a run already is refused, or with ``overwrite`` cleared."""
     async with open_run(config, environments=environments, dataset=dataset, reward_functions=reward_functions,
-                        resume=resume, console=console, backend=backend) as run:
+                        resume=resume, overwrite=overwrite, console=console, backend=backend) as run:
         step = run.start
         if run.eval_prompts and run.start == 0:
             await _evaluate(run, "before", run.start)
@@ -206,7 +208,7 @@ async def learn(
     await run.sync.release()  # a colocated engine frees its memory for the update
     proximal = Proximal(len(episodes))  # the weights before this update's logprobs, for a correction that needs them
     for _ in range(algo.epochs_per_batch):
-        stats = await UPDATE_WORKERS.run(  # its own thread: never behind a hung tool
+        stats = await uninterrupted(  # its own thread: never behind a hung tool
             policy_update, run.model, run.optimizer, episodes, advantages.values[owners], weights, run.loss_fn,
             micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
             max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared,
@@ -230,11 +232,25 @@ async def learn(
         if config.save_trajectories:
             run.logbook.save_trajectories(step, done.trajectories, done.rewards.totals, done.advantages.values.tolist())
     if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
-        await UPDATE_WORKERS.run(
+        await uninterrupted(
             ckpt.save_checkpoint, run.out / "checkpoints", step, run.model, run.tokenizer, run.optimizer,
             run.scheduler, data_state or run.source.state(), config.keep_checkpoints, ranks=ranks, plain=run.generator,
         )
     return metrics
+
+
+async def uninterrupted(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``function`` on the update thread, finished even when the run is cancelled meanwhile (Ctrl-C):
+    the call is bounded (an update, a weight copy, a checkpoint), and a thread abandoned in torch's
+    native code aborts the interpreter when it exits (and a checkpoint half-written is lost)."""
+    call = asyncio.ensure_future(UPDATE_WORKERS.run(function, *args, **kwargs))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        if not call.cancelled():
+            call.exception()  # retrieved: the cancellation is what propagates
+        raise
 
 
 async def _push_weights(run: Run) -> None:
@@ -242,7 +258,7 @@ async def _push_weights(run: Run) -> None:
     (every rank takes part); each rank's own backend (hf, in-process vLLM) loads them, while servers
     that every rank shares (``openai``) receive them from rank 0 alone and the others wait."""
     if run.generator is not run.model:
-        await UPDATE_WORKERS.run(refresh_copy, run.generator, run.model)
+        await uninterrupted(refresh_copy, run.generator, run.model)
     if run.ranks.main or run.config.model.backend != "openai":
         await run.sync.push(run.generator)
     run.ranks.barrier()
@@ -256,14 +272,13 @@ async def open_run(
     dataset: Sequence[dict[str, Any]] | None = None,
     reward_functions: Sequence[RewardFunction] = (),
     resume: bool = False,
+    overwrite: bool = False,
     console: bool = True,
     backend: Backend | None = None,
 ) -> AsyncIterator[Run]:
     """Set a run up (see ``atrain`` for the arguments) and close what it opened on exit: the
     process group, environments prepare.placed on Ray, the backend, the logbook."""
     out = Path(config.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out {str(out)!r} is a file; expected a run directory")
     given = named_environments(environments) if environments is not None else {}
     if given and "environments" not in config.model_fields_set:
         config = config.model_copy(update={"environments": []})  # the objects replace the default
@@ -274,7 +289,7 @@ async def open_run(
     check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
-    resumed = prepare.preflight(config, prompts, resume)
+    resumed = prepare.preflight(config, prompts, resume, overwrite)
     if resumed is not None:
         source.load_state(resumed.data_state)
     async with contextlib.AsyncExitStack() as stack:
@@ -282,7 +297,7 @@ async def open_run(
         prepare.check_ranks(config, ranks)
         out.mkdir(parents=True, exist_ok=True)
         if ranks.main:
-            (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+            prepare.write_config(out, config)
         model, tokenizer = load_policy(config.model, config.lora)
         # a sharded policy cannot generate, nor can one that trains while generation goes on
         # (max_staleness >= 1): the backend generates from a plain copy, refreshed at every sync

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
+
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..models import load_tokenizer
@@ -18,6 +20,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import check_prompt_lengths, generated_samples, load_rows, rows_to_samples
 from .distributed import Ranks
+from .logbook import write_file
 
 
 def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
@@ -43,10 +46,11 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
         )
 
 
-def preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.Loaded | None:
+def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrite: bool) -> ckpt.Loaded | None:
     """What can refuse the run, checked before the model loads so that a refusal is quick: prompts
-    that leave no room to generate, an OpenAI-compatible server that does not answer, and (with
-    ``resume``) the checkpoint to continue from."""
+    that leave no room to generate, an OpenAI-compatible server that does not answer, and the run
+    directory: with ``resume`` the checkpoint to continue from, else one that holds no run yet
+    (``overwrite``: deleting the one it holds)."""
     check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
                          "rollout.max_seq_len")
     if config.model.backend == "openai" and config.model.base_url:
@@ -55,7 +59,12 @@ def preflight(config: TrainConfig, prompts: list[Sample], resume: bool) -> ckpt.
 
         for url in server_urls(config.model.base_url):
             check_server(url)
-    return ckpt.resumable(Path(config.out)) if resume else None
+    if resume and overwrite:
+        raise ConfigError("resume and overwrite exclude each other: continue the run in out, or delete it and start over")
+    if resume:
+        return ckpt.resumable(Path(config.out))
+    ckpt.start_fresh(Path(config.out), overwrite)
+    return None
 
 
 def eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
@@ -70,9 +79,12 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_file(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_config(out: Path, config: Any) -> None:
+    """The run's ``config.yaml``: the config as it ran, every default filled in."""
+    write_file(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
 def prompts(

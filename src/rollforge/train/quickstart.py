@@ -42,13 +42,17 @@ class QuickstartResult:
     seconds: dict[str, float]  # wall time of each phase run by this call: evaluation, warmup, grpo, total
 
 
-def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False) -> QuickstartResult:
+def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, overwrite: bool = False) -> QuickstartResult:
     """Evaluate the base model, warm it up with ``warmup`` (its ``out`` and ``model`` are replaced
-    by ``OUT/warmup`` and ``config.model``), then train ``config`` from the warmed-up weights."""
+    by ``OUT/warmup`` and ``config.model``), then train ``config`` from the warmed-up weights.
+    Without ``resume``, an ``OUT`` that holds a run already is refused, or with ``overwrite`` cleared."""
     from .loop import train
     from .sft import sft
 
     out = Path(config.out)
+    if not resume:
+        for directory in (out, out / "warmup"):
+            ckpt.start_fresh(directory, overwrite)
     seconds: dict[str, float] = {}
     began = time.perf_counter()
     evaluations = _read_json(out / "eval.json")
@@ -61,7 +65,7 @@ def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False) 
     checkpoint = ckpt.latest_checkpoint(warm / "checkpoints") if resume else None
     if checkpoint is None:
         started = time.perf_counter()
-        sft(warmup.model_copy(update={"out": str(warm), "model": config.model}))
+        sft(warmup.model_copy(update={"out": str(warm), "model": config.model}), overwrite=True)  # an unfinished one starts over
         checkpoint = ckpt.latest_checkpoint(warm / "checkpoints")
         seconds["warmup"] = time.perf_counter() - started
     started = time.perf_counter()

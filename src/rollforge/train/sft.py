@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
-import yaml
 
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import get_parser
@@ -43,6 +42,7 @@ from .data import generated_samples
 from .environments import build_environments
 from .logbook import Logbook, read_metrics
 from .policy import compute_dtype, load_policy, make_optimizer
+from .prepare import write_config
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
 from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
@@ -140,12 +140,15 @@ async def asft(
     dataset: Sequence[Mapping[str, Any]] | None = None,
     trajectories: Sequence[Trajectory] | None = None,
     console: bool = True,
+    overwrite: bool = False,
 ) -> SFTResult:
     """Fine-tune per ``config``. ``dataset``: in-memory conversation rows (a ``messages`` column),
-    ``trajectories``: in-memory episodes (kept as they are); both join the configured sources."""
+    ``trajectories``: in-memory episodes (kept as they are); both join the configured sources.
+    An ``out`` that holds a run already is refused, or with ``overwrite`` cleared."""
     out = Path(config.out)
+    ckpt.start_fresh(out, overwrite, can_resume=False)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    write_config(out, config)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     model, tokenizer = load_policy(config.model, config.lora)
