@@ -114,11 +114,6 @@ async def test_rollout_works_inside_a_running_event_loop(tiny_model_dir):
     assert [t.messages[-1].content for t in result.trajectories] == ["ok"] * 3
 
 
-async def test_check_env_works_inside_a_running_event_loop():
-    report = rollforge.check_env("echo", steps=2)
-    assert report.name == "echo"
-
-
 async def test_run_sync_inside_a_loop_raises_what_the_coroutine_raises():
     async def fails():
         await asyncio.sleep(0)

@@ -56,7 +56,8 @@ class _Job:
 
 
 class Workers:
-    """A pool of daemon threads that grows on demand (see the module docstring)."""
+    """A pool of daemon threads that grows on demand (see the module docstring). ``exit_grace``:
+    how long the exiting process waits for this pool's running calls."""
 
     def __init__(self, name: str, idle_seconds: float = 10.0, exit_grace: float = 10.0):
         self.name = name
@@ -197,7 +198,7 @@ def _finish_at_exit() -> None:
 
 
 #: Environment and reward work: sync tools, resets, steps, reward functions, blocking clients.
-ENVIRONMENT_WORKERS = Workers("rollforge-env")
+ENVIRONMENT_WORKERS = Workers("rollforge-env", exit_grace=5.0)
 
 #: The policy update (forward, backward, optimizer step): never shares a thread with user code.
 UPDATE_WORKERS = Workers("rollforge-update", idle_seconds=300.0, exit_grace=300.0)
