@@ -1,5 +1,5 @@
-"""``rollforge rollout``'s writing of results: whole lines in ``.partial`` whatever fails, a failing
-write that does not lose the rollout, and ``--episode-timeout``."""
+"""``rollforge rollout``'s writing of results: whole lines in ``.partial`` whatever fails, the first
+failing write stops the rollout and leaves nothing half-written, and ``--episode-timeout``."""
 
 from __future__ import annotations
 
@@ -51,24 +51,49 @@ class Echo:
         return None
 
 
-def test_a_failing_partial_write_is_reported_and_every_episode_still_lands(tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_the_first_failing_write_stops_the_rollout_and_keeps_what_was_written(tiny_model_dir, tmp_path, monkeypatch, caplog):
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
     backend = ScriptedBackend(lambda r: "ok", renderer, end_token_id=renderer.stop_token_ids[0])
-    appended = []
+    real_append, real_write = PartialWriter.append, os.write
+    calls = []
 
     def full_disk_after_two(self, record):
-        if len(appended) >= 2:
+        calls.append(record["index"])
+        if len(calls) <= 2:
+            return real_append(self, record)
+
+        def half_then_full(fd, data):
+            real_write(fd, data[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
-        appended.append(record["index"])
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "write", half_then_full)
+            return real_append(self, record)
 
     monkeypatch.setattr(PartialWriter, "append", full_disk_after_two)
-    samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}]) for i in range(5)]
-    result = asyncio.run(run_with_progress(samples, {"default": FactoryEnvironment(Echo)}, backend, renderer,
-                                           RolloutConfig(), tmp_path))
-    assert result.metrics["on_episode_errors"] == 3 and len(appended) == 2
-    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
-    assert [json.loads(line)["index"] for line in lines] == [0, 1, 2, 3, 4]
-    assert not (tmp_path / "trajectories.jsonl.partial").exists()
+    samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}]) for i in range(40)]
+    config = RolloutConfig(concurrency=1)
+    with pytest.raises(OSError) as caught:
+        asyncio.run(run_with_progress(samples, {"default": FactoryEnvironment(Echo)}, backend, renderer, config, tmp_path))
+    partial = tmp_path / "trajectories.jsonl.partial"
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(partial)
+    assert len(calls) == 3  # the rollout stopped at the first failure: no write was tried after it
+    assert [r["index"] for r in read_partial(partial)] == [0, 1] and partial.read_text().endswith("\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trajectories.jsonl.partial"]
+    assert "on_episode raised" not in caplog.text
+
+
+def test_a_final_write_that_fails_leaves_no_half_written_file(tmp_path, monkeypatch):
+    def full(self, text, *args, **kwargs):
+        with open(self, "w") as f:
+            f.write(text[:3])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cli_rollout.Path, "write_text", full)
+    with pytest.raises(OSError) as caught:
+        cli_rollout.write_results(tmp_path, [], {"episodes": 0})
+    assert caught.value.filename == str(tmp_path / "trajectories.jsonl")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_episode_timeout_is_a_flag_with_a_bounded_default(monkeypatch, tmp_path):

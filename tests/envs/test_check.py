@@ -50,9 +50,8 @@ def test_a_bare_environment_needs_samples():
         check_env(StepwiseEnvironment(GuessNumberEnv()))
 
 
-async def test_the_sync_face_refuses_to_run_inside_a_loop():
-    with pytest.raises(ConfigError, match="await acheck_env"):
-        check_env(get_env_spec("echo"))
+async def test_the_sync_face_runs_inside_a_loop():  # a notebook cell (workers.run_sync)
+    assert check_env(get_env_spec("echo"), steps=2).name == "echo"
 
 
 # -- a hand-written session whose behaviour each test breaks in one way ------------------------

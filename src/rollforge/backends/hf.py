@@ -44,16 +44,18 @@ import queue
 import random
 import threading
 import time
+import weakref
 from dataclasses import fields
 from typing import Any, Sequence
 
 import torch
 
+from ..arguments import check_model, check_tokenizer
 from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .base import Backend, SamplingParams, StopStrings
 from .cpu_speedups import FAST_GQA_ATTENTION, can_switch_to_fast_gqa, release_idle_openmp_threads
-from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_support, prefill_key
+from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_support, prefill_key, prompt_problem
 from .hf_prefix import PrefixStore
 from .sampling import RowSampling, filtered_probs, sample
 
@@ -91,7 +93,7 @@ class HFBackend(Backend):
       (``hf_prefix``); 0 disables it. After changing the weights in place, call
       ``invalidate_cache()``.
 
-    Call ``close()`` when done: the worker thread holds the model until then.
+    Call ``close()`` when done: the worker holds the model until then (or until interpreter exit).
     """
 
     def __init__(
@@ -117,6 +119,8 @@ class HFBackend(Backend):
             raise ConfigError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         if num_threads is not None and num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1 or None, got {num_threads}")
+        check_model(model, "HFBackend")
+        check_tokenizer(tokenizer, "HFBackend", needs=("decode", "eos_token_id", "pad_token_id"))
         check_cache_support(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -149,6 +153,9 @@ class HFBackend(Backend):
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="rollforge-hf-backend", daemon=True)
         self._thread.start()
+        # A daemon thread still inside torch when the interpreter finalizes aborts the process
+        # ("terminate called without an active exception"): an unclosed backend stops at exit.
+        self._stop_at_exit = weakref.finalize(self, _stop_worker, self._queue, self._thread)
 
     # --- public face -------------------------------------------------------------------------
 
@@ -169,6 +176,7 @@ class HFBackend(Backend):
         with self._lock:
             self._closed = True
             self._queue.put(_SHUTDOWN)
+        self._stop_at_exit.detach()
         if self._thread.is_alive():
             await asyncio.to_thread(self._thread.join)
         if self._switched_attention and self.model.config._attn_implementation == FAST_GQA_ATTENTION:
@@ -264,7 +272,7 @@ class HFBackend(Backend):
 
     def _make_row(self, request: Request) -> Row | None:
         """Validate a request; fail it alone (and return None) when it cannot run."""
-        problem = self._check_prompt(request.prompt_ids)
+        problem = prompt_problem(request.prompt_ids, self._max_positions, self._vocab_size)
         if problem is not None:
             self._fail(request, BackendError(problem))
             return None
@@ -279,23 +287,6 @@ class HFBackend(Backend):
             self._counts["prefix_hits"] += 1
             self._counts["prefix_tokens_reused"] += len(prefix.ids)
         return Row(request, budget, stop_ids, stop_strings, prefix=prefix)
-
-    def _check_prompt(self, prompt: tuple[int, ...]) -> str | None:
-        if not prompt:
-            return "the prompt is empty; a request needs at least one prompt token"
-        if self._max_positions is not None and len(prompt) >= self._max_positions:
-            return (
-                f"the prompt has {len(prompt)} tokens but the model handles at most "
-                f"{self._max_positions} positions (prompt plus at least one new token)"
-            )
-        low, high = min(prompt), max(prompt)
-        if low < 0 or high >= self._vocab_size:
-            bad = low if low < 0 else high
-            return (
-                f"the prompt contains token id {bad}, outside the model's vocabulary "
-                f"[0, {self._vocab_size})"
-            )
-        return None
 
     def _prefill(self, rows: list[Row]) -> None:
         """One left-padded forward pass over the new prompts; their first tokens; join the batch."""
@@ -393,6 +384,14 @@ class HFBackend(Backend):
                 pending.append(item)
         for request in pending:
             self._fail(request, error)
+
+
+def _stop_worker(jobs: queue.Queue, worker: threading.Thread, timeout: float = 60.0) -> None:
+    """At interpreter exit: let the worker finish its step and stop while Python still runs."""
+    jobs.put(_SHUTDOWN)
+    worker.join(timeout)
+    if worker.is_alive():
+        logger.warning("the HF backend worker did not stop within %.0fs at exit; call close()", timeout)
 
 
 def _eos_ids(tokenizer: Any) -> frozenset[int]:

@@ -15,7 +15,7 @@ Design:
 - The cache layers are ``SlackLayer``s: a decode step writes its column in place into a buffer
   with spare columns, instead of re-concatenating the whole cache as ``DynamicLayer`` does.
   Only models whose cache is plain full attention can be batched this way
-  (``check_cache_support``).
+  (``check_cache_support``); ``prompt_problem`` says why a request cannot run at all.
 """
 
 from __future__ import annotations
@@ -326,6 +326,22 @@ def check_cache_support(model: Any) -> None:
         raise ConfigError(
             f"HFBackend batches full-attention KV caches only; {type(model).__name__} uses {unsupported}"
         )
+
+
+def prompt_problem(prompt: tuple[int, ...], max_positions: int | None, vocab_size: int) -> str | None:
+    """Why a prompt cannot run on the model (empty, too long, unknown token ids); None when it can."""
+    if not prompt:
+        return "the prompt is empty; a request needs at least one prompt token"
+    if max_positions is not None and len(prompt) >= max_positions:
+        return (
+            f"the prompt has {len(prompt)} tokens but the model handles at most "
+            f"{max_positions} positions (prompt plus at least one new token)"
+        )
+    low, high = min(prompt), max(prompt)
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        return f"the prompt contains token id {bad}, outside the model's vocabulary [0, {vocab_size})"
+    return None
 
 
 def _cache_tensors(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -43,6 +43,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..arguments import check_model_name
 from ..errors import BackendError, ConfigError, require
 from ..types import Completion
 from .base import Backend, SamplingParams
@@ -103,6 +104,8 @@ class OpenAICompatBackend(Backend):
         self._httpx = require("httpx", "openai", "the OpenAI-compatible backend")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000, got {base_url!r}")
+        if model is not None:
+            check_model_name(model, "OpenAICompatBackend")
         for name, value, low in (
             ("max_concurrency", max_concurrency, 1), ("max_retries", max_retries, 0),
         ):

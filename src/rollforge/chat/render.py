@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from ..arguments import check_tokenizer
 from ..errors import TemplateError
 from ..types import Message, ToolCall
 from .families import Family, detect_family, get_family
@@ -79,6 +80,7 @@ class ChatRenderer:
     rendering; the inference template drops past reasoning, see the README)."""
 
     def __init__(self, tokenizer: Any, family: str | Family | None = None, *, keep_reasoning: bool = False):
+        check_tokenizer(tokenizer, "ChatRenderer", needs=("encode", "decode", "apply_chat_template"))
         if getattr(tokenizer, "chat_template", None) is None:
             raise TemplateError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template; "

@@ -2,13 +2,18 @@
 
 A user's mistake (a bad flag or value, a config or data file that does not parse, a server that
 is down) is a ``RollforgeError`` raised before the work starts; it is answered with one line on
-stderr, ``rollforge: error: ...``, and exit status 2, never a traceback.
+stderr, ``rollforge: error: ...``, and exit status 2, never a traceback. A fault of the machine
+while writing results (a full disk or quota, a read-only file system, no permission: an
+``OSError`` with one of ``ENVIRONMENT_FAULTS``) is one line naming the file, exit status 1; what
+was already written stays valid (each writer's own rule). Ctrl-C is one line, exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
 import sys
 
 from ..errors import RollforgeError
@@ -61,9 +66,24 @@ def main(argv: list[str] | None = None) -> int:
     except RollforgeError as exc:
         print(f"rollforge: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_FAULTS:
+            raise
+        print(f"rollforge: error: {describe_fault(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("rollforge: interrupted", file=sys.stderr)
         return 130
+
+
+#: Faults of the machine, not of rollforge or the command line, answered in one line.
+ENVIRONMENT_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+
+
+def describe_fault(exc: OSError) -> str:
+    """``PATH: no space left on device``."""
+    reason = (exc.strerror or os.strerror(exc.errno)).lower()
+    return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
 def _one_line(what: object) -> str:

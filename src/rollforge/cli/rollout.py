@@ -11,9 +11,10 @@ Each finished episode is appended to ``trajectories.jsonl.partial`` as it comple
 produced is lost if the run dies); at the end ``trajectories.jsonl`` is written in input order and
 ``metrics.json`` beside it. ``.partial`` never ends in a torn line: each record is one
 ``os.write`` of a whole line, and a write that fails part-way (a full disk) is cut back to the last
-whole line; the failure is reported by the engine (``on_episode_errors``) while the rollout goes
-on. ``read_partial`` reads the whole lines back and ignores an incomplete last one (a machine that
-lost power mid-write).
+whole line. The first failing write stops the rollout and raises its ``OSError`` (naming the file;
+``cli/main.py`` answers it in one line): ``.partial`` keeps the episodes written before it, and no
+``trajectories.jsonl`` or ``metrics.json`` is left half-written. ``read_partial`` reads the whole
+lines back and ignores an incomplete last one (a machine that lost power mid-write).
 """
 
 from __future__ import annotations
@@ -115,9 +116,6 @@ def run(args: Any) -> int:
         f"{m['episodes']} episodes, {m['total_turns']} turns, mean reward {m['mean_total_reward']:.3f}, "
         f"errors {m['errors'] or 'none'}, {m['wall_seconds']:.1f}s -> {args.out}"
     )
-    if m["on_episode_errors"]:
-        print(f"warning: {m['on_episode_errors']} episode(s) could not be appended to trajectories.jsonl.partial "
-              "(logged above); trajectories.jsonl holds every episode")
     return 0
 
 
@@ -218,15 +216,27 @@ async def run_with_progress(samples, task_to_env, backend, renderer, config, out
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "trajectories.jsonl.partial"
     bar = tqdm(total=len(samples), desc="episodes", unit="ep")
+    failed: list[OSError] = []  # the first failing write, which stops the rollout
     with PartialWriter(partial) as stream:
 
         def on_episode(trajectory: Trajectory) -> None:
             bar.set_postfix(reward=f"{trajectory.total_reward:.2f}", refresh=False)
             bar.update()
-            stream.append(trajectory.to_json())
+            if failed:
+                return
+            try:
+                stream.append(trajectory.to_json())
+            except OSError as exc:
+                failed.append(exc)
+                rolling.cancel()
 
+        rolling = asyncio.ensure_future(arollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode))
         try:
-            result = await arollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode)
+            result = await rolling
+        except asyncio.CancelledError:
+            if failed:
+                raise failed[0] from None
+            raise
         finally:
             bar.close()
     write_results(out, result.trajectories, result.metrics)
@@ -248,11 +258,11 @@ class PartialWriter:
         try:
             while written < len(data):
                 written += os.write(self._fd, data[written:])
-        except OSError:
+        except OSError as exc:
             with contextlib.suppress(OSError):  # cut the torn line off again
                 os.ftruncate(self._fd, self._size)
                 os.lseek(self._fd, self._size, os.SEEK_SET)
-            raise
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self._size += written
 
     def close(self) -> None:
@@ -282,5 +292,9 @@ def write_results(out: Path, trajectories, metrics: dict) -> None:
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except OSError as exc:  # a full disk: no half-written file is left behind
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     os.replace(tmp, path)

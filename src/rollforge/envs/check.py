@@ -28,7 +28,7 @@ time (``envs/check_actions.py`` writes it). Rules, checked in this order:
 
 Any exception an environment raises, or a call that exceeds ``timeout`` seconds, is reported as the
 rule that was being checked. ``acheck_env`` is the implementation; ``check_env`` runs it with
-``asyncio.run``. Both return a ``CheckReport`` when every rule holds.
+``workers.run_sync`` (also inside a running event loop). Both return a ``CheckReport`` when every rule holds.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from ..errors import ConfigError, EnvironmentError_
 from ..types import Failure, Message, Sample, ToolCall
+from ..workers import run_sync
 from .base import Environment, EnvSession, Reset, Step
 from .check_actions import invalid_arguments, scripted_action, tool_call_message
 from .library import EnvSpec, get_env_spec
@@ -132,14 +133,8 @@ def check_env(
     seed: int = 0,
     timeout: float = 30.0,
 ) -> CheckReport:
-    """Synchronous ``acheck_env``; inside a running event loop, ``await acheck_env(...)`` instead."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # no loop running: the normal case
-        return asyncio.run(
-            acheck_env(env_or_spec, samples=samples, steps=steps, seed=seed, timeout=timeout)
-        )
-    raise ConfigError("check_env() cannot run inside an event loop; use await acheck_env(...)")
+    """Synchronous ``acheck_env`` (runs its own event loop, also in a notebook)."""
+    return run_sync(acheck_env(env_or_spec, samples=samples, steps=steps, seed=seed, timeout=timeout))
 
 
 class _Checker:

@@ -45,7 +45,7 @@ from ..chat.toolcalls import get_parser
 from ..envs.base import Environment, GeneratingEnvironment
 from ..errors import ConfigError
 from ..types import Sample, Trajectory
-from ..workers import ENVIRONMENT_WORKERS
+from ..workers import ENVIRONMENT_WORKERS, run_sync
 from .config import RolloutConfig
 from .episode import EpisodeContext, Gate, OpenGate, run_episode
 from .metrics import rollout_metrics
@@ -259,8 +259,8 @@ async def _all(coroutines) -> None:
 
 
 def rollout(*args: Any, **kwargs: Any) -> RolloutResult:
-    """Synchronous façade over ``arollout`` (runs its own event loop)."""
-    return asyncio.run(arollout(*args, **kwargs))
+    """Synchronous façade over ``arollout`` (runs its own event loop, also in a notebook)."""
+    return run_sync(arollout(*args, **kwargs))
 
 
 def _check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:

@@ -23,7 +23,6 @@ left in torch's native code, and the last checkpoint is whole.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import inspect
@@ -42,7 +41,7 @@ from ..cluster.generation import open_generation
 from ..models import resolve_device
 from ..rollout.engine import arollout
 from ..types import Sample
-from ..workers import UPDATE_WORKERS
+from ..workers import UPDATE_WORKERS, run_sync
 from . import checkpoint as ckpt
 from . import prepare
 from .advantages import compute_advantages
@@ -109,7 +108,7 @@ def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
         from ..cluster.trainers import train_on_ray
 
         return train_on_ray(config, **kwargs)
-    return asyncio.run(atrain(config, **kwargs))
+    return run_sync(atrain(config, **kwargs))
 
 
 async def atrain(

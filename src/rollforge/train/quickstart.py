@@ -18,13 +18,13 @@ GRPO continues from its newest checkpoint.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..workers import run_sync
 from . import checkpoint as ckpt
 from .config import LoraConfig, TrainConfig
 from .logbook import read_metrics
@@ -57,7 +57,7 @@ def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, 
     began = time.perf_counter()
     evaluations = _read_json(out / "eval.json")
     if config.eval_episodes and "before_warmup" not in evaluations:
-        evaluations["before_warmup"] = asyncio.run(evaluate_base(config))
+        evaluations["before_warmup"] = run_sync(evaluate_base(config))
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
         seconds["evaluation"] = time.perf_counter() - began

@@ -21,7 +21,6 @@ phase is ``epochs`` passes over its examples in a seeded order, ``batch_size`` e
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import sys
@@ -37,6 +36,7 @@ from ..chat.toolcalls import get_parser
 from ..errors import ConfigError
 from ..rollout.engine import arollout
 from ..types import Trajectory
+from ..workers import run_sync
 from . import checkpoint as ckpt
 from .data import generated_samples
 from .environments import build_environments
@@ -130,8 +130,8 @@ def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_i
 
 
 def sft(config: SFTConfig, **kwargs: Any) -> SFTResult:
-    """Synchronous façade over ``asft``."""
-    return asyncio.run(asft(config, **kwargs))
+    """Synchronous façade over ``asft`` (runs its own event loop, also in a notebook)."""
+    return run_sync(asft(config, **kwargs))
 
 
 async def asft(
