@@ -183,6 +183,24 @@ async def test_unknown_task_name_raises_before_any_generation(renderer):
     assert scripted.calls == 0
 
 
+async def test_unknown_environment_column_raises_before_any_generation(renderer):
+    # The check training and the CLI run (check_routes): rollout() used to fail the episode instead.
+    scripted = backend(renderer, lambda r: "hi")
+    env = FactoryEnvironment({"counter": Counter, "other": Counter})
+    rows = [{"environment": "counter"}, {"environment": "countr"}]
+    samples = [Sample(prompt=prompt(i), task_name="multi", row=row) for i, row in enumerate(rows)]
+    with pytest.raises(ConfigError) as info:
+        await arollout(samples, {"multi": env}, scripted, renderer)
+    assert str(info.value) == (
+        "prompt row 2 has the value 'countr' in its 'environment' column, but 'multi' has factories "
+        "only for ['counter', 'other']"
+    )
+    with pytest.raises(ConfigError, match=r"prompt row 1 has the value \['counter'\] in its"):
+        await arollout([Sample(prompt=prompt(0), task_name="multi", row={"environment": ["counter"]})],
+                       {"multi": env}, scripted, renderer)
+    assert scripted.calls == 0
+
+
 async def test_raising_and_hanging_environments_fail_only_their_episode(renderer):
     async def raising(turn, conversation):
         raise ValueError("the simulator crashed")

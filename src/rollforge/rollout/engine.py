@@ -9,7 +9,8 @@
 
 Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Before anything is
 generated the engine checks the inputs: every ``task_name`` has an environment (an
-``Environment``), the backend is a ``Backend``, environments that limit their sessions
+``Environment``), every ``environment`` column names one (``envs.factory.check_routes``, the check
+training and the CLI run), the backend is a ``Backend``, environments that limit their sessions
 (``max_sessions``) allow the concurrency needed, and the chat template renders the prompts in use
 (``ChatRenderer.check_template``; tools are checked once per tool set, when an environment first
 offers them).
@@ -43,6 +44,7 @@ from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import get_parser
 from ..envs.base import Environment, GeneratingEnvironment
+from ..envs.factory import check_routes
 from ..errors import ConfigError
 from ..types import Sample, Trajectory
 from ..workers import ENVIRONMENT_WORKERS
@@ -117,6 +119,7 @@ async def arollout(
     samples = list(samples)
     _check_tasks(samples, task_to_env)
     _check_contracts(task_to_env, backend)
+    check_routes(samples, task_to_env)
     needed = _sessions_needed(samples, task_to_env, config)
     if session is None:
         _check_capacity(task_to_env, needed, f"concurrency={config.concurrency}, {len(samples)} samples")
