@@ -407,6 +407,20 @@ async def test_each_failure_kind_is_reported_to_the_model_and_counted():
     assert session.handle.position == 1  # "stay" did not silently move anyone
 
 
+async def test_offered_tools_are_known_before_an_episode_for_classes():
+    import functools
+
+    session = await started(LineWalker)
+    reset_tools = (await session.reset(sample())).tools
+    assert FactoryEnvironment(LineWalker).offered_tools(sample()) == reset_tools != ()
+    assert FactoryEnvironment(functools.partial(LineWalker)).offered_tools(sample()) == reset_tools
+    routed = FactoryEnvironment({"walk": LineWalker, "scale": Scaler})
+    assert routed.offered_tools(sample({"environment": "walk"})) == reset_tools
+    assert [t["function"]["name"] for t in routed.offered_tools(sample({"environment": "scale"}))] == ["scale"]
+    assert routed.offered_tools(sample({"environment": ["walk"]})) is None  # refused by check_routes
+    assert FactoryEnvironment(lambda: LineWalker()).offered_tools(sample()) is None  # known once built
+
+
 class Scaler:
     def reset(self, **row) -> str:
         return "Scale."

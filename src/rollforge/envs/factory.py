@@ -48,7 +48,7 @@ from ..errors import ConfigError, EnvironmentError_, EpisodeFailed, ToolArgument
 from ..types import Failure, FailureKind, Message, Sample, ToolCall
 from .base import BaseSession, Environment, Reset, Step
 from ..workers import run_blocking
-from .tools import Tool, discover_tools, validate_arguments
+from .tools import Tool, class_tools, discover_tools, validate_arguments
 
 #: The row column that selects a factory when ``environment_factory`` is a dict.
 ENVIRONMENT_COLUMN = "environment"
@@ -115,6 +115,18 @@ class FactoryEnvironment(Environment):
                 f"environment {name!r} (from the {ENVIRONMENT_COLUMN!r} column) is not one of: {valid}"
             )
         return FactorySession(self.factory[name], run_in_thread=self.run_in_thread, name=name)
+
+    def offered_tools(self, sample: Sample) -> tuple[dict[str, Any], ...] | None:
+        """Known when the factory is a class (or a ``functools.partial`` of one): its methods."""
+        factory = self.factory
+        if isinstance(factory, dict):
+            name = sample.row.get(ENVIRONMENT_COLUMN)
+            factory = factory.get(name) if isinstance(name, str) else None
+        if isinstance(factory, functools.partial):
+            factory = factory.func
+        if not inspect.isclass(factory):
+            return None  # a callable may build any class: known only once an episode builds it
+        return _schemas(factory, class_tools(factory))
 
 
 def check_routes(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
