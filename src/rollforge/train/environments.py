@@ -1,7 +1,8 @@
 """Environments named in a training config or given as objects, built into the engine's
 ``task_to_env`` mapping.
 
-A name is a bundled environment (``arithmetic``), the URL of an OpenEnv server
+A name is a bundled environment (``arithmetic``), a member of a family (``gymnasium:<env id>``:
+a family's name is never read as a module, so a bad id gets the family's own error), the URL of an OpenEnv server
 (``http://127.0.0.1:8000``: one WebSocket session per episode), or ``module:attribute`` /
 ``path/to/file.py:attribute``. The attribute, or an object given directly (``train(config,
 environments={"name": obj})``), may be an ``Environment`` (used as is), a class or object with a
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 
 from ..envs.base import Environment
 from ..envs.factory import FactoryEnvironment, check_routes
-from ..envs.library import get_env_spec
+from ..envs.library import get_env_spec, is_family_member
 from ..envs.stepwise import StepwiseEnvironment
 from ..errors import ConfigError
 from .config import EnvConfig
@@ -53,16 +54,10 @@ def _is_url(name: str) -> bool:
 
 
 def is_bundled(name: str) -> bool:
-    """A bundled environment or family member (``reasoning_gym:leg_counting``), not an import path."""
-    if ":" not in name:
-        return True
-    if _is_url(name):
-        return False
-    try:
-        get_env_spec(name)
-    except ConfigError:
-        return False
-    return True
+    """A bundled environment or family member (``reasoning_gym:leg_counting``), not an import path.
+    A family's name decides, valid item or not, so that the family's own error (an unknown id, no
+    text rendering, a missing library) reaches the user when the environment is built."""
+    return ":" not in name or is_family_member(name)
 
 
 def build_environments(configs: list[EnvConfig], given: Mapping[str, Any] | None = None) -> dict[str, Environment]:

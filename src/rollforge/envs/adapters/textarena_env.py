@@ -28,6 +28,7 @@ from typing import Any
 
 from ...errors import ConfigError, EnvironmentError_, require
 from ...types import Message, Sample
+from . import unknown_item
 from ...workers import run_blocking
 from ..base import BaseSession, Environment, Reset, Step
 
@@ -50,9 +51,7 @@ def check_game(env_id: str) -> None:
 
     _ta()
     if env_id not in ENV_REGISTRY:
-        close = [name for name in sorted(ENV_REGISTRY) if name.split("-")[0].lower() == env_id.split("-")[0].lower()]
-        hint = f"; did you mean one of: {', '.join(close)}" if close else ""
-        raise ConfigError(f"unknown textarena game {env_id!r}{hint}")
+        raise unknown_item("textarena game", env_id, ENV_REGISTRY)
 
 
 def _unwrap(env: Any) -> Any:
