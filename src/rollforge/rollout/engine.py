@@ -299,8 +299,10 @@ def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: 
         key = (tuple((m.role, m.content, m.name) for m in sample.prompt), id(tools))
         if key not in lengths:
             try:
-                ids = renderer.prompt_ids(*renderer.with_tool_prompt(sample.prompt, tools, parser)) if tools else (
-                    renderer.prompt_ids(sample.prompt))
+                if tools:
+                    ids = renderer.prompt_ids(*renderer.with_tool_prompt(sample.prompt, tools, parser))
+                else:
+                    ids = renderer.prompt_ids(sample.prompt)
             except TemplateError:  # left to its episode, where it is the policy's template_error
                 ids = []
             lengths[key] = (len(ids) + len(renderer.generation_prompt), tools)
