@@ -104,7 +104,7 @@ async def test_reasoning_gym_scores_with_the_library(template, reward, extracted
 
 @needs("reasoning_gym")
 def test_reasoning_gym_unknown_dataset_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match="unknown reasoning_gym dataset 'leg_count'; datasets are: .*leg_counting"):
+    with pytest.raises(ConfigError, match="unknown reasoning_gym dataset 'leg_count'; close names: leg_counting"):
         get_env_spec("reasoning_gym:leg_count")
 
 
@@ -142,9 +142,45 @@ async def test_textarena_invalid_moves_are_explained():
     assert "exactly 4 numbers" in steps[0].messages[0].content and not steps[0].terminated
 
 
+NLTK_BANNER = """
+**********************************************************************
+  Resource 'words' not found.
+  Please use the NLTK Downloader to obtain the resource:
+
+  >>> import nltk
+  >>> nltk.download('words')
+
+  Attempted to load 'corpora/words'
+**********************************************************************
+"""
+
+
+@needs("textarena")
+async def test_textarena_missing_nltk_data_is_one_line_at_start(monkeypatch):
+    # Wordle without NLTK's corpus (offline): NLTK's 25-line banner used to fail every episode.
+    from types import SimpleNamespace
+
+    from rollforge.envs.adapters import textarena_env
+    from rollforge.errors import EnvironmentError_
+
+    def make(env_id):
+        raise LookupError(NLTK_BANNER)
+
+    monkeypatch.setattr(textarena_env, "_ta", lambda: SimpleNamespace(make=make))
+    expected = ("textarena game 'Wordle-v0' needs NLTK's 'words' data, which is not installed (NLTK downloads "
+                "it on first use, which needs the network): run python -m nltk.downloader words")
+    with pytest.raises(ConfigError) as info:
+        textarena_env.build("Wordle-v0")
+    assert str(info.value) == expected
+    session = textarena_env.TextArenaSession("Wordle-v0")  # data removed after start-up: one line too
+    with pytest.raises(EnvironmentError_) as failed:
+        await session.reset(Sample(prompt=[{"role": "user", "content": "Play."}], row={"seed": 1}))
+    assert str(failed.value) == expected
+
+
 @needs("textarena")
 def test_textarena_unknown_game_suggests_names():
-    with pytest.raises(ConfigError, match="unknown textarena game 'Mastermind'; did you mean one of: Mastermind-v0"):
+    with pytest.raises(ConfigError, match="unknown textarena game 'Mastermind'; close names: Mastermind-v0"):
         get_env_spec("textarena:Mastermind")
 
 

@@ -407,6 +407,45 @@ async def test_each_failure_kind_is_reported_to_the_model_and_counted():
     assert session.handle.position == 1  # "stay" did not silently move anyone
 
 
+async def test_offered_tools_are_known_before_an_episode_for_classes():
+    import functools
+
+    session = await started(LineWalker)
+    reset_tools = (await session.reset(sample())).tools
+    assert FactoryEnvironment(LineWalker).offered_tools(sample()) == reset_tools != ()
+    assert FactoryEnvironment(functools.partial(LineWalker)).offered_tools(sample()) == reset_tools
+    routed = FactoryEnvironment({"walk": LineWalker, "scale": Scaler})
+    assert routed.offered_tools(sample({"environment": "walk"})) == reset_tools
+    assert [t["function"]["name"] for t in routed.offered_tools(sample({"environment": "scale"}))] == ["scale"]
+    assert routed.offered_tools(sample({"environment": ["walk"]})) is None  # refused by check_routes
+    assert FactoryEnvironment(lambda: LineWalker()).offered_tools(sample()) is None  # known once built
+
+
+class Scaler:
+    def reset(self, **row) -> str:
+        return "Scale."
+
+    def scale(self, factor: float) -> str:
+        """Scale.
+
+        Args:
+            factor: By how much.
+        """
+        return f"scaled by {factor}"
+
+
+async def test_an_integer_too_large_for_a_float_is_the_models_bad_argument():
+    # Found by `rollforge bench fuzz`: float(10**400) raised OverflowError, failing the episode as
+    # env_error (an infrastructure failure) instead of telling the model.
+    session = await started(Scaler)
+    text = '<tool_call>\n{"name": "scale", "arguments": {"factor": 1' + "0" * 400 + '}}\n</tool_call>'
+    step = await session.step(said(*get_parser("hermes").parse(text), content=text))
+    assert [f.kind for f in step.failures] == ["tool_bad_arguments"]
+    assert "argument factor must be a finite number within a double's range" in step.failures[0].message
+    assert step.messages[0].content.startswith("Error: invalid arguments for tool scale: argument factor")
+    assert step.terminated is False
+
+
 async def test_done_stops_the_remaining_calls_and_terminates():
     session = await started(LineWalker, {"target": 1})
     step = await session.step(said(call("move", direction="right"), call("move", direction="right")))

@@ -267,6 +267,38 @@ def test_strict_scalars():
         validate_arguments(tool, {"i": 1, "x": True, "b": True, "s": "a"})
 
 
+def test_numbers_a_double_cannot_hold_are_bad_arguments():
+    # float(10**400) raises OverflowError: it used to escape validation as an environment error.
+    def scale(x: float, y: float | None = None, weights: dict[str, float] | None = None) -> None: ...
+
+    tool = tool_from_callable(scale)
+    huge = 10**400
+    assert validate_arguments(tool, {"x": 10**300}) == {"x": 1e300}  # large but in range: converted
+    with pytest.raises(ToolArgumentError, match=r"argument y must be .* but got -Infinity \(float\)"):
+        validate_arguments(tool, {"x": 1, "y": float("-inf")})
+    with pytest.raises(ToolArgumentError) as info:
+        validate_arguments(tool, {"x": huge, "y": float("nan"), "weights": {"a": 1, "b": -huge}})
+    shown = str(huge)[:77] + "..."
+    within = "a finite number within a double's range (about ±1.8e308)"
+    assert info.value.problems == (
+        f"argument x must be {within} but got {shown} (int)",
+        f"argument y must be {within} but got NaN (float)",
+        f'argument weights["b"] must be {within} but got -{shown[:-4]}... (int)',
+    )
+
+
+def test_a_value_too_large_to_print_is_still_reported():
+    import sys
+
+    if not hasattr(sys, "set_int_max_str_digits"):
+        pytest.skip("Python without an int digit limit")
+
+    def pick(name: str) -> None: ...
+
+    with pytest.raises(ToolArgumentError, match=r"argument name must be string but got <int too large to show> \(int\)"):
+        validate_arguments(tool_from_callable(pick), {"name": 10**5000})
+
+
 def test_enum_converts_back_to_members():
     paint = discover_tools(GridEnv())["paint"]
     assert validate_arguments(paint, {"color": "blue", "level": 2}) == {"color": Color.BLUE, "level": Level.HIGH}

@@ -183,6 +183,24 @@ async def test_unknown_task_name_raises_before_any_generation(renderer):
     assert scripted.calls == 0
 
 
+async def test_unknown_environment_column_raises_before_any_generation(renderer):
+    # The check training and the CLI run (check_routes): rollout() used to fail the episode instead.
+    scripted = backend(renderer, lambda r: "hi")
+    env = FactoryEnvironment({"counter": Counter, "other": Counter})
+    rows = [{"environment": "counter"}, {"environment": "countr"}]
+    samples = [Sample(prompt=prompt(i), task_name="multi", row=row) for i, row in enumerate(rows)]
+    with pytest.raises(ConfigError) as info:
+        await arollout(samples, {"multi": env}, scripted, renderer)
+    assert str(info.value) == (
+        "prompt row 2 has the value 'countr' in its 'environment' column, but 'multi' has factories "
+        "only for ['counter', 'other']"
+    )
+    with pytest.raises(ConfigError, match=r"prompt row 1 has the value \['counter'\] in its"):
+        await arollout([Sample(prompt=prompt(0), task_name="multi", row={"environment": ["counter"]})],
+                       {"multi": env}, scripted, renderer)
+    assert scripted.calls == 0
+
+
 async def test_raising_and_hanging_environments_fail_only_their_episode(renderer):
     async def raising(turn, conversation):
         raise ValueError("the simulator crashed")
@@ -351,12 +369,45 @@ async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_othe
     assert result.metrics["episodes"] == 3
 
 
-async def test_a_prompt_longer_than_max_seq_len_is_truncated_before_generating(renderer):
+async def test_a_prompt_longer_than_max_seq_len_is_refused_before_generating(renderer):
     scripted = backend(renderer, lambda r: "never")
     long_prompt = [{"role": "user", "content": "word " * 100}]
-    result = await arollout([Sample(prompt=long_prompt)], {"default": Env(observe)}, scripted, renderer,
-                            RolloutConfig(max_seq_len=50))
+    with pytest.raises(ConfigError, match=r"^max_seq_len=50 leaves no room to generate: prompt 1 is already \d+ tokens; "):
+        await arollout([Sample(prompt=long_prompt)], {"default": Env(observe)}, scripted, renderer,
+                       RolloutConfig(max_seq_len=50))
+    assert scripted.calls == 0
+
+
+async def test_a_tool_description_that_leaves_no_room_is_refused_before_generating(renderer):
+    # `rollforge rollout --env catch --max-seq-len 400` ran "2 episodes, 0 turns, errors none": the
+    # start-up check measured the prompt without the tool description the episode adds to it.
+    scripted = backend(renderer, lambda r: "never")
+    short = [{"role": "user", "content": "Count to five."}]
+    bare = len(renderer.prompt_ids(Sample(prompt=short).prompt)) + len(renderer.generation_prompt)
+    envs = {"count": FactoryEnvironment(Counter), "multi": FactoryEnvironment({"counter": Counter})}
+    samples = [Sample(prompt=short, task_name="multi", row={"environment": "counter"}),
+               Sample(prompt=short, task_name="count")]
+    with pytest.raises(ConfigError) as info:
+        await arollout(samples, envs, scripted, renderer, RolloutConfig(max_seq_len=bare + 20))
+    assert str(info.value).startswith(f"max_seq_len={bare + 20} leaves no room to generate: prompt 1 is already ")
+    assert str(info.value).endswith(" tokens with the description of its tools (and 1 more prompts); "
+                                    "raise max_seq_len or shorten the prompts")
+    assert scripted.calls == 0
+
+
+async def test_a_reset_observation_longer_than_max_seq_len_is_truncated_before_generating(renderer):
+    class LongReset(Scripted):  # the observation reset adds is known only once the episode runs
+        async def reset(self, sample):
+            return Reset(prompt=(*sample.prompt, Message("user", "word " * 100)))
+
+    class Verbose(Env):
+        def open(self, sample):
+            return LongReset(self.behave)
+
+    scripted = backend(renderer, lambda r: "never")
+    result = await arollout([Sample(prompt=prompt(0))], {"default": Verbose(observe)}, scripted, renderer,
+                            RolloutConfig(max_seq_len=100))
     t = result.trajectories[0]
-    assert t.truncated and t.turns == 0 and len(t.token_ids) == 50 == t.prompt_length
+    assert t.truncated and t.turns == 0 and len(t.token_ids) == 100 == t.prompt_length
     assert scripted.calls == 0
     assert_faithful([t], renderer)

@@ -28,9 +28,26 @@ def test_metrics_by_hand():
     assert m["mean_total_tokens_per_sample"] == (4 + 6 + 3 + 2) / 4
     assert m["mean_gen_tokens_per_sample"] == (2 + 2 + 1 + 0) / 4
     assert m["mean_env_tokens_per_sample"] == (0 + 2 + 0 + 0) / 4  # tokens after the prompt, not generated
-    assert m["mean_total_reward"] == 1.5 / 4 and m["max_total_reward"] == 1.0 and m["min_total_reward"] == 0.0
+    # the env_timeout episode's reward is unknown (an infrastructure failure): left out, as training does
+    assert m["rewarded_episodes"] == 3 and m["infra_failures"] == 1
+    assert m["mean_total_reward"] == 1.5 / 3 and m["max_total_reward"] == 1.0 and m["min_total_reward"] == 0.0
     assert m["generated_tokens_per_second"] == 5 / 2.0
     assert m["per_task"]["a"]["mean_total_reward"] == 0.75 and m["per_task"]["b"]["error_rate"] == 0.5
+    assert m["per_task"]["b"]["mean_total_reward"] == 0.0 and m["per_task"]["b"]["rewarded_episodes"] == 1
+
+
+def test_failed_episodes_are_left_out_of_rewards_not_counted_as_zero():
+    failed = [trajectory(i, "a", (), (1, 2), (0, 0), None, error=Failure(kind, "x"))
+              for i, kind in enumerate(("backend_error", "env_error", "env_timeout"))]
+    policy = trajectory(3, "b", (), (1, 2), (0, 0), None, error=Failure("template_error", "x"))
+    won = trajectory(4, "b", (1.0,), (1, 2, 3), (0, 0, 1), "terminated")
+    m = rollout_metrics([*failed, policy, won])
+    assert m["infra_failures"] == 3 and m["rewarded_episodes"] == 2
+    assert (m["mean_total_reward"], m["min_total_reward"], m["max_total_reward"]) == (0.5, 0.0, 1.0)
+    only_failed = rollout_metrics(failed)
+    assert only_failed["per_task"]["a"] == {"episodes": 3, "rewarded_episodes": 0, "mean_total_reward": None,
+                                            "avg_turns_per_sample": 0.0, "error_rate": 1.0}
+    assert only_failed["mean_total_reward"] is None and only_failed["max_total_reward"] is None  # missing, not NaN
 
 
 def test_no_trajectories_gives_missing_values_not_nan():

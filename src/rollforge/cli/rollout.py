@@ -113,10 +113,14 @@ def run(args: Any) -> int:
     result = asyncio.run(_rollout(samples, task_to_env, backend_config, renderer, ray_config, config, args.out))
     m = result.metrics
     print(
-        f"{m['episodes']} episodes, {m['total_turns']} turns, mean reward {m['mean_total_reward']:.3f}, "
+        f"{m['episodes']} episodes, {m['total_turns']} turns, mean reward {_reward(m['mean_total_reward'])}, "
         f"errors {m['errors'] or 'none'}, {m['wall_seconds']:.1f}s -> {args.out}"
     )
     return 0
+
+
+def _reward(mean: float | None) -> str:
+    return "unknown (every episode ended in an infrastructure failure)" if mean is None else f"{mean:.3f}"
 
 
 async def _rollout(samples, task_to_env, backend_config, renderer, ray_config, config, out: Path):

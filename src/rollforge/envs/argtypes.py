@@ -13,7 +13,9 @@ Type hints map to JSON schema as follows::
     Optional[X] / X | None -> X with "nullable": true    other unions -> "anyOf"
 
 Strictness: ``bool`` is not an integer, an ``int`` is accepted (and converted) for ``float``, and
-nothing is coerced from strings: ``"3"`` is not the integer 3. An unsupported hint is a
+nothing is coerced from strings: ``"3"`` is not the integer 3. A ``float`` parameter takes only
+finite numbers a double can hold: ``NaN``, infinities and integers too large for a float (``10**400``)
+are the model's bad arguments, never an exception inside the environment. An unsupported hint is a
 ``ConfigError`` naming the parameter.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import abc
 import enum
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -34,8 +37,11 @@ def show_value(value: Any) -> str:
     """A value as the model wrote it (JSON where possible), cut to a readable length."""
     try:
         text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
+    except (TypeError, ValueError, RecursionError):
+        try:
+            text = repr(value)
+        except (ValueError, RecursionError):  # an int past Python's digit limit, a cyclic container
+            text = f"<{type(value).__name__} too large to show>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -95,9 +101,24 @@ class ScalarSpec(TypeSpec):
         return self.cast(value)
 
 
+class NumberSpec(ScalarSpec):
+    """``float``: an int or a float, converted to a finite float (``float(10**400)`` would raise
+    ``OverflowError`` inside the environment; ``NaN`` would reach the tool)."""
+
+    def convert(self, value: Any, where: str) -> Any:
+        number = super().convert(value, where)
+        try:
+            number = float(number)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise _mismatch(where, "a finite number within a double's range (about ±1.8e308)", value)
+        return number
+
+
 _STRING = ScalarSpec("string", lambda v: isinstance(v, str))
 _INTEGER = ScalarSpec("integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
-_NUMBER = ScalarSpec("number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), float)
+_NUMBER = NumberSpec("number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
 _BOOLEAN = ScalarSpec("boolean", lambda v: isinstance(v, bool))
 _NULL = ScalarSpec("null", lambda v: v is None)
 _SCALARS: dict[Any, TypeSpec] = {str: _STRING, int: _INTEGER, float: _NUMBER, bool: _BOOLEAN, type(None): _NULL}

@@ -116,6 +116,12 @@ class Environment(abc.ABC):
     def open(self, sample: Sample) -> EnvSession:
         """A new session for ``sample`` (cheap: real work belongs in ``reset``)."""
 
+    def offered_tools(self, sample: Sample) -> tuple[Mapping[str, Any], ...] | None:
+        """The tool schemas an episode of ``sample`` will offer (``Reset.tools``) when they are
+        known without opening one, else None. The engine measures prompts with them at start-up,
+        as the chat template will render them."""
+        return None
+
     async def prepare(self, sessions: int) -> None:
         """Called once before a rollout that may run ``sessions`` sessions at once: connect, read
         schemas, check a server's capacity (raise ``ConfigError`` when it does not fit)."""

@@ -42,13 +42,13 @@ import json
 import math
 import weakref
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError, EnvironmentError_, EpisodeFailed, ToolArgumentError, boundary, call_user
 from ..types import Failure, FailureKind, Message, Sample, ToolCall
 from .base import BaseSession, Environment, Reset, Step
 from ..workers import run_blocking
-from .tools import Tool, discover_tools, validate_arguments
+from .tools import Tool, class_tools, discover_tools, validate_arguments
 
 #: The row column that selects a factory when ``environment_factory`` is a dict.
 ENVIRONMENT_COLUMN = "environment"
@@ -115,6 +115,44 @@ class FactoryEnvironment(Environment):
                 f"environment {name!r} (from the {ENVIRONMENT_COLUMN!r} column) is not one of: {valid}"
             )
         return FactorySession(self.factory[name], run_in_thread=self.run_in_thread, name=name)
+
+    def offered_tools(self, sample: Sample) -> tuple[dict[str, Any], ...] | None:
+        """Known when the factory is a class (or a ``functools.partial`` of one): its methods."""
+        factory = self.factory
+        if isinstance(factory, dict):
+            name = sample.row.get(ENVIRONMENT_COLUMN)
+            factory = factory.get(name) if isinstance(name, str) else None
+        if isinstance(factory, functools.partial):
+            factory = factory.func
+        if not inspect.isclass(factory):
+            return None  # a callable may build any class: known only once an episode builds it
+        return _schemas(factory, class_tools(factory))
+
+
+def check_routes(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
+    """Every prompt's ``environment`` column names an environment that exists: a factory of its
+    dict of factories, or else a task of ``task_to_env``. Checked before any generation (training,
+    the CLI and the rollout engine), because a bad name would otherwise fail at run time, one
+    episode at a time, or be played by an environment it was not written for. Prompt rows are
+    counted from 1; every ``task_name`` must already be in ``task_to_env``."""
+    for n, sample in enumerate(samples, 1):
+        env = task_to_env[sample.task_name]
+        factories = env.factory if isinstance(env, FactoryEnvironment) else None
+        if isinstance(factories, dict):
+            chosen = sample.row.get(ENVIRONMENT_COLUMN)
+            if not isinstance(chosen, str) or chosen not in factories:
+                have = "no" if ENVIRONMENT_COLUMN not in sample.row else f"the value {chosen!r} in its"
+                raise ConfigError(
+                    f"prompt row {n} has {have} {ENVIRONMENT_COLUMN!r} column, but {sample.task_name!r} has "
+                    f"factories only for {sorted(factories)}"
+                )
+        elif ENVIRONMENT_COLUMN in sample.row:
+            chosen = sample.row[ENVIRONMENT_COLUMN]
+            if chosen != sample.task_name and (not isinstance(chosen, str) or chosen not in task_to_env):
+                raise ConfigError(
+                    f"prompt row {n}: {ENVIRONMENT_COLUMN} {chosen!r} names no configured environment "
+                    f"(configured: {sorted(task_to_env)})"
+                )
 
 
 class FactorySession(BaseSession):

@@ -138,19 +138,32 @@ _COMPILED: "weakref.WeakKeyDictionary[Any, Tool]" = weakref.WeakKeyDictionary()
 
 def discover_tools(obj: Any) -> dict[str, Tool]:
     """The tools of an environment object, keyed by name, in definition order (subclass first)."""
+    return _discover(type(obj), obj)
+
+
+def class_tools(klass: type) -> dict[str, Tool]:
+    """The tools every instance of ``klass`` offers, found without making one (the start-up checks
+    measure prompts with their schemas). Their functions are bound to a placeholder: never call them."""
+    return _discover(klass, _PLACEHOLDER)
+
+
+_PLACEHOLDER = object()
+
+
+def _discover(klass: type, obj: Any) -> dict[str, Tool]:
     tools: dict[str, Tool] = {}
     seen: set[str] = set()
-    for klass in type(obj).__mro__:
-        if klass is object:
+    for owner in klass.__mro__:
+        if owner is object:
             continue
-        for name, raw in vars(klass).items():
+        for name, raw in vars(owner).items():
             if name in seen:
                 continue
             seen.add(name)
             if name.startswith("_") or name in LIFECYCLE_METHODS:
                 continue
             if inspect.isfunction(raw) or isinstance(raw, (staticmethod, classmethod)):
-                bound = getattr(obj, name)
+                bound = raw.__get__(obj, klass) if obj is _PLACEHOLDER else getattr(obj, name)
                 if not inspect.isfunction(raw):  # static/class methods: rare, compiled each time
                     tools[name] = tool_from_callable(bound, name)
                     continue

@@ -9,8 +9,11 @@
 
 Both run the very same ``run_episode`` coroutine; only the ``Gate`` differs. Before anything is
 generated the engine checks the inputs: every ``task_name`` has an environment (an
-``Environment``), the backend is a ``Backend``, environments that limit their sessions
-(``max_sessions``) allow the concurrency needed, and the chat template renders the prompts in use
+``Environment``), every ``environment`` column names one (``envs.factory.check_routes``, the check
+training and the CLI run), the backend is a ``Backend``, environments that limit their sessions
+(``max_sessions``) allow the concurrency needed, every prompt leaves room to generate under
+``max_seq_len`` as rendered with its environment's tools (``check_prompt_lengths``, also run by the
+CLI and training before the model loads), and the chat template renders the prompts in use
 (``ChatRenderer.check_template``; tools are checked once per tool set, when an environment first
 offers them).
 ``Environment.prepare(sessions)`` and ``release()`` are called once around the rollout (remote
@@ -43,7 +46,8 @@ from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import get_parser
 from ..envs.base import Environment, GeneratingEnvironment
-from ..errors import ConfigError
+from ..envs.factory import check_routes
+from ..errors import ConfigError, TemplateError
 from ..types import Sample, Trajectory
 from ..workers import ENVIRONMENT_WORKERS, run_sync
 from .config import RolloutConfig
@@ -117,10 +121,12 @@ async def arollout(
     samples = list(samples)
     _check_tasks(samples, task_to_env)
     _check_contracts(task_to_env, backend)
+    check_routes(samples, task_to_env)
     needed = _sessions_needed(samples, task_to_env, config)
     if session is None:
         _check_capacity(task_to_env, needed, f"concurrency={config.concurrency}, {len(samples)} samples")
     parser = get_parser(config.tool_parser or renderer.family.parser)
+    check_prompt_lengths(samples, renderer, config.max_seq_len, "max_seq_len", task_to_env, parser)
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
             renderer.check_template(prompt, (), parser)
@@ -271,6 +277,43 @@ def _check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environmen
         raise ConfigError(
             f"unknown task name(s) {unknown}: no environment is registered for them; "
             f"task_to_env has {sorted(task_to_env)}"
+        )
+
+
+def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: int, setting: str,
+                         task_to_env: Mapping[str, Environment] | None = None, parser: Any = None) -> None:
+    """Refuse prompts that leave no room to generate under ``max_seq_len`` (``setting`` names the
+    option to raise), measured as the episode will render them: with ``task_to_env`` and
+    ``parser``, with the tools each environment offers (``Environment.offered_tools``; in the
+    system prompt when the template renders no tools). Prompts are counted from 1. Not measured:
+    prompts the template cannot render (their episodes record a ``template_error``, as a rollout
+    without ``check_template`` does) and those of environments that run their own episodes
+    (``GeneratingEnvironment``), which write their own prompts."""
+    lengths: dict[tuple, tuple[int, Any]] = {}  # the tools are kept: their id is part of the key
+    too_long = []
+    for n, sample in enumerate(samples, 1):
+        env = task_to_env[sample.task_name] if task_to_env is not None else None
+        if isinstance(env, GeneratingEnvironment):
+            continue
+        tools = (env.offered_tools(sample) if env is not None else None) or ()
+        key = (tuple((m.role, m.content, m.name) for m in sample.prompt), id(tools))
+        if key not in lengths:
+            try:
+                if tools:
+                    ids = renderer.prompt_ids(*renderer.with_tool_prompt(sample.prompt, tools, parser))
+                else:
+                    ids = renderer.prompt_ids(sample.prompt)
+            except TemplateError:  # left to its episode, where it is the policy's template_error
+                ids = []
+            lengths[key] = (len(ids) + len(renderer.generation_prompt), tools)
+        if lengths[key][0] >= max_seq_len:
+            too_long.append((n, lengths[key][0], bool(tools)))
+    if too_long:
+        n, length, with_tools = too_long[0]
+        others = f" (and {len(too_long) - 1} more prompts)" if len(too_long) > 1 else ""
+        raise ConfigError(
+            f"{setting}={max_seq_len} leaves no room to generate: prompt {n} is already {length} tokens"
+            f"{' with the description of its tools' if with_tools else ''}{others}; raise {setting} or shorten the prompts"
         )
 
 

@@ -4,6 +4,12 @@ A mean over no values is reported as ``None`` (missing), never NaN. Timing: ``ge
 and ``environment_seconds`` are summed over episodes (they overlap in async mode), ``wall_seconds``
 is the rollout's wall time. ``infra_retries``: reruns after infrastructure failures, summed;
 ``infra_failures``: episodes whose last run still failed that way (``Trajectory.outcome``).
+
+Rewards are those of the episodes that training learns from: an infrastructure failure's reward is
+unknown, not 0 (training drops it from its group's baseline, ``train/loop.py``), so
+``mean_total_reward``, ``max_total_reward`` and ``min_total_reward`` (and their per-task means)
+leave those episodes out; ``rewarded_episodes`` says how many count. A policy failure (the model's
+own doing, e.g. a template error) keeps its reward.
 """
 
 from __future__ import annotations
@@ -18,10 +24,15 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _known_rewards(trajectories: Iterable[Trajectory]) -> list[float]:
+    """The total rewards that count (see the module docstring)."""
+    return [t.total_reward for t in trajectories if t.outcome != "infra_failure"]
+
+
 def rollout_metrics(trajectories: Sequence[Trajectory], wall_seconds: float | None = None) -> dict[str, Any]:
     n = len(trajectories)
     turns = [t.turns for t in trajectories]
-    rewards = [t.total_reward for t in trajectories]
+    rewards = _known_rewards(trajectories)
     generated = [t.generated_tokens for t in trajectories]
     totals = [len(t.token_ids) for t in trajectories]
     env_tokens = [total - t.prompt_length - gen for t, total, gen in zip(trajectories, totals, generated)]
@@ -43,6 +54,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], wall_seconds: float | No
         "mean_total_tokens_per_sample": _mean(totals),
         "mean_gen_tokens_per_sample": _mean(generated),
         "mean_env_tokens_per_sample": _mean(env_tokens),
+        "rewarded_episodes": len(rewards),
         "mean_total_reward": _mean(rewards),
         "max_total_reward": max(rewards, default=None),
         "min_total_reward": min(rewards, default=None),
@@ -67,7 +79,8 @@ def _per_task(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
     return {
         name: {
             "episodes": len(group),
-            "mean_total_reward": _mean([t.total_reward for t in group]),
+            "rewarded_episodes": len(_known_rewards(group)),
+            "mean_total_reward": _mean(_known_rewards(group)),
             "avg_turns_per_sample": _mean([t.turns for t in group]),
             "error_rate": sum(t.error is not None for t in group) / len(group),
         }

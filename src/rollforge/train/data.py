@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..envs.library import get_env_spec
 from ..errors import ConfigError, InvariantError
+from ..rollout.engine import check_prompt_lengths  # noqa: F401  (re-exported: the CLI and training call it early)
 from ..types import Message, Sample
 from .config import EnvConfig
 
@@ -130,26 +131,6 @@ def _row(row: Any, path: Path, line: int) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise ConfigError(f"{str(path)!r} row {line}: expected an object, got {type(row).__name__}")
     return row
-
-
-def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: int, setting: str) -> None:
-    """Refuse prompts that leave no room to generate under ``max_seq_len`` (``setting`` names the
-    option to raise); prompts are counted from 1."""
-    lengths: dict[tuple, int] = {}
-    too_long = []
-    for n, sample in enumerate(samples, 1):
-        key = tuple((m.role, m.content, m.name) for m in sample.prompt)
-        if key not in lengths:
-            lengths[key] = len(renderer.prompt_ids(sample.prompt)) + len(renderer.generation_prompt)
-        if lengths[key] >= max_seq_len:
-            too_long.append((n, lengths[key]))
-    if too_long:
-        n, length = too_long[0]
-        others = f" (and {len(too_long) - 1} more prompts)" if len(too_long) > 1 else ""
-        raise ConfigError(
-            f"{setting}={max_seq_len} leaves no room to generate: prompt {n} is already {length} tokens{others}; "
-            f"raise {setting} or shorten the prompts"
-        )
 
 
 def rows_to_samples(rows: Iterable[Mapping[str, Any]], tasks: Sequence[str], system_prompt: str | None = None) -> list[Sample]:

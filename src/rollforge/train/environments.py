@@ -1,7 +1,8 @@
 """Environments named in a training config or given as objects, built into the engine's
 ``task_to_env`` mapping.
 
-A name is a bundled environment (``arithmetic``), the URL of an OpenEnv server
+A name is a bundled environment (``arithmetic``), a member of a family (``gymnasium:<env id>``:
+a family's name is never read as a module, so a bad id gets the family's own error), the URL of an OpenEnv server
 (``http://127.0.0.1:8000``: one WebSocket session per episode), or ``module:attribute`` /
 ``path/to/file.py:attribute``. The attribute, or an object given directly (``train(config,
 environments={"name": obj})``), may be an ``Environment`` (used as is), a class or object with a
@@ -13,9 +14,9 @@ A ``file.py`` is imported once per process, under its ordinary module name when 
 ``sys.path`` (so ``file.py:MyEnv`` in a config and ``from file import MyEnv`` in reward code are the
 same class and ``isinstance`` holds), else under a private name.
 
-``check_routes`` refuses, before any generation, a prompt whose ``environment`` column names
-neither a factory of its dict of factories nor a configured environment: it would otherwise fail at
-run time, one zero-reward episode at a time, or be played by an environment it was not written for.
+``check_routes`` (``envs/factory.py``, re-exported here; the rollout engine runs it too) refuses,
+before any generation, a prompt whose ``environment`` column names neither a factory of its dict of
+factories nor a configured environment.
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from ..envs.base import Environment
-from ..envs.factory import ENVIRONMENT_COLUMN, FactoryEnvironment
-from ..envs.library import get_env_spec
+from ..envs.factory import FactoryEnvironment, check_routes
+from ..envs.library import get_env_spec, is_family_member
 from ..envs.stepwise import StepwiseEnvironment
 from ..errors import ConfigError
-from ..types import Sample
 from .config import EnvConfig
+
+__all__ = ["as_environment", "build_environments", "check_routes", "import_attribute", "is_bundled",
+           "named_environments", "task_name"]
 
 
 def task_name(config: EnvConfig) -> str:
@@ -51,16 +54,10 @@ def _is_url(name: str) -> bool:
 
 
 def is_bundled(name: str) -> bool:
-    """A bundled environment or family member (``reasoning_gym:leg_counting``), not an import path."""
-    if ":" not in name:
-        return True
-    if _is_url(name):
-        return False
-    try:
-        get_env_spec(name)
-    except ConfigError:
-        return False
-    return True
+    """A bundled environment or family member (``reasoning_gym:leg_counting``), not an import path.
+    A family's name decides, valid item or not, so that the family's own error (an unknown id, no
+    text rendering, a missing library) reaches the user when the environment is built."""
+    return ":" not in name or is_family_member(name)
 
 
 def build_environments(configs: list[EnvConfig], given: Mapping[str, Any] | None = None) -> dict[str, Environment]:
@@ -85,29 +82,6 @@ def named_environments(given: Any) -> dict[str, Any]:
         return dict(given)
     name = getattr(given, "__name__", None) or type(given).__name__
     return {name: given}
-
-
-def check_routes(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
-    """Every prompt's ``environment`` column names an environment that exists (see the module
-    docstring); prompt rows are counted from 1."""
-    for n, sample in enumerate(samples, 1):
-        env = task_to_env[sample.task_name]
-        factories = env.factory if isinstance(env, FactoryEnvironment) else None
-        if isinstance(factories, dict):
-            chosen = sample.row.get(ENVIRONMENT_COLUMN)
-            if chosen not in factories:
-                have = "no" if ENVIRONMENT_COLUMN not in sample.row else f"the value {chosen!r} in its"
-                raise ConfigError(
-                    f"prompt row {n} has {have} {ENVIRONMENT_COLUMN!r} column, but {sample.task_name!r} has "
-                    f"factories only for {sorted(factories)}"
-                )
-        elif ENVIRONMENT_COLUMN in sample.row:
-            chosen = sample.row[ENVIRONMENT_COLUMN]
-            if chosen != sample.task_name and chosen not in task_to_env:
-                raise ConfigError(
-                    f"prompt row {n}: {ENVIRONMENT_COLUMN} {chosen!r} names no configured environment "
-                    f"(configured: {sorted(task_to_env)})"
-                )
 
 
 def _build(name: str) -> Environment:

@@ -13,4 +13,29 @@ raises ``MissingDependency`` naming the extra to install. Registered in ``envs/l
   under rollforge's own timeout (``math_env.py``, problems from ``math_problems.py``).
 
 The extra ``tasks`` installs all four.
+
+An item a family does not have (``gymnasium:CartPole-v9``) is a ``ConfigError`` from
+``unknown_item``, naming it with the close names the library knows.
 """
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+from ...errors import ConfigError
+
+
+def unknown_item(what: str, name: str, known: Iterable[str]) -> ConfigError:
+    """The error for ``name``, not among the ``known`` names of ``what`` (a dataset, game, ...):
+    the close ones when there are some, else all of them when they are few, else their stems."""
+    known = sorted(set(known))
+    close = difflib.get_close_matches(name, known, n=6, cutoff=0.75)
+    close += [k for k in known if k.lower().startswith(name.split("-")[0].lower()) and k not in close][: 6 - len(close)]
+    if close:
+        return ConfigError(f"unknown {what} {name!r}; close names: {', '.join(close)}")
+    if len(known) <= 30:
+        return ConfigError(f"unknown {what} {name!r}; known names: {', '.join(known)}")
+    stems = sorted({k.split("-")[0] for k in known})  # "Wordle" for Wordle-v0, Wordle-v0-raw, ...
+    shown = ", ".join(stems[:40]) + (", ..." if len(stems) > 40 else "")
+    return ConfigError(f"unknown {what} {name!r}; known names start with: {shown} ({len(known)} names in all)")

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from ...errors import ConfigError, require
 from ...types import Message, Sample
+from . import unknown_item
 from ..base import Environment
 
 EXTRA = "gymnasium"
@@ -141,12 +142,15 @@ def check_env_id(env_id: str) -> int:
     """The number of actions of ``env_id``; a ``ConfigError`` unless it is Discrete with ANSI renders."""
     gym = _gym()
     if env_id not in gym.registry:
-        raise ConfigError(f"unknown gymnasium environment {env_id!r}")
+        raise unknown_item("gymnasium environment", env_id, gym.registry)
     env = gym.make(env_id)
     try:
         modes = env.metadata.get("render_modes", [])
         if "ansi" not in modes:
-            raise ConfigError(f"gymnasium environment {env_id!r} has no text rendering (render modes: {modes})")
+            raise ConfigError(
+                f"gymnasium environment {env_id!r} has no text rendering (render modes: {modes}); rollforge "
+                "plays environments that render as text (render mode 'ansi'), e.g. FrozenLake-v1, CliffWalking-v1"
+            )
         if not isinstance(env.action_space, gym.spaces.Discrete):
             raise ConfigError(f"gymnasium environment {env_id!r} needs a Discrete action space, not {env.action_space}")
         return int(env.action_space.n)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from ...errors import ConfigError, require
 from ...types import Message, Sample
+from . import unknown_item
 from ..stepwise import StepwiseEnvironment, StepwiseReturn
 
 EXTRA = "reasoning-gym"
@@ -40,7 +41,7 @@ def check_dataset(dataset: str) -> None:
     """A ``ConfigError`` listing the valid names unless ``dataset`` is a reasoning-gym dataset."""
     names = dataset_names()
     if dataset not in names:
-        raise ConfigError(f"unknown reasoning_gym dataset {dataset!r}; datasets are: {', '.join(names)}")
+        raise unknown_item("reasoning_gym dataset", dataset, names)
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,21 +15,29 @@ new messages, which is what a chat turn needs (the LLM observation wrapper repea
 
 textarena seeds Python's global ``random`` on reset, so every call into a game holds one lock:
 concurrent episodes of the same seed stay deterministic. The calls are short (a board update).
-Games that download data (Wordle and other word games) need the network; the bundled names are
-games that run offline.
+Games that need NLTK data (Wordle and other word games download it on first use, which needs the
+network) are made once when the environment is built: data that is missing is then one line naming
+the resource and the command that installs it, before any episode (``_make``). The
+bundled names are games that run offline.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
+import io
 import random
+import re
 import threading
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 from ...errors import ConfigError, EnvironmentError_, require
 from ...types import Message, Sample
 from ...workers import run_blocking
 from ..base import BaseSession, Environment, Reset, Step
+from . import unknown_item
 
 EXTRA = "textarena"
 FAMILY = "textarena"
@@ -50,9 +58,44 @@ def check_game(env_id: str) -> None:
 
     _ta()
     if env_id not in ENV_REGISTRY:
-        close = [name for name in sorted(ENV_REGISTRY) if name.split("-")[0].lower() == env_id.split("-")[0].lower()]
-        hint = f"; did you mean one of: {', '.join(close)}" if close else ""
-        raise ConfigError(f"unknown textarena game {env_id!r}{hint}")
+        raise unknown_item("textarena game", env_id, ENV_REGISTRY)
+
+
+@contextlib.contextmanager
+def _quiet_nltk_downloads() -> Iterator[None]:
+    """Word games call ``nltk.download`` when their module is first imported; offline, each failed
+    download prints lines to the stderr NLTK saw at import (no redirect reaches it): sent nowhere,
+    since ``_make`` reports the missing resource in one line."""
+    if importlib.util.find_spec("nltk") is None:
+        yield
+        return
+    import nltk
+
+    download = nltk.download
+    nltk.download = functools.partial(download, print_error_to=io.StringIO())
+    try:
+        yield
+    finally:
+        nltk.download = download
+
+
+class _MissingData(Exception):
+    """NLTK data a game needs is not installed; the message is one line."""
+
+
+def _make(env_id: str) -> Any:
+    """A raw game (hold ``_GAME_LOCK``)."""
+    try:
+        return _unwrap(_ta().make(env_id))
+    except LookupError as exc:  # NLTK's resource lookup: a 25-line banner in the message
+        found = re.search(r"Attempted to load '([^']+)'", str(exc))
+        if found is None:
+            raise
+        resource = found.group(1).strip("/").split("/")[-1]  # corpora/words -> words
+        raise _MissingData(
+            f"textarena game {env_id!r} needs NLTK's {resource!r} data, which is not installed (NLTK "
+            f"downloads it on first use, which needs the network): run python -m nltk.downloader {resource}"
+        ) from None
 
 
 def _unwrap(env: Any) -> Any:
@@ -77,6 +120,11 @@ class TextArenaEnvironment(Environment):
 
     def __init__(self, env_id: str):
         check_game(env_id)
+        with _GAME_LOCK, _quiet_nltk_downloads():
+            try:
+                _make(env_id)
+            except _MissingData as missing:
+                raise ConfigError(str(missing)) from None
         self.env_id = env_id
 
     def open(self, sample: Sample) -> TextArenaSession:
@@ -105,7 +153,10 @@ class TextArenaSession(BaseSession):
 
     def _reset(self, seed: int) -> str:
         with _GAME_LOCK:
-            self._game = _unwrap(_ta().make(self.env_id))
+            try:
+                self._game = _make(self.env_id)
+            except _MissingData as missing:
+                raise EnvironmentError_(str(missing)) from None
             self._game.reset(num_players=1, seed=seed)
             _, messages = self._game.get_observation()
         return _render(messages)

@@ -39,7 +39,7 @@ from ..experts import Expert
 from ..adapters import gymnasium_env, math_env, reasoning_gym_env, textarena_env
 from . import arithmetic, catch, echo, guess_number, python_code, wordle
 
-__all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec"]
+__all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec", "is_family_member"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,13 @@ def get_env_spec(name: str) -> EnvSpec:
         f"unknown environment {name!r}; bundled environments are: {', '.join(ENV_NAMES)}; "
         f"families: {families}"
     )
+
+
+def is_family_member(name: str) -> bool:
+    """Whether ``name`` is ``family:item`` of a known family, valid item or not: the name is then
+    rollforge's, never an import path, and ``get_env_spec`` says what is wrong with the item."""
+    family, sep, item = name.partition(":")
+    return bool(sep) and family in _FAMILIES and bool(item)
 
 
 @functools.lru_cache(maxsize=None)

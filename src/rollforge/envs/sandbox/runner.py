@@ -156,11 +156,27 @@ def _binds() -> list[str]:
     return [p for p in paths if os.path.lexists(p)]
 
 
+def _interpreter_dirs() -> set[str]:
+    """The folder of ``sys.executable`` as the jail starts it and of every link on the way to the
+    binary (a venv's ``bin/python3`` -> ``/usr/bin/python3.11``), resolved. A console script puts
+    its own folder (a venv's ``bin``) first on ``sys.path``: hiding it would hide the interpreter."""
+    dirs = set()
+    path = os.path.abspath(sys.executable)
+    for _ in range(40):  # the kernel follows at most 40 links (ELOOP)
+        dirs.add(os.path.realpath(os.path.dirname(path)))
+        if not os.path.islink(path):
+            break
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    dirs.add(os.path.dirname(os.path.realpath(sys.executable)))
+    return dirs
+
+
 def _masks() -> list[str]:
     """Directories to hide below the binds: every place installed packages live (site-packages,
     ``sys.path``) and the rollforge package itself, which holds the grader's hidden tests and
-    reference solutions. What the interpreter needs (its stdlib, extension modules, shared library
-    and executable, and the bound system directories) stays visible."""
+    reference solutions. What the interpreter needs (its stdlib, extension modules, shared library,
+    the folders of its executable and of every link to it, and the bound system directories) stays
+    visible, and so does every folder above them."""
     needed = {
         os.path.realpath(p)
         for p in (
@@ -168,10 +184,9 @@ def _masks() -> list[str]:
             sysconfig.get_path("stdlib"),
             sysconfig.get_config_var("DESTSHARED") or "/usr/lib",  # extension modules (lib-dynload)
             sysconfig.get_config_var("LIBDIR") or "/usr/lib",
-            os.path.dirname(os.path.realpath(sys.executable)),
             *_binds(),
         )
-    }
+    } | _interpreter_dirs()
     candidates = [*site.getsitepackages(), site.getusersitepackages(), *sys.path, str(_PACKAGE_DIR)]
     masks = []
     for candidate in candidates:
