@@ -23,6 +23,7 @@ left in torch's native code, and the last checkpoint is whole.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import inspect

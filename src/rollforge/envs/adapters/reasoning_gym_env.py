@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from ...errors import ConfigError, require
+from ...errors import require
 from ...types import Message, Sample
 from . import unknown_item
 from ..stepwise import StepwiseEnvironment, StepwiseReturn
