@@ -65,6 +65,21 @@ async def test_no_trained_token_is_older_than_k(tiny_config, tiny_model_dir, k):
     assert result.evaluations["after"]["weight_version"] == 6
 
 
+@pytest.mark.parametrize("k", [1, 2])
+async def test_exact_staleness_generates_each_batch_at_one_version(tiny_config, tiny_model_dir, k):
+    """``algorithm.exact_staleness``: every token of step s comes from version max(0, s - 1 - k),
+    whatever the timing (request latencies drawn per seed; 96 episodes queue for 32 slots at k = 2)."""
+    config = tiny_config("steps=6", f"algorithm.max_staleness={k}", "algorithm.exact_staleness=true", "rollout.concurrency=4")
+    async with remote_backend(tiny_model_dir, latency=0.05) as backend:
+        result = await atrain(config, console=False, backend=backend)
+    for step in range(1, 7):
+        rows = (result.out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        versions = {v for row in rows for v in Trajectory.from_json(json.loads(row)).versions}
+        assert versions == {max(0, step - 1 - k)}, step
+    assert [m["async/token_lag_max"] for m in result.history] == [min(k, s - 1) for s in range(1, 7)]
+    assert backend.weight_version == 6
+
+
 def test_several_ranks_are_refused_with_one_line(tiny_config):
     from rollforge.train.distributed import Ranks
     from rollforge.train.prepare import check_ranks
