@@ -65,6 +65,21 @@ async def test_no_trained_token_is_older_than_k(tiny_config, tiny_model_dir, k):
     assert result.evaluations["after"]["weight_version"] == 6
 
 
+@pytest.mark.parametrize("k", [1, 2])
+async def test_exact_staleness_generates_each_batch_at_one_version(tiny_config, tiny_model_dir, k):
+    """``algorithm.exact_staleness``: every token of step s comes from version max(0, s - 1 - k),
+    whatever the timing (request latencies drawn per seed; 96 episodes queue for 32 slots at k = 2)."""
+    config = tiny_config("steps=6", f"algorithm.max_staleness={k}", "algorithm.exact_staleness=true", "rollout.concurrency=4")
+    async with remote_backend(tiny_model_dir, latency=0.05) as backend:
+        result = await atrain(config, console=False, backend=backend)
+    for step in range(1, 7):
+        rows = (result.out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        versions = {v for row in rows for v in Trajectory.from_json(json.loads(row)).versions}
+        assert versions == {max(0, step - 1 - k)}, step
+    assert [m["async/token_lag_max"] for m in result.history] == [min(k, s - 1) for s in range(1, 7)]
+    assert backend.weight_version == 6
+
+
 def test_several_ranks_are_refused_with_one_line(tiny_config):
     from rollforge.train.distributed import Ranks
     from rollforge.train.prepare import check_ranks
@@ -98,22 +113,34 @@ def test_admission_ledger_shares_worked_by_hand():
     assert out["admission/difficulty_bias"] == 0.0
 
 
-@pytest.mark.slow
-def test_tiny_model_learns_with_staleness_2_nearly_as_fast(tiny_config):
-    """The learning test at k = 2 (HF backend generating from its own copy while the other trains):
-    above 0.9 within 1.3x the steps the synchronous loop needs."""
-    def first_above(history):
-        rewards = [m["reward/mean"] for m in history]
-        means = [statistics.fmean(rewards[i : i + 3]) for i in range(len(rewards) - 2)]
-        return next((i + 3 for i, m in enumerate(means) if m > 0.9), None)
+def first_above(history, threshold=0.9):
+    """The first step at which the mean reward of the last 3 steps exceeds ``threshold``."""
+    rewards = [m["reward/mean"] for m in history]
+    means = [statistics.fmean(rewards[i : i + 3]) for i in range(len(rewards) - 2)]
+    return next((i + 3 for i, m in enumerate(means) if m > threshold), None)
 
-    sync = train(tiny_config("steps=40", "save_trajectories=false", "out=" + str(tiny_config().out) + "-sync"),
-                 console=False)
-    stale = train(tiny_config("steps=52", "save_trajectories=false", "algorithm.max_staleness=2"), console=False)
-    n0, n2 = first_above(sync.history), first_above(stale.history)
-    assert n0 is not None, [m["reward/mean"] for m in sync.history]
-    assert n2 is not None and n2 <= 1.3 * n0, ([m["reward/mean"] for m in stale.history], n0)
-    assert max(m["async/token_lag_max"] for m in stale.history) == 2
+
+@pytest.mark.slow
+def test_staleness_1_and_2_learn_nearly_as_fast_as_the_synchronous_loop(tiny_config):
+    """Steps to a 3-step mean reward > 0.9, over seeds 0, 1, 2: k = 1 and k = 2 within 1.3x the
+    synchronous loop's, as a mean over the seeds. ``exact_staleness`` makes every batch generate at
+    version step - 1 - k, so a run's samples follow from its seeds, not from timing (up to the HF
+    backend's batching noise in the 7th digit). Groups of 16 keep a group's rewards mixed long enough
+    to leave the "ignore the prompt" plateau at 0.5 (groups of 8 stayed there in about 1 run in 8).
+    Per seed the steps vary from 18 to 38 and the ratio from 0.6 to 1.4, so one seed is no measure."""
+    common = ("save_trajectories=false", "algorithm.group_size=16", "algorithm.exact_staleness=true")
+    steps: dict[int, list] = {0: [], 1: [], 2: []}
+    for seed in (0, 1, 2):
+        for k, budget in ((0, 45), (1, 55), (2, 55)):
+            out = f"out={tiny_config().out}-{seed}-{k}"
+            run = train(tiny_config(f"steps={budget}", f"seed={seed}", f"algorithm.max_staleness={k}", out, *common),
+                        console=False)
+            steps[k].append(first_above(run.history))
+            if k:
+                assert max(m["async/token_lag_max"] for m in run.history) == k
+    assert all(n is not None for runs in steps.values() for n in runs), steps
+    for k in (1, 2):
+        assert statistics.fmean(steps[k]) <= 1.3 * statistics.fmean(steps[0]), steps
 
 
 async def test_resumed_async_run_continues_with_the_prompts_it_would_have_drawn(tiny_config, tiny_model_dir, tmp_path):

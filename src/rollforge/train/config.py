@@ -150,6 +150,10 @@ class AlgorithmConfig(_Section):
     (roll out, update, push, repeat). k >= 1: generation goes on while the trainer updates, the
     backend takes new weights between requests, and a group starts only where its tokens can be
     trained within k versions (``train/pipeline.py``)."""
+    exact_staleness: bool = False
+    """With max_staleness k >= 1: step s's whole batch generates at weight version max(start, s - 1 - k)
+    (a push waits for the batches that must see the older weights): samples follow from the seeds,
+    not from timing."""
     off_policy_correction: Literal["auto", "none", "decoupled", "masked"] = "auto"
     """How the loss corrects for the lag between the behaviour policy (that generated) and the
     policy being updated (``losses.py``). ``none``: ratios against the generation logprobs (today's

@@ -15,6 +15,13 @@ keeps rolling out while the trainer updates:
   order they started, waiting for a slow group rather than dropping it (``admission.py``): slow,
   hard problems are not starved. Tokens older than the bound (none, by construction) would be
   masked out and counted (``admission/dropped/stale``).
+- **Exact versions** (``algorithm.exact_staleness``). Which version a batch sees then depends on
+  timing: the trainer may push newer weights while it generates. With this option step s's whole
+  batch generates at version max(start, s - 1 - k), because the push that would replace that
+  version first waits for the batches up to step + k to finish generating (k-step off-policy, as
+  veRL and ROLL do it). The samples are then a function of the seeds (up to the float noise of
+  the HF backend's batching) and a run repeats itself whatever the machine's speed; generation of
+  step s + k still overlaps step s's update.
 - **Loss.** The importance ratios are corrected for the lag (``algorithm.off_policy_correction``).
 - k = 0 makes the producer wait for each push: exactly the synchronous loop's requests and
   updates (tested step by step); ``atrain`` runs the synchronous loop itself then.
@@ -85,11 +92,9 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
                             "async/rollout_seconds": seconds,
                             **ledger.admit(step, done.trajectories, {**dropped, **_dropped(done.trajectories, algo.group_size)})}
 
-                metrics = await learn(
-                    run, step, samples, result, {"wait": waited},
-                    push=lambda: versions.advance(lambda: _push_weights(run)),
-                    oldest=step - 1 - k, extra=extra, data_state=state,
-                )
+                metrics = await learn(run, step, samples, result, {"wait": waited},
+                                      push=lambda step=step: _push(run, versions, batches, step),
+                                      oldest=step - 1 - k, extra=extra, data_state=state)
                 if metrics is not None and on_step is not None:
                     if inspect.isawaitable(hook := on_step(step, metrics, run.model, versions)):
                         await hook
@@ -98,6 +103,16 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
                 pending.cancel()
             await asyncio.gather(producer, *rollouts, return_exceptions=True)
     return step
+
+
+async def _push(run: Run, versions: VersionedBackend, batches: dict[int, asyncio.Future], step: int) -> None:
+    """Version ``step``: the weights after step ``step``'s update. Exactly (``exact_staleness``):
+    once the batches that generate at the version it replaces, those up to step + k, have finished."""
+    algo = run.config.algorithm
+    if algo.exact_staleness:
+        for later in range(step + 1, min(step + algo.max_staleness, run.config.steps) + 1):
+            await (await batches[later])[2]  # (samples, data state, rollout task)
+    await versions.advance(lambda: _push_weights(run))
 
 
 def _lag(trajectories: Any, trained: int) -> dict[str, Any]:
