@@ -17,7 +17,7 @@ from ..envs.base import Environment, GeneratingEnvironment
 from .config import RayConfig
 from .connect import ensure_ray
 from .env_pool import RayEnvironmentPool
-from .resources import Demand, check_fits, share_cpus
+from .resources import ENV_ACTOR_KNOBS, Demand, check_fits, share_cpus
 
 
 @contextlib.contextmanager
@@ -29,7 +29,7 @@ def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfi
     check_fits(Demand(
         "environment actors", actors, cpus,
         memory_mb=config.env_actor_memory_mb,
-        knobs="ray.env_actor_cpus / --env-actor-cpus, ray.env_actor_memory_mb, ray.env_actors / --env-actors",
+        knobs=ENV_ACTOR_KNOBS,
     ))
     pools: dict[int, RayEnvironmentPool] = {}
     try:

@@ -39,7 +39,7 @@ from ..backends.weights import save_state_dict, scratch_directory, state_dict_fo
 from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .connect import actor_death_reason, import_ray, worker_runtime_env
-from .resources import Demand, check_fits, share_cpus
+from .resources import REPLICA_KNOBS, Demand, check_fits, share_cpus
 
 REPLICA_KINDS = ("hf", "vllm")
 
@@ -207,7 +207,7 @@ def start_replicas(config: BackendConfig, *, start_timeout: float = 600.0) -> li
     num_cpus = share_cpus(config.replica_cpus, count)
     check_fits(Demand(
         f"{config.kind} replicas", count, num_cpus, gpus=config.replica_gpus,
-        knobs="ray.replica_cpus / --replica-cpus, ray.replica_gpus, ray.generation_replicas / --replicas",
+        knobs=REPLICA_KNOBS,
     ))
     replicas: list[RayBackendReplica] = []
     try:
