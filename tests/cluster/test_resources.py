@@ -131,3 +131,37 @@ def test_the_fit_check_counts_workers_environment_actors_and_replicas_together(f
     fake_ray(2, private=True)  # explicit numbers are kept and counted: 2 x 1 + 4 x 0.5 = 4 > 2
     with pytest.raises(ConfigError, match=r"reserve 4 CPUs \(2 training workers x 1, 4 environment actors x 0.5\)"):
         sized_together(RayConfig(training_worker_cpus=1, env_actor_cpus=0.5), workers=2, environments=1, replicas=0)
+
+
+def test_what_this_process_runs_is_counted_until_it_stops(fake_ray):
+    from rollforge.cluster.resources import hold
+
+    fake_ray(4, private=False)
+    release = hold(Demand("environment actors", 2, 1.0, knobs="ray.env_actor_cpus"))
+    try:
+        # replicas started after the environments: 2 x 1 + 3 x 1 = 5 > 4 (each alone would fit)
+        with pytest.raises(ConfigError, match=r"reserve 5 CPUs \(2 environment actors x 1, 3 hf replicas x 1\) but the "
+                                              r"Ray cluster has 4; .*ray.env_actor_cpus; ray.replica_cpus"):
+            check_fits(Demand("hf replicas", 3, 1.0, knobs="ray.replica_cpus"))
+        check_fits(Demand("hf replicas", 2, 1.0))
+    finally:
+        release()
+    release()  # a second call does nothing
+    check_fits(Demand("hf replicas", 4, 1.0))  # the environments stopped: all four CPUs are there
+
+
+def test_environment_pools_hold_their_reservation_while_they_live(ray_session):
+    env = get_env_spec("echo").build()
+    with environments_on_ray({"echo": env}, RayConfig(env_actors=2, env_actor_cpus=0.5)):
+        with pytest.raises(ConfigError, match=r"reserve 2.5 CPUs \(2 environment actors x 0.5, 2 hf replicas x 0.75\)"):
+            check_fits(Demand("hf replicas", 2, 0.75))
+    check_fits(Demand("hf replicas", 2, 0.75))
+
+
+def test_training_workers_left_without_a_cpu_are_refused(fake_ray):
+    from rollforge.cluster.resources import sized_together
+
+    fake_ray(2, private=True)  # 4 actors x 0.5 take both CPUs: a worker's share would be 0, an empty Ray bundle
+    with pytest.raises(ConfigError, match=r"reserve 2 CPUs, all that the private Ray instance has free, and leave none "
+                                          r"for the 2 training workers"):
+        sized_together(RayConfig(env_actor_cpus=0.5), workers=2, environments=1, replicas=0)

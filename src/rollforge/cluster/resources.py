@@ -13,6 +13,10 @@ Two rules:
   them, in milliseconds instead of after the start timeout. A request that fits the totals but not
   what is free right now still starts (other work may finish, an autoscaler may add nodes) and is
   bounded by the start timeout.
+- **What this process already runs is counted.** Environment actors (for as long as their pools
+  live) and generation replicas (until closed or collected) are *held* here (``hold``), and every
+  later ``check_fits`` of this process adds them: environments started before replicas, or
+  replicas before environments, are checked together.
 - **Everything one run starts is counted together.** Training on Ray workers starts, from the
   driver's one decision, the workers, then in each worker its environments' actors (and its
   generation replicas): ``sized_together`` shares the unset reservations over all of those actors
@@ -21,8 +25,11 @@ Two rules:
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import ConfigError
 from .config import RayConfig
@@ -69,6 +76,11 @@ def sized_together(settings: RayConfig, *, workers: int, environments: int, repl
     taken = sum(n * getattr(settings, key) for key, n in counts.items() if key not in unset)
     share = share_cpus(None, sum(counts[key] for key in unset), taken)
     sized = settings.model_copy(update={key: share for key in unset})
+    if workers and not sized.training_worker_cpus and not sized.training_worker_gpus:  # Ray places no empty bundle
+        raise ConfigError(
+            f"the environment actors and replicas reserve {_fmt(taken)} CPUs, all that the private Ray instance has free, "
+            f"and leave none for the {workers} training workers; lower {ENV_ACTOR_KNOBS} or set ray.training_worker_cpus"
+        )
     check_fits(
         Demand("training workers", workers, sized.training_worker_cpus, sized.training_worker_gpus, knobs=WORKER_KNOBS),
         Demand("environment actors", env_actors, sized.env_actor_cpus, memory_mb=sized.env_actor_memory_mb,
@@ -78,8 +90,26 @@ def sized_together(settings: RayConfig, *, workers: int, environments: int, repl
     return sized
 
 
+def hold(demand: Demand) -> Callable[[], None]:
+    """Count ``demand`` (actors now running) in this process's later ``check_fits`` until the
+    returned function is called (they stopped); calling it again does nothing."""
+    token = next(_TOKENS)
+    _HELD[token] = demand
+    return lambda: _HELD.pop(token, None) and None
+
+
+_HELD: dict[int, Demand] = {}  # what this process's running actors reserve
+_TOKENS = itertools.count()
+
+
 def check_fits(*demands: Demand) -> None:
-    """Raise ``ConfigError`` when ``demands`` together can never be scheduled on this cluster."""
+    """Raise ``ConfigError`` when ``demands``, with what this process holds, can never be scheduled
+    on this cluster."""
+    counts: dict[Demand, int] = {}  # equal actors counted as one kind: "3 hf replicas x 1"
+    for demand in (*_HELD.values(), *demands):
+        kind = dataclasses.replace(demand, count=0)
+        counts[kind] = counts.get(kind, 0) + demand.count
+    demands = tuple(dataclasses.replace(kind, count=n) for kind, n in counts.items())
     ray = import_ray()
     totals = ray.cluster_resources()
     nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
