@@ -95,7 +95,11 @@ def hold(demand: Demand) -> Callable[[], None]:
     returned function is called (they stopped); calling it again does nothing."""
     token = next(_TOKENS)
     _HELD[token] = demand
-    return lambda: _HELD.pop(token, None) and None
+
+    def release() -> None:
+        _HELD.pop(token, None)
+
+    return release
 
 
 _HELD: dict[int, Demand] = {}  # what this process's running actors reserve

@@ -83,8 +83,6 @@ def _pooled_environments(config: Any, kwargs: dict[str, Any]) -> int:
     from ..envs.base import GeneratingEnvironment
     from ..train.environments import build_environments, named_environments
 
-    if config.executor != "ray":
-        return 0
     given = named_environments(kwargs["environments"]) if kwargs.get("environments") is not None else {}
     configured = config.environments if not given or "environments" in config.model_fields_set else []
     built = build_environments(configured, given)
