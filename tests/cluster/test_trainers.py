@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from rollforge.errors import ConfigError
 from rollforge.testing import first_character_rows
 from rollforge.train.config import load_config
 from rollforge.train.loop import train
@@ -62,5 +63,6 @@ def test_too_many_training_workers_is_one_clear_error(ray_session, tiny_model_di
     settings = _settings(tmp_path, tiny_model_dir)
     ray = {**settings["ray"], "training_workers": 3, "training_worker_cpus": 2}
     config = load_config(**{**settings, "out": str(tmp_path / "ray"), "ray": ray})
-    with pytest.raises(Exception, match=r"cannot place 3 training workers"):
+    with pytest.raises(ConfigError, match=r"the actors reserve 6 CPUs \(3 training workers x 2\) but the Ray cluster "
+                                          r"has 2; lower .*ray.training_worker_cpus"):
         train(config, console=False)

@@ -70,3 +70,63 @@ def test_train_cli_executor_flags_become_config_overrides():
     config = load_config(None, _overrides(args))
     assert (config.executor, config.ray.address, config.steps) == ("ray", "ray://head:10001", 2)
     assert load_config(None, _overrides(build_parser().parse_args(["train", "x.yaml"]))).executor == "local"
+
+
+def _laptop_config(tiny_model_dir, tmp_path, *sets: str) -> list[str]:
+    """The README's Ray training line on the tiny model, one ``arithmetic`` environment, 1 step."""
+    import yaml
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": str(tiny_model_dir)}, "out": str(tmp_path / "run"), "steps": 1,
+        "environments": [{"name": "arithmetic"}], "algorithm": {"batch_size": 2, "group_size": 2},
+        "rollout": {"max_new_tokens": 2, "max_turns": 1}, "checkpoint_every": 0, "eval_episodes": 0,
+    }))
+    return ["train", str(config), "--set", "executor=ray", "--set", "ray.training_workers=2", *sets]
+
+
+def test_readme_ray_training_line_runs_with_the_defaults_on_two_cpus(ray_session, tiny_model_dir, tmp_path, capsys):
+    """Two workers, each with two environment actors, on the 2-CPU loopback instance: every
+    reservation unset, so all six share the two CPUs (they used to wait 120 s for CPUs the
+    workers held)."""
+    from rollforge.cli.main import main
+
+    assert ray_session.cluster_resources()["CPU"] == 2
+    assert main(_laptop_config(tiny_model_dir, tmp_path)) == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["ranks"]) for m in metrics] == [(1, 2)]
+    assert not [k for m in metrics for k in m if k.startswith("rollout/errors/")]
+    _all_cpus_free_again(ray_session)
+
+
+def _all_cpus_free_again(ray, within: float = 30.0) -> None:
+    """Every actor a run started is gone (Ray releases a killed actor's CPUs shortly after)."""
+    import time
+
+    deadline = time.monotonic() + within
+    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == 2, ray.available_resources()
+
+
+def test_ray_training_that_cannot_fit_is_one_line_at_once(ray_session, tiny_model_dir, tmp_path, capsys):
+    """2 workers x 1 CPU + 2 x 2 environment actors x 0.5 CPU = 4 CPUs on a 2-CPU instance: refused
+    before anything starts (it used to start, then wait 120 s and print Ray's coloured traceback)."""
+    import time
+
+    from rollforge.cli.main import main
+
+    started = time.monotonic()
+    code = main(_laptop_config(tiny_model_dir, tmp_path, "--set", "ray.training_worker_cpus=1",
+                               "--set", "ray.env_actor_cpus=0.5"))
+    elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert code == 2 and elapsed < 5, (code, elapsed, err)
+    assert err.strip().splitlines() == [
+        "rollforge: error: the actors reserve 4 CPUs (2 training workers x 1, 4 environment actors x 0.5) but the "
+        "Ray cluster has 2; lower the reservations or the actor counts: ray.training_worker_cpus, "
+        "ray.training_worker_gpus, ray.training_workers; ray.env_actor_cpus / --env-actor-cpus, "
+        "ray.env_actor_memory_mb, ray.env_actors / --env-actors"
+    ]
+    assert "\x1b[" not in err and "Traceback" not in err
+    _all_cpus_free_again(ray_session)

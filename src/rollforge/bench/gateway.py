@@ -25,32 +25,17 @@ import json
 import time
 from typing import Any
 
-from ..backends.base import CURRENT_EPISODE
 from ..backends.scripted import ScriptedBackend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import get_parser
 from ..errors import ConfigError
 from .overhead import _tokenizer
+from .recording import RecordingBackend, Request
 
 NOTE_TOOL = {"type": "function", "function": {
     "name": "note", "description": "Write one note.",
     "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
 }}
-
-
-class _Recorded:
-    """The backend, with every request kept per session (the gateway sets ``CURRENT_EPISODE``)."""
-
-    def __init__(self, inner: ScriptedBackend):
-        self.inner = inner
-        self.requests: dict[int, list[tuple[list[int], Any]]] = {}
-
-    async def generate(self, prompt_ids, params):
-        self.requests.setdefault(id(CURRENT_EPISODE.get()), []).append((list(prompt_ids), params))
-        return await self.inner.generate(prompt_ids, params)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 def _reply(request) -> str:
@@ -66,7 +51,8 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
     from ..gateway import Gateway, SessionLimits
 
     renderer = ChatRenderer(_tokenizer(tokenizer_dir))
-    backend = _Recorded(ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency))
+    scripted = ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+    backend = RecordingBackend(scripted)  # the gateway sets CURRENT_EPISODE to the session
     limits = SessionLimits(max_seq_len=32768, max_new_tokens=64, max_requests=turns)
     async with Gateway(backend, renderer, get_parser(renderer.family.parser), limits=limits) as gateway:
         agents, ready, go = _start_agents(gateway.base_url, sessions, turns, client)
@@ -80,10 +66,11 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
         records = [gateway.close_session(f"s{i}") for i in range(sessions)]
     exact = sum(len(r.segments) == 1 and _token_exact(r.segments[0], renderer) for r in records)
 
-    replay = list(backend.requests.values())
+    replay = backend.per_episode()
     cpu, started = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(_direct(backend.inner, requests) for requests in replay))
+    await asyncio.gather(*(_direct(scripted, requests) for requests in replay))
     direct_wall, direct_cpu = time.perf_counter() - started, time.process_time() - cpu
+    await scripted.close()
     requests = sum(len(r) for r in replay)
     return {
         "benchmark": "gateway",
@@ -168,9 +155,9 @@ async def _agent(post: Any, base_url: str, turns: int) -> None:
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "noted"})
 
 
-async def _direct(backend: ScriptedBackend, requests: list[tuple[list[int], Any]]) -> None:
-    for prompt, params in requests:
-        await backend.generate(prompt, params)
+async def _direct(backend: ScriptedBackend, requests: list[Request]) -> None:
+    for request in requests:
+        await backend.generate(request.prompt_ids, request.params)
 
 
 def _token_exact(segment, renderer: ChatRenderer) -> bool:

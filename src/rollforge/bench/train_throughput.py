@@ -79,8 +79,6 @@ def run(
 
     from ..errors import ConfigError
     from ..models import load_model, resolve_device, resolve_dtype
-    from ..train.losses import ClippedPolicyLoss, TokenMean
-    from ..train.update import Episode, policy_update
 
     for name, value, low in (("batch", batch, 1), ("seq_len", seq_len, 2), ("steps", steps, 1), ("warmup", warmup, 0)):
         if value < low:
@@ -90,30 +88,7 @@ def run(
     where = resolve_device(device)
     compute = resolve_dtype(dtype, where)
     model, tokenizer = load_model(model_name, dtype=torch.float32, device=where)
-    model.requires_grad_(True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    generator = torch.Generator().manual_seed(seed)
-    vocab = model.get_input_embeddings().num_embeddings
-    ids = torch.randint(0, vocab, (batch, seq_len), generator=generator)
-    mask = torch.ones(seq_len)  # every token in the loss (the first has no context and scores 0)
-    episodes = [Episode(row, mask, torch.zeros(seq_len)) for row in ids]
-    weights = TokenMean().weights([e.mask for e in episodes])
-    advantages = torch.ones(batch)
-    loss_fn = ClippedPolicyLoss()
-
-    def step() -> None:
-        policy_update(model, optimizer, episodes, advantages, weights, loss_fn, micro_batch_tokens=batch * seq_len,
-                      pad_id=tokenizer.pad_token_id or 0, compute_dtype=compute)
-        if where.type == "cuda":
-            torch.cuda.synchronize(where)
-
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        began = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - began)
+    times = timed_steps(model, tokenizer.pad_token_id or 0, where, compute, batch, seq_len, steps, warmup, seed)
     tokens = batch * seq_len * steps
     seconds = sum(times)
     n, flops_per_token = model_flops_per_token(model, seq_len)
@@ -143,6 +118,42 @@ def run(
         "peak_source": peak_source,
         "mfu": achieved / peak if peak else None,
     }
+
+
+def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int, steps: int,
+                warmup: int, seed: int) -> list[float]:
+    """Seconds of each of ``steps`` updates (after ``warmup`` untimed ones) on ``batch`` x
+    ``seq_len`` random token ids, every token in the loss, as one micro-batch."""
+    import torch
+
+    from ..train.losses import ClippedPolicyLoss, TokenMean
+    from ..train.update import Episode, policy_update
+
+    model.requires_grad_(True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=generator)  # (B, T)
+    mask = torch.ones(seq_len)  # every token in the loss (the first has no context and scores 0)
+    episodes = [Episode(row, mask, torch.zeros(seq_len)) for row in ids]
+    weights = TokenMean().weights([e.mask for e in episodes])
+    advantages = torch.ones(batch)
+    loss_fn = ClippedPolicyLoss()
+
+    def step() -> None:
+        policy_update(model, optimizer, episodes, advantages, weights, loss_fn, micro_batch_tokens=batch * seq_len,
+                      pad_id=pad_id, compute_dtype=compute)
+        if where.type == "cuda":
+            torch.cuda.synchronize(where)
+
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - began)
+    return times
 
 
 def add_arguments(parser: Any) -> None:

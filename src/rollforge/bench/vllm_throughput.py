@@ -1,36 +1,39 @@
-"""vLLM backend throughput: policy tokens/s of multi-turn rollouts vs vLLM's own ``LLM.generate``.
+"""vLLM backend throughput: policy tokens/s of multi-turn rollouts vs vLLM's own ``generate``.
 
 The work: ``episodes`` conversations of ``turns`` assistant turns each (after each reply the
 environment asks for one more sentence), ``max_new_tokens`` per turn, greedy decoding, stopping at
 the end-of-turn token, in rollforge's async mode.
 
-- rollforge side: ``arollout`` through ``VLLMBackend``; every request it sends is recorded (prompt
-  ids, sampling parameters, seed) with its turn.
-- raw side: vLLM's ``LLM.generate`` replays exactly those requests (same ids, same vLLM sampling
-  parameters, logprobs included), one call per turn, each call holding every episode's request of
-  that turn. A turn's prompts contain the previous turn's replies, so no engine can batch beyond a
-  turn; the raw side is the engine alone, with no chat rendering, environments or asyncio.
-- ``ratio_to_raw_vllm`` = rollforge tokens/s ÷ raw tokens/s. Both engines are built with the same
-  options in this process; the two sides alternate ``repeats`` times on fresh prompts (no prefix
-  cache carries over between repetitions) and the best time of each is kept.
+- rollforge side: ``arollout`` through ``VLLMBackend``, wrapped in a ``RecordingBackend`` that keeps
+  every request it sends (prompt ids, sampling parameters, seed) with its episode.
+- raw side: vLLM's own ``AsyncLLM.generate``, on the same engine, replays exactly those requests
+  (same ids, same vLLM sampling parameters, logprobs included), one wave per turn, each wave holding
+  every episode's request of that turn, all submitted at once. A turn's prompts contain the previous
+  turn's replies, so no engine can batch beyond a turn; the raw side is the engine alone, with no
+  chat rendering, environments or rollforge backend.
+- One engine serves both sides (one load of vLLM): the prefix cache is emptied before each side's
+  run, so neither reuses the other's prefill. The sides alternate ``repeats`` times on fresh
+  prompts and the best time of each is kept. ``ratio_to_raw_vllm`` = rollforge tokens/s ÷ raw
+  tokens/s.
 - The HF backend runs the same episodes once, for comparison (``rollforge_hf``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import time
-from typing import Any, Sequence
+from typing import Any
 
-from ..backends.base import SamplingParams
 from ..chat.render import ChatRenderer
 from ..envs.base import BaseSession, Environment, Reset, Step
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
-from ..types import Completion, Message, Sample
+from ..types import Message, Sample
 from .hf_throughput import TOPICS
+from .recording import RecordingBackend, Request
 
 MORE = "Go on, in one more sentence."
 
@@ -50,22 +53,6 @@ class _Conversation(Environment):
         return _Continue()
 
 
-class _Recorder:
-    """Wraps a backend; keeps (prompt ids, params, completion) of every request."""
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-        self.requests: list[tuple[list[int], SamplingParams, Completion]] = []
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        completion = await self.inner.generate(prompt_ids, params)
-        self.requests.append((list(prompt_ids), params, completion))
-        return completion
-
-    async def close(self) -> None:
-        pass
-
-
 def _samples(episodes: int, repetition: int) -> list[Sample]:
     return [
         Sample(prompt=[{"role": "user", "content": f"({repetition}.{i}) Explain {TOPICS[i % len(TOPICS)]}."}])
@@ -78,98 +65,105 @@ def run(
     repeats: int = 2, eager: bool | None = None, dtype: str = "float32", with_hf: bool = True,
 ) -> dict[str, Any]:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON result
-    import vllm
-
-    from ..backends.vllm import VLLMBackend, default_enforce_eager, vllm_sampling_params
+    from ..backends.vllm import VLLMBackend, default_enforce_eager
     from ..models import load_tokenizer, resolve_model
 
     path = resolve_model(model_name)
     renderer = ChatRenderer(load_tokenizer(path))
     config = RolloutConfig(max_turns=turns, greedy=True, max_new_tokens=max_new_tokens, concurrency=episodes)
-    environments = {"default": _Conversation()}
     eager = default_enforce_eager() if eager is None else eager
-    common = dict(dtype=dtype, seed=0, max_num_seqs=episodes, enforce_eager=eager)
-    backend = VLLMBackend(path, kv_cache_gib=1.0, **common)
-    raw = vllm.LLM(
-        model=str(path), logprobs_mode="raw_logprobs", enable_prefix_caching=True, kv_cache_memory_bytes=2**30,
-        disable_log_stats=True, **common,
-    )
-    generation_prompt = list(renderer.generation_prompt)
-
-    def turn_of(ids: list[int]) -> int:  # generation prompts in the prompt = turns so far + 1
-        n = len(generation_prompt)
-        return sum(ids[i : i + n] == generation_prompt for i in range(len(ids) - n + 1))
-
-    def ours(repetition: int) -> tuple[int, float, list]:
-        recorder = _Recorder(backend)
-        started = time.perf_counter()
-        result = asyncio.run(arollout(_samples(episodes, repetition), environments, recorder, renderer, config))
-        seconds = time.perf_counter() - started
-        errors = [t.error for t in result.trajectories if t.error]
-        if errors:
-            raise RuntimeError(f"{len(errors)} episodes failed on the vLLM backend; first: {errors[0]}")
-        return sum(t.generated_tokens for t in result.trajectories), seconds, recorder.requests
-
-    def replay(requests: list) -> tuple[int, float]:
-        waves: dict[int, list] = {}
-        for ids, params, _ in requests:
-            waves.setdefault(turn_of(ids), []).append((ids, params))
-        started = time.perf_counter()
-        tokens = 0
-        for turn in sorted(waves):
-            prompts = [vllm.TokensPrompt(prompt_token_ids=ids) for ids, _ in waves[turn]]
-            sampling = [vllm_sampling_params(params, params.seed or 0) for _, params in waves[turn]]
-            outputs = raw.generate(prompts, sampling, use_tqdm=False)
-            tokens += sum(len(o.outputs[0].token_ids) for o in outputs)
-        return tokens, time.perf_counter() - started
-
+    backend = VLLMBackend(path, dtype=dtype, seed=0, max_num_seqs=episodes, enforce_eager=eager, kv_cache_gib=1.0)
     try:
-        _, _, warm = ours(-1)  # warm-up of both engines
-        replay(warm)
+        ours(backend, renderer, config, -1)  # warm-up
         our_runs, raw_runs = [], []
         for repetition in range(repeats):
-            tokens, seconds, requests = ours(repetition)
-            our_runs.append((tokens, seconds, len(requests)))
-            raw_runs.append(replay(requests))
+            tokens, seconds, requests = ours(backend, renderer, config, repetition)
+            our_runs.append((tokens, seconds, len(requests.requests)))
+            raw_runs.append(replay(backend, requests.per_episode()))
     finally:
         asyncio.run(backend.close())
-        raw.llm_engine.engine_core.shutdown()
     our_tokens, our_seconds, n_requests = min(our_runs, key=lambda r: r[1])
     raw_tokens, raw_seconds = min(raw_runs, key=lambda r: r[1])
-    our_tps, raw_tps = our_tokens / our_seconds, raw_tokens / raw_seconds
+    raw_tps = raw_tokens / raw_seconds
     result: dict[str, Any] = {
-        "benchmark": "vllm-throughput",
-        "model": model_name,
-        "episodes": episodes,
-        "turns": turns,
-        "max_new_tokens": max_new_tokens,
-        "requests": n_requests,
-        "dtype": dtype,
-        "enforce_eager": eager,
+        "benchmark": "vllm-throughput", "model": model_name, "episodes": episodes, "turns": turns,
+        "max_new_tokens": max_new_tokens, "requests": n_requests, "dtype": dtype, "enforce_eager": eager,
         "raw_vllm": _side(raw_tokens, raw_seconds),
         "rollforge_vllm": _side(our_tokens, our_seconds),
-        "ratio_to_raw_vllm": round(our_tps / raw_tps, 4),
+        "ratio_to_raw_vllm": round(our_tokens / our_seconds / raw_tps, 4),
     }
     if with_hf:
-        result["rollforge_hf"] = _hf_side(path, renderer, config, environments, episodes)
+        result["rollforge_hf"] = _hf_side(path, renderer, config)
         result["ratio_hf_to_raw_vllm"] = round(result["rollforge_hf"]["tokens_per_second"] / raw_tps, 4)
     return result
+
+
+def ours(backend: Any, renderer: ChatRenderer, config: RolloutConfig,
+         repetition: int) -> tuple[int, float, RecordingBackend]:
+    """One rollforge run on fresh prompts: (policy tokens, seconds, the recorded requests)."""
+    _on_engine(backend, backend._engine.reset_prefix_cache())
+    recorder = RecordingBackend(backend)
+    samples = _samples(config.concurrency, repetition)
+    started = time.perf_counter()
+    result = asyncio.run(arollout(samples, {"default": _Conversation()}, recorder, renderer, config))
+    seconds = time.perf_counter() - started
+    errors = [t.error for t in result.trajectories if t.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} episodes failed on the vLLM backend; first: {errors[0]}")
+    return sum(t.generated_tokens for t in result.trajectories), seconds, recorder
+
+
+def replay(backend: Any, episodes: list[list[Request]]) -> tuple[int, float]:
+    """The recorded requests through vLLM's ``AsyncLLM.generate`` on the backend's own engine, turn
+    by turn (wave ``i``: every episode's ``i``-th request, all at once): (tokens, seconds)."""
+    from ..backends.vllm import vllm_sampling_params
+
+    waves = [[e[i] for e in episodes if i < len(e)] for i in range(max(map(len, episodes), default=0))]
+
+    async def one(engine: Any, request: Request) -> int:
+        final = None
+        prompt = {"prompt_token_ids": list(request.prompt_ids)}
+        params = vllm_sampling_params(request.params, request.params.seed or 0)
+        async for final in engine.generate(prompt, params, f"raw-{next(_RAW_IDS)}"):
+            pass
+        return len(final.outputs[0].token_ids)
+
+    async def all_waves() -> tuple[int, float]:
+        engine = backend._engine
+        await engine.reset_prefix_cache()
+        started, tokens = time.perf_counter(), 0
+        for wave in waves:
+            tokens += sum(await asyncio.gather(*(one(engine, r) for r in wave)))
+        return tokens, time.perf_counter() - started
+
+    return _on_engine(backend, all_waves())
+
+
+def _on_engine(backend: Any, coroutine: Any) -> Any:
+    """Run ``coroutine`` on the loop of the backend's engine (an ``AsyncLLM`` serves only the event
+    loop that first used it) and return its result. The bench reaches into ``VLLMBackend`` here so
+    that both sides share one engine: a second engine would load vLLM twice."""
+    return backend._thread.call(coroutine, None)
+
+
+_RAW_IDS = itertools.count()
 
 
 def _side(tokens: int, seconds: float) -> dict[str, Any]:
     return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_second": round(tokens / seconds, 2)}
 
 
-def _hf_side(path, renderer, config, environments, episodes: int) -> dict[str, Any]:
+def _hf_side(path, renderer: ChatRenderer, config: RolloutConfig) -> dict[str, Any]:
     from ..backends.hf import HFBackend
     from ..models import load_model
 
     model, tokenizer = load_model(path)
 
     async def run() -> tuple[Any, float]:
-        async with HFBackend(model, tokenizer, max_batch_size=episodes) as backend:
+        async with HFBackend(model, tokenizer, max_batch_size=config.concurrency) as backend:
             started = time.perf_counter()
-            result = await arollout(_samples(episodes, 0), environments, backend, renderer, config)
+            result = await arollout(_samples(config.concurrency, 0), {"default": _Conversation()}, backend, renderer,
+                                    config)
             return result, time.perf_counter() - started
 
     result, seconds = asyncio.run(run())

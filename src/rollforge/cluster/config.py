@@ -31,8 +31,10 @@ class RayConfig(BaseModel):
     training_workers: int = Field(1, ge=1)
     """Training ranks on Ray actors forming one process group (FSDP2 over them, as under
     torchrun); 1: the trainer runs in this process."""
-    training_worker_cpus: float = Field(1.0, gt=0)
-    """CPUs Ray reserves for each training worker (its torch threads)."""
+    training_worker_cpus: float | None = Field(None, gt=0)
+    """CPUs Ray reserves for each training worker (its torch threads: the whole CPUs of it, at least
+    1). None: 1 on a cluster you joined; on the private local instance an equal share of its free
+    CPUs with the environment actors the workers start (at most 1), so the defaults fit a laptop."""
     training_worker_gpus: float = Field(0.0, ge=0)
     """GPUs Ray reserves for each training worker (1 on a GPU node)."""
     num_cpus: int | None = Field(None, ge=1)

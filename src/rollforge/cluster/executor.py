@@ -17,7 +17,7 @@ from ..envs.base import Environment, GeneratingEnvironment
 from .config import RayConfig
 from .connect import ensure_ray
 from .env_pool import RayEnvironmentPool
-from .resources import Demand, check_fits, share_cpus
+from .resources import ENV_ACTOR_KNOBS, Demand, check_fits, hold, share_cpus
 
 
 @contextlib.contextmanager
@@ -26,12 +26,10 @@ def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfi
     distinct = {id(env): task for task, env in task_to_env.items() if not isinstance(env, GeneratingEnvironment)}
     actors = config.env_actors * len(distinct)
     cpus = share_cpus(config.env_actor_cpus, actors)
-    check_fits(Demand(
-        "environment actors", actors, cpus,
-        memory_mb=config.env_actor_memory_mb,
-        knobs="ray.env_actor_cpus / --env-actor-cpus, ray.env_actor_memory_mb, ray.env_actors / --env-actors",
-    ))
+    demand = Demand("environment actors", actors, cpus, memory_mb=config.env_actor_memory_mb, knobs=ENV_ACTOR_KNOBS)
+    check_fits(demand)
     pools: dict[int, RayEnvironmentPool] = {}
+    release = hold(demand)
     try:
         for task, env in task_to_env.items():
             if id(env) in distinct and id(env) not in pools:
@@ -43,6 +41,7 @@ def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfi
     finally:
         for pool in pools.values():
             pool.shutdown()
+        release()
 
 
 def connect(config: RayConfig):

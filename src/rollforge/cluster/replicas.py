@@ -31,6 +31,7 @@ import dataclasses
 import os
 import shutil
 import time
+import weakref
 from typing import Any, Sequence
 
 from ..backends.base import Backend, SamplingParams
@@ -39,7 +40,7 @@ from ..backends.weights import save_state_dict, scratch_directory, state_dict_fo
 from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .connect import actor_death_reason, import_ray, worker_runtime_env
-from .resources import Demand, check_fits, share_cpus
+from .resources import REPLICA_KNOBS, Demand, check_fits, hold, share_cpus
 
 REPLICA_KINDS = ("hf", "vllm")
 
@@ -141,6 +142,8 @@ class RayBackendReplica(Backend):
             "max_concurrency": 100_000, "max_restarts": 0, "runtime_env": worker_runtime_env(),
         }
         self.actor = ray.remote(BackendHost).options(**options).remote(config)
+        held = Demand(f"{config.kind} replicas", 1, options["num_cpus"], config.replica_gpus, knobs=REPLICA_KNOBS)
+        self._release = weakref.finalize(self, hold(held))  # until closed, killed or collected
         self._closed = False
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
@@ -179,6 +182,7 @@ class RayBackendReplica(Backend):
             raise BackendError(f"{self.name} did not close within {self.close_timeout} s; it was killed") from None
         finally:
             import_ray().kill(self.actor)
+            self._release()
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -207,7 +211,7 @@ def start_replicas(config: BackendConfig, *, start_timeout: float = 600.0) -> li
     num_cpus = share_cpus(config.replica_cpus, count)
     check_fits(Demand(
         f"{config.kind} replicas", count, num_cpus, gpus=config.replica_gpus,
-        knobs="ray.replica_cpus / --replica-cpus, ray.replica_gpus, ray.generation_replicas / --replicas",
+        knobs=REPLICA_KNOBS,
     ))
     replicas: list[RayBackendReplica] = []
     try:
@@ -231,5 +235,6 @@ def start_replicas(config: BackendConfig, *, start_timeout: float = 600.0) -> li
     except BaseException:
         for replica in replicas:
             ray.kill(replica.actor)
+            replica._release()
         raise
     return replicas
