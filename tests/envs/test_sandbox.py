@@ -23,7 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from rollforge.envs.sandbox import SandboxLimits, SandboxResult, _seccomp, run_sandboxed, runner, sandbox_support
+from rollforge.envs.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailable,
+    _seccomp,
+    run_sandboxed,
+    runner,
+    sandbox_support,
+)
 from rollforge.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}")
@@ -85,15 +93,16 @@ def test_the_program_sees_a_private_root_as_an_unprivileged_user():
     result = run(
         """
         import json, os
-        print(json.dumps([os.getcwd(), os.getpid(), os.getuid(), os.listdir("/"), os.listdir("/work")]))
+        print(json.dumps([os.getcwd(), os.getpid(), os.getuid(), os.listdir("/"), os.listdir("/sandbox"),
+                          os.environ["HOME"], os.environ["TMPDIR"]]))
         """
     )
     assert result.ok, result.stderr
-    cwd, pid, uid, top, work = json.loads(result.stdout)
-    assert (cwd, pid, work) == ("/work", 2, ["main.py"])  # PID 1 is the jail's init
+    cwd, pid, uid, top, scratch, home, temp = json.loads(result.stdout)
+    assert (cwd, pid, scratch, home, temp) == ("/sandbox", 2, ["main.py"], "/sandbox", "/sandbox")  # PID 1: init
     assert uid != 0
-    assert set(top) - PYTHON_HOMES <= {"bin", "sbin", "lib", "lib32", "lib64", "usr", "dev", "work"}
-    assert {"dev", "work", "usr"} <= set(top)
+    assert set(top) - PYTHON_HOMES <= {"bin", "sbin", "lib", "lib32", "lib64", "usr", "dev", "sandbox"}
+    assert {"dev", "sandbox", "usr"} <= set(top)
 
 
 # -- filesystem -----------------------------------------------------------------------------------
@@ -107,7 +116,7 @@ def test_cannot_read_files_outside_its_directory(tmp_path):
         f"""
         import os
         for path in ["/etc/passwd", "/etc/shadow", {str(secret)!r}, {str(project)!r}, "/proc/1/environ",
-                     "/root/.bashrc", "/work/../etc/hostname"]:
+                     "/root/.bashrc", "/sandbox/../etc/hostname"]:
             try:
                 open(path).read()
                 print("READ", path)
@@ -144,7 +153,8 @@ def test_cannot_regain_privileges():
     result = run(
         """
         import os
-        for attempt in (lambda: os.setuid(0), lambda: os.chroot("/work"), lambda: os.mknod("/work/sda", 0o600 | 0o60000, os.makedev(8, 0))):
+        device = 0o600 | 0o60000, os.makedev(8, 0)
+        for attempt in (lambda: os.setuid(0), lambda: os.chroot("/sandbox"), lambda: os.mknod("/sandbox/sda", *device)):
             try:
                 attempt()
                 print("SUCCEEDED")
@@ -168,7 +178,7 @@ def test_a_nested_user_namespace_cannot_unlock_the_read_only_mounts():
         print(call(libc.unshare(0x10000000 | 0x00020000)))  # CLONE_NEWUSER | CLONE_NEWNS
         print(call(libc.mount(None, b"/usr", None, ctypes.c_ulong(4096 | 32), None)))  # MS_BIND | MS_REMOUNT
         print(call(libc.mount(None, b"/", None, ctypes.c_ulong(4096 | 32), None)))
-        print(call(libc.umount2(b"/work", 2)))  # MNT_DETACH
+        print(call(libc.umount2(b"/sandbox", 2)))  # MNT_DETACH
         try:
             open("/usr/evil", "w")
             print("WROTE")
@@ -378,10 +388,25 @@ def test_output_is_capped():
     assert set(result.stdout) == {"x"}
 
 
+def test_a_needed_folder_under_the_scratch_folder_is_refused_in_one_line(tmp_path, monkeypatch):
+    # As if Python were installed under the jail's scratch folder, which the scratch tmpfs would cover.
+    python_home = tmp_path / "python"
+    python_home.mkdir()
+    binds = runner._binds
+    monkeypatch.setattr(runner, "SCRATCH_DIR", str(tmp_path))
+    monkeypatch.setattr(runner, "_binds", lambda: [*binds(), str(python_home)])
+    with pytest.raises(SandboxUnavailable) as info:
+        run("pass")
+    assert str(info.value) == (
+        f"the sandbox could not be built here: SetupError: the jail needs {python_home}, which lies under its "
+        f"scratch folder {tmp_path}: use a Python installed elsewhere"
+    )
+
+
 def test_bad_arguments_are_config_errors():
     with pytest.raises(ConfigError, match="absolute path"):
         run_sandboxed({}, ["python"])
-    with pytest.raises(ConfigError, match=r"relative paths inside /work, got '\.\./x'"):
+    with pytest.raises(ConfigError, match=r"relative paths inside /sandbox, got '\.\./x'"):
         run_sandboxed({"../x": ""}, [sys.executable])
     with pytest.raises(ConfigError, match="the sandbox files hold 9000 bytes; keep them under half of disk_bytes"):
         run_sandboxed({"big.txt": "x" * 9000}, [sys.executable], SandboxLimits(disk_bytes=16000))
@@ -530,7 +555,7 @@ def test_a_call_through_another_abi_kills_the_program():
 
 
 @pytest.mark.skipif(landlock_abi() < 4, reason="Landlock with TCP rules needs Linux 6.7+ with Landlock on")
-def test_landlock_refuses_tcp_and_leaves_work_fully_usable():
+def test_landlock_refuses_tcp_and_leaves_the_scratch_folder_fully_usable():
     result = run(
         """
         import os, socket

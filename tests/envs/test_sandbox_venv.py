@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import rollforge
+from rollforge.envs.sandbox import runner, sandbox_support
 
 PROBE = "from rollforge.envs.sandbox import sandbox_support; print(sandbox_support())"
 
@@ -61,6 +62,15 @@ def test_the_sandbox_starts_from_a_console_script(venv, tmp_path):
     result = run([str(probe)], tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [str(venv / "bin"), "None"]
+
+
+def test_the_sandbox_starts_when_python_lives_under_work(venv, tmp_path):
+    # /work (a common Docker WORKDIR; here, the project's .venv) was the jail's scratch folder, and
+    # the jail refused to start when a folder it binds lay under it. Only where Python lives there.
+    if not any(path == "/work" or path.startswith("/work/") for path in runner._binds()):
+        pytest.skip(f"this Python ({sys.prefix}) does not live under /work")
+    control(venv, tmp_path)
+    assert sandbox_support() is None
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """``python_code``: write a small Python function; hidden tests decide the reward (tool class).
 
 The row column ``task`` names a task of ``python_code_tasks.TASKS``. Two tools, each running the
-model's code in a fresh sandbox (``envs/sandbox``: no network, private ``/work``, CPU, wall,
-memory, process and output limits):
+model's code in a fresh sandbox (``envs/sandbox``: no network, a private scratch folder as the
+working directory, CPU, wall, memory, process and output limits):
 
 - ``run(code)`` runs ``code`` as a script and returns its exit status, stdout and stderr, so the
   model can try things (at most ``MAX_RUNS`` times per episode);
@@ -33,7 +33,7 @@ import sys
 from ...errors import EnvironmentError_
 from ...types import Message, Sample
 from ..base import Environment
-from ..sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from ..sandbox import SCRATCH_DIR, SandboxLimits, SandboxResult, run_sandboxed
 from . import python_code_tasks
 from .python_code_tasks import TASKS, TASKS_BY_NAME, CodeTask, expected_outputs
 
@@ -51,7 +51,7 @@ SYSTEM_PROMPT = (
 
 _HARNESS = """\
 import json, os, signal, sys
-sys.path.insert(0, "/work")
+sys.path.insert(0, %(scratch)r)  # -I leaves the working directory out
 report = os.fdopen(3, "w", buffering=1)
 def emit(**record):
     report.write(json.dumps(record) + "\\n")
@@ -148,7 +148,7 @@ class PythonCodeEnv:
         task = self._task
         if task is None:
             raise EnvironmentError_("PythonCodeEnv: a tool was called before reset(task=...)")
-        harness = _HARNESS % {"name": task.name, "seconds": CASE_SECONDS}
+        harness = _HARNESS % {"name": task.name, "seconds": CASE_SECONDS, "scratch": SCRATCH_DIR}
         cases = [[list(call) for call in test] for test in task.tests]
         files = {"solution.py": code, "harness.py": harness, "cases.json": json.dumps(cases)}
         result = run_sandboxed(files, [*_python(), "harness.py"], LIMITS)

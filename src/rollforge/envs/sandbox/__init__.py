@@ -2,6 +2,20 @@
 contains and what it does not, ``_launcher.py`` for how the jail is built, ``_seccomp.py`` and
 ``_landlock.py`` for the kernel-side filters it adds."""
 
-from .runner import SandboxLimits, SandboxResult, SandboxUnavailable, run_sandboxed, sandbox_support
+from .runner import (
+    SCRATCH_DIR,
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailable,
+    run_sandboxed,
+    sandbox_support,
+)
 
-__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_sandboxed", "sandbox_support"]
+__all__ = [
+    "SCRATCH_DIR",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "run_sandboxed",
+    "sandbox_support",
+]

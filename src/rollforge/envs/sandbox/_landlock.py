@@ -6,7 +6,7 @@ lookup, so that a way around the mount layout (a directory descriptor leaked int
 still reaches nothing. Rules (each applies beneath its path):
 
 - ``/``: list directories; the read-only binds: read, list and execute; the device nodes: read
-  and write; ``/work``: everything (it is the jail's scratch space);
+  and write; the scratch folder (``writable``): everything;
 - TCP (Landlock ABI 4+): no bind, no connect, on any port (the network namespace has no
   interface up anyway);
 - scopes (ABI 6+): no abstract Unix socket and no signal reaches past the program's own

@@ -14,8 +14,9 @@ outcome from fd 4. Steps, in order:
    nosuid, nodev bind mounts of the directories the interpreter needs (``binds``), an empty
    read-only tmpfs over each hidden directory below them (``masks``: site-packages and the
    rollforge package, which holds what the grader knows), the device nodes ``/dev/null``,
-   ``/dev/zero``, ``/dev/urandom``, ``/dev/random``, and a size-limited tmpfs at ``/work`` holding
-   the job's files; ``pivot_root`` into it and detach the old root;
+   ``/dev/zero``, ``/dev/urandom``, ``/dev/random``, and a size-limited tmpfs at the job's
+   ``scratch`` folder (``runner.SCRATCH_DIR``) holding the job's files; ``pivot_root`` into it,
+   detach the old root and make the scratch folder the working directory;
 3. fork an init, PID 1 of the new PID namespace (killed when the launcher dies); when it exits
    or is killed, the kernel kills every process left in the namespace. Init forks the program,
    which sets the rlimits, drops to the unprivileged uid (as root) or loses its capabilities at
@@ -144,8 +145,11 @@ def _mask(new_root, path):
 
 
 def _build_root(job):
-    new_root = job["root"]
-    limits = job["limits"]
+    new_root, scratch, limits = job["root"], job["scratch"], job["limits"]
+    for path in job["binds"]:  # the scratch tmpfs would cover it
+        if path == scratch or path.startswith(scratch + "/"):
+            raise SetupError(f"the jail needs {path}, which lies under its scratch folder {scratch}: "
+                             "use a Python installed elsewhere")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
     _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for path in job["binds"]:
@@ -160,25 +164,23 @@ def _build_root(job):
     os.makedirs(new_root + "/dev", exist_ok=True)
     for device in DEVICES:
         _bind_readonly("/dev/" + device, f"{new_root}/dev/{device}", is_file=True)
-    work = new_root + "/work"
-    if os.path.exists(work):
-        raise SetupError("a bound directory lies under /work, where the jail keeps its scratch space")
-    os.makedirs(work)
+    scratch_here = new_root + scratch
+    os.makedirs(scratch_here)
     tmpfs = f"size={limits['disk_bytes']},nr_inodes={limits['max_files']},mode=0700"
-    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
+    _mount("tmpfs", scratch_here, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
     for name, content in job["files"].items():
-        path = os.path.join(work, name)
+        path = os.path.join(scratch_here, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         _write(path, content)
-    for directory, _, names in os.walk(work):
+    for directory, _, names in os.walk(scratch_here):
         for name in [directory, *(os.path.join(directory, n) for n in names)]:
             os.chown(name, job["uid"], job["gid"])
     os.makedirs(new_root + "/.old_root")
-    _pivot(new_root)
+    _pivot(new_root, scratch)
     _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def _pivot(new_root):
+def _pivot(new_root, scratch):
     number = SYS_PIVOT_ROOT.get(platform.machine())
     os.chdir(new_root)
     if number is None:  # no pivot_root number known: chroot (the program holds no capability)
@@ -188,7 +190,7 @@ def _pivot(new_root):
         os.chroot(".")
         _check(_libc.umount2(b"/.old_root", ctypes.c_int(MNT_DETACH)), "umount old root")
         os.rmdir("/.old_root")
-    os.chdir("/work")
+    os.chdir(scratch)
 
 
 def _limit(kind, value):
@@ -211,7 +213,7 @@ def _exec_program(job, root_user, ipc_limited):
         os.setresuid(job["uid"], job["uid"], job["uid"])
     _join_new_session_keyring()
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
-    _landlock.restrict(job["binds"], [f"/dev/{name}" for name in DEVICES], ["/work"])
+    _landlock.restrict(job["binds"], [f"/dev/{name}" for name in DEVICES], [job["scratch"]])
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

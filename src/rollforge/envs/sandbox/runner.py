@@ -12,12 +12,13 @@ What the jail contains (built by ``_launcher.py``; the tests in ``tests/envs/tes
 each escape):
 
 - filesystem: a private root with read-only, nosuid binds of the interpreter's directories
-  (``/usr``, ``/lib*``, ``/bin``, the Python prefix), four device nodes, and ``/work``, a private
-  tmpfs of ``disk_bytes`` / ``max_files``, the only writable place. No ``/etc``, ``/home``,
-  ``/root``, ``/tmp``, ``/proc``, ``/sys`` or host project files are visible, and every
-  site-packages directory, ``sys.path`` entry and the rollforge package are hidden under empty
-  read-only mounts (``_masks``): what a grader knows (``python_code``'s hidden tests and reference
-  solutions live in rollforge) is never readable inside, in an editable or a regular install.
+  (``/usr``, ``/lib*``, ``/bin``, the Python prefix), four device nodes, and ``SCRATCH_DIR``
+  (``/sandbox``), a private tmpfs of ``disk_bytes`` / ``max_files``, the program's working
+  directory and the only writable place. No ``/etc``, ``/home``, ``/root``, ``/tmp``, ``/proc``,
+  ``/sys`` or host project files are visible, and every site-packages directory, ``sys.path``
+  entry and the rollforge package are hidden under empty read-only mounts (``_masks``): what a
+  grader knows (``python_code``'s hidden tests and reference solutions live in rollforge) is
+  never readable inside, in an editable or a regular install.
   Where the kernel has Landlock, the same layout is enforced a second time per path lookup;
 - network: a new network namespace with no interface up (not even loopback): no connection to the
   host's 127.0.0.1 or anywhere else, no DNS, no abstract Unix sockets of the host; Landlock (ABI
@@ -41,10 +42,11 @@ escapes (the filter is a deny list, not an allow list); the read-only binds expo
 interpreter's installation (its stdlib, ``/usr``) for reading; CPU time is per process (up to
 ``processes`` x ``cpu_seconds`` in total, still bounded by the wall time); memory is per process
 address space (up to ``processes`` x ``memory_bytes`` in total), not a cgroup total; timing and
-other side channels are open. Python installed under ``/work`` cannot run in the jail (the jail's
-``/work`` would cover it). The jail needs Linux with mount/PID/network namespaces: as root
-directly, as another user through an unprivileged user namespace (where RLIMIT_NPROC then counts
-that user's processes in the jail's namespace). ``sandbox_support()`` says whether it works here.
+other side channels are open. Python installed under ``/sandbox`` cannot run in the jail (the
+scratch tmpfs would cover it; the run fails with a line naming the bound path). The jail needs
+Linux with mount/PID/network namespaces: as root directly, as another user through an
+unprivileged user namespace (where RLIMIT_NPROC then counts that user's processes in the jail's
+namespace). ``sandbox_support()`` says whether it works here.
 """
 
 from __future__ import annotations
@@ -68,8 +70,14 @@ from typing import Literal, Mapping, Sequence
 from ...errors import ConfigError, SandboxUnavailable
 from ._pipes import read_capped
 
-__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_sandboxed", "sandbox_support"]
+__all__ = ["SCRATCH_DIR", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_sandboxed", "sandbox_support"]
 
+#: The jail's scratch folder, the same on every machine (the model sees it). Bound host paths
+#: keep their names in the jail, so it must be a place no installation uses: not ``/work``,
+#: ``/workspace``, ``/app``, ``/opt``, ``/home``, ``/tmp`` (common Docker WORKDIRs, venv and pytest
+#: folders) nor a system folder; nothing in the Linux filesystem layout, a distribution, pyenv,
+#: conda or uv puts anything at ``/sandbox``.
+SCRATCH_DIR = "/sandbox"
 _LAUNCHER = Path(__file__).with_name("_launcher.py")
 _REPORT_FD, _STATUS_FD = 3, 4
 _REPORT_CAP = 1 << 20
@@ -97,9 +105,9 @@ class SandboxLimits:
     output_bytes: int = 64 << 10
     #: Largest file the program may write (RLIMIT_FSIZE).
     file_bytes: int = 4 << 20
-    #: Size of the private ``/work`` tmpfs.
+    #: Size of the private scratch tmpfs (``SCRATCH_DIR``).
     disk_bytes: int = 16 << 20
-    #: Inodes of the private ``/work`` tmpfs.
+    #: Inodes of the private scratch tmpfs.
     max_files: int = 256
     #: Open file descriptors per process (RLIMIT_NOFILE).
     open_files: int = 64
@@ -227,7 +235,7 @@ def run_sandboxed(
     *,
     env: Mapping[str, str] | None = None,
 ) -> SandboxResult:
-    """Run ``argv`` in a fresh jail whose ``/work`` holds ``files`` (relative path -> text).
+    """Run ``argv`` in a fresh jail whose ``SCRATCH_DIR`` holds ``files`` (relative path -> text).
 
     ``argv[0]`` must be an absolute path visible inside the jail (``sys.executable`` is). Blocks
     for at most about ``limits.wall_seconds``; raises ``SandboxUnavailable`` when the jail cannot
@@ -237,7 +245,7 @@ def run_sandboxed(
         raise ConfigError(f"argv must be a list of str starting with an absolute path, got {argv!r}")
     for name in files:
         if not isinstance(name, str) or os.path.isabs(name) or ".." in Path(name).parts or not name:
-            raise ConfigError(f"sandbox file names must be relative paths inside /work, got {name!r}")
+            raise ConfigError(f"sandbox file names must be relative paths inside {SCRATCH_DIR}, got {name!r}")
     size = sum(len(str(content).encode()) for content in files.values())
     if size > limits.disk_bytes // 2:
         raise ConfigError(
@@ -245,10 +253,11 @@ def run_sandboxed(
         )
     uid = _next_uid() if os.getuid() == 0 else os.getuid()
     gid = uid if os.getuid() == 0 else os.getgid()
-    base_env = {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work", "LANG": "C.UTF-8"}
+    base_env = {"PATH": "/usr/bin:/bin", "HOME": SCRATCH_DIR, "TMPDIR": SCRATCH_DIR, "LANG": "C.UTF-8"}
     root = tempfile.mkdtemp(prefix="rollforge-sandbox-")
     job = {
         "root": root,
+        "scratch": SCRATCH_DIR,
         "files": dict(files),
         "argv": list(argv),
         "env": {**base_env, **(env or {})},
