@@ -79,12 +79,9 @@ def _quiet_nltk_downloads() -> Iterator[None]:
         nltk.download = download
 
 
-class _MissingData(Exception):
-    """NLTK data a game needs is not installed; the message is one line."""
-
-
-def _make(env_id: str) -> Any:
-    """A raw game (hold ``_GAME_LOCK``)."""
+def _make(env_id: str, missing_data: type[Exception]) -> Any:
+    """A raw game (hold ``_GAME_LOCK``); NLTK data the game needs and does not find is one line of
+    ``missing_data`` (a ``ConfigError`` at start-up, an ``EnvironmentError_`` in an episode)."""
     try:
         return _unwrap(_ta().make(env_id))
     except LookupError as exc:  # NLTK's resource lookup: a 25-line banner in the message
@@ -92,7 +89,7 @@ def _make(env_id: str) -> Any:
         if found is None:
             raise
         resource = found.group(1).strip("/").split("/")[-1]  # corpora/words -> words
-        raise _MissingData(
+        raise missing_data(
             f"textarena game {env_id!r} needs NLTK's {resource!r} data, which is not installed (NLTK "
             f"downloads it on first use, which needs the network): run python -m nltk.downloader {resource}"
         ) from None
@@ -121,10 +118,7 @@ class TextArenaEnvironment(Environment):
     def __init__(self, env_id: str):
         check_game(env_id)
         with _GAME_LOCK, _quiet_nltk_downloads():
-            try:
-                _make(env_id)
-            except _MissingData as missing:
-                raise ConfigError(str(missing)) from None
+            _make(env_id, ConfigError)
         self.env_id = env_id
 
     def open(self, sample: Sample) -> TextArenaSession:
@@ -153,10 +147,7 @@ class TextArenaSession(BaseSession):
 
     def _reset(self, seed: int) -> str:
         with _GAME_LOCK:
-            try:
-                self._game = _make(self.env_id)
-            except _MissingData as missing:
-                raise EnvironmentError_(str(missing)) from None
+            self._game = _make(self.env_id, EnvironmentError_)
             self._game.reset(num_players=1, seed=seed)
             _, messages = self._game.get_observation()
         return _render(messages)
