@@ -77,7 +77,7 @@ def run(args: Any) -> int:
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     check_out_dir(args.out, "--out")
-    _check_ray_flags(args)
+    check_ray_flags(args, args.executor)
     config = RolloutConfig.build(
         mode=args.mode,
         max_turns=args.max_turns,
@@ -153,11 +153,11 @@ def _ray_config(args: Any):
 _RAY_ONLY = ("--ray-address", "--env-actors", "--env-actor-cpus", "--replicas", "--replica-cpus")
 
 
-def _check_ray_flags(args: Any) -> None:
-    """A Ray-only flag given without ``--executor ray`` is a mistake, not something to ignore."""
-    if args.executor == "ray":
+def check_ray_flags(args: Any, executor: str, flags: tuple[str, ...] = _RAY_ONLY) -> None:
+    """A Ray-only flag given while the executor is not ``ray`` is a mistake, not something to ignore."""
+    if executor == "ray":
         return
-    for flag in _RAY_ONLY:
+    for flag in flags:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             raise ConfigError(f"{flag} {value} needs --executor ray (it sets how environments or replicas run on Ray actors)")
