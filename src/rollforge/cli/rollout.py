@@ -99,7 +99,7 @@ def run(args: Any) -> int:
 
     from ..backends.config import BackendConfig
     from ..models import load_tokenizer
-    from ..train.data import check_prompt_lengths
+    from ..rollout.engine import check_prompt_lengths
 
     backend_config = BackendConfig(
         kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
@@ -108,7 +108,9 @@ def run(args: Any) -> int:
     )
     tokenizer = load_tokenizer(args.model)
     renderer = ChatRenderer(tokenizer)
-    check_prompt_lengths(samples, renderer, args.max_seq_len, "--max-seq-len")
+    # the engine's own check, made before the model loads and naming the flag
+    check_prompt_lengths(samples, renderer, config.max_seq_len, "--max-seq-len", task_to_env,
+                         get_parser(config.tool_parser or renderer.family.parser))
     ray_config = _ray_config(args)
     result = asyncio.run(_rollout(samples, task_to_env, backend_config, renderer, ray_config, config, args.out))
     m = result.metrics
