@@ -1,6 +1,7 @@
 """Config mistakes reach the user as one line naming the key, the value and what was expected:
-``RolloutConfig``'s timeouts, training and SFT configs through ``describe_validation_error``, and
-``rollforge rollout``'s Ray-only flags."""
+``RolloutConfig``'s timeouts, training and SFT configs through ``describe_validation_error``,
+``rollforge rollout``'s Ray-only flags, and ``rollforge train``'s ``--ray-address`` and ``ray`` keys
+without ``executor: ray``."""
 
 from __future__ import annotations
 
