@@ -1,6 +1,7 @@
 """Config mistakes reach the user as one line naming the key, the value and what was expected:
-``RolloutConfig``'s timeouts, training and SFT configs through ``describe_validation_error``, and
-``rollforge rollout``'s Ray-only flags."""
+``RolloutConfig``'s timeouts, training and SFT configs through ``describe_validation_error``,
+``rollforge rollout``'s Ray-only flags, and ``rollforge train``'s ``--ray-address`` and ``ray`` keys
+without ``executor: ray``."""
 
 from __future__ import annotations
 
@@ -88,3 +89,36 @@ def test_a_ray_only_flag_without_executor_ray_is_one_line(flag, value, stop_at_m
 def test_ray_only_flags_are_accepted_with_executor_ray(stop_at_model_loading, tmp_path, capsys):
     err = one_line_error(capsys, "rollout", "--out", str(tmp_path / "out"), "--executor", "ray", "--env-actors", "4")
     assert err == "stopped before loading the model"
+
+
+@pytest.fixture
+def stop_at_training(monkeypatch):
+    """``rollforge train`` stops where it would start training: the config passed every check."""
+
+    def stop(config, **kwargs):
+        raise ConfigError(f"stopped before training (executor {config.executor}, ray.address {config.ray.address})")
+
+    monkeypatch.setattr("rollforge.train.loop.train", stop)
+
+
+def test_train_ray_address_needs_executor_ray_from_the_flag_or_the_config(stop_at_training, tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("steps: 1\n")
+    err = one_line_error(capsys, "train", str(config), "--ray-address", "auto")
+    assert err == "--ray-address auto needs --executor ray (it sets how environments or replicas run on Ray actors)"
+    err = one_line_error(capsys, "train", str(config), "--ray-address", "auto", "--executor", "ray")
+    assert err == "stopped before training (executor ray, ray.address auto)"
+    config.write_text("steps: 1\nexecutor: ray\n")
+    err = one_line_error(capsys, "train", str(config), "--ray-address", "auto")
+    assert err == "stopped before training (executor ray, ray.address auto)"
+    err = one_line_error(capsys, "train", str(config), "--ray-address", "auto", "--executor", "local")
+    assert err.startswith("--ray-address auto needs --executor ray")
+
+
+def test_train_ray_keys_under_executor_local_are_one_line(stop_at_training, tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("steps: 1\nray:\n  env_actors: 4\n")
+    err = one_line_error(capsys, "train", str(config))
+    assert err == ("invalid training config: ray.env_actors=4 needs executor: ray (or --executor ray); "
+                   "with executor 'local' nothing runs on Ray")
+    assert one_line_error(capsys, "train", str(config), "--executor", "ray").startswith("stopped before training")

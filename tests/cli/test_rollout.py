@@ -1,5 +1,6 @@
 """``rollforge rollout``'s writing of results: whole lines in ``.partial`` whatever fails, the first
-failing write stops the rollout and leaves nothing half-written, and ``--episode-timeout``."""
+failing write stops the rollout and leaves nothing half-written, ``--episode-timeout``, and prompts
+that leave no room under ``--max-seq-len`` with their tools refused before the model loads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import errno
 import json
 import os
+import re
 
 import pytest
 from transformers import AutoTokenizer
@@ -14,7 +16,7 @@ from transformers import AutoTokenizer
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.cli import rollout as cli_rollout
-from rollforge.cli.main import build_parser
+from rollforge.cli.main import build_parser, main
 from rollforge.cli.rollout import PartialWriter, read_partial, run_with_progress
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.rollout.config import RolloutConfig
@@ -116,3 +118,23 @@ def test_episode_timeout_is_a_flag_with_a_bounded_default(monkeypatch, tmp_path)
     with pytest.raises(SystemExit):
         cli_rollout.run(args)
     assert seen["episode_timeout"] == 90.0
+
+
+def test_prompts_too_long_with_their_tools_are_refused_before_the_model_loads(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """catch's prompt fits 400 tokens alone but not with its tools' description: the engine's check
+    runs in the CLI with the environments' tools, names the flag, and nothing is loaded or written."""
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the prompts were checked")
+
+    monkeypatch.setattr("rollforge.cluster.generation.open_generation", no_model)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = main(["rollout", "--model", str(tiny_model_dir), "--env", "catch", "--episodes", "2", "--max-seq-len", "400",
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert re.fullmatch(r"rollforge: error: --max-seq-len=400 leaves no room to generate: prompt 1 is already \d+ tokens "
+                        r"with the description of its tools \(and 1 more prompts\); raise --max-seq-len or shorten the "
+                        r"prompts\n", err), err
+    assert not out.exists()

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from rollforge.errors import ConfigError
 from rollforge.train.config import describe_config, load_config
@@ -108,3 +109,16 @@ def test_colocated_vllm_is_checked_against_the_other_sections():
         assert "\n" not in str(error.value)
     lora = load_config(overrides=["vllm.colocate=true", "model.backend=vllm", "lora.enabled=true", "vllm.sleep_level=1"])
     assert lora.vllm.backend_options("float32")["sleep_level"] == 1
+
+
+def test_ray_keys_need_executor_ray_but_a_local_runs_saved_config_loads_again(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides=["ray.generation_replicas=2"])
+    assert str(caught.value) == ("invalid training config: ray.generation_replicas=2 needs executor: ray "
+                                 "(or --executor ray); with executor 'local' nothing runs on Ray")
+    with pytest.raises(ConfigError, match=r"ray.address='auto' needs executor: ray"):
+        load_config(overrides=["executor=local", "ray.address=auto", "ray.env_actors=3"])
+    assert load_config(overrides=["executor=ray", "ray.generation_replicas=2"]).ray.generation_replicas == 2
+    saved = tmp_path / "config.yaml"  # as prepare.py writes it: every key, the ray section's at its defaults
+    saved.write_text(yaml.safe_dump(load_config(overrides=["steps=3"]).model_dump(mode="json")))
+    assert load_config(saved).steps == 3

@@ -6,11 +6,15 @@ stderr, ``rollforge: error: ...``, and exit status 2, never a traceback. A fault
 while writing results (a full disk or quota, a read-only file system, no permission: an
 ``OSError`` with one of ``ENVIRONMENT_FAULTS``) is one line naming the file, exit status 1; what
 was already written stays valid (each writer's own rule). Ctrl-C is one line, exit status 130.
+Output into a pipe whose reader has gone (``rollforge train --help-config | head``) ends the command
+quietly with status 141, as a tool killed by SIGPIPE (Python ignores that signal, so it would be a
+traceback): the rest of the output goes to the null device.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
@@ -62,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a bad command line already answered in one line
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return code
+    except BrokenPipeError:
+        _silence_output()
+        return 141
     except RollforgeError as exc:
         print(f"rollforge: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -84,6 +93,16 @@ def describe_fault(exc: OSError) -> str:
     """``PATH: no space left on device``."""
     reason = (exc.strerror or os.strerror(exc.errno)).lower()
     return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+def _silence_output() -> None:
+    """Point stdout and stderr at the null device, so that flushing what is still buffered for the
+    closed pipe at exit raises nothing (Python's documented answer to ``BrokenPipeError``)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # not a real file (a test's captured stream)
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 def _one_line(what: object) -> str:

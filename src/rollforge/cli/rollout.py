@@ -77,7 +77,7 @@ def run(args: Any) -> int:
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     check_out_dir(args.out, "--out")
-    _check_ray_flags(args)
+    check_ray_flags(args, args.executor)
     config = RolloutConfig.build(
         mode=args.mode,
         max_turns=args.max_turns,
@@ -99,7 +99,7 @@ def run(args: Any) -> int:
 
     from ..backends.config import BackendConfig
     from ..models import load_tokenizer
-    from ..train.data import check_prompt_lengths
+    from ..rollout.engine import check_prompt_lengths
 
     backend_config = BackendConfig(
         kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
@@ -108,7 +108,9 @@ def run(args: Any) -> int:
     )
     tokenizer = load_tokenizer(args.model)
     renderer = ChatRenderer(tokenizer)
-    check_prompt_lengths(samples, renderer, args.max_seq_len, "--max-seq-len")
+    # the engine's own check, made before the model loads and naming the flag
+    check_prompt_lengths(samples, renderer, config.max_seq_len, "--max-seq-len", task_to_env,
+                         get_parser(config.tool_parser or renderer.family.parser))
     ray_config = _ray_config(args)
     result = asyncio.run(_rollout(samples, task_to_env, backend_config, renderer, ray_config, config, args.out))
     m = result.metrics
@@ -153,11 +155,11 @@ def _ray_config(args: Any):
 _RAY_ONLY = ("--ray-address", "--env-actors", "--env-actor-cpus", "--replicas", "--replica-cpus")
 
 
-def _check_ray_flags(args: Any) -> None:
-    """A Ray-only flag given without ``--executor ray`` is a mistake, not something to ignore."""
-    if args.executor == "ray":
+def check_ray_flags(args: Any, executor: str, flags: tuple[str, ...] = _RAY_ONLY) -> None:
+    """A Ray-only flag given while the executor is not ``ray`` is a mistake, not something to ignore."""
+    if executor == "ray":
         return
-    for flag in _RAY_ONLY:
+    for flag in flags:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             raise ConfigError(f"{flag} {value} needs --executor ray (it sets how environments or replicas run on Ray actors)")

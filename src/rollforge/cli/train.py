@@ -77,9 +77,20 @@ def _overrides(args: Any) -> list[str]:
     return [*args.overrides, *extra]
 
 
+def _load_config(path: Path, overrides: list[str], args: Any):
+    """The training config; ``--ray-address`` is refused when the executor it ends up with (the
+    config's, or ``--executor``) is not ``ray``."""
+    from ..cli.rollout import check_ray_flags
+    from ..train.config import build_config, read_config_data
+
+    data = read_config_data(path, overrides, {})
+    check_ray_flags(args, data.get("executor", "local"), ("--ray-address",))
+    return build_config(data)
+
+
 def _train(args: Any) -> int:
     from ..errors import ConfigError
-    from ..train.config import describe_config, load_config
+    from ..train.config import describe_config
     from ..train.loop import train
 
     if args.help_config:
@@ -87,7 +98,7 @@ def _train(args: Any) -> int:
         return 0
     if args.config is None:
         raise ConfigError("rollforge train needs a config file (see examples/), or --help-config")
-    config = load_config(args.config, _overrides(args))
+    config = _load_config(args.config, _overrides(args), args)
     if args.nproc is not None:
         return _torchrun(args)
     try:
@@ -135,7 +146,6 @@ def _torchrun(args: Any) -> int:
 
 def _quickstart(args: Any) -> int:
     from ..cli.rollout import check_out_dir
-    from ..train.config import load_config
     from ..train.quickstart import PRESETS, quickstart
     from ..train.sft_config import load_sft_config
 
@@ -147,7 +157,7 @@ def _quickstart(args: Any) -> int:
             overrides.append(f"{key}={value}")
     grpo = [o for o in _overrides(args) if not o.startswith("warmup.")]
     warmup = [o.removeprefix("warmup.") for o in args.overrides if o.startswith("warmup.")]
-    config = load_config(PRESETS / "quickstart.yaml", [*overrides, *grpo])
+    config = _load_config(PRESETS / "quickstart.yaml", [*overrides, *grpo], args)
     result = quickstart(config, load_sft_config(PRESETS / "quickstart_warmup.yaml", warmup), resume=args.resume,
                         overwrite=args.overwrite)
     print(result.report.read_text())

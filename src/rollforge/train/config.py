@@ -217,6 +217,21 @@ class TrainConfig(_Section):
     vllm: VLLMConfig = VLLMConfig()
 
     @model_validator(mode="after")
+    def _ray_settings_need_ray(self) -> TrainConfig:
+        """A ``ray`` key given a value of its own under ``executor: local`` would be ignored: a
+        mistake. Keys set to their defaults pass (the ``config.yaml`` a local run writes has them all)."""
+        if self.executor == "ray":
+            return self
+        given = [k for k in type(self.ray).model_fields if k in self.ray.model_fields_set
+                 and getattr(self.ray, k) != getattr(RayConfig(), k)]
+        if given:
+            raise ValueError(
+                f"ray.{given[0]}={getattr(self.ray, given[0])!r} needs executor: ray (or --executor ray); "
+                f"with executor {self.executor!r} nothing runs on Ray"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _colocation_consistent(self) -> TrainConfig:
         if not self.vllm.colocate:
             return self
