@@ -1,4 +1,4 @@
-"""The exception tree and the boundary classification (rollforge.errors)."""
+"""The exception tree (rollforge.errors) and the boundary classification (rollforge.boundary)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 import rollforge
 from rollforge import errors
-from rollforge.errors import EpisodeFailed, InvariantError, boundary, call_user, is_own_bug
+from rollforge.boundary import boundary, call_user, is_own_bug
+from rollforge.errors import EpisodeFailed, InvariantError
 from rollforge.rollout.metrics import rollout_metrics
 from rollforge.types import Message
 

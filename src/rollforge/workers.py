@@ -25,7 +25,7 @@ hook). This pool holds by construction instead:
 notebook cell) on a fresh loop in a helper thread, whose task a Ctrl-C cancels.
 
 Results travel back with ``call_soon_threadsafe``; a loop closed meanwhile is ignored. Exceptions
-keep their traceback, so ``errors.boundary`` can tell the user's code from rollforge's.
+keep their traceback, so ``boundary.is_own_bug`` can tell the user's code from rollforge's.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import time
 import weakref
 from typing import Any, Callable, Coroutine, TypeVar
 
-from .errors import call_user
+from .boundary import call_user
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ Per episode:
   the reward is ``get_reward()``, collected by ``finish``.
 - Sync user methods run on rollforge's worker threads (``workers.py``; ``run_in_thread=True``, the
   default) so a slow or hung environment never blocks other episodes; ``async def`` methods are
-  awaited on the loop. Every user call goes through ``errors.call_user`` (see ``errors.boundary``).
+  awaited on the loop. Every user call goes through ``boundary.call_user`` (see ``boundary.py``).
 
 Tool results become the content of the tool message: a string as it is, ``None`` as empty, any
 other value as JSON text (``json.dumps``; what JSON cannot hold falls back to ``str``), as OpenEnv
@@ -44,7 +44,8 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import ConfigError, EnvironmentError_, EpisodeFailed, ToolArgumentError, boundary, call_user
+from ..boundary import boundary, call_user
+from ..errors import ConfigError, EnvironmentError_, EpisodeFailed, ToolArgumentError
 from ..types import Failure, FailureKind, Message, Sample, ToolCall
 from .base import BaseSession, Environment, Reset, Step
 from ..workers import run_blocking

@@ -42,7 +42,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..errors import ConfigError, EnvironmentError_, call_user
+from ..boundary import call_user
+from ..errors import ConfigError, EnvironmentError_
 from ..types import Message, Sample
 from ..workers import run_blocking
 from .base import BaseSession, Environment, Reset, Step

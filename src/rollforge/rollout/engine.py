@@ -25,7 +25,7 @@ Failures inside an episode are recorded on its trajectory. An episode that ends 
 infrastructure failure (``Trajectory.outcome``: backend error, environment raised or hung) is run
 again up to ``infra_retries`` times (``run_sample``: same index and seeds; reruns leave the lockstep
 wave and run ungated); ``Trajectory.retries`` says how often. A bug in rollforge (see
-``errors.boundary``) cancels the other episodes and propagates. ``on_episode`` runs as each episode
+``boundary.is_own_bug``) cancels the other episodes and propagates. ``on_episode`` runs as each episode
 ends; what it raises is logged and counted (``on_episode_errors`` in the metrics), and the rollout
 still completes and returns every trajectory. ``abandoned_worker_calls`` counts blocking calls (hung
 sync tools) still running on rollforge's worker threads after their episodes gave up on them.

@@ -18,7 +18,7 @@ its message to the text the kept ids hold: truncated), after ``max_turns`` (max-
 on a failure (recorded as ``error`` with its reason, keeping every token produced so far).
 Scheduling (lockstep barriers) comes in through ``Gate``.
 
-Failures: each call across a boundary is classified by ``errors.boundary`` (the backend's
+Failures: each call across a boundary is classified by ``boundary.boundary`` (the backend's
 ``generate`` as ``backend_error``, environment calls as ``env_error``; a call past the step timeout
 as ``env_timeout``, the whole episode past ``episode_timeout`` as ``episode_timeout``, a
 conversation the chat template cannot render as ``template_error``). rollforge's own bugs are not
@@ -42,7 +42,8 @@ from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
-from ..errors import EpisodeFailed, TemplateError, boundary
+from ..boundary import boundary
+from ..errors import EpisodeFailed, TemplateError
 from ..types import Failure, Message, Sample, Segment, ToolCall, Trajectory
 from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
@@ -222,7 +223,7 @@ async def run_episode(index: int, sample: Sample, env: Environment, ctx: Episode
         state.error, state.ending = Failure("episode_timeout", f"episode exceeded {ctx.config.episode_timeout}s"), ""
     except TemplateError as exc:
         state.error, state.ending = Failure("template_error", str(exc)), ""
-    # anything else is a bug in rollforge: it propagates (errors.boundary)
+    # anything else is a bug in rollforge: it propagates (boundary.is_own_bug)
     finally:
         gate.leave()
         if session is not None:

@@ -151,9 +151,6 @@ def shard(model: Any, ranks: Ranks) -> Any:
     for module in (*layers, model):
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no pre-multiplied sum)
-    from .update import register_sharded_forward  # the update's own forward (decoder + head on policy positions)
-
-    register_sharded_forward(model)
     return model
 
 

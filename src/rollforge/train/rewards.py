@@ -16,7 +16,7 @@ run on rollforge's worker threads (``workers.py``) so a slow verifier does not b
 A ``RewardFunction`` adds a name and a weight; a plain function is named after itself, weight 1.
 
 A function whose signature cannot take these arguments is a ``ConfigError`` before it is called.
-What a function raises is its own failure (``errors.boundary("reward")``): its values count as
+What a function raises is its own failure (``boundary.boundary("reward")``): its values count as
 None for that step and the error is reported; a bug in rollforge still propagates.
 
 The total of an episode is ``env_weight * total_reward + sum_i w_i * f_i`` over the functions that
@@ -32,7 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..errors import ConfigError, EpisodeFailed, boundary, call_user
+from ..boundary import boundary, call_user
+from ..errors import ConfigError, EpisodeFailed
 from ..workers import run_blocking
 from ..types import Sample, Trajectory
 from .config import RewardConfig

@@ -160,7 +160,7 @@ def sequence_logprobs(
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if _plain_lm_head(base):
         if is_sharded(model):  # one decoder pass, so every rank's FSDP collectives line up
-            logits = getattr(model, SHARDED_FORWARD)(ids, attention, rows, cols, 0)
+            logits = _sharded_forward(model)(ids, attention, rows, cols, 0)
         else:
             logits = _head_logits(model, ids, attention, rows, cols, prefix)
     else:
@@ -194,14 +194,17 @@ def _head_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, rows: t
 SHARDED_FORWARD = "rollforge_head_logits"
 
 
-def register_sharded_forward(model: Any) -> None:
-    """Make ``_head_logits`` a forward of the FSDP root ``model`` (``shard`` calls this)."""
-    import types
+def _sharded_forward(model: Any) -> Any:
+    """``_head_logits`` as a forward of the FSDP root ``model``, registered on its first use (so
+    whoever shards the model, ``distributed.shard``, needs to know nothing of the update)."""
+    if not hasattr(model, SHARDED_FORWARD):
+        import types
 
-    from torch.distributed.fsdp import register_fsdp_forward_method
+        from torch.distributed.fsdp import register_fsdp_forward_method
 
-    setattr(model, SHARDED_FORWARD, types.MethodType(_head_logits, model))
-    register_fsdp_forward_method(model, SHARDED_FORWARD)
+        setattr(model, SHARDED_FORWARD, types.MethodType(_head_logits, model))
+        register_fsdp_forward_method(model, SHARDED_FORWARD)
+    return getattr(model, SHARDED_FORWARD)
 
 
 def _packed_continuations(decoder: Any, ids: torch.Tensor, lengths: torch.Tensor, prefix: int, cache: Any) -> torch.Tensor:

@@ -1,0 +1,85 @@
+"""Sizes: no module over 400 lines, no function over 60 lines, read from the source.
+
+Counted as ``/work/shared/tools/house.py`` counts: a module's lines are its newlines; a function's
+are from its ``def`` line to its last line (decorators not counted), methods and nested functions
+included. Today's offenders are listed with their current size in ``KNOWN``: one may shrink, not
+grow past its listed size, and once it is within the limit it must leave the list, so the list can
+only shrink.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import rollforge
+
+PACKAGE = Path(rollforge.__file__).parent
+MODULE_LIMIT = 400
+FUNCTION_LIMIT = 60
+
+#: Today's offenders and their sizes: ``path`` (a module) or ``path::qualified.name`` (a function).
+KNOWN = {
+    "rollforge/chat/render.py": 564,
+    "rollforge/backends/vllm.py": 450,
+    "rollforge/types.py": 446,
+    "rollforge/rollout/episode.py": 427,
+    "rollforge/envs/check.py": 417,
+    "rollforge/gateway/session.py": 412,
+    "rollforge/backends/hf.py": 401,
+    "rollforge/envs/openenv/serve.py::build_app": 119,
+    "rollforge/backends/vllm.py::VLLMBackend.__init__": 81,
+    "rollforge/train/update.py::policy_update": 79,
+    "rollforge/train/loop.py::open_run": 78,
+    "rollforge/rollout/episode.py::_turns": 75,
+    "rollforge/bench/vs_trl_runners.py::_trl_clock": 65,
+    "rollforge/bench/fuzz.py::make_case": 61,
+}
+
+
+def _functions(node: ast.AST, prefix: str = ""):
+    """(qualified name, lines) of every function under ``node``, methods and nested ones included."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = prefix + child.name
+            if not isinstance(child, ast.ClassDef):
+                yield name, (child.end_lineno or child.lineno) - child.lineno + 1
+            yield from _functions(child, name + ".")
+        else:
+            yield from _functions(child, prefix)
+
+
+def sizes() -> dict[str, int]:
+    """Every module's and every function's size, keyed as ``KNOWN`` is."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        text = path.read_text()
+        where = path.relative_to(PACKAGE.parent).as_posix()
+        found[where] = text.count("\n")
+        for name, lines in _functions(ast.parse(text)):
+            key = f"{where}::{name}"
+            found[key] = max(found.get(key, 0), lines)  # a name defined twice (if/else): the longer
+    return found
+
+
+def _limit(key: str) -> int:
+    return FUNCTION_LIMIT if "::" in key else MODULE_LIMIT
+
+
+def test_qualified_names_and_lengths_are_counted_as_house_counts():
+    tree = ast.parse("class A:\n    def f(self):\n        def g():\n            pass\n\n        return g\n"
+                     "async def h():\n    pass\n")
+    assert dict(_functions(tree)) == {"A.f": 5, "A.f.g": 2, "h": 2}
+
+
+def test_no_module_or_function_grows_past_its_limit():
+    over = {key: size for key, size in sizes().items() if size > KNOWN.get(key, _limit(key))}
+    assert over == {}, "over the limit (or past the size listed in KNOWN)"
+
+
+def test_the_known_offenders_are_still_offenders():
+    found = sizes()
+    fixed = {key: found.get(key) for key in KNOWN if found.get(key, 0) <= _limit(key)}
+    assert fixed == {}, "within the limit now (or gone): remove them from KNOWN"
