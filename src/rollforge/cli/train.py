@@ -80,7 +80,7 @@ def _overrides(args: Any) -> list[str]:
 def _train(args: Any) -> int:
     from ..errors import ConfigError
     from ..train.config import describe_config, load_config
-    from ..train.loop import train
+    from ..train.launch import train
 
     if args.help_config:
         print(describe_config())
