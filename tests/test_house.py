@@ -30,7 +30,6 @@ KNOWN = {
     "rollforge/envs/openenv/serve.py::build_app": 119,
     "rollforge/backends/vllm.py::VLLMBackend.__init__": 81,
     "rollforge/train/update.py::policy_update": 79,
-    "rollforge/train/loop.py::open_run": 78,
     "rollforge/rollout/episode.py::_turns": 75,
     "rollforge/bench/vs_trl_runners.py::_trl_clock": 65,
     "rollforge/bench/fuzz.py::make_case": 61,

@@ -98,7 +98,7 @@ def stop_at_training(monkeypatch):
     def stop(config, **kwargs):
         raise ConfigError(f"stopped before training (executor {config.executor}, ray.address {config.ray.address})")
 
-    monkeypatch.setattr("rollforge.train.loop.train", stop)
+    monkeypatch.setattr("rollforge.train.launch.train", stop)
 
 
 def test_train_ray_address_needs_executor_ray_from_the_flag_or_the_config(stop_at_training, tmp_path, capsys):

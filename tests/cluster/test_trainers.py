@@ -12,7 +12,7 @@ import pytest
 from rollforge.errors import ConfigError
 from rollforge.testing import first_character_rows
 from rollforge.train.config import load_config
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rollforge.train.config import load_config
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 
 AGENT_MODULE = """
 import openai

@@ -11,8 +11,9 @@ import pytest
 from rollforge.bench.async_training import remote_backend
 from rollforge.errors import ConfigError
 from rollforge.train.admission import AdmissionLedger
-from rollforge.train.loop import atrain, open_run, train
+from rollforge.train.launch import atrain, train
 from rollforge.train.pipeline import train_async
+from rollforge.train.run import open_run
 from rollforge.types import Trajectory
 
 TIMING = ("time/", "tokens_per_second", "async/", "admission/", "rollout/generation_seconds",

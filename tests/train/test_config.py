@@ -58,7 +58,7 @@ def test_example_configs_load(path):
 def test_example_configs_train_one_step(path, tiny_model_dir, tmp_path, monkeypatch):
     """Every example runs (tiny model, one small step): environments, data files and reward
     functions named in it resolve, from the repository root as the examples say."""
-    from rollforge.train.loop import train
+    from rollforge.train.launch import train
 
     monkeypatch.chdir(Path(__file__).parents[2])
     config = load_config(path, [f"model.name={tiny_model_dir}", f"out={tmp_path}", "steps=1", "data.size=16",

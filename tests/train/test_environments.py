@@ -9,7 +9,7 @@ from rollforge.errors import ConfigError
 from rollforge.train.config import EnvConfig, TrainConfig
 from rollforge.train.data import rows_to_samples
 from rollforge.train.environments import build_environments, check_routes, import_attribute
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 
 
 def test_each_kind_of_name_builds_the_right_environment(tmp_path):

@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from rollforge.models import load_model
 from rollforge.train import checkpoint as ckpt
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 from rollforge.train.rewards import RewardFunction
 
 pytest.importorskip("peft")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rollforge.errors import ConfigError
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 
 pytestmark = pytest.mark.slow
 

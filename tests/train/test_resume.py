@@ -16,7 +16,7 @@ import yaml
 from rollforge.cli.main import main
 from rollforge.errors import CheckpointError
 from rollforge.train import checkpoint as ckpt
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 
 STEPS = 24
 

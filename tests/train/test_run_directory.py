@@ -19,7 +19,7 @@ from rollforge.errors import CheckpointError, ConfigError
 from rollforge.train import checkpoint as ckpt
 from rollforge.train.config import LoraConfig, ModelConfig, OptimConfig
 from rollforge.train.logbook import Logbook
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 from rollforge.train.policy import load_policy, make_optimizer
 from rollforge.train.prepare import write_json
 

@@ -7,7 +7,7 @@ import torch
 from rollforge.backends.base import SamplingParams
 from rollforge.train.config import load_config
 from rollforge.models import load_model
-from rollforge.train.loop import train
+from rollforge.train.launch import train
 from rollforge.train.rewards import RewardFunction
 from rollforge.train.update import sequence_logprobs
 

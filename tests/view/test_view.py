@@ -163,7 +163,7 @@ def test_chromium_renders_the_rollout_view(rollout_run, tiny_model_dir, tmp_path
 def test_chromium_renders_a_training_run_with_its_curve(tiny_model_dir, tmp_path):
     from rollforge.testing import first_character_rows
     from rollforge.train.config import load_config
-    from rollforge.train.loop import train
+    from rollforge.train.launch import train
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in first_character_rows(16)))

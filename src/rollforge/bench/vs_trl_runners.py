@@ -224,7 +224,7 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
     from ..envs.tools import discover_tools
     from ..models import load_tokenizer
     from ..train.config import load_config
-    from ..train.loop import train
+    from ..train.launch import train
     from ..types import Message
 
     tokenizer = load_tokenizer(workload.model_dir)

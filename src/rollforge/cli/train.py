@@ -1,7 +1,7 @@
 """``rollforge train``, ``rollforge quickstart`` and ``rollforge eval``.
 
 ``train CONFIG.yaml [--set key=value ...] [--resume | --overwrite]`` runs the GRPO loop of
-``train/loop.py``: into an ``out`` that holds no run yet, or continuing (``--resume``) or replacing
+``train/launch.py``: into an ``out`` that holds no run yet, or continuing (``--resume``) or replacing
 (``--overwrite``) the one it holds; interrupted (Ctrl-C), it exits 130 naming the step to resume after.
 ``quickstart`` runs ``train/quickstart.py``: a supervised warm-up on expert demonstrations
 (``presets/quickstart_warmup.yaml``; ``--set warmup.KEY=VALUE`` overrides it), then ``train`` on
@@ -91,7 +91,7 @@ def _load_config(path: Path, overrides: list[str], args: Any):
 def _train(args: Any) -> int:
     from ..errors import ConfigError
     from ..train.config import describe_config
-    from ..train.loop import train
+    from ..train.launch import train
 
     if args.help_config:
         print(describe_config())

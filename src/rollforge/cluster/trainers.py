@@ -8,11 +8,12 @@ starts reserve. Before anything starts the driver decides all of those reservati
 checks that they fit (``resources.sized_together``); the workers get the decided numbers. Each
 worker learns its rank and the rendezvous (rank 0's node address and a free port there) from the
 driver, sets the variables torchrun would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``) and calls ``train``; torch uses as many threads as the worker
-reserved CPUs. A worker that sees GPUs sees only its own (Ray sets ``CUDA_VISIBLE_DEVICES``), so
-its local rank is 0. The driver waits for every worker, returns rank 0's result and removes the
-placement group; a worker that dies fails the run with Ray's reason, and a rollforge error raised
-in a worker (a refusal) is raised again on the driver as it is.
+``MASTER_ADDR``, ``MASTER_PORT``) and calls the entry point it was handed (``train/launch.py``
+hands it one rank's run; this module imports nothing from ``train/``); torch uses as many threads
+as the worker reserved CPUs. A worker that sees GPUs sees only its own (Ray sets
+``CUDA_VISIBLE_DEVICES``), so its local rank is 0. The driver waits for every worker, returns rank
+0's result and removes the placement group; a worker that dies fails the run with Ray's reason, and
+a rollforge error raised in a worker (a refusal) is raised again on the driver as it is.
 """
 
 from __future__ import annotations
@@ -20,23 +21,24 @@ from __future__ import annotations
 import math
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError, RollforgeError
 from .connect import actor_death_reason, ensure_ray, worker_runtime_env
 from .resources import WORKER_KNOBS, sized_together
 
 
-def train_on_ray(config: Any, **kwargs: Any) -> Any:
-    """``train(config, **kwargs)`` on ``config.ray.training_workers`` Ray actors; rank 0's ``TrainResult``."""
+def train_on_ray(entry: Callable[..., Any], config: Any, kwargs: dict[str, Any], *, pooled_environments: int) -> Any:
+    """``entry(config, **kwargs)`` on ``config.ray.training_workers`` Ray actors, each one rank; rank 0's
+    result. ``pooled_environments``: how many environments each rank puts in actor pools (sized
+    together with the workers)."""
     settings = config.ray
     ray = ensure_ray(settings.address, num_cpus=settings.num_cpus, object_store_mb=settings.object_store_mb)
     from ray.util.placement_group import placement_group, remove_placement_group
 
     world = settings.training_workers
     replicas = settings.generation_replicas if settings.generation_replicas > 1 else 0
-    settings = sized_together(settings, workers=world, environments=_pooled_environments(config, kwargs),
-                              replicas=replicas)
+    settings = sized_together(settings, workers=world, environments=pooled_environments, replicas=replicas)
     config = config.model_copy(update={"ray": settings})  # the workers reserve what was decided here
     bundle = {"CPU": settings.training_worker_cpus, **({"GPU": settings.training_worker_gpus} if settings.training_worker_gpus else {})}
     group = placement_group([bundle] * world, strategy="PACK")
@@ -46,12 +48,12 @@ def train_on_ray(config: Any, **kwargs: Any) -> Any:
                 f"Ray could not place {world} training workers of {bundle} each within 120 s: the cluster has "
                 f"them, but other work holds them; lower {WORKER_KNOBS} or wait for that work to end"
             )
-        return _run_ranks(ray, group, config, kwargs)
+        return _run_ranks(ray, group, entry, config, kwargs)
     finally:
         remove_placement_group(group)
 
 
-def _run_ranks(ray: Any, group: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+def _run_ranks(ray: Any, group: Any, entry: Callable[..., Any], config: Any, kwargs: dict[str, Any]) -> Any:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     settings, world = config.ray, config.ray.training_workers
@@ -65,7 +67,7 @@ def _run_ranks(ray: Any, group: Any, config: Any, kwargs: dict[str, Any]) -> Any
     ]
     address, port = ray.get(ranks[0].rendezvous.remote())
     threads = max(1, math.floor(settings.training_worker_cpus))
-    runs = [r.train.remote(config, rank, world, address, port, threads, kwargs) for rank, r in enumerate(ranks)]
+    runs = [r.run.remote(entry, config, rank, world, address, port, threads, kwargs) for rank, r in enumerate(ranks)]
     try:
         return ray.get(runs)[0]
     except ray.exceptions.RayActorError as exc:
@@ -74,19 +76,6 @@ def _run_ranks(ray: Any, group: Any, config: Any, kwargs: dict[str, Any]) -> Any
         if isinstance(exc.cause, RollforgeError):  # a refusal in a rank: the same one line as in one process
             raise exc.cause from None
         raise
-
-
-def _pooled_environments(config: Any, kwargs: dict[str, Any]) -> int:
-    """How many environments each rank puts in actor pools (``executor.environments_on_ray``): the
-    config's and those given to ``train()``, built here as each rank builds them, less the agent
-    programs that stay on the driver. An unknown environment is refused here, before anything starts."""
-    from ..envs.base import GeneratingEnvironment
-    from ..train.environments import build_environments, named_environments
-
-    given = named_environments(kwargs["environments"]) if kwargs.get("environments") is not None else {}
-    configured = config.environments if not given or "environments" in config.model_fields_set else []
-    built = build_environments(configured, given)
-    return len({id(env) for env in built.values() if not isinstance(env, GeneratingEnvironment)})
 
 
 def _ready(ray: Any, group: Any, timeout: float) -> bool:
@@ -105,13 +94,11 @@ class _Rank:
             s.bind((address, 0))
             return address, s.getsockname()[1]
 
-    def train(self, config: Any, rank: int, world: int, address: str, port: int, threads: int,
-              kwargs: dict[str, Any]) -> Any:
+    def run(self, entry: Callable[..., Any], config: Any, rank: int, world: int, address: str, port: int,
+            threads: int, kwargs: dict[str, Any]) -> Any:
         import torch
-
-        from ..train.loop import train
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR=address, MASTER_PORT=str(port), RAY_TRAINING_RANK=str(rank))
         torch.set_num_threads(threads)
-        return train(config, **{**kwargs, "console": kwargs.get("console", True) and rank == 0})
+        return entry(config, **kwargs)

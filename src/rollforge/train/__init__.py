@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "train": ("rollforge.train.loop", "train"),
-    "atrain": ("rollforge.train.loop", "atrain"),
-    "TrainResult": ("rollforge.train.loop", "TrainResult"),
+    "train": ("rollforge.train.launch", "train"),
+    "atrain": ("rollforge.train.launch", "atrain"),
+    "TrainResult": ("rollforge.train.launch", "TrainResult"),
     "TrainConfig": ("rollforge.train.config", "TrainConfig"),
     "load_config": ("rollforge.train.config", "load_config"),
 }

@@ -24,7 +24,7 @@ keeps rolling out while the trainer updates:
   step s + k still overlaps step s's update.
 - **Loss.** The importance ratios are corrected for the lag (``algorithm.off_policy_correction``).
 - k = 0 makes the producer wait for each push: exactly the synchronous loop's requests and
-  updates (tested step by step); ``atrain`` runs the synchronous loop itself then.
+  updates (tested step by step); ``atrain`` runs the synchronous loop (``loop.py``) itself then.
 
 Memory: a backend that generates with the trained model object (HF) gets its own copy of the
 weights, refreshed at every push, so that generation goes on while the other copy trains. Not
@@ -34,13 +34,12 @@ supported yet: several ranks, and a colocated vLLM (it sleeps while the trainer 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from typing import Any, Callable
 
 from ..rollout.engine import arollout, open_session
 from .admission import AdmissionLedger
-from .loop import Run, _push_weights, draw, learn, rollout_config
+from .run import Run, after_step, draw, learn, push_weights, rollout_config
 from .versions import VersionedBackend
 
 
@@ -95,9 +94,7 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
                 metrics = await learn(run, step, samples, result, {"wait": waited},
                                       push=lambda step=step: _push(run, versions, batches, step),
                                       oldest=step - 1 - k, extra=extra, data_state=state)
-                if metrics is not None and on_step is not None:
-                    if inspect.isawaitable(hook := on_step(step, metrics, run.model, versions)):
-                        await hook
+                await after_step(on_step, step, metrics, run, versions)
         finally:
             for pending in [producer, *rollouts]:
                 pending.cancel()
@@ -112,7 +109,7 @@ async def _push(run: Run, versions: VersionedBackend, batches: dict[int, asyncio
     if algo.exact_staleness:
         for later in range(step + 1, min(step + algo.max_staleness, run.config.steps) + 1):
             await (await batches[later])[2]  # (samples, data state, rollout task)
-    await versions.advance(lambda: _push_weights(run))
+    await versions.advance(lambda: push_weights(run))
 
 
 def _lag(trajectories: Any, trained: int) -> dict[str, Any]:

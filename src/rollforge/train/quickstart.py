@@ -46,7 +46,7 @@ def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, 
     """Evaluate the base model, warm it up with ``warmup`` (its ``out`` and ``model`` are replaced
     by ``OUT/warmup`` and ``config.model``), then train ``config`` from the warmed-up weights.
     Without ``resume``, an ``OUT`` that holds a run already is refused, or with ``overwrite`` cleared."""
-    from .loop import train
+    from .launch import train
     from .sft import sft
 
     out = Path(config.out)
