@@ -257,18 +257,21 @@ class Segment:
     mask 0: ``prompt_length`` tokens, generation prompt included except in the first segment,
     whose prompt_length is the episode's as before), then generated tokens (mask 1, with their
     logprobs) and the observations appended after them (mask 0). ``messages``: how many of the
-    trajectory's messages its ids render (the rest came after it)."""
+    trajectory's messages its ids render (the rest came after it). ``history``: the messages its
+    ids render when they are not the trajectory's first ones (an agent sent a rewritten history
+    back after it, e.g. its replies as "Calling tools: [...]" text); empty otherwise."""
 
     token_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     logprobs: tuple[float | None, ...]
     prompt_length: int
     messages: int
+    history: tuple[Message, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
                 "logprobs": [json_float(lp) for lp in self.logprobs], "prompt_length": self.prompt_length,
-                "messages": self.messages}
+                "messages": self.messages, **({"history": [m.to_json() for m in self.history]} if self.history else {})}
 
 
 @dataclass(frozen=True, repr=False)
@@ -421,7 +424,8 @@ class Trajectory:
             return tuple(float(v) if isinstance(v, str) else v for v in values)
 
         segments = tuple(
-            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), floats(s["logprobs"]), s["prompt_length"], s["messages"])
+            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), floats(s["logprobs"]), s["prompt_length"], s["messages"],
+                    tuple(Message.from_json(m) for m in s.get("history") or ()))
             for s in record.get("segments") or ()
         )
         return cls(
