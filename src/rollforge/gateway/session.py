@@ -36,7 +36,7 @@ from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import TemplateError, WireError
-from ..rollout.ledger import Ledger, ending_flags, lay_out
+from ..rollout.ledger import Ending, Ledger, ending_flags, lay_out
 from ..types import Completion, Failure, Message, Segment, ToolCall, Trajectory
 from .wire import ChatRequest, Choice, WireCall, WireMessage, canonical_arguments
 
@@ -101,7 +101,7 @@ class SessionRecord:
     segments: tuple[RecordedSegment, ...]
     turns: int
     failures: tuple[Failure, ...]
-    ending: str
+    ending: Ending
     generation_seconds: float
 
     def trajectory(self, index: int, task_name: str, reward: float | None, error: Failure | None = None,
@@ -161,7 +161,7 @@ class Session:
         self._lock = asyncio.Lock()
         self._segments: list[RecordedSegment] = []
         self._failures: list[Failure] = []
-        self._ending = ""
+        self._ending: Ending = ""
         self._started: float | None = None
         self._requests = 0
         self._turns = 0
