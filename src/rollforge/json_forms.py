@@ -2,13 +2,16 @@
 
 Strict JSON has no NaN or infinities: a non-finite float is written as a string ``float()`` reads
 back (``json_float``); any other value becomes JSON data or, failing that, its ``repr``
-(``jsonable``). ``types.py`` writes with these; this module imports nothing of rollforge.
+(``jsonable``); an image is written losslessly as base64 with its MIME type (``image_json``).
+``types.py`` writes with these; this module imports only ``errors``.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping
+
+from .errors import InvariantError
 
 
 def json_float(value: float | None) -> float | str | None:
@@ -32,3 +35,30 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     return repr(value)
+
+
+def image_bytes(image: Any) -> tuple[str, bytes]:
+    """An image of ``Message.images`` as (MIME type, encoded bytes): encoded bytes as they are, a
+    PIL image (anything with ``save``) as PNG. PIL itself is never imported here."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data = bytes(image)
+        mime = next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), "application/octet-stream")
+        return mime, data
+    if callable(getattr(image, "save", None)):
+        import io
+
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return "image/png", buffer.getvalue()
+    raise InvariantError(f"an image must be encoded bytes or a PIL image, got {type(image).__name__}")
+
+
+def image_json(image: Any) -> dict[str, str]:
+    """The trajectory-JSON form of an image: ``{"type": "image", "mime", "base64"}``, lossless."""
+    import base64
+
+    mime, data = image_bytes(image)
+    return {"type": "image", "mime": mime, "base64": base64.b64encode(data).decode("ascii")}
+
+
+_IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"), (b"RIFF", "image/webp"))

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 from .errors import InvariantError
-from .json_forms import json_float, jsonable
+from .json_forms import image_json, json_float, jsonable
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -168,33 +168,6 @@ def _coerce_call(value: Any) -> ToolCall:
     return ToolCall(function["name"], arguments, value.get("id"))
 
 
-def image_bytes(image: Any) -> tuple[str, bytes]:
-    """An image of ``Message.images`` as (MIME type, encoded bytes): encoded bytes as they are, a
-    PIL image (anything with ``save``) as PNG. PIL itself is never imported here."""
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        data = bytes(image)
-        mime = next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), "application/octet-stream")
-        return mime, data
-    if callable(getattr(image, "save", None)):
-        import io
-
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        return "image/png", buffer.getvalue()
-    raise InvariantError(f"an image must be encoded bytes or a PIL image, got {type(image).__name__}")
-
-
-def image_json(image: Any) -> dict[str, str]:
-    """The trajectory-JSON form of an image: ``{"type": "image", "mime", "base64"}``, lossless."""
-    import base64
-
-    mime, data = image_bytes(image)
-    return {"type": "image", "mime": mime, "base64": base64.b64encode(data).decode("ascii")}
-
-
-_IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"), (b"RIFF", "image/webp"))
-
-
 @dataclass(frozen=True)
 class Failure:
     """Why something went wrong: a kind from ``FailureKind`` and a human-readable message."""
@@ -257,18 +230,21 @@ class Segment:
     mask 0: ``prompt_length`` tokens, generation prompt included except in the first segment,
     whose prompt_length is the episode's as before), then generated tokens (mask 1, with their
     logprobs) and the observations appended after them (mask 0). ``messages``: how many of the
-    trajectory's messages its ids render (the rest came after it)."""
+    trajectory's messages its ids render (the rest came after it). ``history``: the messages its
+    ids render when they are not the trajectory's first ones (an agent sent a rewritten history
+    back after it, e.g. its replies as "Calling tools: [...]" text); empty otherwise."""
 
     token_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     logprobs: tuple[float | None, ...]
     prompt_length: int
     messages: int
+    history: tuple[Message, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
                 "logprobs": [json_float(lp) for lp in self.logprobs], "prompt_length": self.prompt_length,
-                "messages": self.messages}
+                "messages": self.messages, **({"history": [m.to_json() for m in self.history]} if self.history else {})}
 
 
 @dataclass(frozen=True, repr=False)
@@ -421,7 +397,8 @@ class Trajectory:
             return tuple(float(v) if isinstance(v, str) else v for v in values)
 
         segments = tuple(
-            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), floats(s["logprobs"]), s["prompt_length"], s["messages"])
+            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), floats(s["logprobs"]), s["prompt_length"], s["messages"],
+                    tuple(Message.from_json(m) for m in s.get("history") or ()))
             for s in record.get("segments") or ()
         )
         return cls(

@@ -42,7 +42,7 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
 
 
 def _segment_gap(segment: Segment, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
-    ids, messages = list(segment.token_ids), trajectory.messages[: segment.messages]
+    ids, messages = list(segment.token_ids), segment.history or trajectory.messages[: segment.messages]
     gap = _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools), renderer, cut_allowed, closing=True)
     if gap is None or _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools, True), renderer, cut_allowed) is None:
         return None

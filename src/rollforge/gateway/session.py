@@ -1,7 +1,7 @@
 """One gateway session: chat-completions requests in, a token-exact trajectory recorded.
 
-A session holds the token ids of the conversation its client is having, built the way the engine
-builds an episode's (``rollout/episode.py``)::
+A session records the conversation its client is having in the token ledger the episode loop
+uses (``rollout/ledger.py``)::
 
     ids  = prompt | gen-prompt | generated (mask 1) | closing + new messages | gen-prompt | ...
 
@@ -12,7 +12,10 @@ then new messages (tool results, a user turn) -- only the new messages are rende
 exactly. When the client **rewrote** its history (compaction, dropped reasoning, an edited
 message, other tools) the current segment is closed and a new one starts whose prompt (mask 0) is
 the template's rendering of the request; replies the gateway sent that reappear in it keep their
-raw generated text. A request identical to the previous one after a failed generation is a retry.
+raw generated text. A reply the client sends back in its own words (smolagents' "Calling tools:
+[...]" text) is such a rewrite: the segment before it keeps the messages the model was shown and
+the text it generated (``Segment.history`` in the trajectory). A request identical to the
+previous one after a failed generation is a retry.
 
 With ``n > 1`` the conversation continues with whichever choice the client sends back (the first
 one when it sends none back before the session ends). Requests of one session are served one at a
@@ -33,6 +36,7 @@ from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import TemplateError, WireError
+from ..rollout.ledger import Ending, Ledger, ending_flags, lay_out
 from ..types import Completion, Failure, Message, Segment, ToolCall, Trajectory
 from .wire import ChatRequest, Choice, WireCall, WireMessage, canonical_arguments
 
@@ -97,7 +101,7 @@ class SessionRecord:
     segments: tuple[RecordedSegment, ...]
     turns: int
     failures: tuple[Failure, ...]
-    ending: str
+    ending: Ending
     generation_seconds: float
 
     def trajectory(self, index: int, task_name: str, reward: float | None, error: Failure | None = None,
@@ -115,34 +119,25 @@ class SessionRecord:
         rewards = [0.0] * self.turns
         if rewards:
             rewards[-1] = float(reward or 0.0)
-        segments = self.segments
-        last = segments[-1] if segments else RecordedSegment((), (), (), (), (), 0)
-        fields: dict[str, Any] = {}
-        if len(segments) > 1:
-            fields["segments"] = tuple(
-                Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)) for s in segments
-            )
+        last = self.segments[-1] if self.segments else RecordedSegment((), (), (), (), (), 0)
+        parts = [(Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)), s.messages)
+                 for s in self.segments]
         return Trajectory(
             index=index,
             task_name=task_name,
             messages=last.messages,
-            token_ids=tuple(t for s in segments for t in s.token_ids),
-            loss_mask=tuple(b for s in segments for b in s.loss_mask),
-            logprobs=tuple(lp for s in segments for lp in s.logprobs),
-            prompt_length=segments[0].prompt_length if segments else 0,
+            **lay_out(parts, last.messages),
             rewards=tuple(rewards),
             total_reward=float(sum(rewards)),
             turns=self.turns,
             terminated=error is None and not limited,
-            truncated=self.ending == "truncated",
-            max_turns_reached=self.ending == "max_turns_reached",
+            **ending_flags(self.ending),
             error=error,
             failures=self.failures,
             metadata=metadata,
             tools=last.tools,
             generation_seconds=self.generation_seconds,
             environment_seconds=environment_seconds,
-            **fields,
         )
 
 
@@ -166,7 +161,7 @@ class Session:
         self._lock = asyncio.Lock()
         self._segments: list[RecordedSegment] = []
         self._failures: list[Failure] = []
-        self._ending = ""
+        self._ending: Ending = ""
         self._started: float | None = None
         self._requests = 0
         self._turns = 0
@@ -181,10 +176,7 @@ class Session:
         self._messages: list[Message] = []  # the same, as the template renders it
         self._tools: tuple[Mapping[str, Any], ...] = ()
         self._tools_key: str | None = None
-        self._ids: list[int] = []
-        self._mask: list[int] = []
-        self._logprobs: list[float | None] = []
-        self._prompt_length = 0
+        self._tokens = Ledger()  # the current segment's ids
         self._pending: list[_Reply] = []
         self._last_generated: list[int] = []
         self._incremental = True
@@ -202,7 +194,7 @@ class Session:
                 raise WireError(f"the chat template cannot render this conversation: {exc}", code="template_error") from None
             turn = self._requests
             self._requests += 1
-            prompt = list(self._ids)
+            prompt = list(self._tokens.ids)
             params = [self.sampling.params(request, budget, self.renderer.stop_token_ids, self.seed, turn, k) for k in range(request.n)]
             started = time.perf_counter()
             results = await asyncio.gather(*(backend.generate(prompt, p) for p in params), return_exceptions=True)
@@ -219,7 +211,7 @@ class Session:
     def record(self) -> SessionRecord:
         """The session so far (the last reply continued with its first choice)."""
         segments = list(self._segments)
-        if self._pending or self._ids:
+        if self._pending or self._tokens.ids:
             pending, current = self._pending[:1], self._current_segment()
             if pending:  # without mutating: a record may be taken while the session goes on
                 reply = pending[0]
@@ -235,17 +227,17 @@ class Session:
     # -- the conversation ------------------------------------------------------------------------
 
     def _prepare(self, request: ChatRequest) -> int:
-        """Make ``self._ids`` the prompt of ``request``; return the reply's token budget."""
+        """Make the ledger's ids the prompt of ``request``; return the reply's token budget."""
         self._check_limits()
         messages = list(request.messages)
         if not self._continues(messages, request.tools_key):
             self._close_segment(messages)
             self._start_segment(request)
         budget = min(request.max_tokens or self.limits.max_new_tokens, self.limits.max_new_tokens,
-                     self.limits.max_seq_len - len(self._ids))
+                     self.limits.max_seq_len - len(self._tokens.ids))
         if budget <= 0:
             self._ending = "truncated"
-            raise self._limit(f"the session's conversation has {len(self._ids)} tokens; its limit is max_seq_len={self.limits.max_seq_len}")
+            raise self._limit(f"the session's conversation has {len(self._tokens.ids)} tokens; its limit is max_seq_len={self.limits.max_seq_len}")
         return budget
 
     def _continues(self, messages: list[WireMessage], tools_key: str) -> bool:
@@ -281,9 +273,7 @@ class Session:
 
     def _adopt(self, reply: _Reply) -> None:
         """The client continued with ``reply``: its generated ids join the conversation."""
-        self._ids += reply.ids
-        self._mask += [1] * len(reply.ids)
-        self._logprobs += reply.logprobs
+        self._tokens.extend(reply.ids, reply.logprobs)
         self._messages.append(reply.message)
         self._wire.append(reply.wire)
         self._pending = []
@@ -295,21 +285,21 @@ class Session:
         rendered; with one that rewrites history (``report(...).incremental`` is False) the whole
         conversation is, and appended when the ids so far are its prefix; False when they are not
         (a new segment starts)."""
-        renderer = self.renderer
+        renderer, ids = self.renderer, self._tokens.ids
         messages = self._template_messages(new, self._wire)
         if self._incremental:
             observation = renderer.closing_ids(self._last_generated) + renderer.delta_ids(messages, self._tools)
             observation += renderer.generation_prompt
         else:
             whole = renderer.conversation_ids([*self._messages, *messages], self._tools, add_generation_prompt=True)
-            if whole[: len(self._ids)] != self._ids:
+            if whole[: len(ids)] != ids:
                 return False
-            observation = whole[len(self._ids) :]
-        if len(self._ids) + len(observation) >= self.limits.max_seq_len:
+            observation = whole[len(ids) :]
+        if len(ids) + len(observation) >= self.limits.max_seq_len:
             self._ending = "truncated"
             raise self._limit(f"the new messages ({len(observation)} tokens) do not fit in max_seq_len={self.limits.max_seq_len} "
-                              f"after the {len(self._ids)} tokens so far")
-        self._append(observation)
+                              f"after the {len(ids)} tokens so far")
+        self._tokens.extend(observation)
         self._messages += messages
         self._wire += new
         return True
@@ -322,8 +312,7 @@ class Session:
         self._reset_segment()
         self._incremental = incremental
         self._wire, self._messages, self._tools, self._tools_key = list(request.messages), list(prompt), tools, request.tools_key
-        self._append(self.renderer.conversation_ids(prompt, tools, add_generation_prompt=True))
-        self._prompt_length = len(self._ids)
+        self._tokens.begin(self.renderer.conversation_ids(prompt, tools, add_generation_prompt=True))
 
     def _close_segment(self, next_messages: Sequence[WireMessage]) -> None:
         """End the current segment before a rewritten history, with the reply the client kept (or
@@ -331,17 +320,12 @@ class Session:
         if self._pending:
             kept = set(next_messages)
             self._adopt(next((r for r in self._pending if r.wire in kept), self._pending[0]))
-        if 1 in self._mask:
+        if 1 in self._tokens.mask:
             self._segments.append(self._current_segment())
 
     def _current_segment(self) -> RecordedSegment:
-        return RecordedSegment(tuple(self._messages), self._tools, tuple(self._ids), tuple(self._mask),
-                               tuple(self._logprobs), self._prompt_length)
-
-    def _append(self, ids: list[int]) -> None:
-        self._ids += ids
-        self._mask += [0] * len(ids)
-        self._logprobs += [None] * len(ids)
+        t = self._tokens
+        return RecordedSegment(tuple(self._messages), self._tools, tuple(t.ids), tuple(t.mask), tuple(t.logprobs), t.prompt_length)
 
     def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
         """Messages as the template renders them: replies the gateway sent keep their raw text;

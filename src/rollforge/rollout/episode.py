@@ -1,16 +1,12 @@
 """One episode's turn loop: render -> generate -> parse tool calls -> step the environment -> append.
 
 This is the heart of rollforge. It sees the backend and the environment only through their
-protocols and the chat template only through ``ChatRenderer``. Token bookkeeping:
-
-    ids   = prompt | gen-prompt | generated (policy) | closing + observation | gen-prompt | ...
-    mask  =   0    |     0      |         1          |           0           |     0      | ...
-
-Generated ids are kept exactly as the backend returned them; everything else is rendered
-incrementally. For a chat template that rewrites history (``ChatRenderer.report(...).incremental``
-is False, e.g. Qwen3 dropping past reasoning) each turn renders the whole conversation instead:
-when the ids so far are a prefix of it, the rest is appended; otherwise the episode continues in a
-new segment whose prompt is that rendering (mask 0). Tool calls without an id get the family's
+protocols and the chat template only through ``ChatRenderer``. Its tokens go into the token ledger
+(``rollout/ledger.py``): generated ids exactly as the backend returned them, everything else
+rendered incrementally. For a chat template that rewrites history (``ChatRenderer.report(...)
+.incremental`` is False, e.g. Qwen3 dropping past reasoning) each turn renders the whole
+conversation instead: when the ids so far are a prefix of it, the rest is appended; otherwise the
+episode continues in a new segment whose prompt is that rendering (mask 0). Tool calls without an id get the family's
 deterministic one. Each turn the environment is stepped with the conversation so far; its reward
 is the turn's reward. The episode ends when the environment terminates it (natural termination),
 when an observation or generation reaches ``max_seq_len`` (the observation is cut to what fits and
@@ -44,9 +40,10 @@ from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
 from ..boundary import boundary
 from ..errors import EpisodeFailed, TemplateError
-from ..types import Failure, Message, Sample, Segment, ToolCall, Trajectory
+from ..types import Failure, Message, Sample, ToolCall, Trajectory
 from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
+from .ledger import Ending, Ledger, ending_flags
 
 T = TypeVar("T")
 
@@ -133,68 +130,30 @@ class _State:
     index: int
     sample: Sample
     messages: list[Message] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float | None] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # weight version of each policy token, when known
-    prompt_length: int = 0
+    tokens: Ledger = field(default_factory=Ledger)
     prompt_messages: int | None = None
     rewards: list[float] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     tools: tuple = ()  # the tool schemas the template renders
-    ending: str = ""  # terminated | truncated | max_turns_reached | "" (error)
+    ending: Ending = ""  # terminated | truncated | max_turns_reached | "" (error)
     error: Failure | None = None
     generation_seconds: float = 0.0
     environment_seconds: float = 0.0
-    #: Finished segments (the current one is ``ids`` / ``mask`` / ``logprobs`` / ``prompt_length``).
-    segments: list[Segment] = field(default_factory=list)
-    #: How many messages the current segment's ids render (set when a segment closes).
-    covered: int = 0
     #: How many messages the last segment renders, when the episode ended with messages after it.
     last_covers: int | None = None
 
-    def new_segment(self, prompt_ids: list[int]) -> None:
-        """Close the current segment (it renders the first ``covered`` messages) and start one
-        whose prompt is ``prompt_ids``."""
-        self.segments.append(Segment(tuple(self.ids), tuple(self.mask), tuple(self.logprobs), self.prompt_length, self.covered))
-        self.ids, self.mask, self.logprobs = [], [], []
-        self.extend(prompt_ids)
-        self.prompt_length = len(prompt_ids)
-
-    def extend(self, ids: list[int], logprobs: tuple[float, ...] | None = None) -> None:
-        self.ids += ids
-        if logprobs is None:
-            self.mask += [0] * len(ids)
-            self.logprobs += [None] * len(ids)
-        else:
-            self.mask += [1] * len(ids)
-            self.logprobs += logprobs
-
     def trajectory(self, session: Any) -> Trajectory:
-        ids, mask, logprobs, prompt_length = self.ids, self.mask, self.logprobs, self.prompt_length
-        segments: tuple[Segment, ...] = ()
-        if self.segments or self.last_covers is not None:
-            covers = len(self.messages) if self.last_covers is None else self.last_covers
-            segments = (*self.segments, Segment(tuple(ids), tuple(mask), tuple(logprobs), prompt_length, covers))
-            ids = [t for s in segments for t in s.token_ids]
-            mask = [b for s in segments for b in s.loss_mask]
-            logprobs = [lp for s in segments for lp in s.logprobs]
-            prompt_length = segments[0].prompt_length
         return Trajectory(
             index=self.index,
             task_name=self.sample.task_name,
             messages=tuple(self.messages),
-            token_ids=tuple(ids),
-            loss_mask=tuple(mask),
-            logprobs=tuple(logprobs),
-            prompt_length=prompt_length,
+            **self.tokens.fields(self.messages, self.last_covers),
             prompt_messages=self.prompt_messages,
             rewards=tuple(self.rewards),
             total_reward=float(sum(self.rewards)),
             turns=len(self.rewards),
             terminated=self.ending == "terminated",
-            truncated=self.ending == "truncated",
-            max_turns_reached=self.ending == "max_turns_reached",
+            **ending_flags(self.ending),
             error=self.error,
             failures=tuple(self.failures),
             metadata=session.metadata if session is not None else None,
@@ -202,8 +161,6 @@ class _State:
             generation_seconds=self.generation_seconds,
             environment_seconds=self.environment_seconds,
             environment=session.handle if session is not None else None,
-            segments=segments,
-            versions=tuple(self.versions) if len(self.versions) == sum(mask) else (),
         )
 
 
@@ -232,32 +189,28 @@ async def run_episode(index: int, sample: Sample, env: Environment, ctx: Episode
 
 
 async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -> None:
-    config, renderer = ctx.config, ctx.renderer
+    config, renderer, tokens = ctx.config, ctx.renderer, state.tokens
     reset = await _env_call(state, session.reset(state.sample), "reset", config)
     stop = reset.stop if reset.stop is not None else state.sample.stop
-    prompt, template_tools = renderer.with_tool_prompt(reset.prompt, reset.tools, ctx.parser)
-    state.tools = template_tools
+    prompt, state.tools = renderer.with_tool_prompt(reset.prompt, reset.tools, ctx.parser)
     state.messages += prompt
     _check_images(prompt, ctx)  # after keeping them: a failed trajectory still shows the images
     incremental = renderer.report(reset.tools, ctx.parser).incremental
-    state.extend(renderer.prompt_ids(prompt, template_tools))
-    state.prompt_length = len(state.ids)
+    tokens.begin(renderer.prompt_ids(prompt, state.tools))
     pending = renderer.generation_prompt  # appended before the next generation
     state.prompt_messages = len(state.messages)
 
     for turn in range(config.max_turns):
-        state.extend(pending)
-        budget = min(config.max_new_tokens, config.max_seq_len - len(state.ids))
+        tokens.extend(pending)
+        budget = min(config.max_new_tokens, config.max_seq_len - len(tokens.ids))
         if budget <= 0:
-            _cut_to(state, config.max_seq_len)
+            tokens.cut_to(config.max_seq_len)
             state.ending = "truncated"
             return
         await gate.wait("generate")
         completion = await _generate(state, ctx, _params(config, budget, stop, renderer, state.index, turn))
         generated = list(completion.token_ids)
-        state.extend(generated, completion.logprobs)
-        if completion.version is not None:
-            state.versions += [completion.version] * len(generated)
+        tokens.extend(generated, completion.logprobs, completion.version)
         text = renderer.decode(renderer.content_ids(generated))
         calls = _with_ids(await ctx.parse(text), renderer, state.index, turn)
         state.messages.append(Message("assistant", text, tool_calls=calls))
@@ -269,43 +222,55 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         covered = len(state.messages)
         state.messages += step.messages
         _check_images(step.messages, ctx)
-        if step.terminated and not step.messages:
-            observation = []  # the episode ends on the policy's own tokens
-        elif incremental:
-            observation = renderer.closing_ids(generated) + await ctx.delta_ids(step.messages, template_tools)
-            pending = renderer.generation_prompt
-        else:  # the whole conversation, rendered as the template does: appended, or a new segment
-            whole = renderer.conversation_ids(state.messages, template_tools, add_generation_prompt=not step.terminated)
-            pending = []
-            if whole[: len(state.ids)] == state.ids:
-                observation = whole[len(state.ids) :]
-            elif step.terminated:  # no segment to start: the last one renders the messages before
-                state.last_covers = covered
-                state.ending = "terminated"
+        observation = await _observation(state, step, covered, generated, incremental, ctx)
+        if observation is None:  # the episode ended, or went on in a new segment
+            if state.ending:
                 return
-            elif len(whole) >= config.max_seq_len:
-                del state.messages[covered:]  # nothing of them is in the ids
-                state.ending = "truncated"
-                return
-            else:
-                state.covered = covered
-                state.new_segment(whole)
-                if step.stop is not None:
-                    stop = step.stop
-                continue
-        if len(state.ids) + len(observation) >= config.max_seq_len and (observation or not step.terminated):
-            kept = observation[: config.max_seq_len - len(state.ids)]
-            state.extend(kept)
-            _keep_what_fits(state, covered, kept, renderer)
-            state.ending = "truncated"
+        elif _append(state, observation, covered, step.terminated, ctx):
             return
-        state.extend(observation)
-        if step.terminated:
-            state.ending = "terminated"
-            return
+        pending = renderer.generation_prompt if incremental else []
         if step.stop is not None:
             stop = step.stop
     state.ending = "max_turns_reached"
+
+
+async def _observation(state: _State, step: Any, covered: int, generated: list[int], incremental: bool,
+                       ctx: EpisodeContext) -> list[int] | None:
+    """The ids to append after a turn; None when there are none to append because the episode
+    ended (``state.ending`` set) or the conversation went on in a new segment."""
+    renderer, tokens = ctx.renderer, state.tokens
+    if step.terminated and not step.messages:
+        return []  # the episode ends on the policy's own tokens
+    if incremental:
+        return renderer.closing_ids(generated) + await ctx.delta_ids(step.messages, state.tools)
+    # the whole conversation, rendered as the template does: appended, or a new segment
+    whole = renderer.conversation_ids(state.messages, state.tools, add_generation_prompt=not step.terminated)
+    if whole[: len(tokens.ids)] == tokens.ids:
+        return whole[len(tokens.ids) :]
+    if step.terminated:  # no segment to start: the last one renders the messages before
+        state.last_covers, state.ending = covered, "terminated"
+    elif len(whole) >= ctx.config.max_seq_len:
+        del state.messages[covered:]  # nothing of them is in the ids
+        state.ending = "truncated"
+    else:
+        tokens.close(state.messages[:covered])
+        tokens.begin(whole)
+    return None
+
+
+def _append(state: _State, observation: list[int], covered: int, terminated: bool, ctx: EpisodeContext) -> bool:
+    """Append a turn's observation, cut to what fits; True when the episode ended."""
+    tokens, limit = state.tokens, ctx.config.max_seq_len
+    if len(tokens.ids) + len(observation) >= limit and (observation or not terminated):
+        kept = observation[: limit - len(tokens.ids)]
+        tokens.extend(kept)
+        _keep_what_fits(state, covered, kept, ctx.renderer)
+        state.ending = "truncated"
+        return True
+    tokens.extend(observation)
+    if terminated:
+        state.ending = "terminated"
+    return terminated
 
 
 def _with_ids(calls: tuple[ToolCall, ...], renderer: ChatRenderer, episode: int, turn: int) -> tuple[ToolCall, ...]:
@@ -360,9 +325,9 @@ async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
             async with limit:
                 if ctx.accepts_images:  # every image of the conversation so far, in order
                     images = tuple(image for m in state.messages for image in m.images)
-                    completion = await ctx.backend.generate(state.ids, params, images=images)
+                    completion = await ctx.backend.generate(state.tokens.ids, params, images=images)
                 else:
-                    completion = await ctx.backend.generate(state.ids, params)
+                    completion = await ctx.backend.generate(state.tokens.ids, params)
     except EpisodeFailed:
         if limit.expired():
             raise EpisodeFailed(Failure(
@@ -409,11 +374,6 @@ async def _close(state: _State, session: Any, ctx: EpisodeContext) -> None:
         await _env_call(state, session.close(), "close", ctx.config)
     except EpisodeFailed as failed:
         state.failures.append(failed.failure)
-
-
-def _cut_to(state: _State, limit: int) -> None:
-    del state.ids[limit:], state.mask[limit:], state.logprobs[limit:]
-    state.prompt_length = min(state.prompt_length, limit)
 
 
 def _finite(reward: Any, what: str) -> float:

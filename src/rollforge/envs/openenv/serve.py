@@ -32,7 +32,8 @@ import base64
 from typing import Any, Callable
 
 from ...errors import ConfigError, require
-from ...types import Message, Sample, ToolCall, image_bytes
+from ...json_forms import image_bytes
+from ...types import Message, Sample, ToolCall
 from ..base import Environment
 
 
