@@ -42,7 +42,7 @@ def test_the_reader_resolves_relative_imports(tmp_path):
 
 def test_no_backend_module_imports_cluster():
     modules = sorted(BACKENDS.glob("*.py"))
-    assert len(modules) >= 10 and BACKENDS / "select.py" in modules
+    assert len(modules) >= 10 and BACKENDS / "opening.py" in modules
     upward = {
         path.name: name for path in modules for name in imported_modules(path)
         if name == "rollforge.cluster" or name.startswith("rollforge.cluster.")
@@ -54,7 +54,7 @@ def test_opening_a_backend_loads_no_cluster_module(tiny_model_dir):
     code = (
         "import asyncio, sys\n"
         "from rollforge.backends.config import BackendConfig\n"
-        "from rollforge.backends.select import open_backend\n"
+        "from rollforge.backends.opening import open_backend\n"
         f"asyncio.run(open_backend(BackendConfig(model={str(tiny_model_dir)!r})).close())\n"
         "print(sorted(m for m in sys.modules if m.startswith('rollforge.cluster')))\n"
     )
