@@ -7,12 +7,16 @@ episodes record it per policy token, ``Trajectory.versions``).
 
 New weights arrive *between requests* (in-flight updates): ``advance(push)`` passes the weight gate
 (``backends/gate.py``): it holds new requests back, waits for the requests already running to
-finish, applies ``push`` (the weight sync), and moves to the next version. An episode that is mid-way simply continues under the new
-weights at its next turn, and its versions show the change. A request therefore never mixes two
-versions, whatever the backend (in-process HF or vLLM, an OpenAI-compatible server, Ray replicas).
+finish, applies ``push`` (the weight sync), and moves to the next version. An episode that is
+mid-way simply continues under the new weights at its next turn, and its versions show the change.
+A request therefore never mixes two versions, whatever the backend (in-process HF or vLLM, an
+OpenAI-compatible server, Ray replicas).
 
 ``pinned()`` holds the weights at one version for a while (an evaluation during training): an
 update waits until it ends, and the evaluation reports the version it saw.
+
+``VersionedBackend`` is a ``BackendWrapper``: everything else is the wrapped backend's, and its own
+``update_weights`` is the wrapped one's applied through ``advance``.
 """
 
 from __future__ import annotations
