@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from typing import Any, Sequence
 
-from rollforge.backends.base import Backend, SamplingParams
+from rollforge.backends.base import Backend, BackendWrapper, SamplingParams
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.types import Completion, Sample, Trajectory
 
@@ -23,18 +23,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RecordingBackend(Backend):
-    def __init__(self, inner: Any):
-        self.inner = inner
+class RecordingBackend(BackendWrapper):
+    """The wrapped backend (which a fixture closes), keeping every (prompt ids, completion) pair."""
+
+    def __init__(self, inner: Backend):
+        super().__init__(inner)
         self.calls: list[tuple[tuple[int, ...], Completion]] = []
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        completion = await self.inner.generate(prompt_ids, params)
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, **kwargs: Any) -> Completion:
+        completion = await self.inner.generate(prompt_ids, params, **kwargs)
         self.calls.append((tuple(prompt_ids), completion))
         return completion
-
-    async def close(self) -> None:  # the inner backend belongs to a fixture
-        pass
 
 
 def chat_samples(n: int) -> list[Sample]:

@@ -218,7 +218,7 @@ def test_opening_a_backend_loads_no_cluster_module(tiny_model_dir):
     code = (
         "import asyncio, sys\n"
         "from rollforge.backends.config import BackendConfig\n"
-        "from rollforge.backends.select import open_backend\n"
+        "from rollforge.backends.opening import open_backend\n"
         f"asyncio.run(open_backend(BackendConfig(model={str(tiny_model_dir)!r})).close())\n"
         "print(sorted(m for m in sys.modules if m.startswith('rollforge.cluster')))\n"
     )

@@ -45,7 +45,7 @@ _LAZY = {
     "OpenEnvEnvironment": ("rollforge.envs.openenv", "OpenEnvEnvironment"),
     "VLLMBackend": ("rollforge.backends.vllm", "VLLMBackend"),
     "OpenAICompatBackend": ("rollforge.backends.openai_compat", "OpenAICompatBackend"),
-    "open_backend": ("rollforge.backends.select", "open_backend"),
+    "open_backend": ("rollforge.backends.opening", "open_backend"),
     "open_generation": ("rollforge.cluster.generation", "open_generation"),
 }
 

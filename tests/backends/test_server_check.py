@@ -8,7 +8,7 @@ import pytest
 
 from rollforge.backends.config import BackendConfig
 from rollforge.backends.openai_compat import check_server
-from rollforge.backends.select import open_backend
+from rollforge.backends.opening import open_backend
 from rollforge.errors import BackendError
 
 

@@ -18,7 +18,7 @@ from rollforge.backends.router import RouterBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.cluster.generation import open_generation
 from rollforge.cluster.replicas import RayBackendReplica, start_replicas
-from rollforge.backends.base import Backend
+from rollforge.backends.base import BackendWrapper
 from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
@@ -40,16 +40,17 @@ def renderer(tiny):
     return ChatRenderer(tiny[1])
 
 
-class Recording(Backend):
+class Recording(BackendWrapper):
     """A replica as it is, plus the prompt of every request sent to it."""
 
     def __init__(self, inner):
-        self.inner, self.prompts, self.completed = inner, [], 0
+        super().__init__(inner)
+        self.prompts, self.completed = [], 0
 
-    def __getattr__(self, name):  # update_weights, share_weights, dead, name, ...
+    def __getattr__(self, name):  # the replica's own: share_weights, dead, name
         return getattr(self.inner, name)
 
-    async def close(self):  # declared on Backend, so not found through __getattr__
+    async def close(self):  # the router owns its replicas and closes them through this
         await self.inner.close()
 
     async def generate(self, prompt_ids, params):

@@ -109,6 +109,22 @@ async def test_pinned_holds_updates_until_it_ends(renderer):
     assert await update == 1
 
 
+async def test_an_update_cancelled_while_draining_releases_the_held_requests(renderer):
+    """The pipeline cancels its push on shutdown or failure; requests must not wait forever."""
+    from rollforge.backends.base import SamplingParams
+
+    versions = VersionedBackend(scripted(renderer, latency=0.2))
+    params = SamplingParams(max_new_tokens=4)
+    first = asyncio.create_task(versions.generate([1, 2], params))
+    await asyncio.sleep(0.05)  # the first request is running
+    update = asyncio.create_task(versions.advance(lambda: asyncio.sleep(0)))
+    await asyncio.sleep(0.01)  # the update waits for it
+    update.cancel()
+    await asyncio.gather(update, return_exceptions=True)
+    later = await asyncio.wait_for(versions.generate([1, 2], params), timeout=5)
+    assert (await first).version == later.version == 0  # nothing was applied
+
+
 def test_fresh_masks_removes_tokens_older_than_the_bound():
     # one trajectory, two segments: policy tokens (in order) of versions 3, 3 | 4, 5, 5
     def t(versions):

@@ -21,6 +21,11 @@ protocol (``WeightSync``); ``syncs_weights`` says whether a backend implements i
 A backend is an async context manager, like httpx's transports: ``async with backend:`` (or
 ``async with open_backend(config) as backend:``) closes it on the way out, error or not. Whoever
 opens a backend closes it.
+
+``BackendWrapper`` is a backend around another one, in the shape of Gymnasium's ``Wrapper``: it
+forwards every member declared here and in ``WeightSync`` to the wrapped backend, so a wrapper
+(weight versions, recording) overrides only what it changes. Closing a wrapper leaves the wrapped
+backend open: whoever opened that closes it.
 """
 
 from __future__ import annotations
@@ -140,6 +145,56 @@ class WeightSync(Protocol):
     async def update_weights(self, model: Any) -> None:
         """Make the backend generate with ``model``'s current weights; raise ``BackendError`` on failure."""
         ...
+
+
+class BackendWrapper(Backend):
+    """``inner`` as it is (see the module docstring); a subclass overrides what it changes."""
+
+    def __init__(self, inner: Backend):
+        if not isinstance(inner, Backend):
+            raise ConfigError(f"{type(self).__name__} wraps a rollforge Backend, got {type(inner).__name__}")
+        self.inner = inner
+
+    @property
+    def accepts_images(self) -> bool:  # type: ignore[override]
+        return self.inner.accepts_images
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, **kwargs: Any) -> Completion:
+        return await self.inner.generate(prompt_ids, params, **kwargs)
+
+    async def close(self) -> None:
+        """Nothing to release of its own; the wrapped backend belongs to whoever opened it."""
+        return None
+
+    def shares_model(self, model: Any) -> bool:
+        return self.inner.shares_model(model)
+
+    def invalidate_cache(self) -> None:
+        self.inner.invalidate_cache()
+
+    @property
+    def syncs_weights(self) -> bool:
+        return self.inner.syncs_weights
+
+    @property
+    def weight_version(self) -> int:
+        """The wrapped backend's; absent (``AttributeError``) when it has no weight sync."""
+        return self.inner.weight_version  # type: ignore[attr-defined]
+
+    async def update_weights(self, model: Any) -> None:
+        if not self.inner.syncs_weights:
+            raise BackendError(f"{type(self.inner).__name__} has no weight sync (update_weights)")
+        await self.inner.update_weights(model)  # type: ignore[attr-defined]
+
+    @property
+    def supports_sleep(self) -> bool:
+        return self.inner.supports_sleep
+
+    async def sleep(self) -> None:
+        await self.inner.sleep()
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        await self.inner.wake_up(tags)
 
 
 class StopStrings:

@@ -12,7 +12,7 @@ YAML machinery; its cross-field rules read best as one ``__post_init__`` with me
 users, like ``SamplingParams`` beside it in ``backends/base.py``; and it travels to Ray actors
 pickled as it is. ``options`` is copied on construction and must be treated as read-only.
 
-Where the backend runs is decided above ``backends/``: ``backends.select.open_backend`` opens it
+Where the backend runs is decided above ``backends/``: ``backends.opening.open_backend`` opens it
 in this process (``replicas == 1``, or several ``openai`` servers), ``cluster.generation
 .open_generation`` also starts ``hf``/``vllm`` replicas on Ray actors.
 """

@@ -19,8 +19,9 @@ a vLLM engine or HF model on a Ray actor, ...) holding the same weights.
 - **Weight sync**: only when every replica has ``update_weights`` does the router have one (and a
   ``weight_version``, the minimum of the replicas'); otherwise it has neither, so a trainer refuses
   it rather than train on a policy it cannot update. All replicas are updated concurrently while
-  new requests wait (each replica finishes its requests in flight on the old weights, as the
-  ``WeightSync`` protocol requires). A replica class may offer ``share_weights(model)`` (a static method) that
+  new requests wait at the weight gate (``backends/gate.py``, holding without draining: each
+  replica finishes its requests in flight on the old weights, as the ``WeightSync`` protocol
+  requires). A replica class may offer ``share_weights(model)`` (a static method) that
   converts the model once into what all its replicas accept in ``update_weights`` (Ray replicas:
   the exported state dict, put once in the object store). If any replica fails, the router raises
   ``BackendError`` naming it and refuses to generate until an update succeeds on every replica:
@@ -39,6 +40,7 @@ from typing import Any, Sequence
 from ..errors import BackendError, ConfigError
 from ..types import Completion
 from .base import CURRENT_EPISODE, Backend, SamplingParams
+from .gate import WeightGate
 
 
 class RouterBackend(Backend):
@@ -71,32 +73,31 @@ class RouterBackend(Backend):
         self._placed: dict[int, tuple[weakref.ref, int]] = {}
         self._pinned: collections.OrderedDict[int, tuple[object, int]] = collections.OrderedDict()
         self._max_pinned = max_pinned
-        self._updating: asyncio.Future | None = None  # set while weights are swapped
+        self._gate = WeightGate()  # holds new requests while weights are swapped
         self._mixed: str | None = None  # why generation is refused after a partial weight update
         self._closed = False
 
     # --- the Backend protocol ----------------------------------------------------------------
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, images: Any = None) -> Completion:
-        while self._updating is not None:
-            await asyncio.shield(self._updating)
-        if self._closed:
-            raise BackendError("the router backend is closed")
-        if self._mixed is not None:
-            raise BackendError(self._mixed)
-        index = self._route(CURRENT_EPISODE.get())
-        replica = self.replicas[index]
-        self.requests[index] += 1
-        self.in_flight[index] += 1
-        try:
-            if images is None:
-                return await replica.generate(prompt_ids, params)
-            return await replica.generate(prompt_ids, params, images=images)
-        except Exception:
-            self.failures[index] += 1
-            raise
-        finally:
-            self.in_flight[index] -= 1
+        async with self._gate.request():
+            if self._closed:
+                raise BackendError("the router backend is closed")
+            if self._mixed is not None:
+                raise BackendError(self._mixed)
+            index = self._route(CURRENT_EPISODE.get())
+            replica = self.replicas[index]
+            self.requests[index] += 1
+            self.in_flight[index] += 1
+            try:
+                if images is None:
+                    return await replica.generate(prompt_ids, params)
+                return await replica.generate(prompt_ids, params, images=images)
+            except Exception:
+                self.failures[index] += 1
+                raise
+            finally:
+                self.in_flight[index] -= 1
 
     async def close(self) -> None:
         if self._closed:
@@ -128,10 +129,11 @@ class RouterBackend(Backend):
     async def _update_weights(self, model: Any) -> None:
         if self._closed:
             raise BackendError("the router backend is closed")
-        if self._updating is not None:
+        if self._gate.updating:
             raise BackendError("update_weights is already running on this router")
-        self._updating = asyncio.get_running_loop().create_future()
-        try:
+        # Only hold new requests: each replica finishes its own in flight on the old weights
+        # (``WeightSync``), so no replica waits for another's slowest request.
+        async with self._gate.update(drain=False):
             shared: dict[Any, Any] = {}
             for replica in self.replicas:
                 share = getattr(replica, "share_weights", None)
@@ -149,9 +151,6 @@ class RouterBackend(Backend):
                 )
                 raise BackendError(f"updating the weights failed on {failed}")
             self._mixed = None
-        finally:
-            self._updating.set_result(None)
-            self._updating = None
 
     # --- placement ---------------------------------------------------------------------------
 

@@ -1,11 +1,9 @@
 """A backend that records every request, for benchmarks that replay the same work another way.
 
-``RecordingBackend`` is a ``Backend`` around another one, in the shape of Gymnasium's ``Wrapper``:
-it forwards every member the engine and the trainer may ask of a backend (``accepts_images``,
-``shares_model``, ``invalidate_cache``, ``supports_sleep``, ``sleep``, ``wake_up``) and changes
-only ``generate``, which keeps a ``Request`` (the episode it came from, the prompt ids, the
-parameters and the completion) per call, in the order the calls finished. It does not close the
-wrapped backend: whoever opened that closes it.
+``RecordingBackend`` is a ``BackendWrapper`` (``backends/base.py``): every member the engine and the
+trainer may ask of a backend is the wrapped one's; it changes only ``generate``, which keeps a
+``Request`` (the episode it came from, the prompt ids, the parameters and the completion) per call,
+in the order the calls finished. It does not close the wrapped backend: whoever opened that closes it.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
+from ..backends.base import CURRENT_EPISODE, Backend, BackendWrapper, SamplingParams
 from ..types import Completion
 
 
@@ -25,15 +23,14 @@ class Request:
     completion: Completion
 
 
-class RecordingBackend(Backend):
+class RecordingBackend(BackendWrapper):
     def __init__(self, inner: Backend):
-        self.inner = inner
-        self.accepts_images = inner.accepts_images
+        super().__init__(inner)
         self.requests: list[Request] = []
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, **kwargs: Any) -> Completion:
         episode = id(CURRENT_EPISODE.get())
-        completion = await self.inner.generate(prompt_ids, params)
+        completion = await self.inner.generate(prompt_ids, params, **kwargs)
         self.requests.append(Request(episode, tuple(prompt_ids), params, completion))
         return completion
 
@@ -43,20 +40,3 @@ class RecordingBackend(Backend):
         for request in self.requests:
             groups.setdefault(request.episode, []).append(request)
         return list(groups.values())
-
-    # the rest of what a backend declares: the wrapped one's answers
-    def shares_model(self, model: Any) -> bool:
-        return self.inner.shares_model(model)
-
-    def invalidate_cache(self) -> None:
-        self.inner.invalidate_cache()
-
-    @property
-    def supports_sleep(self) -> bool:
-        return self.inner.supports_sleep
-
-    async def sleep(self) -> None:
-        await self.inner.sleep()
-
-    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        await self.inner.wake_up(tags)

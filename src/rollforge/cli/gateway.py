@@ -49,7 +49,7 @@ def run(args: Any) -> int:
 
 async def _serve(args: Any) -> None:
     from ..backends.config import BackendConfig
-    from ..backends.select import open_backend
+    from ..backends.opening import open_backend
     from ..chat.render import ChatRenderer
     from ..chat.toolcalls import get_parser
     from ..gateway import Gateway, Sampling, SessionLimits

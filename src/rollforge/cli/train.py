@@ -168,7 +168,7 @@ def _eval(args: Any) -> int:
     import asyncio
 
     from ..backends.config import BackendConfig
-    from ..backends.select import open_backend
+    from ..backends.opening import open_backend
     from ..chat.render import ChatRenderer
     from ..cli.rollout import check_out_dir, split_samples, write_results
     from ..envs.library import get_env_spec

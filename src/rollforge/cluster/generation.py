@@ -2,7 +2,7 @@
 
 ``open_generation(config, hf_model=..., tokenizer=...)`` is what commands and the trainer call to
 get their backend. With ``config.replicas == 1`` (or the ``openai`` backend, whose replicas are its
-servers) it is ``backends.select.open_backend``: the backend runs here. ``hf``/``vllm`` with
+servers) it is ``backends.opening.open_backend``: the backend runs here. ``hf``/``vllm`` with
 ``replicas > 1`` start that many Ray actors (``cluster/replicas.py``; a local Ray instance is
 started unless one is connected), each loading the model itself, behind a ``RouterBackend`` that
 keeps each episode on one replica and places new episodes on the least-loaded one.
@@ -18,7 +18,7 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..backends.config import BackendConfig
-from ..backends.select import open_backend
+from ..backends.opening import open_backend
 from ..errors import ConfigError
 
 

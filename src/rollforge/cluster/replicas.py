@@ -3,7 +3,7 @@
 
 - ``RayBackendReplica(config)`` starts one async Ray actor (``BackendHost``, reserving the
   config's ``replica_cpus``/``replica_gpus``) that builds its backend with
-  ``backends.select.open_backend(config)`` on the worker: a vLLM engine (``vllm``) or a
+  ``backends.opening.open_backend(config)`` on the worker: a vLLM engine (``vllm``) or a
   transformers model with dynamic batching (``hf``; each actor loads the model itself).
   ``start_replicas(config)`` starts ``config.replicas`` of them at once and waits until every one
   runs; one that cannot start is named, and all are stopped. ``cluster/generation.py`` puts them
@@ -13,9 +13,10 @@
 - Weight sync: ``share_weights(model)`` exports the state dict on the driver once
   (``weights.state_dict_for_export``: a peft model merged, tied weights once) and puts it in
   Ray's object store; a router calls it once for all its replicas and each actor fetches it. In
-  the actor, new requests wait and those in flight finish on the old weights; then an HF replica
-  loads the state dict into its model and forgets its prefix cache, a vLLM replica writes it in the
-  export format to a scratch directory and reloads from there
+  the actor, the weight gate (``backends/gate.py``) holds new requests and lets those in flight
+  finish on the old weights; then an HF replica loads the state dict into its model and forgets
+  its prefix cache, a vLLM replica writes it in the export format to a scratch directory and
+  reloads from there
   (``VLLMBackend.update_weights_from_directory``). ``weight_version`` counts completed updates.
 - Failures: when the actor dies (crash, OOM kill, ``ray.kill``, lost node), the request in flight
   and every later one fail at once with ``BackendError`` naming the replica and Ray's reason, and
@@ -36,6 +37,7 @@ from typing import Any, Sequence
 
 from ..backends.base import Backend, SamplingParams
 from ..backends.config import BackendConfig
+from ..backends.gate import WeightGate
 from ..backends.weights import save_state_dict, scratch_directory, state_dict_for_export
 from ..errors import BackendError, ConfigError
 from ..types import Completion
@@ -46,38 +48,24 @@ REPLICA_KINDS = ("hf", "vllm")
 
 
 class BackendHost:
-    """The actor body: one backend built on this worker, and the gate of weight updates."""
+    """The actor body: one backend built on this worker behind the weight gate."""
 
     def __init__(self, config: BackendConfig):
-        from ..backends.select import open_backend
+        from ..backends.opening import open_backend
 
         self._kind = config.kind
         self._backend = open_backend(config)
-        self._running = 0  # generate calls in progress
-        self._updating: asyncio.Future | None = None  # new requests wait on it during an update
-        self._drained: asyncio.Future | None = None  # an update waits on it for running == 0
+        self._gate = WeightGate()
 
     async def ready(self) -> int:
         return os.getpid()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        while self._updating is not None:
-            await asyncio.shield(self._updating)
-        self._running += 1
-        try:
+        async with self._gate.request():
             return await self._backend.generate(prompt_ids, params)
-        finally:
-            self._running -= 1
-            if not self._running and self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
 
     async def update_weights(self, state: dict[str, Any]) -> None:
-        loop = asyncio.get_running_loop()
-        self._updating = loop.create_future()
-        try:
-            if self._running:
-                self._drained = loop.create_future()
-                await self._drained
+        async with self._gate.update():
             if self._kind == "hf":
                 await asyncio.to_thread(load_exported, self._backend.model, state)
                 self._backend.invalidate_cache()
@@ -88,10 +76,6 @@ class BackendHost:
                     await self._backend.update_weights_from_directory(directory)
                 finally:
                     shutil.rmtree(directory, ignore_errors=True)
-        finally:
-            self._drained = None
-            self._updating.set_result(None)
-            self._updating = None
 
     async def close(self) -> None:
         await self._backend.close()

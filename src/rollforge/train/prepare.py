@@ -55,7 +55,7 @@ def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrit
                          "rollout.max_seq_len")
     if config.model.backend == "openai" and config.model.base_url:
         from ..backends.openai_compat import check_server
-        from ..backends.select import server_urls
+        from ..backends.opening import server_urls
 
         for url in server_urls(config.model.base_url):
             check_server(url)

@@ -223,7 +223,7 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
 async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, renderer: ChatRenderer, phase: int):
     """Roll out the current model ``samples_per_prompt`` times per prompt: the rollout, the episodes
     whose total reward is >= ``min_reward`` (and that did not fail), and the round's metrics."""
-    from ..backends.select import open_backend
+    from ..backends.opening import open_backend
     from ..cluster.config import RayConfig
     from .generation import backend_config
 

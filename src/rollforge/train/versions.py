@@ -5,95 +5,70 @@ backend serves have a version: the number of updates applied (a resumed run star
 Every completion comes back stamped with the version that generated it (``Completion.version``;
 episodes record it per policy token, ``Trajectory.versions``).
 
-New weights arrive *between requests* (in-flight updates): ``advance(push)`` waits for the
-requests already running to finish, holds new ones back meanwhile, applies ``push`` (the weight
-sync), and moves to the next version. An episode that is mid-way simply continues under the new
-weights at its next turn, and its versions show the change. A request therefore never mixes two
-versions, whatever the backend (in-process HF or vLLM, an OpenAI-compatible server, Ray replicas).
+New weights arrive *between requests* (in-flight updates): ``advance(push)`` passes the weight gate
+(``backends/gate.py``): it holds new requests back, waits for the requests already running to
+finish, applies ``push`` (the weight sync), and moves to the next version. An episode that is
+mid-way simply continues under the new weights at its next turn, and its versions show the change.
+A request therefore never mixes two versions, whatever the backend (in-process HF or vLLM, an
+OpenAI-compatible server, Ray replicas).
 
 ``pinned()`` holds the weights at one version for a while (an evaluation during training): an
 update waits until it ends, and the evaluation reports the version it saw.
+
+``VersionedBackend`` is a ``BackendWrapper``: everything else is the wrapped backend's, and its own
+``update_weights`` is the wrapped one's applied through ``advance``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from dataclasses import replace
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import torch
 
-from ..backends.base import Backend, SamplingParams
+from ..backends.base import Backend, BackendWrapper, SamplingParams
+from ..backends.gate import WeightGate
 from ..types import Completion, Trajectory
 
 
-class VersionedBackend(Backend):
+class VersionedBackend(BackendWrapper):
+    """``backend`` with every completion stamped by the version of the weights that generated it;
+    everything else the wrapped backend's (``BackendWrapper``), which it does not close."""
+
     def __init__(self, backend: Backend, version: int = 0):
-        self.inner = backend
+        super().__init__(backend)
         self.version = version
-        self.accepts_images = backend.accepts_images
-        self._changed = asyncio.Condition()
-        self._running = 0  # requests in flight
-        self._pins = 0  # pinned() holders
-        self._updating = False  # an update waits for the running requests or is being applied
+        self._gate = WeightGate()
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, **kwargs: Any) -> Completion:
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._updating)
-            self._running += 1
+        async with self._gate.request():
             version = self.version
-        try:
             completion = await self.inner.generate(prompt_ids, params, **kwargs)
-        finally:
-            async with self._changed:
-                self._running -= 1
-                self._changed.notify_all()
         return replace(completion, version=version)
 
     async def advance(self, push: Callable[[], Awaitable[None]]) -> int:
         """Apply ``push`` between requests and return the new version."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._updating and self._pins == 0)
-            self._updating = True  # from here new requests wait
-            await self._changed.wait_for(lambda: self._running == 0)
-        try:
-            await push()
-        finally:
-            async with self._changed:
+        async with self._gate.update():
+            try:
+                await push()
+            finally:
                 self.version += 1
-                self._updating = False
-                self._changed.notify_all()
         return self.version
+
+    async def update_weights(self, model: Any) -> None:
+        """The wrapped backend's weight sync, applied between requests as the next version."""
+        await self.advance(lambda: super(VersionedBackend, self).update_weights(model))
 
     async def reached(self, version: int) -> None:
         """Return once the backend serves ``version`` or a later one."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.version >= version)
+        await self._gate.wait_until(lambda: self.version >= version)
 
     @contextlib.asynccontextmanager
     async def pinned(self) -> AsyncIterator[int]:
         """No update while inside; yields the version served throughout."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._updating)
-            self._pins += 1
-            version = self.version
-        try:
-            yield version
-        finally:
-            async with self._changed:
-                self._pins -= 1
-                self._changed.notify_all()
-
-    # what the engine and the trainer ask of a backend: the wrapped one's answers
-    def shares_model(self, model: Any) -> bool:
-        return self.inner.shares_model(model)
-
-    def invalidate_cache(self) -> None:
-        self.inner.invalidate_cache()
-
-    async def close(self) -> None:  # whoever opened the wrapped backend closes it
-        return None
+        async with self._gate.pinned():
+            yield self.version
 
 
 def fresh_masks(masks: Sequence[torch.Tensor], owners: Sequence[int], trajectories: Sequence[Trajectory],

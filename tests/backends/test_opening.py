@@ -10,7 +10,7 @@ import pytest
 
 from rollforge.backends.base import Backend
 from rollforge.backends.config import BACKEND_KINDS, BackendConfig
-from rollforge.backends.select import open_backend
+from rollforge.backends.opening import open_backend
 from rollforge.cli.main import main
 from rollforge.errors import ConfigError, MissingDependency
 
