@@ -14,20 +14,16 @@ text past the base (one small template call and one tokenization per turn, indep
 conversation's length). This is exact for templates that are *prefix-preserving*: rendering a
 longer conversation only appends to the text of a shorter one.
 
-``check_template`` finds out, per set of tools, on a probe conversation of the shapes a rollout
-produces (built from the model family: reasoning blocks where the family has them, tool calls in
-its format and tool results only when the environment offers tools, probe text the template does
-not rewrite): every probe message must appear in the rendering (a template that drops tool
-results is an error that says so), and the turn-by-turn ids must equal the whole rendering's. When
-they do not -- the template rewrites history, e.g. drops past reasoning -- the report says
-``incremental=False`` and episodes continue in *segments*: each turn the whole conversation is
-rendered; when the ids so far are a prefix of it the new part is appended, otherwise a new segment
-starts whose prompt is that rendering (``rollout/episode.py``).
+``check_template`` (``chat/template_check.py``) finds out, per set of tools, on a probe
+conversation whether the turn-by-turn ids equal the whole rendering's. When they do not -- the
+template rewrites history, e.g. drops past reasoning -- the report says ``incremental=False`` and
+episodes continue in *segments*: each turn the whole conversation is rendered; when the ids so far
+are a prefix of it the new part is appended, otherwise a new segment starts whose prompt is that
+rendering (``rollout/episode.py``).
 
-Injection safety: text from datasets, environments and tools (system, user and tool contents) is
-escaped before rendering -- every special token's text in it becomes a private-use character --
-and ``encode`` turns each such character back into the token's text tokenized as plain text. Only
-the template's own markup becomes control tokens. Assistant contents are the model's own text.
+Injection safety (``chat/encoding.py``): text from datasets, environments and tools (system, user
+and tool contents) is escaped before rendering, and only the template's own markup becomes control
+tokens. Assistant contents are the model's own text.
 
 Families (``chat/families.py``) supply the template options, the tool-message shape, where system
 prompts and the fallback tool description go (templates that ignore ``tools=``, such as SmolLM2's
@@ -37,39 +33,21 @@ ChatML, get the tool-call parser's description of the tools, see ``with_tool_pro
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..arguments import check_tokenizer
 from ..errors import TemplateError
 from ..types import Message, ToolCall
+from . import template_check
+from .encoding import SafeEncoder
 from .families import Family, detect_family, get_family
 from .fidelity import first_difference as _first_difference
 from .fidelity import token_fidelity_gap  # noqa: F401  (re-exported: rollforge.chat.render.token_fidelity_gap)
+from .template_check import TemplateReport
 from .toolcalls import get_parser
 
 _SENTINEL = "\u27e6rollforge-sentinel\u27e7"
 _BASE_USER = "u"
-_ESCAPE_BASE = 0xF0000  # Supplementary Private Use Area-A: one character per special token
-_ESCAPED = re.compile("([\U000F0000-\U000FFFFD])")
-_PROBE_TOOL = {"type": "function", "function": {
-    "name": "probe_tool", "description": "A probe.",
-    "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
-
-
-@dataclass(frozen=True)
-class TemplateReport:
-    """What ``check_template`` found for one set of tools."""
-
-    family: str
-    parser: str
-    #: Tools reach the prompt through the template's ``tools=`` (False: the fallback description).
-    tools_in_template: bool
-    #: Turns are rendered by appending (the template is prefix-preserving on the probe).
-    incremental: bool
-    #: Why episodes continue in segments (None when incremental).
-    reason: str | None = None
 
 
 class ChatRenderer:
@@ -91,11 +69,8 @@ class ChatRenderer:
             family = detect_family(tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None)
         self.family = get_family(family) if isinstance(family, str) else family
         self.template_kwargs = {**self.family.template_kwargs, **(self.family.keep_reasoning if keep_reasoning else {})}
-        # The Rust tokenizer: ~2x faster than the Python wrapper, and it never cleans up spaces.
-        self._fast = getattr(tokenizer, "backend_tokenizer", None)
-        # Without character offsets (which rendering never reads): ~25% faster per call (tokenizers >= 0.20).
-        self._encode_fast = getattr(self._fast, "encode_batch_fast", None)
-        self._init_escapes()
+        self._encoding = SafeEncoder(tokenizer)
+        self.control_token_ids = self._encoding.control_token_ids
         user_only = [{"role": "user", "content": _BASE_USER}]
         without = self._text(user_only, add_generation_prompt=False)
         with_prompt = self._text(user_only, add_generation_prompt=True)
@@ -117,87 +92,21 @@ class ChatRenderer:
         self._memos: dict[tuple, tuple] = {}  # ids of objects -> (the objects, a value derived from them)
         self._reports: dict[str, TemplateReport | TemplateError] = {}  # tools key -> what the check found
 
-    def _init_escapes(self) -> None:
-        decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
-        specials = {t.content for t in decoder.values() if getattr(t, "special", False)}
-        specials |= set(getattr(self.tokenizer, "all_special_tokens", ()) or ())
-        specials = sorted((s for s in specials if s), key=lambda s: (-len(s), s))
-        self.control_token_ids = frozenset(self.tokenizer.convert_tokens_to_ids(specials)) if specials else frozenset()
-        self._escape_of = {text: chr(_ESCAPE_BASE + i) for i, text in enumerate(specials)}
-        self._special_of = {char: text for text, char in self._escape_of.items()}
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
-        self._escaped_ids: dict[str, list[int]] = {}
-        self._trusted: list[str] = []  # fallback tool descriptions rollforge wrote
-
     # -- text and ids ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text: special-token text is a control token, except where content
-        was escaped (see the module docstring), which is tokenized as plain text."""
-        if _ESCAPED.search(text) is None:
-            return self._encode_plain(text)
-        ids: list[int] = []
-        for i, piece in enumerate(_ESCAPED.split(text)):
-            if i % 2 == 0:
-                if piece:
-                    ids += self._encode_plain(piece)
-            else:
-                ids += self._plain_special(piece)
-        return ids
-
-    def _encode_plain(self, text: str) -> list[int]:
-        if self._encode_fast is not None:
-            return self._encode_fast([text], add_special_tokens=False)[0].ids
-        if self._fast is not None:
-            return self._fast.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _plain_special(self, char: str) -> list[int]:
-        """The ids of an escaped special token's text tokenized as plain text (cached)."""
-        ids = self._escaped_ids.get(char)
-        if ids is None:
-            text = self._special_of.get(char)
-            if text is None:  # a private-use character rollforge did not put there
-                ids = self._encode_plain(char)
-            else:
-                ids = self._split_encoder()(text)
-                if self.control_token_ids.intersection(ids):
-                    raise TemplateError(f"the tokenizer cannot encode {text!r} as plain text")
-            self._escaped_ids[char] = ids
-        return list(ids)
-
-    def _split_encoder(self) -> Callable[[str], list[int]]:
-        """Encodes with special tokens split into plain text, on a copy of the Rust tokenizer: the
-        Python wrapper's ``split_special_tokens=True`` flips a flag on the shared one and leaves it."""
-        if self._fast is None:
-            return lambda text: list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
-        from tokenizers import Tokenizer
-
-        splitting = Tokenizer.from_str(self._fast.to_str())
-        splitting.encode_special_tokens = True
-        return lambda text: splitting.encode(text, add_special_tokens=False).ids
+        was escaped (see ``chat/encoding.py``), which is tokenized as plain text."""
+        return self._encoding.encode(text)
 
     def escape(self, text: str) -> str:
         """``text`` with every special token's text replaced by its private-use escape, except in
         the fallback tool descriptions this renderer wrote (rollforge's own text, whose call-format
         tokens the model must see as the tokens it is to write)."""
-        if self._special_re is None or self._special_re.search(text) is None:
-            return text
-        for trusted in self._trusted:
-            at = text.find(trusted)
-            if at >= 0:
-                return self.escape(text[:at]) + trusted + self.escape(text[at + len(trusted) :])
-        return self._special_re.sub(lambda m: self._escape_of[m.group()], text)
-
-    def _unescape(self, text: str) -> str:
-        if _ESCAPED.search(text) is None:
-            return text
-        return _ESCAPED.sub(lambda m: self._special_of.get(m.group(), m.group()), text)
+        return self._encoding.escape(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        if self._fast is not None:
-            return self._fast.decode(list(ids), skip_special_tokens=False)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self._encoding.decode(ids)
 
     def _text(
         self,
@@ -245,7 +154,7 @@ class ChatRenderer:
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False
     ) -> str:
         """The whole conversation as the template renders it (for checks, not for rollouts)."""
-        return self._unescape(self._render(messages, tools, add_generation_prompt))
+        return self._encoding.unescape(self._render(messages, tools, add_generation_prompt))
 
     def conversation_ids(
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False
@@ -385,7 +294,7 @@ class ChatRenderer:
             if self._supports_tools:
                 template_tools = tuple(tools)
             else:
-                fallback = self._memo((tools, parser), lambda: self._trust(parser.system_prompt(tools)))
+                fallback = self._memo((tools, parser), lambda: self._encoding.trust(parser.system_prompt(tools)))
                 if messages and messages[0].role == "system":
                     messages = (Message("system", f"{messages[0].content}\n\n{fallback}"), *messages[1:])
                 else:
@@ -397,14 +306,6 @@ class ChatRenderer:
             else:
                 messages = (Message("user", system.content), *rest)
         return messages, template_tools
-
-    def _trust(self, fallback: str) -> str:
-        """Remember a fallback tool description as rollforge's own text (not escaped)."""
-        if fallback and fallback not in self._trusted:
-            if len(self._trusted) >= 64:
-                self._trusted.clear()
-            self._trusted.append(fallback)
-        return fallback
 
     def _tools_key(self, tools: Sequence[Mapping[str, Any]]) -> str:
         """A cache key for tool schemas (a JSON dump, computed once per tools tuple)."""
@@ -445,52 +346,9 @@ class ChatRenderer:
         rollout produces, with tool calls and results only when ``tools`` are offered) whole and
         turn by turn. Raises ``TemplateError`` when the template fails on it or drops a probe
         message; reports whether turns can be appended (else: segments)."""
-        if parser is None:
-
-            parser = get_parser(self.family.parser)
-        opening = tuple(prompt) or (Message("user", "What is the probe answer?"),)
-        opening, template_tools = self.with_tool_prompt(opening, tools, parser)
-        turns = self._probe_turns(bool(tools))
-        conversation = [*opening, *turns]
-        rendered = self.render_text(conversation, template_tools)
-        missing = [m for m in turns if m.role != "assistant" and m.content not in rendered]
-        if missing:
-            roles = sorted({m.role for m in missing})
-            raise TemplateError(
-                f"the chat template of family {self.family.name!r} drops {'/'.join(roles)} messages: "
-                f"{missing[0].content!r} never appears in the rendering, so the policy would never see "
-                "them; use a template that renders them"
-            )
-        expected = self.conversation_ids(conversation, template_tools)
-        reason = None
-        try:
-            got = self._probe_incremental(opening, turns, template_tools)
-            if got != expected and not self._same_text_and_controls(expected, got):
-                reason = (
-                    "the chat template rewrites earlier turns (rendering turn by turn gives different "
-                    f"ids than rendering the whole conversation: {self._first_id_difference(expected, got)})"
-                )
-        except TemplateError as exc:
-            reason = str(exc) if "prefix-preserving" in str(exc) else f"turns cannot be rendered one at a time: {exc}"
-        report = TemplateReport(self.family.name, self.family.parser, bool(template_tools), reason is None, reason)
+        report = template_check.check_template(self, prompt, tools, parser)
         self._reports[self._tools_key(tools)] = report
         return report
-
-    def _probe_turns(self, with_tools: bool) -> list[Message]:
-        reasoning = self.reasoning_text("probe reasoning")
-        turns: list[Message] = []
-        if with_tools:
-            call = ToolCall("probe_tool", {"x": 1}, self.family.call_id(0, 0, 0))
-            turns += [
-                Message("assistant", reasoning + self.call_text(call), tool_calls=(call,)),
-                Message("tool", "probe result 17", name="probe_tool", tool_call_id=call.id),
-            ]
-        turns += [
-            Message("assistant", reasoning + "The answer is 42."),
-            Message("user", "Too low, try again."),
-            Message("assistant", reasoning + "43"),
-        ]
-        return turns
 
     def call_text(self, call: ToolCall) -> str:
         """How the family's models write ``call``: the template's own rendering of it where the
@@ -515,36 +373,6 @@ class ChatRenderer:
         if self.decode(self.generation_prompt).endswith(think[0] + "\n"):
             return text[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
         return text
-
-    def _probe_incremental(self, opening, turns, tools) -> list[int]:
-        ids = self.prompt_ids(opening, tools)
-        for i, message in enumerate(turns):
-            if message.role == "assistant":
-                previous = turns[i - 1].role if i else "user"
-                if previous != "assistant":
-                    ids += self.generation_prompt
-                generated = self.encode(message.content) + list(self.stop_token_ids[:1])
-                ids += generated + self.closing_ids(generated)
-            else:
-                ids += self.delta_ids([message], tools)
-        return ids
-
-    def _same_text_and_controls(self, expected: Sequence[int], got: Sequence[int]) -> bool:
-        """The same text and control tokens, split into other ordinary tokens: pieces encoded
-        apart (the generation prompt before the model's first token) merge differently when the
-        whole text is encoded at once, which is a tokenizer's boundary, not a rewritten turn
-        (``token_fidelity_gap`` allows the same)."""
-        controls = self.control_token_ids
-        return self.decode(expected) == self.decode(got) and [t for t in expected if t in controls] == [
-            t for t in got if t in controls
-        ]
-
-    def _first_id_difference(self, expected: Sequence[int], got: Sequence[int]) -> str:
-        whole, turns = self.decode(expected), self.decode(got)
-        if whole != turns:
-            return _first_difference(whole, turns)
-        i = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
-        return f"same text, different tokens from token {i}: {list(expected[i:i + 5])} vs {list(got[i:i + 5])}"
 
 
 def _turn_end_ids(tokenizer: Any, closing: Sequence[int], extra: Sequence[str] = ()) -> tuple[int, ...]:
