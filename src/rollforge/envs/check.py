@@ -5,7 +5,8 @@ For each sample the checker plays scripted episodes with synthetic assistant mes
 environments (``Reset.tools`` not empty) one tool call per turn with random arguments that are valid
 for the tool's JSON schema (enum values included); for step-style environments short plain-text
 answers ("7", "The answer is 12.", ...). The script comes from a seeded RNG, so it is the same every
-time (``envs/check_actions.py`` writes it). Rules, checked in this order:
+time (``envs/check_actions.py`` writes it). Rules, checked in this order (2 to 4 in
+``envs/check_values.py``):
 
 1. the environment has ``open(sample)`` and ``max_sessions`` (None or a positive int); ``open``
    returns an ``EnvSession`` whose methods return awaitables;
@@ -37,16 +38,16 @@ import asyncio
 import contextlib
 import inspect
 import json
-import math
 import random
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from ..errors import ConfigError, EnvironmentError_
-from ..types import Failure, Message, Sample, ToolCall
+from ..types import Message, Sample, ToolCall
 from ..workers import run_sync
-from .base import Environment, EnvSession, Reset, Step
+from .base import Environment, EnvSession, Step
 from .check_actions import invalid_arguments, scripted_action, tool_call_message
+from .check_values import as_json, check_reset, check_reward, check_step, short
 from .library import EnvSpec, get_env_spec
 
 __all__ = ["CheckReport", "TRIVIAL_ANSWER_LIMIT", "check_env", "acheck_env"]
@@ -179,7 +180,7 @@ class _Checker:
             raise self.fail(f"{what} raised {_describe(exc)}") from exc
         if not inspect.isawaitable(awaitable):
             raise self.fail(
-                f"{what} returned {type(awaitable).__name__} {_short(awaitable)} instead of an awaitable; "
+                f"{what} returned {type(awaitable).__name__} {short(awaitable)} instead of an awaitable; "
                 f"EnvSession methods are async"
             )
         try:
@@ -206,7 +207,7 @@ class _Checker:
                 raise self.fail(
                     f"not deterministic: two sessions of sample {index} given the same actions "
                     f"diverged at {_entry_name(first, other, position)}: "
-                    f"{_short(_entry(first, position))} vs {_short(_entry(other, position))}; "
+                    f"{short(_entry(first, position))} vs {short(_entry(other, position))}; "
                     f"seed any randomness from the sample's row and keep no state between sessions"
                 )
         tools = first[0][2]
@@ -218,7 +219,7 @@ class _Checker:
         session = self.open(sample)
         try:
             reset = await self.call(f"reset (sample {index})", session.reset, sample)
-            tools = self.check_reset(reset, index)
+            tools = check_reset(reset, f"reset (sample {index})", self.fail)
             transcript: list[tuple[Any, ...]] = [("reset", _messages_key(reset.prompt), tools, reset.stop)]
             rng = random.Random(f"{self.seed}:{index}")
             conversation = list(reset.prompt)
@@ -226,13 +227,13 @@ class _Checker:
                 conversation.append(scripted_action(rng, turn, tools))
                 where = f"step {turn} (sample {index})"
                 step = await self.call(where, session.step, tuple(conversation))
-                self.check_step(step, where)
+                check_step(step, where, self.fail)
                 conversation.extend(step.messages)
                 transcript.append(("step", *_step_key(step), self.metadata(session, where)))
                 if step.terminated:
                     break
             final = await self.call(f"finish (sample {index})", session.finish)
-            self.check_reward(final, f"finish (sample {index})", "the final reward")
+            check_reward(final, f"finish (sample {index})", "the final reward", self.fail)
             transcript.append(("finish", final))
         except BaseException:
             with contextlib.suppress(Exception):  # the broken rule is the error worth reporting
@@ -255,76 +256,6 @@ class _Checker:
     async def check_close(self, session: EnvSession, index: int) -> None:
         await self.call(f"close (sample {index})", session.close)
         await self.call(f"a second close (sample {index}), which must be harmless,", session.close)
-
-    # -- rules 2 to 4 ----------------------------------------------------------------------------
-
-    def check_reset(self, reset: Any, index: int) -> tuple[str, ...]:
-        where = f"reset (sample {index})"
-        if not isinstance(reset, Reset):
-            raise self.fail(f"{where} returned {type(reset).__name__}, expected a Reset")
-        if not isinstance(reset.prompt, tuple) or not reset.prompt:
-            raise self.fail(f"{where}: Reset.prompt must be a non-empty tuple of Message, got {reset.prompt!r}")
-        for message in reset.prompt:
-            if not isinstance(message, Message):
-                raise self.fail(f"{where}: Reset.prompt holds a {type(message).__name__}, expected Message")
-        self.check_stop(reset.stop, where, "Reset.stop")
-        if not isinstance(reset.tools, tuple):
-            raise self.fail(f"{where}: Reset.tools must be a tuple of schemas, got {type(reset.tools).__name__}")
-        names: list[str] = []
-        for schema in reset.tools:
-            names.append(self.check_tool_schema(schema, where))
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise self.fail(f"{where}: tool names must be unique, {duplicates} repeat")
-        # The schemas ride along in the transcript (as JSON) so determinism covers them too.
-        return tuple(_json(dict(s)) for s in reset.tools)
-
-    def check_tool_schema(self, schema: Any, where: str) -> str:
-        if not isinstance(schema, Mapping) or schema.get("type") != "function":
-            raise self.fail(f"{where}: a tool schema must be a dict with type 'function', got {_short(schema)}")
-        function = schema.get("function")
-        if not isinstance(function, Mapping):
-            raise self.fail(f"{where}: tool schema {_short(schema)} has no 'function' object")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise self.fail(f"{where}: a tool schema has no name: {_short(schema)}")
-        if not isinstance(function.get("description", ""), str):
-            raise self.fail(f"{where}: tool {name}: description must be a str")
-        parameters = function.get("parameters")
-        if not isinstance(parameters, Mapping) or parameters.get("type") != "object":
-            raise self.fail(f"{where}: tool {name}: parameters must be an object schema, got {_short(parameters)}")
-        properties = parameters.get("properties")
-        required = parameters.get("required")
-        if not isinstance(properties, Mapping) or not all(isinstance(p, Mapping) for p in properties.values()):
-            raise self.fail(f"{where}: tool {name}: parameters.properties must map names to schemas")
-        if not isinstance(required, (list, tuple)) or not all(isinstance(r, str) for r in required):
-            raise self.fail(f"{where}: tool {name}: parameters.required must be a list of names")
-        missing = [r for r in required if r not in properties]
-        if missing:
-            raise self.fail(f"{where}: tool {name}: required names {missing} that are not in properties")
-        return name
-
-    def check_step(self, step: Any, where: str) -> None:
-        if not isinstance(step, Step):
-            raise self.fail(f"{where} returned {type(step).__name__}, expected a Step")
-        if not isinstance(step.messages, tuple) or not all(isinstance(m, Message) for m in step.messages):
-            raise self.fail(f"{where}: Step.messages must be a tuple of Message, got {_short(step.messages)}")
-        self.check_reward(step.reward, where, "Step.reward")
-        if not isinstance(step.terminated, bool):
-            raise self.fail(f"{where}: Step.terminated must be a bool, got {step.terminated!r}")
-        self.check_stop(step.stop, where, "Step.stop")
-        if not isinstance(step.failures, tuple) or not all(isinstance(f, Failure) for f in step.failures):
-            raise self.fail(f"{where}: Step.failures must be a tuple of Failure, got {_short(step.failures)}")
-
-    def check_reward(self, reward: Any, where: str, what: str) -> None:
-        if isinstance(reward, bool) or not isinstance(reward, float):
-            raise self.fail(f"{where}: {what} must be a float, got {type(reward).__name__} {reward!r}")
-        if not math.isfinite(reward):
-            raise self.fail(f"{where}: {what} must be finite, got {reward!r}")
-
-    def check_stop(self, stop: Any, where: str, what: str) -> None:
-        if stop is not None and (not isinstance(stop, tuple) or not all(isinstance(s, str) for s in stop)):
-            raise self.fail(f"{where}: {what} must be None or a tuple of str, got {stop!r}")
 
     # -- rule 7 ----------------------------------------------------------------------------------
 
@@ -349,7 +280,7 @@ class _Checker:
         bad_arguments = invalid_arguments(rng, target.get("parameters", {}))
         calls = {
             "a call to an unknown tool": ToolCall(name=_UNKNOWN_TOOL, arguments={}, id="call_bad"),
-            f"a call to {target['name']} with invalid arguments {_short(bad_arguments)}": ToolCall(
+            f"a call to {target['name']} with invalid arguments {short(bad_arguments)}": ToolCall(
                 name=target["name"], arguments=bad_arguments, id="call_bad"
             ),
             "an unparseable tool call": ToolCall(
@@ -365,7 +296,7 @@ class _Checker:
                 step = await self.call(
                     f"{where}, which must report a failure rather than raise,", session.step, conversation
                 )
-                self.check_step(step, where)
+                check_step(step, where, self.fail)
                 if not step.failures:
                     raise self.fail(f"{where}: the Step has no failure; bad tool calls must be counted")
                 if not step.messages:
@@ -381,7 +312,7 @@ class _Checker:
 
 
 def _messages_key(messages: Sequence[Message]) -> tuple[Any, ...]:
-    return tuple((m.role, m.content, m.name, _json(m.to_json().get("tool_calls"))) for m in messages)
+    return tuple((m.role, m.content, m.name, as_json(m.to_json().get("tool_calls"))) for m in messages)
 
 
 def _step_key(step: Step) -> tuple[Any, ...]:
@@ -402,15 +333,6 @@ def _entry_name(first: list[tuple[Any, ...]], other: list[tuple[Any, ...]], posi
     longer = first if position < len(first) else other
     kind = longer[position][0]
     return f"step {position}" if kind == "step" else kind
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
-
-
-def _short(value: Any, limit: int = 300) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _describe(exc: BaseException) -> str:
