@@ -57,7 +57,12 @@ from ..errors import BackendError, ConfigError, require
 from ..types import Completion
 from .base import Backend, SamplingParams
 from .vllm_engine import (
-    LoopThread, completion_from_output, engine_args, shutdown, sleep_mode_available, vllm_sampling_params,
+    LoopThread,
+    completion_from_output,
+    engine_args,
+    shutdown,
+    sleep_mode_available,
+    vllm_sampling_params,
 )
 from .weights import export_weights, is_peft_model, scratch_directory
 
