@@ -20,12 +20,7 @@ FUNCTION_LIMIT = 60
 
 #: Today's offenders and their sizes: ``path`` (a module) or ``path::qualified.name`` (a function).
 KNOWN = {
-    "rollforge/backends/vllm.py": 450,
     "rollforge/types.py": 423,
-    "rollforge/backends/hf.py": 401,
-    "rollforge/envs/openenv/serve.py::build_app": 119,
-    "rollforge/backends/vllm.py::VLLMBackend.__init__": 81,
-    "rollforge/train/update.py::policy_update": 79,
     "rollforge/bench/vs_trl_runners.py::_trl_clock": 65,
     "rollforge/bench/fuzz.py::make_case": 61,
 }

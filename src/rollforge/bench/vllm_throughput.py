@@ -65,7 +65,8 @@ def run(
     repeats: int = 2, eager: bool | None = None, dtype: str = "float32", with_hf: bool = True,
 ) -> dict[str, Any]:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON result
-    from ..backends.vllm import VLLMBackend, default_enforce_eager
+    from ..backends.vllm import VLLMBackend
+    from ..backends.vllm_engine import default_enforce_eager
     from ..models import load_tokenizer, resolve_model
 
     path = resolve_model(model_name)
@@ -116,7 +117,7 @@ def ours(backend: Any, renderer: ChatRenderer, config: RolloutConfig,
 def replay(backend: Any, episodes: list[list[Request]]) -> tuple[int, float]:
     """The recorded requests through vLLM's ``AsyncLLM.generate`` on the backend's own engine, turn
     by turn (wave ``i``: every episode's ``i``-th request, all at once): (tokens, seconds)."""
-    from ..backends.vllm import vllm_sampling_params
+    from ..backends.vllm_engine import vllm_sampling_params
 
     waves = [[e[i] for e in episodes if i < len(e)] for i in range(max(map(len, episodes), default=0))]
 

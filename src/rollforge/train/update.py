@@ -46,7 +46,7 @@ import torch
 from ..types import Segment, Trajectory
 from .corrections import Proximal
 from .distributed import Ranks, is_sharded
-from .losses import ClippedPolicyLoss
+from .losses import ClippedPolicyLoss, LossParts
 
 
 @dataclass(frozen=True)
@@ -284,8 +284,7 @@ def policy_update(
     device = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals = dict(loss=0.0, policy_loss=0.0, kl=0.0, clipped=0, tokens=0, policy_tokens=0, ratio=0.0,
-                  behaviour_weight=0.0, off_policy=0)
+    totals = _Totals()
     batches = plan_micro_batches(episodes, group_size, micro_batch_tokens)
     for _ in range(ranks.most(len(batches)) - len(batches)):
         _empty_pass(model, pad_id, device)
@@ -307,30 +306,51 @@ def policy_update(
                 prox = proximal.take(rows, [episodes[i].ids.numel() for i in rows], logprobs)
             parts = loss_fn(logprobs, old, advantages[rows].to(device), w, ref, prox)
         parts.loss.backward()
-        totals["loss"] += float(parts.loss.detach())
-        totals["policy_loss"] += parts.policy_loss
-        totals["kl"] += parts.kl
-        totals["clipped"] += parts.clipped_tokens
-        totals["policy_tokens"] += parts.tokens
-        totals["ratio"] += parts.ratio_sum
-        totals["behaviour_weight"] += parts.behaviour_weight_sum
-        totals["off_policy"] += parts.off_policy_tokens
-        totals["tokens"] += int(attention.sum()) - (len(rows) - 1) * batch.prefix
+        totals.add(parts, forwarded=int(attention.sum()) - (len(rows) - 1) * batch.prefix)
     grad_norm = optimizer_step(model, optimizer, max_grad_norm, scheduler)
-    n = max(totals["policy_tokens"], 1)
-    return UpdateStats(
-        loss=totals["loss"],
-        policy_loss=totals["policy_loss"],
-        kl=totals["kl"],
-        clip_fraction=totals["clipped"] / n,
-        mean_ratio=totals["ratio"] / n,
-        grad_norm=grad_norm,
-        micro_batches=len(batches),
-        tokens=totals["tokens"],
-        policy_tokens=totals["policy_tokens"],
-        behaviour_weight_mean=totals["behaviour_weight"] / n if totals["policy_tokens"] else 1.0,
-        off_policy_tokens=totals["off_policy"],
-    )
+    return totals.stats(grad_norm, micro_batches=len(batches))
+
+
+@dataclass
+class _Totals:
+    """The running sums of one ``policy_update`` over its micro-batches, and the stats they give."""
+
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl: float = 0.0
+    clipped: int = 0
+    tokens: int = 0  # forwarded, the shared prompt counted once
+    policy_tokens: int = 0
+    ratio: float = 0.0
+    behaviour_weight: float = 0.0
+    off_policy: int = 0
+
+    def add(self, parts: LossParts, forwarded: int) -> None:
+        self.loss += float(parts.loss.detach())
+        self.policy_loss += parts.policy_loss
+        self.kl += parts.kl
+        self.clipped += parts.clipped_tokens
+        self.policy_tokens += parts.tokens
+        self.ratio += parts.ratio_sum
+        self.behaviour_weight += parts.behaviour_weight_sum
+        self.off_policy += parts.off_policy_tokens
+        self.tokens += forwarded
+
+    def stats(self, grad_norm: float, micro_batches: int) -> UpdateStats:
+        n = max(self.policy_tokens, 1)
+        return UpdateStats(
+            loss=self.loss,
+            policy_loss=self.policy_loss,
+            kl=self.kl,
+            clip_fraction=self.clipped / n,
+            mean_ratio=self.ratio / n,
+            grad_norm=grad_norm,
+            micro_batches=micro_batches,
+            tokens=self.tokens,
+            policy_tokens=self.policy_tokens,
+            behaviour_weight_mean=self.behaviour_weight / n if self.policy_tokens else 1.0,
+            off_policy_tokens=self.off_policy,
+        )
 
 
 def _empty_pass(model: Any, pad_id: int, device: torch.device) -> None:

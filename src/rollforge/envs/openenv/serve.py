@@ -4,7 +4,9 @@ Design: ``build_app(environment, ...)`` wraps any rollforge ``Environment`` in a
 ``Environment`` subclass and hands it to ``openenv``'s own ``create_app``, so the server speaks
 exactly OpenEnv's protocol and any OpenEnv client (``GenericEnvClient``, a TRL environment class
 wrapping one, or rollforge's ``OpenEnvEnvironment``) can play it. Each OpenEnv session holds one
-rollforge session (one episode at a time; ``reset`` starts the next one).
+rollforge session (one episode at a time; ``reset`` starts the next one). The session methods live
+in ``_ServedSessions``, which ``build_app`` mixes into OpenEnv's base class there, where openenv
+is imported.
 
 The wire types, kept generic so that every rollforge environment fits:
 
@@ -72,90 +74,103 @@ def build_app(
         failures=(list[dict[str, str]], Field(default_factory=list)),
         **image_field,
     )
-    shared = environment_factory()  # one rollforge Environment; one session per OpenEnv session
-
-    class ServedEnvironment(OpenEnvBase):
+    class ServedEnvironment(_ServedSessions, OpenEnvBase):
         SUPPORTS_CONCURRENT_SESSIONS = True
-
-        def __init__(self) -> None:
-            super().__init__()
-            self._session: Any = None
-            self._loop: asyncio.AbstractEventLoop | None = None
-            self._conversation: list[Message] = []
-            self._state = State(step_count=0)
-
-        async def reset_async(self, seed: int | None = None, episode_id: str | None = None, **columns: Any) -> Any:
-            await self._end_episode()
-            prompt = columns.pop("prompt", None)
-            if prompt is None:
-                sample = samples(1, 0 if seed is None else int(seed))[0]
-            else:
-                row = dict(columns) if seed is None else {**columns, "seed": seed}
-                sample = Sample(prompt=tuple(Message.coerce(m) for m in prompt), task_name=name, row=row)
-            self._loop = asyncio.get_running_loop()
-            self._session = shared.open(sample)
-            reset = await self._session.reset(sample)
-            self._conversation = list(reset.prompt)
-            self._state = State(episode_id=episode_id, step_count=0)
-            return self._observation(reset.prompt, tools=list(reset.tools), stop=reset.stop)
-
-        async def step_async(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
-            if self._session is None:
-                raise RuntimeError("step before reset: send a reset first")
-            calls = tuple(
-                ToolCall(name=str(c.get("name", "")), arguments=c.get("arguments") or {}, id=c.get("id"), error=c.get("error"))
-                for c in action.tool_calls
-            )
-            self._conversation.append(Message("assistant", action.content, tool_calls=calls))
-            step = await self._session.step(tuple(self._conversation))
-            self._conversation += step.messages
-            self._state.step_count += 1
-            reward = float(step.reward)
-            if step.terminated:
-                reward += float(await self._session.finish())
-                await self._end_episode()
-            return self._observation(step.messages, stop=step.stop, failures=step.failures, done=step.terminated, reward=reward)
-
-        def _observation(self, messages, *, tools=(), stop=None, failures=(), done=False, reward=None) -> Any:
-            encoded = [_message_json(m) for m in messages]
-            extra = {"images": [i for m in encoded for i in m.get("images", ())]} if produces_images else {}
-            return RollforgeObservation(
-                text="\n\n".join(m.content for m in messages if m.content),
-                messages=encoded,
-                tools=[dict(t) for t in tools],
-                stop=None if stop is None else list(stop),
-                failures=[f.to_json() for f in failures],
-                done=done,
-                reward=reward,
-                metadata=_json_metadata(self._session.metadata if self._session is not None else None),
-                **extra,
-            )
-
-        async def _end_episode(self) -> None:
-            session, self._session = self._session, None
-            if session is not None:
-                await session.close()
-
-        def reset(self, seed: int | None = None, episode_id: str | None = None, **columns: Any) -> Any:
-            return asyncio.run(self.reset_async(seed, episode_id, **columns))
-
-        def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-            return asyncio.run(self.step_async(action, timeout_s, **kwargs))
-
-        @property
-        def state(self) -> Any:
-            return self._state
-
-        def close(self) -> None:  # called by the server in a worker thread when the session ends
-            if self._session is not None and self._loop is not None and self._loop.is_running():
-                future = asyncio.run_coroutine_threadsafe(self._end_episode(), self._loop)
-                try:
-                    future.result(timeout=30)
-                except Exception:
-                    pass  # the episode's resources are best-effort here; the server goes on
+        _environment = environment_factory()  # one rollforge Environment; one session per OpenEnv session
+        _samples, _name, _produces_images = staticmethod(samples), name, produces_images
+        _observation_type, _state_type = RollforgeObservation, State
 
     ServedEnvironment.__name__ = ServedEnvironment.__qualname__ = f"Served_{name}"
     return create_app(ServedEnvironment, RollforgeAction, RollforgeObservation, env_name=name, max_concurrent_envs=max_concurrent)
+
+
+class _ServedSessions:
+    """The OpenEnv ``Environment`` methods of ``build_app``'s served class, which mixes this into
+    OpenEnv's base and sets the class attributes below; one instance plays one OpenEnv session."""
+
+    _environment: Environment
+    _samples: Callable[[int, int], list[Sample]]
+    _name: str
+    _produces_images: bool
+    _observation_type: Any  # the RollforgeObservation model
+    _state_type: Any  # OpenEnv's State
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._session: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conversation: list[Message] = []
+        self._state = self._state_type(step_count=0)
+
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None, **columns: Any) -> Any:
+        await self._end_episode()
+        prompt = columns.pop("prompt", None)
+        if prompt is None:
+            sample = self._samples(1, 0 if seed is None else int(seed))[0]
+        else:
+            row = dict(columns) if seed is None else {**columns, "seed": seed}
+            sample = Sample(prompt=tuple(Message.coerce(m) for m in prompt), task_name=self._name, row=row)
+        self._loop = asyncio.get_running_loop()
+        self._session = self._environment.open(sample)
+        reset = await self._session.reset(sample)
+        self._conversation = list(reset.prompt)
+        self._state = self._state_type(episode_id=episode_id, step_count=0)
+        return self._observation(reset.prompt, tools=list(reset.tools), stop=reset.stop)
+
+    async def step_async(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
+        if self._session is None:
+            raise RuntimeError("step before reset: send a reset first")
+        calls = tuple(
+            ToolCall(name=str(c.get("name", "")), arguments=c.get("arguments") or {}, id=c.get("id"), error=c.get("error"))
+            for c in action.tool_calls
+        )
+        self._conversation.append(Message("assistant", action.content, tool_calls=calls))
+        step = await self._session.step(tuple(self._conversation))
+        self._conversation += step.messages
+        self._state.step_count += 1
+        reward = float(step.reward)
+        if step.terminated:
+            reward += float(await self._session.finish())
+            await self._end_episode()
+        return self._observation(step.messages, stop=step.stop, failures=step.failures, done=step.terminated, reward=reward)
+
+    def _observation(self, messages, *, tools=(), stop=None, failures=(), done=False, reward=None) -> Any:
+        encoded = [_message_json(m) for m in messages]
+        extra = {"images": [i for m in encoded for i in m.get("images", ())]} if self._produces_images else {}
+        return self._observation_type(
+            text="\n\n".join(m.content for m in messages if m.content),
+            messages=encoded,
+            tools=[dict(t) for t in tools],
+            stop=None if stop is None else list(stop),
+            failures=[f.to_json() for f in failures],
+            done=done,
+            reward=reward,
+            metadata=_json_metadata(self._session.metadata if self._session is not None else None),
+            **extra,
+        )
+
+    async def _end_episode(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **columns: Any) -> Any:
+        return asyncio.run(self.reset_async(seed, episode_id, **columns))
+
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        return asyncio.run(self.step_async(action, timeout_s, **kwargs))
+
+    @property
+    def state(self) -> Any:
+        return self._state
+
+    def close(self) -> None:  # called by the server in a worker thread when the session ends
+        if self._session is not None and self._loop is not None and self._loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self._end_episode(), self._loop)
+            try:
+                future.result(timeout=30)
+            except Exception:
+                pass  # the episode's resources are best-effort here; the server goes on
 
 
 def serve(name: str, *, host: str = "127.0.0.1", port: int = 8000, max_concurrent: int = 1) -> None:

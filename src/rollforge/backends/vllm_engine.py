@@ -1,0 +1,165 @@
+"""The vLLM-facing pieces of ``VLLMBackend`` that hold no backend state.
+
+Design: ``engine_args`` checks the backend's options and turns them into ``vllm.AsyncEngineArgs``
+fields (raw logprobs, prefix caching, rollforge's worker extension; ``engine_kwargs`` override
+the rest); ``vllm_sampling_params`` and ``completion_from_output`` translate one request and its
+result; ``LoopThread`` is the private event loop the engine lives on. vLLM itself is imported only
+inside the functions that need it, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Coroutine, Mapping
+
+from ..errors import BackendError, ConfigError
+from ..types import Completion
+from .base import SamplingParams
+from .vllm_worker import WORKER_EXTENSION
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def engine_args(
+    model: str,
+    *,
+    dtype: str,
+    seed: int | None,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    kv_cache_gib: float | None,
+    request_timeout: float | None,
+    enforce_eager: bool | None,
+    enable_lora: bool,
+    max_lora_rank: int,
+    sleep_level: int | None,
+    gpu_memory_utilization: float | None,
+    engine_kwargs: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``vllm.AsyncEngineArgs`` fields for ``VLLMBackend``'s options (see its docstring); a bad
+    option raises ``ConfigError`` naming it."""
+    if max_num_seqs < 1:
+        raise ConfigError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    if request_timeout is not None and request_timeout <= 0:
+        raise ConfigError(f"request_timeout must be > 0 seconds or None, got {request_timeout}")
+    if kv_cache_gib is not None and kv_cache_gib <= 0:
+        raise ConfigError(f"kv_cache_gib must be > 0 or None, got {kv_cache_gib}")
+    if sleep_level not in (None, 1, 2):
+        raise ConfigError(f"sleep_level must be 1, 2 or None, got {sleep_level!r}")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    args: dict[str, Any] = dict(
+        model=model,
+        dtype=dtype,
+        seed=0 if seed is None else seed,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        logprobs_mode="raw_logprobs",
+        enable_prefix_caching=True,
+        enable_lora=enable_lora,
+        disable_log_stats=True,
+        enforce_eager=default_enforce_eager() if enforce_eager is None else enforce_eager,
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    if enable_lora:
+        args["max_lora_rank"] = max_lora_rank
+    if sleep_level is not None:
+        args["enable_sleep_mode"] = True
+    if gpu_memory_utilization is not None:
+        args["gpu_memory_utilization"] = gpu_memory_utilization
+    if kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    args.update(engine_kwargs or {})
+    return args
+
+
+def sleep_mode_available() -> bool:
+    """Whether the installed vLLM's platform has sleep mode (CUDA, ROCm; not the CPU build)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
+def default_enforce_eager() -> bool:
+    """Eager mode on vLLM's CPU build, compiled elsewhere (see ``VLLMBackend``)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def vllm_sampling_params(params: SamplingParams, seed: int) -> Any:
+    """vLLM's ``SamplingParams`` for one request: one sample, the sampled token's logprob, stop
+    strings kept in the output, special tokens kept in the text that stop strings are matched on."""
+    import vllm
+    from vllm.sampling_params import RequestOutputKind
+
+    return vllm.SamplingParams(
+        n=1,
+        max_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=seed,
+        stop=list(params.stop) or None,
+        stop_token_ids=[t for t in params.stop_token_ids if t >= 0],  # never sampled; vLLM rejects it
+        include_stop_str_in_output=True,
+        logprobs=0,
+        detokenize=bool(params.stop),
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def completion_from_output(output: Any, request_id: str) -> Completion:
+    """A ``Completion`` from a vLLM ``CompletionOutput`` requested with ``logprobs=0``."""
+    ids = tuple(int(t) for t in output.token_ids)
+    positions = output.logprobs
+    if positions is None or len(positions) != len(ids):
+        raise BackendError(
+            f"vLLM request {request_id}: {len(ids)} tokens but "
+            f"{'no' if positions is None else len(positions)} logprob positions"
+        )
+    try:
+        logprobs = tuple(float(position[token].logprob) for position, token in zip(positions, ids))
+    except (KeyError, TypeError) as exc:
+        raise BackendError(f"vLLM request {request_id}: a sampled token has no logprob ({exc!r})") from exc
+    reason = _FINISH_REASONS.get(output.finish_reason)
+    if reason is None:
+        raise BackendError(f"vLLM request {request_id} ended with finish reason {output.finish_reason!r}")
+    return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+
+async def shutdown(engine: Any) -> None:
+    engine.shutdown()
+
+
+class LoopThread:
+    """An event loop running forever on a daemon thread; coroutines are submitted to it."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        future = self.submit(coroutine)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
