@@ -28,6 +28,7 @@ from typing import Any
 
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
+from ..files import atomic_write
 from ..types import Sample, Trajectory
 
 
@@ -292,15 +293,5 @@ def read_partial(path: Path) -> list[dict]:
 
 def write_results(out: Path, trajectories, metrics: dict) -> None:
     """``trajectories.jsonl`` (input order) and ``metrics.json``, each written atomically."""
-    _atomic_write(out / "trajectories.jsonl", "".join(json.dumps(t.to_json()) + "\n" for t in trajectories))
-    _atomic_write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-    except OSError as exc:  # a full disk: no half-written file is left behind
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    os.replace(tmp, path)
+    atomic_write(out / "trajectories.jsonl", "".join(json.dumps(t.to_json()) + "\n" for t in trajectories))
+    atomic_write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")

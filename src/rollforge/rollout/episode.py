@@ -40,6 +40,7 @@ from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
 from ..boundary import boundary
 from ..errors import EpisodeFailed, TemplateError
+from ..seeds import sampling_seed
 from ..types import Failure, Message, Sample, ToolCall, Trajectory
 from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
@@ -313,7 +314,7 @@ def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, in
         top_k=config.top_k,
         stop=tuple(stop),
         stop_token_ids=renderer.stop_token_ids,
-        seed=((config.seed * 1_000_003 + index) * 1_000_033 + turn) % (2**31 - 1),
+        seed=sampling_seed(config.seed, index, turn),
     )
 
 
