@@ -128,11 +128,12 @@ def _reward(mean: float | None) -> str:
 
 async def _rollout(samples, task_to_env, backend_config, renderer, ray_config, config, out: Path):
     """The whole rollout on one event loop: the backend (replicas first), then the environments."""
+    from ..cluster.executor import placed
     from ..cluster.generation import open_generation
 
     async with open_generation(backend_config, tokenizer=renderer.tokenizer) as backend:
-        with _placed(ray_config, task_to_env) as placed:
-            return await run_with_progress(samples, placed, backend, renderer, config, out)
+        with placed(task_to_env, ray_config) as where:
+            return await run_with_progress(samples, where, backend, renderer, config, out)
 
 
 def _ray_config(args: Any):
@@ -164,14 +165,6 @@ def check_ray_flags(args: Any, executor: str, flags: tuple[str, ...] = _RAY_ONLY
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             raise ConfigError(f"{flag} {value} needs --executor ray (it sets how environments or replicas run on Ray actors)")
-
-
-def _placed(ray_config, task_to_env: dict):
-    if ray_config is None:
-        return contextlib.nullcontext(task_to_env)
-    from ..cluster.executor import environments_on_ray
-
-    return environments_on_ray(task_to_env, ray_config)
 
 
 def check_out_dir(out: Path, flag: str) -> None:

@@ -109,7 +109,7 @@ class EpisodeContext:
         return await run_blocking(self.parser.parse, text)
 
 
-def _check_images(messages: Sequence[Message], ctx: EpisodeContext) -> None:
+def _fail_on_images_for_text_backend(messages: Sequence[Message], ctx: EpisodeContext) -> None:
     """Images reaching a text-only backend end the episode with a clear reason (the environment
     did not declare ``produces_images``, or the engine would have refused to start)."""
     if ctx.accepts_images:
@@ -195,7 +195,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
     stop = reset.stop if reset.stop is not None else state.sample.stop
     prompt, state.tools = renderer.with_tool_prompt(reset.prompt, reset.tools, ctx.parser)
     state.messages += prompt
-    _check_images(prompt, ctx)  # after keeping them: a failed trajectory still shows the images
+    _fail_on_images_for_text_backend(prompt, ctx)  # after keeping them: a failed trajectory still shows the images
     incremental = renderer.report(reset.tools, ctx.parser).incremental
     tokens.begin(renderer.prompt_ids(prompt, state.tools))
     pending = renderer.generation_prompt  # appended before the next generation
@@ -222,7 +222,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         state.failures += step.failures
         covered = len(state.messages)
         state.messages += step.messages
-        _check_images(step.messages, ctx)
+        _fail_on_images_for_text_backend(step.messages, ctx)
         observation = await _observation(state, step, covered, generated, incremental, ctx)
         if observation is None:  # the episode ended, or went on in a new segment
             if state.ending:

@@ -4,7 +4,6 @@ where environments run, and the run directory's small JSON files."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -92,12 +91,3 @@ def prompts(
             "pass dataset= or set data.path"
         )
     return generated_samples(config.environments, config.data.size, config.seed)
-
-
-def placed(config: TrainConfig, task_to_env: dict[str, Any]):
-    """The environments where ``executor`` says they run."""
-    if config.executor == "ray":
-        from ..cluster.executor import environments_on_ray
-
-        return environments_on_ray(task_to_env, config.ray)
-    return contextlib.nullcontext(task_to_env)

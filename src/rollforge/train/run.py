@@ -30,6 +30,7 @@ import torch
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
+from ..cluster.executor import placed
 from ..cluster.generation import open_generation
 from ..models import resolve_device
 from ..files import read_json, write_json
@@ -226,7 +227,7 @@ async def open_run(
             ckpt.restore(resumed, model, optimizer, scheduler)
             start = resumed.step
         logbook = _open_logbook(stack, config, ranks, start, console)
-        task_to_env = stack.enter_context(prepare.placed(config, local_envs))
+        task_to_env = stack.enter_context(placed(local_envs, config.ray if config.executor == "ray" else None))
         served = backend is None and config.model.backend == "openai"  # by a server we did not start
         if backend is None:
             backend = await _open_backend(stack, config, generator, tokenizer)
