@@ -1,6 +1,6 @@
 """The seed derivation: pinned numbers, since runs compare them bit for bit."""
 
-from rollforge.seeds import held_out_seed, mix, sampling_seed
+from rollforge.seeds import held_out_seed, mix, replica_seed, sampling_seed
 
 
 def test_mix_applies_one_prime_per_coordinate():
@@ -22,3 +22,8 @@ def test_held_out_seeds_are_7919_apart():
     assert held_out_seed(10) == 7929
     assert held_out_seed(10, 2) == 10 + 2 * 7919
     assert held_out_seed(10, 0) == 10
+
+
+def test_replica_seeds_count_up_and_unseeded_stays_unseeded():
+    assert [replica_seed(5, i) for i in range(3)] == [5, 6, 7]
+    assert replica_seed(None, 2) is None

@@ -8,7 +8,9 @@ multiplier, so that two different coordinate tuples give different seeds::
 
 A sampling seed (the one a backend receives) is that number modulo ``2**31 - 1``, so that every
 backend accepts it. Held-out samples are drawn from ``seed + 7919 * n`` (``n``: which held-out
-set), far from the training samples drawn from ``seed + i``. These numbers are part of
+set), far from the training samples drawn from ``seed + i`` (``i``: the environment). Replica ``i``
+of a backend seeds the requests that carry no seed with ``seed + i``, so that replicas do not
+repeat each other's samples. These numbers are part of
 reproducibility: runs compare them bit for bit, so the formulas never change.
 """
 
@@ -34,6 +36,11 @@ def mix(seed: int, *coordinates: int) -> int:
 def sampling_seed(seed: int, *coordinates: int) -> int:
     """The seed a backend samples with: ``mix(seed, *coordinates) % (2**31 - 1)``."""
     return mix(seed, *coordinates) % _SAMPLING_MODULUS
+
+
+def replica_seed(seed: int | None, i: int) -> int | None:
+    """The default seed of replica ``i`` (None stays None: unseeded)."""
+    return None if seed is None else seed + i
 
 
 def held_out_seed(seed: int, n: int = 1) -> int:
