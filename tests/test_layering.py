@@ -26,6 +26,8 @@ FLOORS = {
     # bottom: the exception tree, and the frozen values (with the JSON forms they are written in)
     "rollforge.errors": 0,
     "rollforge.json_forms": 0,
+    "rollforge.seeds": 0,
+    "rollforge.files": 0,
     "rollforge.types": 1,
     # boundary: classify failures at each boundary; rollforge's own bugs propagate
     "rollforge.boundary": 2,

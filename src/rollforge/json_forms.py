@@ -37,14 +37,20 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def is_image(value: Any) -> bool:
+    """Whether ``value`` is a PIL image, or looks like one (``save``, ``size`` and ``mode``): PIL
+    itself is never imported."""
+    return callable(getattr(value, "save", None)) and hasattr(value, "size") and hasattr(value, "mode")
+
+
 def image_bytes(image: Any) -> tuple[str, bytes]:
     """An image of ``Message.images`` as (MIME type, encoded bytes): encoded bytes as they are, a
-    PIL image (anything with ``save``) as PNG. PIL itself is never imported here."""
+    PIL image (``is_image``) as PNG."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
         mime = next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), "application/octet-stream")
         return mime, data
-    if callable(getattr(image, "save", None)):
+    if is_image(image):
         import io
 
         buffer = io.BytesIO()

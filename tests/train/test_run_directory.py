@@ -21,7 +21,7 @@ from rollforge.train.config import LoraConfig, ModelConfig, OptimConfig
 from rollforge.train.logbook import Logbook
 from rollforge.train.launch import train
 from rollforge.train.policy import load_policy, make_optimizer
-from rollforge.train.prepare import write_json
+from rollforge.files import write_json
 
 
 def _steps(out):

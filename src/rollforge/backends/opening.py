@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
+from ..seeds import replica_seed
 from .base import Backend
 from .config import BACKEND_KINDS, BackendConfig, server_urls
 
@@ -85,7 +86,7 @@ def _openai(config: BackendConfig) -> Backend:
         options = dict(shared)
         if len(urls) > 1 and options.get("weights_dir") is not None:  # replicas must not share a version directory
             options["weights_dir"] = f"{options['weights_dir']}/replica-{i}"
-        seed = None if config.seed is None else config.seed + i
+        seed = replica_seed(config.seed, i)
         return OpenAICompatBackend(
             url, model=config.served_model_name, max_concurrency=config.concurrency, seed=seed, **options
         )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import atomic_write
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -68,9 +69,7 @@ def save_state_dict(state: dict[str, Any], directory: Path) -> Path:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file(state, str(tmp))
-    os.replace(tmp, directory / WEIGHTS_FILE)
+    atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
     return directory
 
 

@@ -36,6 +36,7 @@ from ..chat.render import ChatRenderer
 from ..envs.factory import FactoryEnvironment
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
+from ..seeds import mix
 from ..types import Sample, Trajectory
 from .overhead import _tokenizer
 
@@ -82,7 +83,7 @@ class CodeRunner:
         Args:
             code: The program.
         """
-        rng = random.Random(self.seed * 1_000_003 + len(self.delays))
+        rng = random.Random(mix(self.seed, len(self.delays)))
         delay = tool_seconds(self.seed, len(self.delays), self.median, self.sigma)
         self.delays.append(delay)
         if delay > 0:

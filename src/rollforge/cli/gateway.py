@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import atomic_write
 
 
 def add_parser(commands: Any) -> None:
@@ -80,7 +81,5 @@ async def _serve(args: Any) -> None:
 
 def _write_records(path: Path, gateway: Any) -> None:
     lines = [json.dumps(gateway.trajectory_json(sid)) for sid in sorted(gateway.sessions)]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(line + "\n" for line in lines))
     print(f"rollforge gateway: {len(lines)} session(s) recorded -> {path}", flush=True)

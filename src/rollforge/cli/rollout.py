@@ -28,6 +28,7 @@ from typing import Any
 
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
+from ..files import atomic_write
 from ..types import Sample, Trajectory
 
 
@@ -127,11 +128,12 @@ def _reward(mean: float | None) -> str:
 
 async def _rollout(samples, task_to_env, backend_config, renderer, ray_config, config, out: Path):
     """The whole rollout on one event loop: the backend (replicas first), then the environments."""
+    from ..cluster.executor import placed
     from ..cluster.generation import open_generation
 
     async with open_generation(backend_config, tokenizer=renderer.tokenizer) as backend:
-        with _placed(ray_config, task_to_env) as placed:
-            return await run_with_progress(samples, placed, backend, renderer, config, out)
+        with placed(task_to_env, ray_config) as where:
+            return await run_with_progress(samples, where, backend, renderer, config, out)
 
 
 def _ray_config(args: Any):
@@ -163,14 +165,6 @@ def check_ray_flags(args: Any, executor: str, flags: tuple[str, ...] = _RAY_ONLY
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             raise ConfigError(f"{flag} {value} needs --executor ray (it sets how environments or replicas run on Ray actors)")
-
-
-def _placed(ray_config, task_to_env: dict):
-    if ray_config is None:
-        return contextlib.nullcontext(task_to_env)
-    from ..cluster.executor import environments_on_ray
-
-    return environments_on_ray(task_to_env, ray_config)
 
 
 def check_out_dir(out: Path, flag: str) -> None:
@@ -292,15 +286,5 @@ def read_partial(path: Path) -> list[dict]:
 
 def write_results(out: Path, trajectories, metrics: dict) -> None:
     """``trajectories.jsonl`` (input order) and ``metrics.json``, each written atomically."""
-    _atomic_write(out / "trajectories.jsonl", "".join(json.dumps(t.to_json()) + "\n" for t in trajectories))
-    _atomic_write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-    except OSError as exc:  # a full disk: no half-written file is left behind
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    os.replace(tmp, path)
+    atomic_write(out / "trajectories.jsonl", "".join(json.dumps(t.to_json()) + "\n" for t in trajectories))
+    atomic_write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")

@@ -20,6 +20,13 @@ from .env_pool import RayEnvironmentPool
 from .resources import ENV_ACTOR_KNOBS, Demand, check_fits, hold, share_cpus
 
 
+def placed(task_to_env: Mapping[str, Environment], config: RayConfig | None):
+    """The environments where they run: in Ray actor pools with a Ray ``config``, else as given."""
+    if config is None:
+        return contextlib.nullcontext(task_to_env)
+    return environments_on_ray(task_to_env, config)
+
+
 @contextlib.contextmanager
 def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfig) -> Iterator[dict[str, Environment]]:
     connect(config)

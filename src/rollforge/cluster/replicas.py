@@ -40,6 +40,7 @@ from ..backends.config import BackendConfig
 from ..backends.gate import WeightGate
 from ..backends.weights import save_state_dict, scratch_directory, state_dict_for_export
 from ..errors import BackendError, ConfigError
+from ..seeds import replica_seed
 from ..types import Completion
 from .connect import actor_death_reason, import_ray, worker_runtime_env
 from .resources import REPLICA_KNOBS, Demand, check_fits, hold, share_cpus
@@ -201,7 +202,7 @@ def start_replicas(config: BackendConfig, *, start_timeout: float = 600.0) -> li
     try:
         for i in range(count):
             own = dataclasses.replace(
-                config, replicas=1, replica_cpus=num_cpus, seed=None if config.seed is None else config.seed + i
+                config, replicas=1, replica_cpus=num_cpus, seed=replica_seed(config.seed, i)
             )
             replicas.append(RayBackendReplica(own, name=f"{config.kind} replica {i}"))
         deadline = time.monotonic() + start_timeout

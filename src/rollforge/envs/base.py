@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 from ..errors import ConfigError, EnvironmentError_
@@ -57,6 +57,16 @@ class Reset:
     stop: tuple[str, ...] | None = None
 
 
+def append_to_last_user(prompt: tuple[Message, ...], text: str, images: tuple[Any, ...] = ()) -> tuple[Message, ...]:
+    """``prompt`` with what ``reset`` returned (``text``, ``images``) appended to its last user
+    message (after a blank line), or as a new user message when the last one is not the user's."""
+    last = prompt[-1]
+    if last.role != "user":
+        return (*prompt, Message("user", text, images=images))
+    content = f"{last.content}\n\n{text}" if last.content and text else (last.content or text)
+    return (*prompt[:-1], replace(last, content=content, images=last.images + images))
+
+
 @dataclass(frozen=True)
 class Step:
     """The environment's answer to one assistant message.
@@ -77,6 +87,18 @@ class Step:
         reward = self.reward
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise EnvironmentError_(f"Step.reward must be a finite number, got {type(reward).__name__} {reward!r}")
+
+
+def is_session_limit(value: Any) -> bool:
+    """Whether ``value`` is a valid ``max_sessions``: None (no limit) or a positive int."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+
+
+def check_max_sessions(value: Any) -> int | None:
+    """``value`` when it is a valid ``max_sessions`` (``is_session_limit``), else a ``ConfigError``."""
+    if not is_session_limit(value):
+        raise ConfigError(f"max_sessions must be a positive int or None, got {value!r}")
+    return value
 
 
 @runtime_checkable

@@ -45,7 +45,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 from ..errors import ConfigError, EnvironmentError_
 from ..types import Message, Sample, ToolCall
 from ..workers import run_sync
-from .base import Environment, EnvSession, Step
+from .base import Environment, EnvSession, Step, is_session_limit
 from .check_actions import invalid_arguments, scripted_action, tool_call_message
 from .check_values import as_json, check_reset, check_reward, check_step, short
 from .library import EnvSpec, get_env_spec
@@ -157,7 +157,7 @@ class _Checker:
         if not hasattr(self.env, "max_sessions"):
             raise self.fail("the environment has no max_sessions attribute (None means no limit)")
         limit = self.env.max_sessions
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        if not is_session_limit(limit):
             raise self.fail(f"max_sessions must be None or a positive int, got {limit!r}")
 
     def open(self, sample: Sample) -> EnvSession:

@@ -46,8 +46,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..boundary import boundary, call_user
 from ..errors import ConfigError, EnvironmentError_, EpisodeFailed, ToolArgumentError
+from ..json_forms import is_image
 from ..types import Failure, FailureKind, Message, Sample, ToolCall
-from .base import BaseSession, Environment, Reset, Step
+from .base import BaseSession, Environment, Reset, Step, append_to_last_user, check_max_sessions
 from ..workers import run_blocking
 from .tools import Tool, class_tools, discover_tools, validate_arguments
 
@@ -91,10 +92,7 @@ class FactoryEnvironment(Environment):
                 _check_factory(item, f"environment_factory[{name!r}]")
         else:
             _check_factory(factory, "environment_factory")
-        if max_sessions is not None and (
-            isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
-        ):
-            raise ConfigError(f"max_sessions must be a positive int or None, got {max_sessions!r}")
+        check_max_sessions(max_sessions)
         self.factory = dict(factory) if isinstance(factory, Mapping) else factory
         self.max_sessions = max_sessions
         self.run_in_thread = run_in_thread
@@ -205,7 +203,7 @@ class FactorySession(BaseSession):
                     f"got {type(observation).__name__}"
                 )
             if observation:
-                prompt = _append_to_last_user(prompt, observation)
+                prompt = append_to_last_user(prompt, observation)
         self.tools = discover_tools(self._obj)
         return Reset(prompt=prompt, tools=_schemas(type(self._obj), self.tools))
 
@@ -328,25 +326,13 @@ def _reset_parameters(reset: Callable[..., Any], bound: bool) -> tuple[frozenset
     return accepted, tuple(p.name for p in parameters if p.name in accepted and p.default is p.empty)
 
 
-def _append_to_last_user(prompt: tuple[Message, ...], text: str) -> tuple[Message, ...]:
-    last = prompt[-1]
-    if last.role != "user":
-        return (*prompt, Message(role="user", content=text))
-    content = f"{last.content}\n\n{text}" if last.content else text
-    return (*prompt[:-1], replace(last, content=content))
-
-
 def _error(name: str | None, kind: FailureKind, message: str) -> tuple[Message, Failure]:
     return Message(role="tool", content=f"Error: {message}", name=name), Failure(kind=kind, message=message)
 
 
-def _is_image(value: Any) -> bool:
-    return callable(getattr(value, "save", None)) and hasattr(value, "size") and hasattr(value, "mode")
-
-
 def _block(item: Any) -> tuple[str, Any] | None:
     """("image", image) or ("text", str) for an image, an image block or a text block; else None."""
-    if _is_image(item):
+    if is_image(item):
         return "image", item
     if not isinstance(item, Mapping) or item.get("type") not in ("image", "text"):
         return None
@@ -358,7 +344,7 @@ def _block(item: Any) -> tuple[str, Any] | None:
             image = base64.b64decode(item.get("data", item.get("base64")), validate=True)
         except (binascii.Error, ValueError):
             raise EnvironmentError_("an image block's data is not valid base64") from None
-    if not (_is_image(image) or isinstance(image, (bytes, bytearray))):
+    if not (is_image(image) or isinstance(image, (bytes, bytearray))):
         raise EnvironmentError_(
             f"an image block needs 'image' (a PIL image or bytes) or base64 'data', got keys {sorted(item)}"
         )

@@ -46,7 +46,7 @@ from ..boundary import call_user
 from ..errors import ConfigError, EnvironmentError_
 from ..types import Message, Sample
 from ..workers import run_blocking
-from .base import BaseSession, Environment, Reset, Step
+from .base import BaseSession, Environment, Reset, Step, check_max_sessions
 
 __all__ = ["StepwiseReturn", "StepwiseEnvironment", "StepwiseSession"]
 
@@ -113,10 +113,7 @@ class StepwiseEnvironment(Environment):
                 f"a step-style environment needs a step(message_logs, metadata) method; "
                 f"{type(env).__name__} has none"
             )
-        if max_sessions is not None and (
-            isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
-        ):
-            raise ConfigError(f"max_sessions must be a positive int or None, got {max_sessions!r}")
+        check_max_sessions(max_sessions)
         self.env = env
         self.max_sessions = max_sessions
         self.run_in_thread = run_in_thread

@@ -37,6 +37,7 @@ from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import TemplateError, WireError
 from ..rollout.ledger import Ending, Ledger, ending_flags, lay_out
+from ..seeds import sampling_seed
 from ..types import Completion, Failure, Message, Segment, ToolCall, Trajectory
 from .wire import ChatRequest, Choice, WireCall, WireMessage, canonical_arguments
 
@@ -73,7 +74,7 @@ class Sampling:
         if request.seed is not None and not self.fixed:
             seed = request.seed + k
         elif self.seed is not None:
-            seed = (((self.seed * 1_000_003 + session_seed) * 1_000_033 + turn) * 31 + k) % (2**31 - 1)
+            seed = sampling_seed(self.seed, session_seed, turn, k)
         else:
             seed = None
         return SamplingParams(budget, temperature, top_p, self.top_k, request.stop, stop_ids, seed)

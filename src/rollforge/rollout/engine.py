@@ -133,7 +133,7 @@ async def arollout(
     ctx = EpisodeContext(backend, renderer, parser, config)
     results: list[Trajectory | None] = [None] * len(samples)
     async with _prepared(task_to_env, needed) if session is None else contextlib.nullcontext():
-        _check_images(samples, task_to_env, backend)
+        _check_backend_takes_images(samples, task_to_env, backend)
         started = time.perf_counter()
         with _quiet_collector():
             callback_errors = await _schedule(samples, task_to_env, ctx, results, on_episode,
@@ -337,7 +337,7 @@ async def _prepared(task_to_env: Mapping[str, Environment], needed: Mapping[int,
         yield
 
 
-def _check_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend) -> None:
+def _check_backend_takes_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend) -> None:
     """An environment that declares ``produces_images`` needs a backend with ``accepts_images``."""
     if backend.accepts_images:
         return

@@ -40,6 +40,7 @@ from ..chat.toolcalls import ToolCallParser
 from ..envs.base import Environment
 from ..boundary import boundary
 from ..errors import EpisodeFailed, TemplateError
+from ..seeds import sampling_seed
 from ..types import Failure, Message, Sample, ToolCall, Trajectory
 from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
@@ -108,7 +109,7 @@ class EpisodeContext:
         return await run_blocking(self.parser.parse, text)
 
 
-def _check_images(messages: Sequence[Message], ctx: EpisodeContext) -> None:
+def _fail_on_images_for_text_backend(messages: Sequence[Message], ctx: EpisodeContext) -> None:
     """Images reaching a text-only backend end the episode with a clear reason (the environment
     did not declare ``produces_images``, or the engine would have refused to start)."""
     if ctx.accepts_images:
@@ -194,7 +195,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
     stop = reset.stop if reset.stop is not None else state.sample.stop
     prompt, state.tools = renderer.with_tool_prompt(reset.prompt, reset.tools, ctx.parser)
     state.messages += prompt
-    _check_images(prompt, ctx)  # after keeping them: a failed trajectory still shows the images
+    _fail_on_images_for_text_backend(prompt, ctx)  # after keeping them: a failed trajectory still shows the images
     incremental = renderer.report(reset.tools, ctx.parser).incremental
     tokens.begin(renderer.prompt_ids(prompt, state.tools))
     pending = renderer.generation_prompt  # appended before the next generation
@@ -221,7 +222,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         state.failures += step.failures
         covered = len(state.messages)
         state.messages += step.messages
-        _check_images(step.messages, ctx)
+        _fail_on_images_for_text_backend(step.messages, ctx)
         observation = await _observation(state, step, covered, generated, incremental, ctx)
         if observation is None:  # the episode ended, or went on in a new segment
             if state.ending:
@@ -313,7 +314,7 @@ def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, in
         top_k=config.top_k,
         stop=tuple(stop),
         stop_token_ids=renderer.stop_token_ids,
-        seed=((config.seed * 1_000_003 + index) * 1_000_033 + turn) % (2**31 - 1),
+        seed=sampling_seed(config.seed, index, turn),
     )
 
 

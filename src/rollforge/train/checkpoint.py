@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..files import atomic_write
 from .distributed import Ranks, load_full_state_dict
 from .logbook import out_of_space, read_metrics
 
@@ -120,9 +121,7 @@ def _write(tmp: Path, final: Path, step: int, model: Any, tokenizer: Any, optimi
         (tmp / "state.json").write_text(json.dumps({"step": step, "data": data_state, "files": files}))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        pointer = root / ".latest.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / "latest")
+        atomic_write(root / "latest", final.name + "\n")
 
 
 def optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
@@ -156,7 +155,7 @@ def remove_orphans(root: Path) -> list[str]:
             if path.is_dir() and _TMP_DIR.fullmatch(path.name):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path.name)
-    (root / ".latest.tmp").unlink(missing_ok=True)
+    (root / "latest.tmp").unlink(missing_ok=True)  # atomic_write's temporary
     return removed
 
 

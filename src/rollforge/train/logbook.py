@@ -11,15 +11,13 @@ writer's own names none; ``out_of_space`` tells it apart for writers that lose t
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..files import FULL_DISK, atomic_write, space_for
 from ..types import Trajectory
 
 
@@ -52,15 +50,8 @@ class Logbook:
         folder = self.out / "trajectories"
         folder.mkdir(exist_ok=True)
         path = folder / f"step-{step:06d}.jsonl"
-        tmp = path.with_suffix(".jsonl.tmp")
-        try:
-            with space_for(path), tmp.open("w") as f:
-                for t, reward, advantage in zip(trajectories, rewards, advantages):
-                    f.write(json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n")
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, path)
+        atomic_write(path, "".join(json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n"
+                                   for t, reward, advantage in zip(trajectories, rewards, advantages)))
 
     def close(self) -> None:
         self._metrics.close()
@@ -84,19 +75,7 @@ def console_line(m: dict[str, Any], total_steps: int) -> str:
     )
 
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NEARLY_FULL = 1 << 20  # bytes free below which a failed write is put down to the disk
-
-
-@contextlib.contextmanager
-def space_for(path: Path):
-    """Writes to ``path``: a full disk raises ``OSError`` ENOSPC naming ``path``."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno in _FULL and exc.filename is None:
-            raise OSError(exc.errno, "no space left on device", str(path)) from None
-        raise
 
 
 def out_of_space(error: BaseException, where: Path) -> bool:
@@ -109,7 +88,7 @@ def out_of_space(error: BaseException, where: Path) -> bool:
         seen.append(error)
         error = error.__cause__ or error.__context__
     seen += [e for s in seen for e, *_ in getattr(s, "failures", {}).values() if isinstance(e, BaseException)]
-    if any(isinstance(e, OSError) and e.errno in _FULL for e in seen):
+    if any(isinstance(e, OSError) and e.errno in FULL_DISK for e in seen):
         return True
     if not any(isinstance(e, Exception) for e in seen):  # an interrupt, not a failed write
         return False
@@ -136,19 +115,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def _truncate_after(path: Path, step: int) -> None:
     kept = [m for m in read_metrics(path) if m.get("step", 0) <= step] if step else []
-    write_file(path, "".join(json.dumps(m) + "\n" for m in kept))
-
-
-def write_file(path: Path, text: str) -> None:
-    """``text`` to ``path`` atomically (a temporary file renamed over it); a full disk names ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with space_for(path):
-            tmp.write_text(text)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
+    atomic_write(path, "".join(json.dumps(m) + "\n" for m in kept))
 
 
 def _tensorboard_writer(folder: Path):

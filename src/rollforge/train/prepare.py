@@ -4,8 +4,6 @@ where environments run, and the run directory's small JSON files."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,13 +12,14 @@ import yaml
 
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
+from ..files import atomic_write
 from ..models import load_tokenizer
+from ..seeds import held_out_seed
 from ..types import Sample
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import check_prompt_lengths, generated_samples, load_rows, rows_to_samples
 from .distributed import Ranks
-from .logbook import write_file
 
 
 def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
@@ -71,20 +70,12 @@ def eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str
     """Held-out prompts from the generators (another seed); with a dataset, its first rows."""
     if dataset is not None or config.data.path is not None:
         return prompts(config, tasks, dataset, given)[: config.eval_episodes]
-    return generated_samples(config.environments, config.eval_episodes, config.seed + 7919)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    write_file(path, json.dumps(data, indent=2) + "\n")
+    return generated_samples(config.environments, config.eval_episodes, held_out_seed(config.seed))
 
 
 def write_config(out: Path, config: Any) -> None:
     """The run's ``config.yaml``: the config as it ran, every default filled in."""
-    write_file(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    atomic_write(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
 def prompts(
@@ -100,12 +91,3 @@ def prompts(
             "pass dataset= or set data.path"
         )
     return generated_samples(config.environments, config.data.size, config.seed)
-
-
-def placed(config: TrainConfig, task_to_env: dict[str, Any]):
-    """The environments where ``executor`` says they run."""
-    if config.executor == "ray":
-        from ..cluster.executor import environments_on_ray
-
-        return environments_on_ray(task_to_env, config.ray)
-    return contextlib.nullcontext(task_to_env)

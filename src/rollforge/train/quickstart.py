@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files import read_json
 from ..workers import run_sync
 from . import checkpoint as ckpt
 from .config import LoraConfig, TrainConfig
@@ -55,7 +56,7 @@ def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, 
             ckpt.start_fresh(directory, overwrite)
     seconds: dict[str, float] = {}
     began = time.perf_counter()
-    evaluations = _read_json(out / "eval.json")
+    evaluations = read_json(out / "eval.json")
     if config.eval_episodes and "before_warmup" not in evaluations:
         evaluations["before_warmup"] = run_sync(evaluate_base(config))
         out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +134,3 @@ def write_quickstart_report(out: Path, warm: Path, evaluations: dict[str, Any], 
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}

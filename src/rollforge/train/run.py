@@ -30,8 +30,11 @@ import torch
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
+from ..cluster.executor import placed
 from ..cluster.generation import open_generation
 from ..models import resolve_device
+from ..files import read_json, write_json
+from ..seeds import mix
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
@@ -94,7 +97,7 @@ def draw(run: Run) -> list[Sample]:
 def rollout_config(run: Run, step: int, share: int):
     """The step's rollout settings: its sampling seed, and this rank's episode indices (``share``
     episodes per rank) as if the batch were whole."""
-    where = {"seed": run.config.seed * 1_000_003 + step, "first_index": run.ranks.rank * share,
+    where = {"seed": mix(run.config.seed, step), "first_index": run.ranks.rank * share,
              "infra_retries": run.config.algorithm.infra_retries}
     return run.config.rollout.model_copy(update=where)
 
@@ -224,7 +227,7 @@ async def open_run(
             ckpt.restore(resumed, model, optimizer, scheduler)
             start = resumed.step
         logbook = _open_logbook(stack, config, ranks, start, console)
-        task_to_env = stack.enter_context(prepare.placed(config, local_envs))
+        task_to_env = stack.enter_context(placed(local_envs, config.ray if config.executor == "ray" else None))
         served = backend is None and config.model.backend == "openai"  # by a server we did not start
         if backend is None:
             backend = await _open_backend(stack, config, generator, tokenizer)
@@ -305,7 +308,7 @@ def _objective(config: TrainConfig) -> tuple[ClippedPolicyLoss, Any]:
 def _read_evaluations(run: Run, dataset: Sequence[dict[str, Any]] | None, given: dict[str, Any]) -> None:
     """The evaluations already written (a resumed run's ``before``) and the held-out prompts."""
     config = run.config
-    run.evaluations = prepare.read_json(run.out / "eval.json")
+    run.evaluations = read_json(run.out / "eval.json")
     if config.eval_episodes:
         run.eval_prompts = prepare.eval_prompts(config, list(run.task_to_env), dataset, given)
         check_prompt_lengths(run.eval_prompts, run.renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
@@ -318,5 +321,5 @@ async def evaluate(run: Run, when: str, version: int) -> None:
         greedy = run.config.rollout.model_copy(update={"greedy": True, "seed": run.config.seed})
         result = await aevaluate(run.eval_prompts, run.task_to_env, run.backend, run.renderer, greedy)
         run.evaluations[when] = {**result.to_json(), "weight_version": version}
-        prepare.write_json(run.out / "eval.json", run.evaluations)
+        write_json(run.out / "eval.json", run.evaluations)
     run.ranks.barrier()

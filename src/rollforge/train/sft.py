@@ -35,6 +35,7 @@ from ..chat.render import ChatRenderer
 from ..chat.toolcalls import get_parser
 from ..errors import ConfigError
 from ..rollout.engine import arollout
+from ..seeds import held_out_seed, mix
 from ..types import Trajectory
 from ..workers import run_sync
 from . import checkpoint as ckpt
@@ -48,7 +49,7 @@ from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
     select_trajectories, trajectory_examples,
 )
-from .update import Episode, mixed_precision, optimizer_step, plan_micro_batches, sequence_logprobs
+from .update import Episode, collate, mixed_precision, optimizer_step, plan_micro_batches, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,7 @@ def sft_update(
     total, tokens = 0.0, 0
     batches = plan_micro_batches(episodes, 1, micro_batch_tokens)
     for batch in batches:
-        collated = _collate([episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id)
-        ids, attention, w = (t.to(device) for t in collated)
+        ids, attention, _, w = collate([episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id, device)
         with mixed_precision(device, compute_dtype):
             logprobs = sequence_logprobs(model, ids, attention, w != 0)  # (B, T)
             loss = loss_fn(logprobs, w)
@@ -113,17 +113,6 @@ def _episode(example: Example) -> Episode:
     mask = torch.tensor(example.mask, dtype=torch.float32)
     ids = torch.tensor(example.ids, dtype=torch.long)
     return Episode(ids=ids, mask=mask, old_logprobs=torch.zeros_like(mask), prompt_length=example.prompt_length)
-
-
-def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int):
-    length = max(e.ids.numel() for e in episodes)
-    ids = torch.full((len(episodes), length), pad_id, dtype=torch.long)  # (B, T)
-    attention = torch.zeros((len(episodes), length), dtype=torch.long)  # (B, T)
-    w = torch.zeros((len(episodes), length))  # (B, T)
-    for row, (e, wt) in enumerate(zip(episodes, weights)):
-        n = e.ids.numel()
-        ids[row, :n], attention[row, :n], w[row, :n] = e.ids, 1, wt
-    return ids, attention, w
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -229,13 +218,13 @@ async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, render
 
     rollouts = config.from_rollouts
     task_to_env = build_environments(rollouts.environments)
-    prompts = generated_samples(rollouts.environments, rollouts.prompts, config.seed + 7919 * phase)
+    prompts = generated_samples(rollouts.environments, rollouts.prompts, held_out_seed(config.seed, phase))
     samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
     generation = backend_config(config.model, config.rollout, RayConfig(), "local", config.seed, config.lora.enabled)
     async with open_backend(generation, hf_model=model, tokenizer=tokenizer) as backend:
         if config.model.backend != "hf":
             await backend.update_weights(model)
-        rollout_config = config.rollout.model_copy(update={"seed": config.seed * 1_000_003 + phase})
+        rollout_config = config.rollout.model_copy(update={"seed": mix(config.seed, phase)})
         result = await arollout(samples, task_to_env, backend, renderer, rollout_config)
     kept = select_trajectories(result.trajectories, rollouts.min_reward)
     metrics = {f"rollout/{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float)) or v is None}

@@ -232,7 +232,7 @@ def _plain_lm_head(model: Any) -> bool:
     return not scaled and callable(getattr(model, "get_decoder", None)) and model.get_output_embeddings() is not None
 
 
-def _collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int, device: torch.device):
+def collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int, device: torch.device):
     """(B, T) ids, attention, old logprobs and loss weights on ``device``, right-padded."""
     length = max(e.ids.numel() for e in episodes)
     ids = torch.full((len(episodes), length), pad_id, dtype=torch.long, device=device)
@@ -294,7 +294,7 @@ def policy_update(
             if ranks.distributed:
                 _empty_pass(model, pad_id, device)  # still one pass: the other ranks' collectives wait for it
             continue
-        ids, attention, old, w = _collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id, device)
+        ids, attention, old, w = collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id, device)
         with mixed_precision(device, compute_dtype):
             ref = None
             if reference is not None:

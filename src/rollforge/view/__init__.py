@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_write
 from .run import Payload, load_run, tokenizer_for
 
 __all__ = ["render_html", "write_view"]
@@ -37,10 +38,7 @@ def write_view(run_dir: str | Path, out: str | Path | None = None, *, model: str
     payload = load_run(run_dir, tokenizer)
     source = Path(run_dir)
     path = Path(out) if out is not None else source / "view.html" if source.is_dir() else source.with_suffix(".html")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(payload), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write(path, render_html(payload))
 
 
 def render_html(payload: Payload) -> str:

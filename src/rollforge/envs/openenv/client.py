@@ -49,7 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ...errors import ConfigError, EnvironmentError_, ServerError
 from ...types import Sample
 from ...workers import run_blocking
-from ..base import Environment
+from ..base import Environment, check_max_sessions
 from .protocol import CAPACITY_REACHED, Connection, websocket_url
 from .schema import action_tool, image_fields
 from .session import OpenEnvSession
@@ -88,8 +88,7 @@ class OpenEnvEnvironment(Environment):
     ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://", "ws://", "wss://")):
             raise ConfigError(f"base_url must be an http(s):// or ws(s):// URL of an OpenEnv server, got {base_url!r}")
-        if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1):
-            raise ConfigError(f"max_sessions must be a positive int or None, got {max_sessions!r}")
+        check_max_sessions(max_sessions)
         self.base_url = base_url.rstrip("/")
         self.ws_url = websocket_url(self.base_url)
         self.http_url = self.base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).removesuffix("/ws")

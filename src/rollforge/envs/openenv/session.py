@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ...errors import ConnectionLost, EnvironmentError_, ServerError
 from ...types import Failure, FailureKind, Message, Sample, ToolCall
-from ..base import BaseSession, Reset, Step
+from ..base import BaseSession, Reset, Step, append_to_last_user
 from .protocol import CAPACITY_REACHED, EXECUTION_ERROR, VALIDATION_ERROR, Connection
 from .schema import decode_image, jsonable_row, render_observation
 
@@ -70,7 +70,7 @@ class OpenEnvSession(BaseSession):
         text, images = self._render(reply)
         prompt = sample.prompt
         if text or images:
-            prompt = _append_to_last_user(prompt, text, images)
+            prompt = append_to_last_user(prompt, text, images)
         return Reset(prompt=prompt, tools=env.tools)
 
     async def step(self, conversation: tuple[Message, ...]) -> Step:
@@ -170,14 +170,6 @@ def _seed(sample: Sample) -> int:
         return seed
     text = json.dumps([sample.task_name, [m.to_chat() for m in sample.prompt]], sort_keys=True)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") % (2**31)
-
-
-def _append_to_last_user(prompt: tuple[Message, ...], text: str, images: tuple[bytes, ...]) -> tuple[Message, ...]:
-    last = prompt[-1]
-    if last.role != "user":
-        return (*prompt, Message("user", text, images=images))
-    content = f"{last.content}\n\n{text}" if last.content and text else (last.content or text)
-    return (*prompt[:-1], Message("user", content, name=last.name, images=last.images + images))
 
 
 def _messages(items: Any) -> tuple[Message, ...]:
