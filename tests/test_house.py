@@ -18,12 +18,9 @@ PACKAGE = Path(rollforge.__file__).parent
 MODULE_LIMIT = 400
 FUNCTION_LIMIT = 60
 
-#: Today's offenders and their sizes: ``path`` (a module) or ``path::qualified.name`` (a function).
-KNOWN = {
-    "rollforge/types.py": 423,
-    "rollforge/bench/vs_trl_runners.py::_trl_clock": 65,
-    "rollforge/bench/fuzz.py::make_case": 61,
-}
+#: Offenders allowed for now, with their sizes: ``path`` (a module) or ``path::qualified.name``
+#: (a function). Empty: every module is within 400 lines and every function within 60.
+KNOWN: dict[str, int] = {}
 
 
 def _functions(node: ast.AST, prefix: str = ""):

@@ -18,13 +18,13 @@ token-exact against its rendering; training uses each as a sequence. Most episod
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 from .errors import InvariantError
 from .json_forms import image_json, json_float, jsonable
+from .invariants import check_segments, check_trajectory
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -290,7 +290,6 @@ class Trajectory:
     retries: int = 0
 
     def __post_init__(self) -> None:
-        n = len(self.token_ids)
         if self.versions and len(self.versions) != sum(self.loss_mask):
             raise InvariantError(
                 f"trajectory {self.index}: {len(self.versions)} weight versions for {sum(self.loss_mask)} policy tokens"
@@ -299,38 +298,8 @@ class Trajectory:
             whole = Segment(self.token_ids, self.loss_mask, self.logprobs, self.prompt_length, len(self.messages))
             object.__setattr__(self, "segments", (whole,))
         elif len(self.segments) > 1 or self.segments[0].token_ids is not self.token_ids:
-            self._check_segments()
-        if len(self.loss_mask) != n or len(self.logprobs) != n:
-            raise InvariantError(
-                f"trajectory {self.index}: {n} token ids, {len(self.loss_mask)} mask entries, "
-                f"{len(self.logprobs)} logprobs; they must agree"
-            )
-        if not _mask_matches_logprobs(self.loss_mask, self.logprobs):
-            position, bit, logprob = next(
-                (i, b, lp) for i, (b, lp) in enumerate(zip(self.loss_mask, self.logprobs))
-                if b not in (0, 1) or (b == 1) != (lp is not None)
-            )
-            raise InvariantError(
-                f"trajectory {self.index}: token {position} has mask {bit!r} and logprob "
-                f"{logprob!r}; policy tokens (mask 1) and only they carry a logprob"
-            )
-        if len(self.rewards) != self.turns:
-            raise InvariantError(f"trajectory {self.index}: {self.turns} turns, {len(self.rewards)} rewards")
-        if not math.isclose(sum(self.rewards), self.total_reward, rel_tol=1e-9, abs_tol=1e-9):
-            raise InvariantError(f"trajectory {self.index}: total_reward is not the sum of rewards")
-        flags = int(self.terminated) + int(self.truncated) + int(self.max_turns_reached)
-        if flags > 1 or (self.error is not None and flags):
-            raise InvariantError(
-                f"trajectory {self.index}: terminated={self.terminated} truncated={self.truncated} "
-                f"max_turns_reached={self.max_turns_reached} error={self.error}: at most one may hold"
-            )
-
-    def _check_segments(self) -> None:
-        joined = [tuple(x for s in self.segments for x in getattr(s, name)) for name in ("token_ids", "loss_mask", "logprobs")]
-        if joined != [tuple(self.token_ids), tuple(self.loss_mask), tuple(self.logprobs)]:
-            raise InvariantError(f"trajectory {self.index}: its segments laid end to end are not its token ids, mask and logprobs")
-        if self.segments[0].prompt_length != self.prompt_length:
-            raise InvariantError(f"trajectory {self.index}: prompt_length is not the first segment's")
+            check_segments(self)
+        check_trajectory(self)
 
     def __repr__(self) -> str:
         ending = "error" if self.error else next(
@@ -417,7 +386,3 @@ class Trajectory:
             retries=record.get("retries", 0),
         )
 
-
-def _mask_matches_logprobs(mask: tuple[int, ...], logprobs: tuple[float | None, ...]) -> bool:
-    """Fast path of the check (runs on every trajectory): all bits 0/1, logprobs exactly on 1s."""
-    return set(mask) <= {0, 1} and [bit == 1 for bit in mask] == [lp is not None for lp in logprobs]

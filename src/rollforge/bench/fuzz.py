@@ -185,6 +185,11 @@ def make_case(family: str, rng: random.Random) -> Case:
     if mutation == "unknown tool":
         text, close = write(rng.choice(("fly", "move_", "Look")), good)
         return Case(text + close, UNKNOWN, mutation)
+    return _bad_arguments(write, good, rng)
+
+
+def _bad_arguments(write: _Writer, good: list, rng: random.Random) -> Case:
+    """A well-formed call of a known tool whose arguments break its schema."""
     problem = rng.choice(("enum", "type", "missing", "extra"))
     arguments = {
         "enum": [("direction", *_value("up")), good[1]],
@@ -193,7 +198,7 @@ def make_case(family: str, rng: random.Random) -> Case:
         "extra": [*good, ("speed", *_value(3))],
     }[problem]
     text, close = write("move", arguments)
-    return Case(text + close, BAD_ARGUMENTS, mutation)
+    return Case(text + close, BAD_ARGUMENTS, "bad arguments")
 
 
 @dataclass

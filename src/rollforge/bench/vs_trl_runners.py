@@ -186,15 +186,6 @@ def _trl_clock(turns: "Turns | None") -> Any:
             generate, prepare, training_step = trainer._generate, trainer._prepare_inputs, trainer.training_step
             single_turn = trainer._generate_single_turn
 
-            def timed(function, key):
-                def wrapper(*args, **kwargs):
-                    began = time.perf_counter()
-                    try:
-                        return function(*args, **kwargs)
-                    finally:
-                        self.spent[key] += time.perf_counter() - began
-                return wrapper
-
             def timed_training_step(*args, **kwargs):
                 self.training_began = time.perf_counter()
                 try:
@@ -206,10 +197,23 @@ def _trl_clock(turns: "Turns | None") -> Any:
                 self.context_tokens[-1] += sum(len(ids) for ids in prompt_ids)
                 return single_turn(prompt_ids, *args, **kwargs)
 
-            trainer._generate, trainer._prepare_inputs = timed(generate, "generate"), timed(prepare, "prepare")
+            trainer._generate = _timed(generate, self, "generate")
+            trainer._prepare_inputs = _timed(prepare, self, "prepare")
             trainer.training_step, trainer._generate_single_turn = timed_training_step, counted_single_turn
 
     return Clock()
+
+
+def _timed(function: Any, clock: Any, key: str) -> Any:
+    """``function``, adding the seconds each call takes to ``clock.spent[key]`` (read at call time:
+    the clock starts a fresh ``spent`` every step)."""
+    def wrapper(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            clock.spent[key] += time.perf_counter() - began
+    return wrapper
 
 
 def _ids(encoded: Any) -> list[int]:
