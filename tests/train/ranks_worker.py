@@ -15,12 +15,12 @@ from rollforge.models import load_model
 from rollforge.train import checkpoint as ckpt
 from rollforge.train.distributed import Ranks, full_state_dict, shard
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import Episode, policy_update
+from rollforge.train.update import UpdateRow, policy_update
 
 GROUP = 4
 
 
-def batch() -> tuple[list[Episode], torch.Tensor]:
+def batch() -> tuple[list[UpdateRow], torch.Tensor]:
     """Two groups of four episodes of different lengths (the first group's are long, so the ranks
     need different numbers of micro-batches), with fixed advantages and behaviour logprobs."""
     g = torch.Generator().manual_seed(0)
@@ -32,7 +32,7 @@ def batch() -> tuple[list[Episode], torch.Tensor]:
             ids = torch.cat([prompt, torch.randint(3, 200, (n,), generator=g)])
             mask = torch.cat([torch.zeros(6), torch.ones(n)])
             old = -torch.rand(ids.numel(), generator=g) * 6 * mask
-            episodes.append(Episode(ids, mask, old, prompt_length=6))
+            episodes.append(UpdateRow(ids, mask, old, prompt_length=6))
     advantages = torch.tensor([1.0, -0.5, 0.25, -0.75, 0.5, -1.0, 1.5, -1.0])
     return episodes, advantages
 

@@ -119,6 +119,6 @@ def test_ray_keys_need_executor_ray_but_a_local_runs_saved_config_loads_again(tm
     with pytest.raises(ConfigError, match=r"ray.address='auto' needs executor: ray"):
         load_config(overrides=["executor=local", "ray.address=auto", "ray.env_actors=3"])
     assert load_config(overrides=["executor=ray", "ray.generation_replicas=2"]).ray.generation_replicas == 2
-    saved = tmp_path / "config.yaml"  # as prepare.py writes it: every key, the ray section's at its defaults
+    saved = tmp_path / "config.yaml"  # as train/inputs.py writes it: every key, the ray section's at its defaults
     saved.write_text(yaml.safe_dump(load_config(overrides=["steps=3"]).model_dump(mode="json")))
     assert load_config(saved).steps == 3

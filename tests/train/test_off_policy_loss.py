@@ -20,7 +20,7 @@ from rollforge.train.corrections import DecoupledPolicyLoss, MaskedPolicyLoss, P
 from rollforge.train.distributed import Ranks
 from rollforge.train.losses import ClippedPolicyLoss, LossParts, TokenMean
 from rollforge.train.step_metrics import merge_update_stats
-from rollforge.train.update import Episode, UpdateStats, policy_update, sequence_logprobs
+from rollforge.train.update import UpdateRow, UpdateStats, policy_update, sequence_logprobs
 
 ln = math.log
 
@@ -151,12 +151,12 @@ def _batch(model, groups=2, size=3):
             ids = torch.cat([prompt, torch.randint(3, 600, (n,), generator=g)])
             mask = torch.cat([torch.zeros(7), torch.ones(n)])
             mask[7 + n // 2] = 0
-            episodes.append(Episode(ids, mask, torch.zeros(ids.numel()), prompt_length=7))
+            episodes.append(UpdateRow(ids, mask, torch.zeros(ids.numel()), prompt_length=7))
     own = _logprobs(model, episodes)
     shifted = []
     for e, lp in zip(episodes, own):
         shift = torch.tensor([ln(3.0), ln(0.7), 0.0]).repeat(e.ids.numel())[: e.ids.numel()] * e.mask
-        shifted.append(Episode(e.ids, e.mask, (lp - shift) * e.mask, e.prompt_length))
+        shifted.append(UpdateRow(e.ids, e.mask, (lp - shift) * e.mask, e.prompt_length))
     return shifted
 
 

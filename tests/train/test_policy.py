@@ -8,7 +8,7 @@ import torch
 from rollforge.train.config import load_config
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
 from rollforge.train.policy import compute_dtype, load_policy, make_optimizer, make_reference
-from rollforge.train.update import Episode, policy_update
+from rollforge.train.update import UpdateRow, policy_update
 
 
 def _config(tiny_model_dir, *overrides):
@@ -18,7 +18,7 @@ def _config(tiny_model_dir, *overrides):
 def _episodes():
     ids = torch.arange(5, 17)
     mask = torch.tensor([0.0] * 6 + [1.0] * 6)
-    return [Episode(ids, mask, torch.full((12,), -1.0) * mask, prompt_length=6) for _ in range(2)]
+    return [UpdateRow(ids, mask, torch.full((12,), -1.0) * mask, prompt_length=6) for _ in range(2)]
 
 
 def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights_and_adam_state(tiny_model_dir):

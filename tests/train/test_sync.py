@@ -6,7 +6,7 @@ import pytest
 
 from rollforge.backends.base import Backend
 from rollforge.errors import BackendError, ConfigError
-from rollforge.train.sync import WeightSync
+from rollforge.train.sync import PolicySync
 from rollforge.types import Completion
 
 
@@ -38,7 +38,7 @@ class Syncs(Plain):
 async def test_a_backend_sharing_the_model_only_forgets_its_caches():
     model = object()
     backend = SharesModel(model)
-    sync = WeightSync(backend, model)
+    sync = PolicySync(backend, model)
     await sync.push(model)
     assert sync.shared and backend.invalidated == 1 and sync.syncs == 0
 
@@ -46,7 +46,7 @@ async def test_a_backend_sharing_the_model_only_forgets_its_caches():
 async def test_a_syncing_backend_gets_the_weights_after_every_update():
     model, backend = object(), Syncs()
     assert backend.syncs_weights and not Plain().syncs_weights
-    sync = WeightSync(backend, model)
+    sync = PolicySync(backend, model)
     await sync.push(model)
     await sync.push(model)
     assert backend.models == [model, model] and sync.syncs == 2 and backend.weight_version == 2
@@ -54,9 +54,9 @@ async def test_a_syncing_backend_gets_the_weights_after_every_update():
 
 def test_a_backend_that_can_do_neither_is_refused_before_training():
     with pytest.raises(ConfigError, match="Plain neither generates with the trained model object nor has update_weights"):
-        WeightSync(Plain(), object())
+        PolicySync(Plain(), object())
     with pytest.raises(ConfigError):
-        WeightSync(SharesModel(object()), object())  # a different model object is not shared
+        PolicySync(SharesModel(object()), object())  # a different model object is not shared
 
 
 class Sleeps(Syncs):
@@ -92,7 +92,7 @@ class Sleeps(Syncs):
 
 async def test_a_colocated_backend_sleeps_through_the_update_and_wakes_weights_before_loading():
     model, backend = object(), Sleeps()
-    sync = WeightSync(backend, model)
+    sync = PolicySync(backend, model)
     assert sync.sleeps and not sync.asleep
     for step in range(2):  # what the trainer's step does: rollout, release, update, push
         await backend.generate([1], None)
@@ -110,7 +110,7 @@ async def test_release_does_nothing_for_backends_without_sleep_mode():
     model = object()
     shared, syncing = SharesModel(model), Syncs()
     for backend in (shared, syncing):
-        sync = WeightSync(backend, model)
+        sync = PolicySync(backend, model)
         await sync.release()
         assert not sync.sleeps and not sync.asleep
         await sync.push(model)

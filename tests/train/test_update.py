@@ -8,7 +8,7 @@ from rollforge import ChatRenderer, HFBackend, RolloutConfig, rollout
 from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import Episode, pack_micro_batches, policy_update, sequence_logprobs, sequences
+from rollforge.train.update import UpdateRow, pack_micro_batches, policy_update, sequence_logprobs, sequences
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_the_update_builds_every_tensor_on_the_models_device(tiny_model_dir):
                for m in (model, model.get_decoder(), model.get_output_embeddings())]
     ids = torch.arange(5, 17)
     mask = torch.tensor([0.0] * 6 + [1.0] * 6)
-    episodes = [Episode(ids, mask, -mask, prompt_length=6), Episode(ids[:10], mask[:10], -mask[:10], prompt_length=6)]
+    episodes = [UpdateRow(ids, mask, -mask, prompt_length=6), UpdateRow(ids[:10], mask[:10], -mask[:10], prompt_length=6)]
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.tensor([1.0, -1.0])
     results = []

@@ -1,6 +1,6 @@
 """``BackendConfig``: everything that says which generation backend to open, as one frozen value.
 
-Training (``train/generation.py`` builds it from the config sections it uses), ``rollforge
+Training (``train/generation_backend.py`` builds it from the config sections it uses), ``rollforge
 rollout``, ``rollforge eval``, ``rollforge gateway`` and SFT's rejection sampling all describe their
 backend with it, so a bad choice fails the same way everywhere: constructing the value checks every
 field and every combination (``base_url`` only with ``openai``, one replica per URL, ...) and raises

@@ -127,7 +127,7 @@ def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, batch: int, s
     import torch
 
     from ..train.losses import ClippedPolicyLoss, TokenMean
-    from ..train.update import Episode, policy_update
+    from ..train.update import UpdateRow, policy_update
 
     model.requires_grad_(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -135,7 +135,7 @@ def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, batch: int, s
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(0, vocab, (batch, seq_len), generator=generator)  # (B, T)
     mask = torch.ones(seq_len)  # every token in the loss (the first has no context and scores 0)
-    episodes = [Episode(row, mask, torch.zeros(seq_len)) for row in ids]
+    episodes = [UpdateRow(row, mask, torch.zeros(seq_len)) for row in ids]
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.ones(batch)
     loss_fn = ClippedPolicyLoss()

@@ -1,4 +1,4 @@
-"""Rollout metrics with the SPEC's names, computed from finished trajectories.
+"""Rollout metrics, named as in the step-style rollout design (NeMo-RL), from finished trajectories.
 
 A mean over no values is reported as ``None`` (missing), never NaN. Timing: ``generation_seconds``
 and ``environment_seconds`` are summed over episodes (they overlap in async mode), ``wall_seconds``

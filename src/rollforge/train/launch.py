@@ -91,7 +91,7 @@ async def atrain(
 
 def _started_by_torchrun() -> bool:
     """Whether torchrun started this process as one of its ranks: it trains here, where
-    ``prepare.check_ranks`` refuses Ray training workers on top (one launcher, not both)."""
+    ``inputs.check_ranks`` refuses Ray training workers on top (one launcher, not both)."""
     return "WORLD_SIZE" in os.environ
 
 

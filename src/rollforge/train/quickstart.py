@@ -84,8 +84,8 @@ async def evaluate_base(config: TrainConfig) -> dict[str, Any]:
     from ..cluster.generation import open_generation
     from .environments import build_environments
     from .evaluate import aevaluate
-    from .generation import backend_config, shared_model
-    from .prepare import eval_prompts
+    from .generation_backend import backend_config, shared_model
+    from .inputs import eval_prompts
     from .policy import load_policy
 
     model, tokenizer = load_policy(config.model, LoraConfig())

@@ -38,7 +38,7 @@ from ..seeds import mix
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
-from . import prepare
+from . import inputs
 from .advantages import compute_advantages
 from .config import TrainConfig
 from .corrections import Proximal, policy_loss
@@ -46,13 +46,13 @@ from .data import PromptSource, check_prompt_lengths
 from .distributed import Ranks, refresh_copy, shard
 from .environments import build_environments, check_routes, named_environments
 from .evaluate import aevaluate
-from .generation import backend_config, shared_model
+from .generation_backend import backend_config, shared_model
 from .logbook import Logbook
 from .losses import ClippedPolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .rewards import RewardFunction, compute_rewards, load_reward_functions
 from .step_metrics import RankStep, merge_ranks, step_metrics
-from .sync import WeightSync
+from .sync import PolicySync
 from .update import policy_update, sequences
 from .versions import fresh_masks
 
@@ -77,7 +77,7 @@ class Run:
     functions: list[RewardFunction]
     task_to_env: dict[str, Any]
     backend: Backend
-    sync: WeightSync
+    sync: PolicySync
     logbook: Logbook | None  # rank 0's
     start: int  # the last step already done (a resumed run's checkpoint)
     eval_prompts: list[Sample] = field(default_factory=list)
@@ -215,10 +215,10 @@ async def open_run(
     local_envs, source, functions, resumed = _read_inputs(config, given, dataset, reward_functions, resume, overwrite)
     async with contextlib.AsyncExitStack() as stack:
         ranks = stack.enter_context(Ranks.open(resolve_device(config.model.device)))
-        prepare.check_ranks(config, ranks)
+        inputs.check_ranks(config, ranks)
         Path(config.out).mkdir(parents=True, exist_ok=True)
         if ranks.main:
-            prepare.write_config(Path(config.out), config)
+            inputs.write_config(Path(config.out), config)
         model, generator, tokenizer = _load_policy(config, ranks, backend)
         optimizer, scheduler = make_optimizer(model, config.optim, config.steps * config.algorithm.epochs_per_batch)
         reference = make_reference(model, config.model, config.algorithm.kl_beta, config.lora.enabled)
@@ -236,7 +236,7 @@ async def open_run(
             config=config, ranks=ranks, model=model, generator=generator, tokenizer=tokenizer,
             renderer=ChatRenderer(tokenizer), optimizer=optimizer, scheduler=scheduler, reference=reference,
             dtype=compute_dtype(config.model), loss_fn=loss_fn, aggregation=aggregation, source=source,
-            functions=functions, task_to_env=task_to_env, backend=backend, sync=WeightSync(backend, generator),
+            functions=functions, task_to_env=task_to_env, backend=backend, sync=PolicySync(backend, generator),
             logbook=logbook, start=start,
         )
         if start or config.lora.enabled or ranks.distributed or served:
@@ -256,11 +256,11 @@ def _read_inputs(
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     local_envs = build_environments(config.environments, given)
-    prompts = prepare.prompts(config, list(local_envs), dataset, given)
+    prompts = inputs.prompts(config, list(local_envs), dataset, given)
     check_routes(prompts, local_envs)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
-    resumed = prepare.preflight(config, prompts, resume, overwrite)
+    resumed = inputs.preflight(config, prompts, resume, overwrite)
     if resumed is not None:
         source.load_state(resumed.data_state)
     return local_envs, source, functions, resumed
@@ -310,7 +310,7 @@ def _read_evaluations(run: Run, dataset: Sequence[dict[str, Any]] | None, given:
     config = run.config
     run.evaluations = read_json(run.out / "eval.json")
     if config.eval_episodes:
-        run.eval_prompts = prepare.eval_prompts(config, list(run.task_to_env), dataset, given)
+        run.eval_prompts = inputs.eval_prompts(config, list(run.task_to_env), dataset, given)
         check_prompt_lengths(run.eval_prompts, run.renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
 
 

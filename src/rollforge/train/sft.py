@@ -43,13 +43,13 @@ from .data import generated_samples
 from .environments import build_environments
 from .logbook import Logbook, read_metrics
 from .policy import compute_dtype, load_policy, make_optimizer
-from .prepare import write_config
+from .inputs import write_config
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
 from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
     select_trajectories, trajectory_examples,
 )
-from .update import Episode, collate, mixed_precision, optimizer_step, plan_micro_batches, sequence_logprobs
+from .update import UpdateRow, collate, mixed_precision, optimizer_step, plan_micro_batches, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,10 @@ def sft_update(
     return SFTStats(total, grad_norm, tokens, int(sum(float(e.mask.sum()) for e in episodes)), len(batches))
 
 
-def _episode(example: Example) -> Episode:
+def _episode(example: Example) -> UpdateRow:
     mask = torch.tensor(example.mask, dtype=torch.float32)
     ids = torch.tensor(example.ids, dtype=torch.long)
-    return Episode(ids=ids, mask=mask, old_logprobs=torch.zeros_like(mask), prompt_length=example.prompt_length)
+    return UpdateRow(ids=ids, mask=mask, old_logprobs=torch.zeros_like(mask), prompt_length=example.prompt_length)
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, render
     whose total reward is >= ``min_reward`` (and that did not fail), and the round's metrics."""
     from ..backends.opening import open_backend
     from ..cluster.config import RayConfig
-    from .generation import backend_config
+    from .generation_backend import backend_config
 
     rollouts = config.from_rollouts
     task_to_env = build_environments(rollouts.environments)

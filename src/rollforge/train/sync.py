@@ -26,7 +26,7 @@ from ..backends.base import Backend
 from ..errors import ConfigError
 
 
-class WeightSync:
+class PolicySync:
     def __init__(self, backend: Backend, model: Any):
         self.backend = backend
         self.shared = backend.shares_model(model)

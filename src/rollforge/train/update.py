@@ -1,7 +1,7 @@
 """One policy update on a batch of trajectories: micro-batches sized by tokens, accumulated
 gradients, clipping, one optimizer step.
 
-Trajectories become ``Episode`` tensors, one per segment (``sequences``): the token ids exactly as
+Trajectories become ``UpdateRow`` tensors, one per segment (``sequences``): the token ids exactly as
 rolled out, the loss mask, and the generation logprobs aligned to the ids (0 where the mask is 0).
 A trajectory whose template rewrote history has several segments; each is a sequence of its own
 that carries its episode's advantage (group statistics stay per episode), and under
@@ -50,26 +50,26 @@ from .losses import ClippedPolicyLoss, LossParts
 
 
 @dataclass(frozen=True)
-class Episode:
+class UpdateRow:
     ids: torch.Tensor  # (T,) long
     mask: torch.Tensor  # (T,) float, 1 on policy tokens
     old_logprobs: torch.Tensor  # (T,) float, 0 off the mask
     prompt_length: int = 0
 
     @classmethod
-    def from_segment(cls, segment: Segment) -> "Episode":
+    def from_segment(cls, segment: Segment) -> "UpdateRow":
         mask = torch.tensor(segment.loss_mask, dtype=torch.float32)
         old = torch.tensor([lp if lp is not None else 0.0 for lp in segment.logprobs], dtype=torch.float32)
         return cls(torch.tensor(segment.token_ids, dtype=torch.long), mask, old, segment.prompt_length)
 
 
-def sequences(trajectories: Sequence[Trajectory]) -> tuple[list[Episode], list[int]]:
-    """One ``Episode`` per segment of each trajectory, in order, and the index of the trajectory
+def sequences(trajectories: Sequence[Trajectory]) -> tuple[list[UpdateRow], list[int]]:
+    """One ``UpdateRow`` per segment of each trajectory, in order, and the index of the trajectory
     each comes from (to give it the trajectory's advantage: ``advantages[owners]``)."""
     episodes, owners = [], []
     for i, trajectory in enumerate(trajectories):
         for segment in trajectory.segments:
-            episodes.append(Episode.from_segment(segment))
+            episodes.append(UpdateRow.from_segment(segment))
             owners.append(i)
     return episodes, owners
 
@@ -95,7 +95,7 @@ class UpdateStats:
     off_policy_tokens: int = 0  # policy tokens the correction truncated (decoupled) or masked (masked)
 
 
-def plan_micro_batches(episodes: Sequence[Episode], group_size: int, micro_batch_tokens: int) -> list[MicroBatch]:
+def plan_micro_batches(episodes: Sequence[UpdateRow], group_size: int, micro_batch_tokens: int) -> list[MicroBatch]:
     """Groups (``group_size`` consecutive episodes of one prompt) whose prompt tokens are identical
     share one forward pass of that prompt: the group's rows run as a batch on top of its cached
     keys and values (gradients flow back through them), so a prompt is computed once instead of
@@ -118,7 +118,7 @@ def plan_micro_batches(episodes: Sequence[Episode], group_size: int, micro_batch
     return out
 
 
-def shared_prefix(episodes: Sequence[Episode]) -> int:
+def shared_prefix(episodes: Sequence[UpdateRow]) -> int:
     """The prompt length when every episode starts with the same prompt ids and continues past it
     (at least one token each); else 0."""
     length = min(e.prompt_length for e in episodes)
@@ -232,7 +232,7 @@ def _plain_lm_head(model: Any) -> bool:
     return not scaled and callable(getattr(model, "get_decoder", None)) and model.get_output_embeddings() is not None
 
 
-def collate(episodes: Sequence[Episode], weights: Sequence[torch.Tensor], pad_id: int, device: torch.device):
+def collate(episodes: Sequence[UpdateRow], weights: Sequence[torch.Tensor], pad_id: int, device: torch.device):
     """(B, T) ids, attention, old logprobs and loss weights on ``device``, right-padded."""
     length = max(e.ids.numel() for e in episodes)
     ids = torch.full((len(episodes), length), pad_id, dtype=torch.long, device=device)
@@ -255,7 +255,7 @@ def mixed_precision(device: torch.device, dtype: torch.dtype):
 def policy_update(
     model: Any,
     optimizer: torch.optim.Optimizer,
-    episodes: Sequence[Episode],
+    episodes: Sequence[UpdateRow],
     advantages: torch.Tensor,  # (N,)
     weights: Sequence[torch.Tensor],  # per episode, (T_i,)
     loss_fn: ClippedPolicyLoss,

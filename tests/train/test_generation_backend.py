@@ -10,7 +10,7 @@ from rollforge.cluster.config import RayConfig
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.train.config import ModelConfig
-from rollforge.train.generation import backend_config, shared_model
+from rollforge.train.generation_backend import backend_config, shared_model
 
 ROLLOUT = RolloutConfig(concurrency=12)
 RAY = RayConfig(generation_replicas=3, replica_cpus=0.5, replica_gpus=1.0)
