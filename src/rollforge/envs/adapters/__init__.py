@@ -9,6 +9,8 @@ raises ``MissingDependency`` naming the extra to install. Registered in ``envs/l
   (``textarena_env.py``);
 - ``frozenlake`` and ``gymnasium:<env id>`` (extra ``gymnasium``): gymnasium environments with
   text renderings, as tool environments (``gymnasium_env.py``);
+- ``skyrl:<id>`` and ``skyrl:<module>:<Class>`` (extra ``skyrl``): SkyRL-Gym ``BaseTextEnv``
+  environments run unchanged, multi-turn with per-turn rewards (``skyrl_env.py``);
 - ``math`` (extra ``math``): answers verified symbolically by math-verify in a worker process
   under rollforge's own timeout (``math_env.py``, problems from ``math_problems.py``).
 

@@ -22,7 +22,7 @@ library itself is imported when an environment is built or sampled):
 - ``math`` (step-style): generated problems, answers verified by math-verify;
 - ``frozenlake`` (tool class): gymnasium's FrozenLake on a seeded 4x4 map;
 - families named ``family:item``, built on demand by ``get_env_spec``: ``reasoning_gym:<dataset>``,
-  ``textarena:<game id>``, ``gymnasium:<env id>``. A few members are listed in ``ENV_NAMES`` so
+  ``textarena:<game id>``, ``gymnasium:<env id>``, ``skyrl:<id or module:Class>``. A few members are listed in ``ENV_NAMES`` so
   that ``check_env`` runs on them in CI like on every other bundled environment.
 """
 
@@ -36,7 +36,7 @@ from ...errors import ConfigError
 from ...types import Sample
 from ..base import Environment
 from ..experts import Expert
-from ..adapters import gymnasium_env, math_env, reasoning_gym_env, textarena_env
+from ..adapters import gymnasium_env, math_env, reasoning_gym_env, skyrl_env, textarena_env
 from . import arithmetic, catch, echo, guess_number, python_code, wordle
 
 __all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec", "is_family_member"]
@@ -80,6 +80,7 @@ _FAMILIES = {
     "reasoning_gym": ("reasoning-gym dataset {}: one turn, scored by the dataset's score_answer.", reasoning_gym_env.check_dataset, reasoning_gym_env),
     "textarena": ("textarena single-player game {} (multi-turn; moves in square brackets).", textarena_env.check_game, textarena_env),
     "gymnasium": ("gymnasium environment {} as a tool game: act(action).", gymnasium_env.check_env_id, gymnasium_env),
+    "skyrl": ("SkyRL-Gym environment {} (BaseTextEnv, run unchanged; per-turn rewards).", skyrl_env.check_env_id, skyrl_env),
 }
 
 #: Family members checked in CI like the bundled environments (all run offline).
@@ -90,6 +91,7 @@ _LISTED_MEMBERS = (
     "textarena:Mastermind-v0",
     "textarena:Sudoku-v0-very-easy",
     "gymnasium:CliffWalking-v1",
+    "skyrl:gsm8k_multi_turn",
 )
 
 #: The names of the bundled environments, in registry order, then the listed family members.
