@@ -91,7 +91,6 @@ _LISTED_MEMBERS = (
     "textarena:Mastermind-v0",
     "textarena:Sudoku-v0-very-easy",
     "gymnasium:CliffWalking-v1",
-    "skyrl:gsm8k_multi_turn",
 )
 
 #: The names of the bundled environments, in registry order, then the listed family members.
