@@ -9,20 +9,20 @@ from transformers import AutoTokenizer
 
 pytest.importorskip("skyrl_gym")
 
-import skyrl_gym  # noqa: E402
-from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
+import skyrl_gym
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from rollforge import check_env, get_env_spec  # noqa: E402
-from rollforge.backends.scripted import ScriptedBackend  # noqa: E402
-from rollforge.chat.render import ChatRenderer, token_fidelity_gap  # noqa: E402
-from rollforge.envs.adapters.skyrl_env import SkyRLEnvironment, gsm8k_rows  # noqa: E402
-from rollforge.errors import ConfigError  # noqa: E402
-from rollforge.rollout.config import RolloutConfig  # noqa: E402
-from rollforge.rollout.engine import arollout  # noqa: E402
-from rollforge.train.config import EnvConfig  # noqa: E402
-from rollforge.train.data import rows_to_samples  # noqa: E402
-from rollforge.train.environments import build_environments, task_name  # noqa: E402
-from rollforge.types import Message, Sample  # noqa: E402
+from rollforge import check_env, get_env_spec
+from rollforge.backends.scripted import ScriptedBackend
+from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.envs.adapters.skyrl_env import SkyRLEnvironment, gsm8k_rows
+from rollforge.errors import ConfigError
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout
+from rollforge.train.config import EnvConfig
+from rollforge.train.data import rows_to_samples
+from rollforge.train.environments import build_environments, task_name
+from rollforge.types import Message, Sample
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ async def test_gsm8k_multi_turn_keeps_per_turn_rewards_and_terminates(renderer):
 class Countdown(BaseTextEnv):
     """A user's BaseTextEnv: count down from extra_info's start; 0.5 per correct number, done at 0."""
 
-    def __init__(self, env_config=None, extras={}):
+    def __init__(self, env_config, extras):
         super().__init__()
         self.next = int(extras["extra_info"]["start"])
         self.scale = float(env_config.get("scale", 1.0))

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import numbers
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ...errors import ConfigError, EnvironmentError_, require
 from ...types import Message, Sample
@@ -52,7 +53,8 @@ def resolve(env: str) -> Any:
     """The ``skyrl_gym`` spec ``make`` takes for ``env`` (a registered id or ``module:Class``);
     a ``ConfigError`` naming ``env`` when it is neither."""
     skyrl_gym = _skyrl()
-    from skyrl_gym.envs.registration import EnvSpec as SkyRLSpec, load_env_creator
+    from skyrl_gym.envs.registration import EnvSpec as SkyRLSpec
+    from skyrl_gym.envs.registration import load_env_creator
 
     if env in skyrl_gym.registry:
         return skyrl_gym.registry[env]
