@@ -124,7 +124,8 @@ async def test_an_entry_point_names_a_class_without_registering_it(renderer, tmp
         "        super().__init__()\n"
         "        self.answer = extras['reward_spec']['ground_truth']\n"
         "    def step(self, action):\n"
-        "        return {'observations': [], 'reward': 0.5 * (action == self.answer), 'done': True, 'metadata': {}}\n"
+        "        return {'observations': [], 'reward': 0.5 * (action == self.answer), 'done': True, 'metadata': {},\n"
+        "                'postprocessed_action': action + '!'}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     name = "skyrl:my_skyrl_envs:OneShot"
@@ -134,7 +135,11 @@ async def test_an_entry_point_names_a_class_without_registering_it(renderer, tmp
     sample = Sample(prompt=(Message("user", "Say 0."),), task_name=name, row={"reward_spec": {"ground_truth": "0"}})
     result = await arollout([sample], envs, replay(renderer, ["0"]),
                             renderer, RolloutConfig(max_turns=4))
-    assert result.trajectories[0].rewards == (0.5,) and result.trajectories[0].terminated
+    t = result.trajectories[0]
+    assert t.rewards == (0.5,) and t.terminated
+    # tokens stay as sampled; the rewrite SkyRL's generator would apply is kept in the metadata
+    assert t.metadata == {"postprocessed_action": "0!"} and t.messages[-1] == Message("assistant", "0")
+    assert_token_exact(t, renderer, ["0"])
 
 
 async def test_a_row_the_environment_refuses_fails_its_episode_in_one_line(renderer):
