@@ -38,3 +38,76 @@ async def test_text_input_is_answered_and_recorded_token_exactly(gateway, render
     assert [(m.role, m.content) for m in segment.messages] == [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!")]
     assert_token_exact(segment, renderer, prompt_messages=2)
     assert generated_ids(segment) == generated and reply.usage.input_tokens == segment.prompt_length
+
+
+async def test_function_tools_round_trip_as_items(gateway, renderer):
+    api = client(gateway, "tools")
+    items = [{"role": "user", "content": "What is 1 + 2?"}]
+    first = await api.responses.create(model="tiny", input=items, tools=[ADD], tool_choice="auto")
+    [call] = first.output
+    assert (call.type, call.name, call.arguments) == ("function_call", "add", '{"a": 1, "b": 2}')
+    items += [item.model_dump(exclude_none=True) for item in first.output]
+    items.append({"type": "function_call_output", "call_id": call.call_id, "output": "3"})
+    second = await api.responses.create(model="tiny", input=items, tools=[ADD])
+    assert second.output_text == "The sum is 3."
+
+    record = gateway.close_session("tools")
+    assert record.turns == 2 and len(record.segments) == 1  # the second request only appended
+    [segment] = record.segments
+    assert [m.role for m in segment.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert segment.messages[2].content == CALL_TEXT and segment.messages[3].tool_call_id == call.call_id
+    assert_token_exact(segment, renderer, prompt_messages=2)
+    end = renderer.stop_token_ids[0]
+    assert generated_ids(segment) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
+
+
+async def test_streaming_sends_the_responses_event_sequence(gateway):
+    api = client(gateway, "stream")
+    stream = await api.responses.create(model="tiny", input="What is 1 + 2?", tools=[ADD], stream=True)
+    events = [event async for event in stream]
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    call = events[-1].response.output[0]
+    assert (call.name, call.arguments) == ("add", '{"a": 1, "b": 2}')
+    followup = [{"role": "user", "content": "What is 1 + 2?"}, call.model_dump(exclude_none=True),
+                {"type": "function_call_output", "call_id": call.call_id, "output": "3"}]
+    stream = await api.responses.create(model="tiny", input=followup, tools=[ADD], stream=True)
+    events = [event async for event in stream]
+    assert [e.type for e in events][2:-1] == [
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "The sum is 3."
+    assert events[-1].response.output_text == "The sum is 3."
+    assert gateway.close_session("stream").turns == 2
+
+
+async def test_previous_response_id_is_served_from_the_session_or_refused(gateway, renderer):
+    api = client(gateway, "chain")
+    first = await api.responses.create(model="tiny", input="What is 1 + 2?", tools=[ADD])
+    [call] = first.output
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
+    second = await api.responses.create(model="tiny", input=[output], tools=[ADD], previous_response_id=first.id)
+    assert second.output_text == "The sum is 3." and second.previous_response_id == first.id
+    with pytest.raises(openai.BadRequestError, match="'previous_response_id' 'resp_elsewhere' is not a response of this session"):
+        await api.responses.create(model="tiny", input="Hi", previous_response_id="resp_elsewhere")
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):  # other sessions' responses are not shared
+        await client(gateway, "other").responses.create(model="tiny", input="Hi", previous_response_id=first.id)
+    record = gateway.close_session("chain")
+    assert record.turns == 2 and len(record.segments) == 1
+    assert_token_exact(record.segments[0], renderer, prompt_messages=2)
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0] is of type 'reasoning'"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0] is of type 'input_image'"),
+    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0] of type 'web_search' is not supported"),
+    ({"input": "Hi", "text": {"format": {"type": "json_object"}}}, "'text.format'"),
+    ({"input": "Hi", "conversation": "conv_1"}, "'conversation' is not supported"),
+    ({"input": []}, "'input' must be a string or a non-empty list"),
+])
+async def test_what_the_gateway_cannot_serve_is_a_400_naming_the_field(gateway, fields, named):
+    with pytest.raises(openai.BadRequestError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        await client(gateway, "bad").responses.create(model="tiny", **fields)
