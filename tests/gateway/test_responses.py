@@ -111,3 +111,46 @@ async def test_previous_response_id_is_served_from_the_session_or_refused(gatewa
 async def test_what_the_gateway_cannot_serve_is_a_400_naming_the_field(gateway, fields, named):
     with pytest.raises(openai.BadRequestError, match=named.replace("[", r"\[").replace("]", r"\]")):
         await client(gateway, "bad").responses.create(model="tiny", **fields)
+
+
+async def agents_default_model_agent(base_url, row):
+    """openai-agents with its default model class (``OpenAIResponsesModel``: ``POST /v1/responses``);
+    reward 1 when its final output has the answer."""
+    agents = pytest.importorskip("agents")
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    provider = agents.OpenAIProvider(base_url=base_url, api_key="unused")
+    agent = agents.Agent(name="adder", instructions="You add numbers.", model="policy", tools=[add])
+    config = agents.RunConfig(model_provider=provider, tracing_disabled=True)
+    if row["id"] % 2:
+        streamed = agents.Runner.run_streamed(agent, row["prompt"][-1]["content"], run_config=config, max_turns=3)
+        async for _ in streamed.stream_events():
+            pass
+        answer = streamed.final_output
+    else:
+        answer = (await agents.Runner.run(agent, row["prompt"][-1]["content"], run_config=config, max_turns=3)).final_output
+    return 1.0 if str(row["answer"]) in answer else 0.0
+
+
+async def test_openai_agents_default_model_runs_through_the_responses_api(backend, renderer):
+    pytest.importorskip("agents")  # the `agents` extra (scripts/install.sh installs it)
+    from rollforge.gateway import AgentEnvironment
+    from rollforge.rollout.config import RolloutConfig
+    from rollforge.rollout.engine import arollout
+    from rollforge.types import Sample
+
+    samples = [Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], "agent", {"answer": 3, "id": i}) for i in range(2)]
+    result = await arollout(samples, {"agent": AgentEnvironment(agents_default_model_agent)}, backend, renderer, RolloutConfig())
+    end = renderer.stop_token_ids[0]
+    for trajectory in result.trajectories:  # one plain run, one streamed
+        assert trajectory.error is None and trajectory.total_reward == 1.0, trajectory.error
+        assert trajectory.turns == 2 and len(trajectory.segments) == 1
+        assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
+        assert token_fidelity_gap(trajectory, renderer) is None
+        assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
+        runs = "".join(map(str, trajectory.loss_mask)).split("0")
+        assert [len(r) for r in runs if r] == [len(renderer.encode(CALL_TEXT)) + 1, len(renderer.encode("The sum is 3.")) + 1]
