@@ -40,6 +40,12 @@ async def test_text_input_is_answered_and_recorded_token_exactly(gateway, render
     assert generated_ids(segment) == generated and reply.usage.input_tokens == segment.prompt_length
 
 
+async def test_a_reply_cut_by_max_output_tokens_is_incomplete(gateway, renderer):
+    reply = await client(gateway, "short").responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
+    assert reply.usage.output_tokens == 2 and reply.output_text == renderer.decode(renderer.encode("Hello!")[:2])
+
+
 async def test_function_tools_round_trip_as_items(gateway, renderer):
     api = client(gateway, "tools")
     items = [{"role": "user", "content": "What is 1 + 2?"}]
@@ -107,6 +113,7 @@ async def test_previous_response_id_is_served_from_the_session_or_refused(gatewa
     ({"input": "Hi", "text": {"format": {"type": "json_object"}}}, "'text.format'"),
     ({"input": "Hi", "conversation": "conv_1"}, "'conversation' is not supported"),
     ({"input": []}, "'input' must be a string or a non-empty list"),
+    ({"input": "Hi", "max_output_tokens": 0}, "'max_output_tokens' must be an integer >= 1"),
 ])
 async def test_what_the_gateway_cannot_serve_is_a_400_naming_the_field(gateway, fields, named):
     with pytest.raises(openai.BadRequestError, match=named.replace("[", r"\[").replace("]", r"\]")):
