@@ -161,3 +161,12 @@ async def test_openai_agents_default_model_runs_through_the_responses_api(backen
         assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
         runs = "".join(map(str, trajectory.loss_mask)).split("0")
         assert [len(r) for r in runs if r] == [len(renderer.encode(CALL_TEXT)) + 1, len(renderer.encode("The sum is 3.")) + 1]
+
+
+async def test_the_session_header_selects_the_session_as_for_chat_completions(gateway):
+    from rollforge.gateway.server import SESSION_HEADER
+
+    api = openai.AsyncOpenAI(base_url=gateway.base_url(), api_key="unused", max_retries=0,
+                             default_headers={SESSION_HEADER: "by-header"})
+    await api.responses.create(model="tiny", input="Hi")
+    assert gateway.close_session("by-header").turns == 1

@@ -25,8 +25,8 @@ server-sent-event sequence, ``response.created`` ... ``response.completed``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ..errors import WireError
 from .wire import Choice, _integer

@@ -164,7 +164,7 @@ class Gateway:
             return web.json_response(WireError(f"no open session {session_id!r}", status=404).body(), status=404)
         return web.json_response(self.trajectory_json(session_id))
 
-    async def _complete(self, request: Any, to_chat: Any) -> "_Served":
+    async def _complete(self, request: Any, to_chat: Any) -> _Served:
         """Read the body, find the session, translate with ``to_chat(body, session)`` and generate."""
         try:
             body = await request.json(loads=json.loads)
