@@ -1,10 +1,11 @@
-"""The OpenAI-compatible HTTP server: ``/v1/chat/completions`` and ``/v1/models`` over sessions.
+"""The OpenAI-compatible HTTP server: ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/models`` over sessions.
 
 ``Gateway`` is an async context manager that serves, on ``host`` (127.0.0.1 unless asked) and
 ``port`` (0: a free one), the routes::
 
     POST /v1/chat/completions                  session from the X-Rollforge-Session header
     POST /sessions/<id>/v1/chat/completions    session from the path: point any client's base URL at it
+    POST /v1/responses, /sessions/<id>/v1/responses   the Responses API, recorded as chat completions
     GET  /v1/models, /sessions/<id>/v1/models
     GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON (with
                                                each segment's own messages after a rewrite)
@@ -14,8 +15,8 @@ first request, or only by ``open_session`` when ``open_sessions=False`` (the age
 a request for an unknown or closed session is a 404, so an agent that outlives its episode cannot
 write into another one). ``close_session`` returns the session's ``SessionRecord``. Bad requests
 are answered in OpenAI's error shape (the SDKs raise ``BadRequestError`` with the message).
-Rendering and recording live in ``session.py``, the wire format in ``wire.py``; this module only
-routes. It uses aiohttp (the ``gateway`` extra).
+Rendering and recording live in ``session.py``, the wire format in ``wire.py`` (and the Responses
+API's translation onto it in ``responses.py``); this module only routes. It uses aiohttp (the ``gateway`` extra).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from ..backends.base import Backend
@@ -30,8 +32,9 @@ from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import ConfigError, WireError, require
 from ..types import Trajectory
+from .responses import ResponseStore, chat_body, output_items, response_body, stream_events
 from .session import Sampling, Session, SessionLimits, SessionRecord
-from .wire import completion_body, models_body, parse_request, stream_chunks
+from .wire import ChatRequest, Choice, completion_body, models_body, parse_request, stream_chunks
 
 SESSION_HEADER = "X-Rollforge-Session"
 DEFAULT_SESSION = "default"
@@ -60,6 +63,7 @@ class Gateway:
         self.model_name, self.limits, self.sampling = model_name, limits, sampling
         self.host, self.port, self.open_sessions = host, port, open_sessions
         self.sessions: dict[str, Session] = {}
+        self._responses: dict[str, ResponseStore] = {}  # per session, for previous_response_id
         self._created = int(time.time())
         self._runner: Any = None
         self._next_seed = 0
@@ -78,6 +82,8 @@ class Gateway:
         app = web.Application(client_max_size=_MAX_BODY)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/sessions/{session}/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses_route)
+        app.router.add_post("/sessions/{session}/v1/responses", self._responses_route)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/sessions/{session}/v1/models", self._models)
         app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
@@ -112,6 +118,7 @@ class Gateway:
 
     def close_session(self, session_id: str) -> SessionRecord:
         session = self.sessions.pop(session_id, None)
+        self._responses.pop(session_id, None)
         if session is None:
             raise ConfigError(f"no open session {session_id!r}")
         return session.record()
@@ -157,27 +164,75 @@ class Gateway:
             return web.json_response(WireError(f"no open session {session_id!r}", status=404).body(), status=404)
         return web.json_response(self.trajectory_json(session_id))
 
+    async def _complete(self, request: Any, to_chat: Any) -> _Served:
+        """Read the body, find the session, translate with ``to_chat(body, session)`` and generate."""
+        try:
+            body = await request.json(loads=json.loads)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise WireError(f"the request body is not valid JSON: {exc}") from None
+        session = self._session(request)
+        raw = to_chat(body, session)
+        chat = parse_request(raw, session.known)
+        session.known = (raw["messages"], chat.messages)
+        choices, prompt_tokens = await session.complete(chat, self.backend)
+        return _Served(session, body, raw, chat, choices, prompt_tokens)
+
     async def _chat(self, request: Any) -> Any:
         from aiohttp import web
 
         try:
-            try:
-                body = await request.json(loads=json.loads)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise WireError(f"the request body is not valid JSON: {exc}") from None
-            session = self._session(request)
-            chat = parse_request(body, session.known)
-            session.known = (body["messages"], chat.messages)
-            choices, prompt_tokens = await session.complete(chat, self.backend)
+            served = await self._complete(request, lambda body, session: body)
         except WireError as exc:
             return web.json_response(exc.body(), status=exc.status)
         request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        chat, choices, prompt_tokens = served.chat, served.choices, served.prompt_tokens
         if not chat.stream:
             return web.json_response(completion_body(request_id, self.model_name, created, choices, prompt_tokens))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        for chunk in stream_chunks(request_id, self.model_name, created, choices, prompt_tokens, chat.include_usage):
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        chunks = stream_chunks(request_id, self.model_name, created, choices, prompt_tokens, chat.include_usage)
+        return await _stream(request, (b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks), b"data: [DONE]\n\n")
+
+    async def _responses_route(self, request: Any) -> Any:
+        from aiohttp import web
+
+        def to_chat(body: Any, session: Session) -> dict[str, Any]:
+            store = self._responses.setdefault(session.session_id, ResponseStore())
+            previous = body.get("previous_response_id") if isinstance(body, dict) else None
+            return chat_body(body, store.history(previous))
+
+        try:
+            served = await self._complete(request, to_chat)
+        except WireError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        response_id, body, [choice] = f"resp_{uuid.uuid4().hex}", served.body, served.choices
+        self._responses.setdefault(served.session.session_id, ResponseStore()).keep(response_id, body, served.raw, choice)
+        response = response_body(response_id, self.model_name, int(time.time()), body, choice, output_items(choice), served.prompt_tokens)
+        if not served.chat.stream:
+            return web.json_response(response)
+        events = stream_events(response)
+        return await _stream(request, (f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events))
+
+
+@dataclass(frozen=True)
+class _Served:
+    """One answered request: its session, body as sent, chat-completions body and request, the replies."""
+
+    session: Session
+    body: Any
+    raw: dict[str, Any]
+    chat: ChatRequest
+    choices: list[Choice]
+    prompt_tokens: int
+
+
+async def _stream(request: Any, frames: Any, last: bytes = b"") -> Any:
+    """Send ``frames`` (then ``last``) as a server-sent-event stream."""
+    from aiohttp import web
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for frame in frames:
+        await response.write(frame)
+    if last:
+        await response.write(last)
+    await response.write_eof()
+    return response
