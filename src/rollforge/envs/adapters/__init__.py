@@ -10,9 +10,12 @@ raises ``MissingDependency`` naming the extra to install. Registered in ``envs/l
 - ``frozenlake`` and ``gymnasium:<env id>`` (extra ``gymnasium``): gymnasium environments with
   text renderings, as tool environments (``gymnasium_env.py``);
 - ``math`` (extra ``math``): answers verified symbolically by math-verify in a worker process
-  under rollforge's own timeout (``math_env.py``, problems from ``math_problems.py``).
+  under rollforge's own timeout (``math_env.py``, problems from ``math_problems.py``);
+- ``nemogym:<server URL>`` (extra ``nemo-gym``: httpx only): a running NeMo Gym resources server
+  over HTTP, rollforge playing the agent; prompts are the server's dataset rows (``nemo_gym.py``,
+  wire shapes in ``nemo_gym_wire.py``).
 
-The extra ``tasks`` installs all four.
+The extra ``tasks`` installs the first four.
 
 An item a family does not have (``gymnasium:CartPole-v9``) is a ``ConfigError`` from
 ``unknown_item``, naming it with the close names the library knows.
