@@ -21,6 +21,7 @@ from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.envs.adapters import nemo_gym
 from rollforge.envs.adapters.nemo_gym import NemoGymEnvironment
+from rollforge.envs.check import acheck_env
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
@@ -61,12 +62,13 @@ def resources_app(log: list) -> web.Application:
         response.set_cookie("session", sid)
         return response
 
-    def tool(name: str, field: str, compute):
+    def tool(name: str, field: str, valid, compute):
         async def handler(request: web.Request) -> web.Response:
             calls = sessions[request.cookies["session"]]  # a call outside a seeded session fails loudly
             body = await request.json()
-            if field not in body:
-                return web.json_response({"detail": [{"loc": ["body", field], "msg": "Field required"}]}, status=422)
+            if field not in body or not valid(body[field]):  # as the route's pydantic body model answers
+                detail = "Field required" if field not in body else "Input should be valid"
+                return web.json_response({"detail": [{"loc": ["body", field], "msg": detail}]}, status=422)
             calls.append(name)
             return web.json_response(compute(body[field]))
 
@@ -89,8 +91,11 @@ def resources_app(log: list) -> web.Application:
 
     app = web.Application()
     app.router.add_post("/seed_session", seed_session)
-    app.router.add_post("/get_synonym_value", tool("get_synonym_value", "synonym", lambda s: {"synonym_value": sum(map(ord, s))}))
-    app.router.add_post("/extract_synonym_values", tool("extract_synonym_values", "synonym_values", lambda v: {"success": True}))
+    app.router.add_post("/get_synonym_value", tool(
+        "get_synonym_value", "synonym", lambda s: isinstance(s, str), lambda s: {"synonym_value": sum(map(ord, s))}))
+    app.router.add_post("/extract_synonym_values", tool(
+        "extract_synonym_values", "synonym_values", lambda v: isinstance(v, list) and all(type(x) is int for x in v),
+        lambda v: {"success": True}))
     app.router.add_post("/verify", verify)
     return app
 
@@ -226,14 +231,17 @@ async def test_gymnasium_reset_step_protocol(renderer):
     params = {"input": [{"role": "user", "content": "Play."}], "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])]}
     async with serving(gymnasium_app(log)) as url:
         trajectory = await run(url, [{"responses_create_params": params, "secret": 2}], renderer,
-                               [call("guess", n=1), call("guess", n=2)])
+                               [call("guess", n="two"), call("guess", n=1), call("guess", n=2)])
     assert trajectory.error is None and trajectory.terminated
-    assert trajectory.rewards == (0.0, 1.0)
+    assert trajectory.rewards == (0.0, 0.0, 1.0)
+    assert [f.kind for f in trajectory.failures] == ["tool_bad_arguments"]
     users = [m.content for m in trajectory.messages if m.role == "user"]
-    assert users == ["Play.", "Guess a number from 1 to 3."]  # /reset's observation: a user message
-    assert [m.content for m in trajectory.messages if m.role == "tool"] == ['"wrong"', '"correct"']
+    # /reset's observation, then /step's to the turn whose only call was left out: user messages
+    assert users == ["Play.", "Guess a number from 1 to 3.", "Use the guess tool."]
+    tool_results = [m.content for m in trajectory.messages if m.role == "tool"]
+    assert tool_results == ["Error: guess: argument 'n' must be of type integer, got \"two\"", '"wrong"', '"correct"']
     steps = [entry[1] for entry in log if entry[0] == "step"]
-    assert [[o["type"] for o in output] for output in steps] == [["function_call"]] * 2  # this turn's output only
+    assert [[o["type"] for o in output] for output in steps] == [[], ["function_call"], ["function_call"]]  # this turn's only
     assert log[-1] == ("close", True)
     assert token_fidelity_gap(trajectory, renderer) is None
 
@@ -245,6 +253,16 @@ async def test_unreachable_server_is_one_clear_line(renderer):
         await run(url, [row()], renderer, SOLVE)
     message = str(caught.value)
     assert "\n" not in message and f"cannot reach the NeMo Gym server at {url}" in message
+
+
+async def test_check_env_passes():
+    async with serving(resources_app([])) as url:
+        report = await acheck_env(NemoGymEnvironment(url), samples=[nemo_gym.sample(row()), nemo_gym.sample(row(judge="degraded"))])
+    assert report is not None
+    params = {"input": "Play.", "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])]}
+    async with serving(gymnasium_app([])) as url:
+        report = await acheck_env(NemoGymEnvironment(url), samples=[nemo_gym.sample({"responses_create_params": params, "secret": 2})])
+    assert report is not None
 
 
 def test_names_and_rows_are_checked_up_front():

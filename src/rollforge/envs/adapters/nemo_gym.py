@@ -20,6 +20,9 @@ or named:
   ``/reset`` (an ``observation`` becomes a user message); each assistant message is posted to
   ``/step`` as ``response``; ``info.tool_outputs`` become tool messages, an ``observation`` a user
   message, ``reward`` the turn's reward, and ``terminated`` or ``truncated`` end the episode.
+  The server judges the whole response, so rollforge counts what it can see itself: a call that
+  is unparseable, of a tool the row does not offer, or whose arguments break the tool's schema
+  (``argument_problem``) is answered with an ``Error:`` tool message and left out of the response.
   ``/close`` is called when ``/reset``'s info says ``supports_explicit_close``.
 
 Failures, in rollforge's vocabulary: a verify response with ``mask_sample`` (the reward is not a
@@ -38,9 +41,9 @@ import math
 from typing import Any, Mapping
 
 from ...errors import ConfigError, EnvironmentError_, EpisodeFailed, require
-from ...types import Failure, FailureKind, Message, Sample
+from ...types import Failure, FailureKind, Message, Sample, ToolCall
 from ..base import BaseSession, Environment, Reset, Step
-from .nemo_gym_wire import call_id, prompt_of, response_of, tools_of
+from .nemo_gym_wire import argument_problem, call_id, prompt_of, response_of, tools_of
 
 EXTRA = "nemo-gym"
 FAMILY = "nemogym"
@@ -208,12 +211,21 @@ class NemoGymSession(BaseSession):
             failures += [failure] if failure is not None else []
         return Step(messages=tuple(messages), failures=tuple(failures))
 
-    async def _call_tool(self, call: Any) -> tuple[str, Failure | None]:
+    def _invalid(self, call: ToolCall, check_arguments: bool) -> Failure | None:
+        """Why ``call`` cannot go to the server: unparseable, a tool the row does not offer, or (when
+        ``check_arguments``) arguments that break its schema; else None."""
         if call.error is not None:
-            return f"Error: {call.error}", Failure("tool_invalid_json", call.error)
-        if call.name not in self._tools:
-            message = f"unknown tool {call.name!r}; available tools: {', '.join(self._tools) or 'none'}"
-            return f"Error: {message}", Failure("tool_unknown", message)
+            return Failure("tool_invalid_json", call.error)
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return Failure("tool_unknown", f"unknown tool {call.name!r}; available tools: {', '.join(self._tools) or 'none'}")
+        problem = argument_problem(tool["function"]["parameters"], call.arguments) if check_arguments else None
+        return Failure("tool_bad_arguments", f"{call.name}: {problem}") if problem else None
+
+    async def _call_tool(self, call: ToolCall) -> tuple[str, Failure | None]:
+        failure = self._invalid(call, check_arguments=False)  # the tool route's own validation answers 422
+        if failure is not None:
+            return f"Error: {failure.message}", failure
         answer = await self._post(f"/{call.name}", dict(call.arguments), check=False)
         if answer.status_code < 400:
             return answer.text, None
@@ -221,11 +233,16 @@ class NemoGymSession(BaseSession):
         return answer.text, Failure(kind, f"{call.name} answered {answer.status_code}: {answer.text[:300]}")
 
     async def _gym_step(self, conversation: tuple[Message, ...]) -> Step:
-        body = {**self._row, "response": response_of(self._row, conversation, len(conversation) - 1)}
-        data = await self._json("/step", body)
+        position, calls = len(conversation) - 1, conversation[-1].tool_calls
+        ids = [call_id(position, i, call) for i, call in enumerate(calls)]
+        invalid = {ids[i]: (call, failure) for i, call in enumerate(calls) if (failure := self._invalid(call, True))}
+        response = response_of(self._row, conversation, position)
+        response["output"] = [item for item in response["output"] if item.get("call_id") not in invalid]
+        data = await self._json("/step", {**self._row, "response": response})
         info = data.get("info") if isinstance(data.get("info"), dict) else {}
-        names = {call_id(len(conversation) - 1, i, c): c.name for i, c in enumerate(conversation[-1].tool_calls)}
-        messages = [
+        names = dict(zip(ids, (call.name for call in calls)))
+        messages = [Message("tool", f"Error: {f.message}", name=c.name or None, tool_call_id=i) for i, (c, f) in invalid.items()]
+        messages += [
             Message("tool", str(out.get("output", "")), name=names.get(out.get("call_id")), tool_call_id=out.get("call_id"))
             for out in info.get("tool_outputs", ()) if isinstance(out, Mapping)
         ]
@@ -233,7 +250,8 @@ class NemoGymSession(BaseSession):
             messages.append(Message("user", str(data["observation"])))
         self._metadata = {**info, "terminated": bool(data.get("terminated")), "truncated": bool(data.get("truncated"))}
         reward = _number(data.get("reward", 0.0), "/step reward")
-        return Step(messages=tuple(messages), reward=reward, terminated=bool(data.get("terminated") or data.get("truncated")))
+        ended = bool(data.get("terminated") or data.get("truncated"))
+        return Step(messages=tuple(messages), reward=reward, terminated=ended, failures=tuple(f for _, f in invalid.values()))
 
     async def finish(self) -> float:
         if self.env.protocol == "gymnasium":

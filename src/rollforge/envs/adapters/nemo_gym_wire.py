@@ -80,6 +80,29 @@ def tools_of(row: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,), "object": (dict,),
+}
+
+
+def argument_problem(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``arguments`` for a tool's ``parameters`` schema, one level deep (missing
+    required, unexpected when ``additionalProperties`` is false, a wrong JSON type), else None."""
+    properties = parameters.get("properties") or {}
+    missing = [name for name in parameters.get("required") or () if name not in arguments]
+    if missing:
+        return f"missing required argument(s) {', '.join(missing)}"
+    unexpected = [name for name in arguments if name not in properties]
+    if unexpected and parameters.get("additionalProperties") is False:
+        return f"unexpected argument(s) {', '.join(unexpected)}; expected: {', '.join(properties) or 'none'}"
+    for name, value in arguments.items():
+        expected = (properties.get(name) or {}).get("type")
+        types = _JSON_TYPES.get(expected) if isinstance(expected, str) else None
+        if types and (not isinstance(value, types) or (isinstance(value, bool) and expected != "boolean")):
+            return f"argument {name!r} must be of type {expected}, got {json.dumps(value)[:40]}"
+    return None
+
+
 def call_id(position: int, index: int, call: ToolCall) -> str:
     """The id of the ``index``-th call of the assistant message at ``position`` in the conversation."""
     return call.id or f"call_{position}_{index}"
