@@ -9,8 +9,10 @@ Responses-shaped ``response``) and a ``GymnasiumServer`` (``/reset``, ``/step`` 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import threading
 import uuid
 
 import pytest
@@ -19,6 +21,7 @@ from transformers import AutoTokenizer
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.cli.main import main
 from rollforge.envs.adapters import nemo_gym
 from rollforge.envs.adapters.nemo_gym import NemoGymEnvironment
 from rollforge.envs.check import acheck_env
@@ -263,6 +266,42 @@ async def test_check_env_passes():
     async with serving(gymnasium_app([])) as url:
         report = await acheck_env(NemoGymEnvironment(url), samples=[nemo_gym.sample({"responses_create_params": params, "secret": 2})])
     assert report is not None
+
+
+@contextlib.contextmanager
+def serving_in_a_thread(app: web.Application):
+    """``serving`` for code that runs its own event loop (the CLI)."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+
+
+def test_cli_rollout_on_the_dataset_rows_and_an_unreachable_server(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in (row(), row(judge="degraded"))))
+    log: list = []
+    with serving_in_a_thread(resources_app(log)) as url:
+        argv = ["rollout", "--model", str(tiny_model_dir), "--env", f"nemogym:{url}", "--data", str(data),
+                "--max-new-tokens", "8", "--max-turns", "2", "--greedy"]
+        assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["error"] is None for r in records)
+    assert [entry[0] for entry in log].count("verify") == 2  # the random model's replies were verified
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "again")]) == 2  # the server is gone
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("rollforge: error:")]
+    assert len(errors) == 1 and f"cannot reach the NeMo Gym server at {url}" in errors[0] and "Traceback" not in err, err
 
 
 def test_names_and_rows_are_checked_up_front():
