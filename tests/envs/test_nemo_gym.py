@@ -256,6 +256,20 @@ async def test_unreachable_server_is_one_clear_line(renderer):
         await run(url, [row()], renderer, SOLVE)
     message = str(caught.value)
     assert "\n" not in message and f"cannot reach the NeMo Gym server at {url}" in message
+    with pytest.raises(ConfigError, match="cannot reach the NeMo Gym server"):  # a named protocol is probed too
+        await NemoGymEnvironment(url, protocol="resources").prepare(1)
+
+
+async def test_verify_sees_the_last_tool_results_when_max_turns_ends_the_episode(renderer):
+    log: list = []
+    async with serving(resources_app(log)) as url:
+        samples = [nemo_gym.sample(row(), "synonyms")]
+        config = RolloutConfig(max_turns=1, concurrency=1, max_new_tokens=200)
+        result = await arollout(samples, {"synonyms": NemoGymEnvironment(url)}, policy(renderer, SOLVE[:1]), renderer, config)
+    assert result.trajectories[0].error is None and result.trajectories[0].turns == 1
+    output = log[-1][1]["response"]["output"]
+    assert [o["type"] for o in output] == ["function_call", "function_call_output"]
+    assert json.loads(output[1]["output"]) == {"synonym_value": BLAZING}
 
 
 async def test_check_env_passes():

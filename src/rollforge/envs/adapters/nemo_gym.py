@@ -105,15 +105,19 @@ class NemoGymEnvironment(Environment):
         return _httpx().AsyncClient(base_url=self.url, timeout=self.timeout)
 
     async def prepare(self, sessions: int) -> None:
-        """Reach the server once (a clear ``ConfigError`` when it cannot be reached) and settle
-        the protocol."""
-        await self.settle_protocol()
+        """Reach the server once before the rollout: a clear ``ConfigError`` when it cannot be
+        reached; settles an ``auto`` protocol."""
+        await self._probe()
 
     async def settle_protocol(self) -> str:
-        """The protocol, read from the server's ``/openapi.json`` when it is ``auto``: ``gymnasium``
-        when it serves ``/reset`` and ``/step``, else ``resources``."""
-        if self.protocol != "auto":
-            return self.protocol
+        """The protocol, read from the server when it is ``auto`` (``_probe``)."""
+        if self.protocol == "auto":
+            await self._probe()
+        return self.protocol
+
+    async def _probe(self) -> None:
+        """``GET /openapi.json`` (NeMo Gym's servers are FastAPI apps): ``gymnasium`` when it lists
+        ``/reset`` and ``/step``, else ``resources``; any answer proves the server is up."""
         httpx = _httpx()
         async with self.client() as client:
             try:
@@ -127,8 +131,8 @@ class NemoGymEnvironment(Environment):
             paths = answer.json().get("paths", {}) if answer.status_code == 200 else {}
         except (ValueError, AttributeError):
             paths = {}
-        self.protocol = "gymnasium" if "/reset" in paths and "/step" in paths else "resources"
-        return self.protocol
+        if self.protocol == "auto":
+            self.protocol = "gymnasium" if "/reset" in paths and "/step" in paths else "resources"
 
     def offered_tools(self, sample: Sample) -> tuple[dict[str, Any], ...] | None:
         return tools_of(sample.row)
@@ -209,6 +213,7 @@ class NemoGymSession(BaseSession):
             content, failure = await self._call_tool(call)
             messages.append(Message("tool", content, name=call.name or None, tool_call_id=call_id(position, index, call)))
             failures += [failure] if failure is not None else []
+        self._conversation = (*conversation, *messages)  # /verify sees the last results too
         return Step(messages=tuple(messages), failures=tuple(failures))
 
     def _invalid(self, call: ToolCall, check_arguments: bool) -> Failure | None:
