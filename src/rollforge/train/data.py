@@ -5,7 +5,8 @@ Sources: a file (``.jsonl``, ``.json``, ``.parquet``) or a saved ``datasets`` di
 generators. A row's ``prompt`` is text (one user message, after the optional system prompt) or a
 list of ``{role, content}`` messages; ``task_name`` routes it (default: the only environment, else
 its ``environment`` column when that names a configured task); every other column reaches
-``reset(**row)`` and the reward functions.
+``reset(**row)`` and the reward functions. A NeMo Gym dataset row has no ``prompt``: its prompt is
+read from its ``responses_create_params`` (``envs/adapters/nemo_gym_wire.py``).
 
 ``PromptSource`` walks a fresh seeded permutation per epoch. Its state is (epoch, cursor): saving
 and restoring it in a checkpoint makes a resumed run draw exactly the prompts the uninterrupted run
@@ -19,6 +20,7 @@ import random
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..envs.adapters import nemo_gym_wire
 from ..envs.library import get_env_spec
 from ..errors import ConfigError, InvariantError
 from ..rollout.engine import check_prompt_lengths  # noqa: F401  (re-exported: the CLI and training call it early)
@@ -136,9 +138,12 @@ def _row(row: Any, path: Path, line: int) -> dict[str, Any]:
 def rows_to_samples(rows: Iterable[Mapping[str, Any]], tasks: Sequence[str], system_prompt: str | None = None) -> list[Sample]:
     out = []
     for n, row in enumerate(rows, 1):
-        if "prompt" not in row:
+        if "prompt" not in row and nemo_gym_wire.PARAMS in row:  # a NeMo Gym dataset row, unchanged
+            prompt = nemo_gym_wire.prompt_of(row)
+        elif "prompt" not in row:
             raise ConfigError(f"prompt row {n} has no 'prompt' column (columns: {sorted(row)})")
-        prompt = _messages(row["prompt"], system_prompt, n)
+        else:
+            prompt = _messages(row["prompt"], system_prompt, n)
         task = row.get("task_name") or (row.get("environment") if row.get("environment") in tasks else None)
         if task is None:
             if len(tasks) != 1:

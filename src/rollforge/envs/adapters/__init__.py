@@ -12,9 +12,12 @@ raises ``MissingDependency`` naming the extra to install. Registered in ``envs/l
 - ``skyrl:<id>`` and ``skyrl:<module>:<Class>`` (extra ``skyrl``): SkyRL-Gym ``BaseTextEnv``
   environments run unchanged, multi-turn with per-turn rewards (``skyrl_env.py``);
 - ``math`` (extra ``math``): answers verified symbolically by math-verify in a worker process
-  under rollforge's own timeout (``math_env.py``, problems from ``math_problems.py``).
+  under rollforge's own timeout (``math_env.py``, problems from ``math_problems.py``);
+- ``nemogym:<server URL>`` (extra ``nemo-gym``: httpx only): a running NeMo Gym resources server
+  over HTTP, rollforge playing the agent; prompts are the server's dataset rows (``nemo_gym.py``,
+  wire shapes in ``nemo_gym_wire.py``).
 
-The extra ``tasks`` installs all four.
+The extra ``tasks`` installs the first four.
 
 An item a family does not have (``gymnasium:CartPole-v9``) is a ``ConfigError`` from
 ``unknown_item``, naming it with the close names the library knows.

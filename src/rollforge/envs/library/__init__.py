@@ -22,7 +22,9 @@ library itself is imported when an environment is built or sampled):
 - ``math`` (step-style): generated problems, answers verified by math-verify;
 - ``frozenlake`` (tool class): gymnasium's FrozenLake on a seeded 4x4 map;
 - families named ``family:item``, built on demand by ``get_env_spec``: ``reasoning_gym:<dataset>``,
-  ``textarena:<game id>``, ``gymnasium:<env id>``, ``skyrl:<id or module:Class>``. A few members are listed in ``ENV_NAMES`` so
+  ``textarena:<game id>``, ``gymnasium:<env id>``, ``skyrl:<id or module:Class>``,
+  ``nemogym:<server URL>`` (a running NeMo Gym resources server; its dataset rows are the prompts).
+  A few members are listed in ``ENV_NAMES`` so
   that ``check_env`` runs on them in CI like on every other bundled environment.
 """
 
@@ -36,7 +38,7 @@ from ...errors import ConfigError
 from ...types import Sample
 from ..base import Environment
 from ..experts import Expert
-from ..adapters import gymnasium_env, math_env, reasoning_gym_env, skyrl_env, textarena_env
+from ..adapters import gymnasium_env, math_env, nemo_gym, reasoning_gym_env, skyrl_env, textarena_env
 from . import arithmetic, catch, echo, guess_number, python_code, wordle
 
 __all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec", "is_family_member"]
@@ -81,6 +83,7 @@ _FAMILIES = {
     "textarena": ("textarena single-player game {} (multi-turn; moves in square brackets).", textarena_env.check_game, textarena_env),
     "gymnasium": ("gymnasium environment {} as a tool game: act(action).", gymnasium_env.check_env_id, gymnasium_env),
     "skyrl": ("SkyRL-Gym environment {} (BaseTextEnv, run unchanged; per-turn rewards).", skyrl_env.check_env_id, skyrl_env),
+    "nemogym": ("NeMo Gym resources server at {} (prompts: its dataset rows, --data).", nemo_gym.check_url, nemo_gym),
 }
 
 #: Family members checked in CI like the bundled environments (all run offline).
