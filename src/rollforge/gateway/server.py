@@ -3,13 +3,16 @@
 ``Gateway`` is an async context manager that serves, on ``host`` (127.0.0.1 unless asked) and
 ``port`` (0: a free one), the routes::
 
-    POST /v1/chat/completions                  session from the X-Rollforge-Session header
+    POST /v1/chat/completions                  session from the X-Rollforge-Session or X-Session-ID header
     POST /sessions/<id>/v1/chat/completions    session from the path: point any client's base URL at it
+    POST /v1/messages, /sessions/<id>/v1/messages   Anthropic Messages, translated onto chat
+                                               completions (``messages.py``): the same recording
     GET  /v1/models, /sessions/<id>/v1/models
     GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON (with
                                                each segment's own messages after a rewrite)
 
-A request without a session id belongs to the session ``default``. Sessions are created on their
+The session id is the path's, else the ``X-Rollforge-Session`` header's, else ``X-Session-ID``'s
+(the header verifiers sends per agent trace). A request without a session id belongs to the session ``default``. Sessions are created on their
 first request, or only by ``open_session`` when ``open_sessions=False`` (the agent environment:
 a request for an unknown or closed session is a 404, so an agent that outlives its episode cannot
 write into another one). ``close_session`` returns the session's ``SessionRecord``. Bad requests
@@ -30,10 +33,13 @@ from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import ConfigError, WireError, require
 from ..types import Trajectory
+from . import messages as anthropic
 from .session import Sampling, Session, SessionLimits, SessionRecord
-from .wire import completion_body, models_body, parse_request, stream_chunks
+from .wire import ChatRequest, Choice, completion_body, models_body, parse_request, stream_chunks
 
 SESSION_HEADER = "X-Rollforge-Session"
+#: The session header of other harnesses (verifiers sends one per agent trace).
+TRACE_HEADER = "X-Session-ID"
 DEFAULT_SESSION = "default"
 _MAX_BODY = 64 * 1024 * 1024
 
@@ -78,6 +84,8 @@ class Gateway:
         app = web.Application(client_max_size=_MAX_BODY)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/sessions/{session}/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/sessions/{session}/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/sessions/{session}/v1/models", self._models)
         app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
@@ -134,7 +142,8 @@ class Gateway:
         return {"session": session_id, **record}
 
     def _session(self, request: Any) -> Session:
-        session_id = request.match_info.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+        headers = request.headers
+        session_id = request.match_info.get("session") or headers.get(SESSION_HEADER) or headers.get(TRACE_HEADER) or DEFAULT_SESSION
         session = self.sessions.get(session_id)
         if session is None:
             if not self.open_sessions:
@@ -161,14 +170,7 @@ class Gateway:
         from aiohttp import web
 
         try:
-            try:
-                body = await request.json(loads=json.loads)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise WireError(f"the request body is not valid JSON: {exc}") from None
-            session = self._session(request)
-            chat = parse_request(body, session.known)
-            session.known = (body["messages"], chat.messages)
-            choices, prompt_tokens = await session.complete(chat, self.backend)
+            chat, choices, prompt_tokens = await self._complete(request, await _json(request))
         except WireError as exc:
             return web.json_response(exc.body(), status=exc.status)
         request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -181,3 +183,35 @@ class Gateway:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    async def _complete(self, request: Any, body: Any) -> tuple[ChatRequest, list[Choice], int]:
+        """Answer a chat-completions ``body`` in the request's session: the one recording path."""
+        session = self._session(request)
+        chat = parse_request(body, session.known)
+        session.known = (body["messages"], chat.messages)
+        choices, prompt_tokens = await session.complete(chat, self.backend)
+        return chat, choices, prompt_tokens
+
+    async def _messages(self, request: Any) -> Any:
+        from aiohttp import web
+
+        try:
+            chat, [choice], prompt_tokens = await self._complete(request, anthropic.chat_body(await _json(request)))
+        except WireError as exc:
+            return web.json_response(anthropic.error_body(exc), status=exc.status)
+        message_id = f"msg_{uuid.uuid4().hex}"
+        if not chat.stream:
+            return web.json_response(anthropic.message_body(message_id, self.model_name, choice, prompt_tokens))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for event, data in anthropic.message_events(message_id, self.model_name, choice, prompt_tokens):
+            await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+
+async def _json(request: Any) -> Any:
+    try:
+        return await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WireError(f"the request body is not valid JSON: {exc}") from None
