@@ -21,13 +21,23 @@ async def gateway(backend, renderer, parser):
         yield gateway
 
 
-def client(gateway, session=None):
-    """The SDK appends ``/v1/messages`` to its base URL: the session's root (or the gateway's)."""
-    return anthropic.AsyncAnthropic(base_url=gateway.base_url(session).removesuffix("/v1"), api_key="unused", max_retries=0)
+@pytest.fixture
+async def client(gateway):
+    """An SDK client for a session (closed before the loop is); the SDK appends ``/v1/messages``
+    to its base URL, the session's root."""
+    clients = []
+
+    def open_client(session):
+        clients.append(anthropic.AsyncAnthropic(base_url=gateway.base_url(session).removesuffix("/v1"), api_key="unused", max_retries=0))
+        return clients[-1]
+
+    yield open_client
+    for opened in clients:
+        await opened.close()
 
 
-async def test_plain_message_is_recorded_token_exactly(gateway, renderer):
-    reply = await client(gateway, "m1").messages.create(
+async def test_plain_message_is_recorded_token_exactly(gateway, client, renderer):
+    reply = await client("m1").messages.create(
         model="tiny", max_tokens=64, system="Be brief.", messages=[{"role": "user", "content": "Hi"}])
     assert [(b.type, b.text) for b in reply.content] == [("text", "Hello!")]
     assert reply.stop_reason == "end_turn" and reply.role == "assistant" and reply.id.startswith("msg_")
@@ -40,9 +50,9 @@ async def test_plain_message_is_recorded_token_exactly(gateway, renderer):
     assert generated_ids(segment) == generated and reply.usage.input_tokens == segment.prompt_length
 
 
-async def test_streamed_message_sends_the_messages_events(gateway):
+async def test_streamed_message_sends_the_messages_events(gateway, client):
     events = []
-    async with client(gateway, "m2").messages.stream(
+    async with client("m2").messages.stream(
             model="tiny", max_tokens=64, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]) as stream:
         async for event in stream:
             events.append(event.type)
@@ -54,8 +64,8 @@ async def test_streamed_message_sends_the_messages_events(gateway):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_tool_round_trip_is_one_token_exact_segment(gateway, renderer, stream):
-    api, session = client(gateway, "tools"), "tools"
+async def test_tool_round_trip_is_one_token_exact_segment(gateway, client, renderer, stream):
+    api, session = client("tools"), "tools"
     messages = [{"role": "user", "content": "What is 1 + 2?"}]
     if stream:
         async with api.messages.stream(model="tiny", max_tokens=64, messages=messages, tools=[ADD]) as events:
@@ -76,14 +86,14 @@ async def test_tool_round_trip_is_one_token_exact_segment(gateway, renderer, str
     assert_token_exact(segment, renderer, prompt_messages=2)  # the fallback tool prompt is a system message
 
 
-async def test_tool_choice_none_leaves_the_reply_as_text(gateway):
-    reply = await client(gateway, "none").messages.create(
+async def test_tool_choice_none_leaves_the_reply_as_text(gateway, client):
+    reply = await client("none").messages.create(
         model="tiny", max_tokens=64, messages=[{"role": "user", "content": "What is 1 + 2?"}], tools=[ADD],
         tool_choice={"type": "none"})
     assert reply.stop_reason == "end_turn" and [b.type for b in reply.content] == ["text"]
 
 
-async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway):
+async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway, client):
     async with httpx.AsyncClient(base_url=gateway.base_url().removesuffix("/v1")) as http:
         body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
         response = await http.post("/v1/messages", json=body, headers={"X-Session-ID": "trace-1"})
@@ -93,10 +103,14 @@ async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway):
         assert bad.status_code == 400
         assert bad.json() == {"type": "error", "error": {
             "type": "invalid_request_error", "message": "'max_tokens' must be an integer >= 1, got 0"}}
-    api = client(gateway, "bad")
+    api = client("bad")
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
     with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\].content\[0\] is of type 'image'"):
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [image]}])
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
+                                  tools=[ADD], tool_choice={"type": "tool", "name": "add"})
+    assert raised.value.body["error"]["message"].startswith("'tool_choice' {'type': 'tool', 'name': 'add'} is not honoured")
     with pytest.raises(anthropic.BadRequestError, match="'top_k' 5 is not honoured"):
         await api.messages.create(model="tiny", max_tokens=8, extra_body={"top_k": 5}, messages=[{"role": "user", "content": "Hi"}])
 
@@ -104,7 +118,7 @@ async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway):
 def test_translation_onto_chat_completions():
     body = chat_body({
         "model": "m", "max_tokens": 10, "system": [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}],
-        "stop_sequences": ["END"], "tool_choice": {"type": "tool", "name": "add"}, "tools": [ADD],
+        "stop_sequences": ["END"], "tool_choice": {"type": "any"}, "tools": [ADD],
         "messages": [
             {"role": "user", "content": "Q"},
             {"role": "assistant", "content": [{"type": "text", "text": "Let me add."},
@@ -114,7 +128,7 @@ def test_translation_onto_chat_completions():
         ],
     })
     assert body["tools"] == [ADD_TOOL] and body["stop"] == ["END"] and body["max_tokens"] == 10
-    assert body["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+    assert body["tool_choice"] == "required"
     assert body["messages"] == [
         {"role": "system", "content": [{"type": "text", "text": "S"}]},
         {"role": "user", "content": [{"type": "text", "text": "Q"}]},

@@ -11,11 +11,13 @@ one recorder, one token ledger. The translation:
   calls (``input`` as the arguments), so a reply the client sends back is recognised as the one
   the gateway sent and the conversation continues in the same segment;
 - ``tools`` (``name``, ``description``, ``input_schema``) are function tools; ``tool_choice``
-  ``auto`` / ``any`` / ``tool`` / ``none`` are ``auto`` / ``required`` / a named function / ``none``;
+  ``auto`` / ``any`` / ``none`` are ``auto`` / ``required`` / ``none`` (``any``, like ``required``,
+  is not enforced: see ``wire.py``);
 - ``max_tokens``, ``stop_sequences``, ``temperature``, ``top_p`` and ``stream`` keep their meaning.
 
 What the gateway cannot honour is refused with a 400 naming the field (images, documents,
-``thinking``, ``top_k``, ``disable_parallel_tool_use``), never dropped. Replies: ``message_body``
+``thinking``, ``top_k``, a ``tool_choice`` naming one tool, ``disable_parallel_tool_use``), never
+dropped. Replies: ``message_body``
 for a whole message, ``message_events`` for the same reply as the Messages SSE events
 (``message_start``, each content block's ``content_block_start`` / ``_delta`` / ``_stop``,
 ``message_delta`` with the stop reason, ``message_stop``). Errors are in Anthropic's shape.
@@ -147,14 +149,14 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 
 def _tool_choice(choice: Any) -> Any:
     kind = choice.get("type") if isinstance(choice, Mapping) else None
-    if kind not in ("auto", "any", "tool", "none") or (kind == "tool" and not isinstance(choice.get("name"), str)):
-        raise WireError(f"'tool_choice' {choice!r} is not {{\"type\": \"auto\" | \"any\" | \"none\"}} or "
-                        f"{{\"type\": \"tool\", \"name\": ...}}", "tool_choice")
+    if kind == "tool":
+        raise WireError(f"'tool_choice' {choice!r} is not honoured: the gateway does not constrain decoding to "
+                        f"one tool; send {{\"type\": \"auto\" | \"any\" | \"none\"}}", "tool_choice")
+    if kind not in ("auto", "any", "none"):
+        raise WireError(f"'tool_choice' {choice!r} is not {{\"type\": \"auto\" | \"any\" | \"none\"}}", "tool_choice")
     if choice.get("disable_parallel_tool_use"):
         raise WireError("'tool_choice.disable_parallel_tool_use' true is not honoured: the gateway returns "
                         "every call the model makes", "tool_choice.disable_parallel_tool_use")
-    if kind == "tool":
-        return {"type": "function", "function": {"name": choice["name"]}}
     return {"auto": "auto", "any": "required", "none": "none"}[kind]
 
 
