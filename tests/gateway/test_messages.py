@@ -1,7 +1,6 @@
 """The gateway's Anthropic Messages route through the real ``anthropic`` SDK: plain, streamed, a
 tool round trip, sessions by path and header, refusals naming the field; recorded ids token-exact."""
 
-import anthropic
 import httpx
 import pytest
 from gateway_helpers import ADD_TOOL, assert_token_exact, generated_ids
@@ -9,6 +8,8 @@ from gateway_helpers import ADD_TOOL, assert_token_exact, generated_ids
 from rollforge.chat.render import token_fidelity_gap
 from rollforge.gateway import Gateway
 from rollforge.gateway.messages import chat_body
+
+anthropic = pytest.importorskip("anthropic")  # the `agents` extra (scripts/install.sh installs it)
 
 pytestmark = pytest.mark.timeout(60)
 
