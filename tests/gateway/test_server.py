@@ -127,11 +127,18 @@ async def test_what_is_not_honoured_is_refused_naming_the_field(gateway, field, 
     assert raised.value.body["param"] == field and gateway.sessions["refused"].record().turns == 0
 
 
-async def test_required_tool_choice_and_text_response_format_are_served(gateway):
-    reply = await client(gateway, "required").chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "What is 1 + 2?"}], tools=[ADD_TOOL],
-        tool_choice="required", response_format={"type": "text"})
-    assert reply.choices[0].finish_reason == "tool_calls"
+async def test_required_tool_choice_is_served_and_a_reply_without_a_call_is_counted(gateway):
+    """``required`` is not enforced (decoding is not constrained): the reply comes back as the
+    model wrote it, and one without a call is a counted ``tool_not_called`` failure."""
+    api, messages = client(gateway, "required"), [{"role": "user", "content": "What is 1 + 2?"}]
+    first = await api.chat.completions.create(
+        model="tiny", messages=messages, tools=[ADD_TOOL], tool_choice="required", response_format={"type": "text"})
+    [call] = first.choices[0].message.tool_calls
+    assert gateway.trajectory("required").failures == ()
+    messages += [first.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+    second = await api.chat.completions.create(model="tiny", messages=messages, tools=[ADD_TOOL], tool_choice="required")
+    assert second.choices[0].message.content == "The sum is 3." and second.choices[0].finish_reason == "stop"
+    assert [f.kind for f in gateway.trajectory("required").failures] == ["tool_not_called"]
 
 
 async def test_sessions_can_be_closed_to_outsiders(backend, renderer, parser):

@@ -9,7 +9,8 @@ for the conversation (``refusal``, ``audio``, ``annotations``, ``null`` values) 
 
 ``tool_choice``: ``none`` leaves replies unparsed (text only); ``required`` is accepted but not
 enforced (decoding is not constrained: a reply without a call comes back as text, as the model
-wrote it, and is recorded as generated); a named function is refused (HTTP 400 naming the field),
+wrote it, is recorded as generated and counted as a ``tool_not_called`` failure on the
+trajectory); a named function is refused (HTTP 400 naming the field),
 as is a ``response_format`` other than ``text``: the gateway cannot make the model follow either
 without constraining decoding. Tools always reach the prompt, so that a session's rendering does
 not change with the choice.
