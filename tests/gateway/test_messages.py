@@ -1,13 +1,19 @@
 """The gateway's Anthropic Messages route through the real ``anthropic`` SDK: plain, streamed, a
-tool round trip, sessions by path and header, refusals naming the field; recorded ids token-exact."""
+tool round trip, sessions by path and header, refusals naming the field, an SDK program run
+unchanged by ``AgentEnvironment``; recorded ids token-exact."""
+
+import sys
 
 import httpx
 import pytest
 from gateway_helpers import ADD_TOOL, assert_token_exact, generated_ids
 
 from rollforge.chat.render import token_fidelity_gap
-from rollforge.gateway import Gateway
+from rollforge.gateway import AgentEnvironment, Gateway
 from rollforge.gateway.messages import chat_body
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout
+from rollforge.types import Sample
 
 anthropic = pytest.importorskip("anthropic")  # the `agents` extra (scripts/install.sh installs it)
 
@@ -138,3 +144,34 @@ def test_translation_onto_chat_completions():
         {"role": "tool", "tool_call_id": "t1", "content": [{"type": "text", "text": "3"}]},
         {"role": "user", "content": [{"type": "text", "text": "Thanks"}]},
     ]
+
+
+ANTHROPIC_AGENT = '''
+import json, os
+import anthropic
+
+row = json.loads(os.environ["ROLLFORGE_ROW"])
+api = anthropic.Anthropic(max_retries=0)  # ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY from the environment
+tools = [TOOL]
+messages = list(row["prompt"])
+while True:
+    reply = api.messages.create(model="policy", max_tokens=64, messages=messages, tools=tools)
+    messages.append({"role": "assistant", "content": reply.content})
+    calls = [b for b in reply.content if b.type == "tool_use"]
+    if not calls:
+        print(1.0 if str(row["answer"]) in reply.content[0].text else 0.0)
+        break
+    messages.append({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": c.id, "content": str(c.input["a"] + c.input["b"])} for c in calls]})
+'''
+
+
+async def test_an_anthropic_sdk_program_runs_unchanged_as_an_agent_environment(backend, renderer, tmp_path):
+    program = tmp_path / "claude_agent.py"
+    program.write_text(ANTHROPIC_AGENT.replace("TOOL", repr(ADD)))
+    sample = Sample([{"role": "user", "content": "What is 1 + 2?"}], "agent", {"answer": 3})
+    result = await arollout([sample], {"agent": AgentEnvironment(cmd=[sys.executable, str(program)])}, backend, renderer, RolloutConfig())
+    [trajectory] = result.trajectories
+    assert trajectory.error is None and trajectory.turns == 2 and trajectory.rewards == (0.0, 1.0)
+    assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert token_fidelity_gap(trajectory, renderer) is None
