@@ -9,6 +9,7 @@ import pytest
 from gateway_helpers import ADD_TOOL, assert_token_exact, generated_ids
 
 from rollforge.chat.render import token_fidelity_gap
+from rollforge.errors import WireError
 from rollforge.gateway import AgentEnvironment, Gateway
 from rollforge.gateway.messages import chat_body
 from rollforge.rollout.config import RolloutConfig
@@ -118,6 +119,9 @@ async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway, client)
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
                                   tools=[ADD], tool_choice={"type": "tool", "name": "add"})
     assert raised.value.body["error"]["message"].startswith("'tool_choice' {'type': 'tool', 'name': 'add'} is not honoured")
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [image]}
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\].content\[0\].content holds a block of type 'image'"):
+        await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [result]}])
     with pytest.raises(anthropic.BadRequestError, match="'top_k' 5 is not honoured"):
         await api.messages.create(model="tiny", max_tokens=8, extra_body={"top_k": 5}, messages=[{"role": "user", "content": "Hi"}])
 
@@ -175,3 +179,17 @@ async def test_an_anthropic_sdk_program_runs_unchanged_as_an_agent_environment(b
     assert trajectory.error is None and trajectory.turns == 2 and trajectory.rewards == (0.0, 1.0)
     assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert token_fidelity_gap(trajectory, renderer) is None
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}, "tool_choice.disable_parallel_tool_use"),
+    ({"stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+])
+def test_what_is_not_honoured_is_refused_naming_the_field(extra, field):
+    body = {"max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    assert chat_body({**body, "thinking": {"type": "disabled"}})["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    with pytest.raises(WireError) as raised:
+        chat_body({**body, **extra})
+    assert raised.value.param == field and field.split(".")[0].split("[")[0] in str(raised.value)

@@ -113,7 +113,11 @@ def _text_parts(value: Any, where: str) -> list[dict[str, str]]:
         return [{"type": "text", "text": value}]
     if isinstance(value, list) and all(isinstance(b, Mapping) and b.get("type") == "text" for b in value):
         return [_text_block(b, f"{where}[{k}]") for k, b in enumerate(value)]
-    raise WireError(f"'{where}' must be a string or a list of text blocks, got {value!r}"[:300], where)
+    if isinstance(value, list):
+        kind = next(b.get("type") if isinstance(b, Mapping) else type(b).__name__
+                    for b in value if not (isinstance(b, Mapping) and b.get("type") == "text"))
+        raise WireError(f"{where} holds a block of type {kind!r}; the gateway takes text blocks only", where)
+    raise WireError(f"{where} must be a string or a list of text blocks, got {type(value).__name__}", where)
 
 
 def _call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
