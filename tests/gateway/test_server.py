@@ -7,7 +7,7 @@ import pytest
 from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
 
 from rollforge.gateway import Gateway
-from rollforge.gateway.server import SESSION_HEADER
+from rollforge.gateway.server import SESSION_HEADER, TRACE_HEADER
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,6 +98,47 @@ async def test_header_sessions_models_and_errors(gateway):
     assert [m.id for m in models.data] == ["tiny"]
     with pytest.raises(openai.BadRequestError, match="'n' must be an integer between 1 and 16"):
         await client(gateway, "c").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=99)
+
+
+async def test_x_session_id_header_chooses_the_session(gateway):
+    """verifiers sends one X-Session-ID per agent trace; the path and rollforge's own header come first."""
+    async with httpx.AsyncClient(base_url=gateway.base_url()) as http:
+        body = {"messages": [{"role": "user", "content": "Hi"}]}
+        for trace in ("trace-a", "trace-b", "trace-a"):
+            assert (await http.post("/chat/completions", headers={TRACE_HEADER: trace}, json=body)).status_code == 200
+        both = {TRACE_HEADER: "trace-c", SESSION_HEADER: "ours"}
+        assert (await http.post("/chat/completions", headers=both, json=body)).status_code == 200
+    path = await client(gateway, "by-path").chat.completions.create(
+        model="tiny", messages=body["messages"], extra_headers={TRACE_HEADER: "trace-d"})
+    assert path.choices[0].message.content == "Hello!"
+    assert sorted(gateway.sessions) == ["by-path", "ours", "trace-a", "trace-b"]
+    assert gateway.close_session("trace-a").turns == 2
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tool_choice", {"type": "function", "function": {"name": "add"}}),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}}}),
+])
+async def test_what_is_not_honoured_is_refused_naming_the_field(gateway, field, value):
+    with pytest.raises(openai.BadRequestError, match=f"'{field}' .* is not honoured") as raised:
+        await client(gateway, "refused").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], tools=[ADD_TOOL], **{field: value})
+    assert raised.value.body["param"] == field and gateway.sessions["refused"].record().turns == 0
+
+
+async def test_required_tool_choice_is_served_and_a_reply_without_a_call_is_counted(gateway):
+    """``required`` is not enforced (decoding is not constrained): the reply comes back as the
+    model wrote it, and one without a call is a counted ``tool_not_called`` failure."""
+    api, messages = client(gateway, "required"), [{"role": "user", "content": "What is 1 + 2?"}]
+    first = await api.chat.completions.create(
+        model="tiny", messages=messages, tools=[ADD_TOOL], tool_choice="required", response_format={"type": "text"})
+    [call] = first.choices[0].message.tool_calls
+    assert gateway.trajectory("required").failures == ()
+    messages += [first.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+    second = await api.chat.completions.create(model="tiny", messages=messages, tools=[ADD_TOOL], tool_choice="required")
+    assert second.choices[0].message.content == "The sum is 3." and second.choices[0].finish_reason == "stop"
+    assert [f.kind for f in gateway.trajectory("required").failures] == ["tool_not_called"]
 
 
 async def test_sessions_can_be_closed_to_outsiders(backend, renderer, parser):

@@ -9,6 +9,7 @@ that session's base URL:
 - ``run(base_url, row) -> reward | None``: any async or sync callable (sync ones run on
   rollforge's worker threads, ``workers.py``);
 - ``cmd=[...]``: a subprocess with ``OPENAI_BASE_URL`` (the session's base URL), ``OPENAI_API_KEY``,
+  ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` (the same session, for the Messages API),
   ``ROLLFORGE_SESSION`` and ``ROLLFORGE_ROW`` (the row as JSON, also written to its stdin) in its
   environment; the last line of its stdout, when it is a number or ``{"reward": x}``, is the reward.
 
@@ -154,6 +155,7 @@ class AgentEnvironment(GeneratingEnvironment):
     async def _run_program(self, base_url: str, row: dict[str, Any], session_id: str) -> float | None:
         row_json = json.dumps(row, default=str)
         env = {**os.environ, **self.env, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "rollforge",
+               "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": "rollforge",
                "ROLLFORGE_SESSION": session_id, "ROLLFORGE_ROW": row_json}
         process = await asyncio.create_subprocess_exec(
             *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

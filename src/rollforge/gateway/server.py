@@ -3,14 +3,17 @@
 ``Gateway`` is an async context manager that serves, on ``host`` (127.0.0.1 unless asked) and
 ``port`` (0: a free one), the routes::
 
-    POST /v1/chat/completions                  session from the X-Rollforge-Session header
+    POST /v1/chat/completions                  session from the X-Rollforge-Session or X-Session-ID header
     POST /sessions/<id>/v1/chat/completions    session from the path: point any client's base URL at it
     POST /v1/responses, /sessions/<id>/v1/responses   the Responses API, recorded as chat completions
+    POST /v1/messages, /sessions/<id>/v1/messages   Anthropic Messages, translated onto chat
+                                               completions (``messages.py``): the same recording
     GET  /v1/models, /sessions/<id>/v1/models
     GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON (with
                                                each segment's own messages after a rewrite)
 
-A request without a session id belongs to the session ``default``. Sessions are created on their
+The session id is the path's, else the ``X-Rollforge-Session`` header's, else ``X-Session-ID``'s
+(the header verifiers sends per agent trace). A request without a session id belongs to the session ``default``. Sessions are created on their
 first request, or only by ``open_session`` when ``open_sessions=False`` (the agent environment:
 a request for an unknown or closed session is a 404, so an agent that outlives its episode cannot
 write into another one). ``close_session`` returns the session's ``SessionRecord``. Bad requests
@@ -33,10 +36,13 @@ from ..chat.toolcalls import ToolCallParser
 from ..errors import ConfigError, WireError, require
 from ..types import Trajectory
 from .responses import ResponseStore, chat_body, output_items, response_body, stream_events
+from . import messages as anthropic
 from .session import Sampling, Session, SessionLimits, SessionRecord
 from .wire import ChatRequest, Choice, completion_body, models_body, parse_request, stream_chunks
 
 SESSION_HEADER = "X-Rollforge-Session"
+#: The session header of other harnesses (verifiers sends one per agent trace).
+TRACE_HEADER = "X-Session-ID"
 DEFAULT_SESSION = "default"
 _MAX_BODY = 64 * 1024 * 1024
 
@@ -84,6 +90,8 @@ class Gateway:
         app.router.add_post("/sessions/{session}/v1/chat/completions", self._chat)
         app.router.add_post("/v1/responses", self._responses_route)
         app.router.add_post("/sessions/{session}/v1/responses", self._responses_route)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/sessions/{session}/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/sessions/{session}/v1/models", self._models)
         app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
@@ -141,7 +149,8 @@ class Gateway:
         return {"session": session_id, **record}
 
     def _session(self, request: Any) -> Session:
-        session_id = request.match_info.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+        headers = request.headers
+        session_id = request.match_info.get("session") or headers.get(SESSION_HEADER) or headers.get(TRACE_HEADER) or DEFAULT_SESSION
         session = self.sessions.get(session_id)
         if session is None:
             if not self.open_sessions:
@@ -210,6 +219,20 @@ class Gateway:
             return web.json_response(response)
         events = stream_events(response)
         return await _stream(request, (f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events))
+
+
+    async def _messages(self, request: Any) -> Any:
+        from aiohttp import web
+
+        try:
+            served = await self._complete(request, lambda body, session: anthropic.chat_body(body))
+        except WireError as exc:
+            return web.json_response(anthropic.error_body(exc), status=exc.status)
+        message_id, [choice] = f"msg_{uuid.uuid4().hex}", served.choices
+        if not served.chat.stream:
+            return web.json_response(anthropic.message_body(message_id, self.model_name, choice, served.prompt_tokens))
+        events = anthropic.message_events(message_id, self.model_name, choice, served.prompt_tokens)
+        return await _stream(request, (f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events))
 
 
 @dataclass(frozen=True)

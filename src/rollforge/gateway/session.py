@@ -358,6 +358,8 @@ class Session:
                 ToolCall(c.name, c.arguments, c.id or family.call_id(self.seed, turn, 1000 * k + j))
                 for j, c in enumerate(x for x in parsed if x.error is None)
             )
+            if not calls and request.tool_choice == "required":  # accepted, not enforced (wire.py): counted
+                self._failures.append(Failure("tool_not_called", "tool_choice 'required': the reply calls no tool"))
         message = Message("assistant", text, tool_calls=calls)
         wire_calls = tuple(WireCall(c.id, c.name, canonical_arguments(dict(c.arguments))) for c in calls)
         wire = WireMessage("assistant", _visible_text(text, message, self.renderer), wire_calls)

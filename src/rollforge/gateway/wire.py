@@ -7,9 +7,13 @@ request extends its previous conversation: content parts are joined, ``developer
 tool-call arguments are compared as canonical JSON, and fields the SDKs echo back with no meaning
 for the conversation (``refusal``, ``audio``, ``annotations``, ``null`` values) are ignored.
 
-``tool_choice``: ``none`` leaves replies unparsed (text only); ``required`` or a named function are
-accepted but not enforced (decoding is not constrained); tools always reach the prompt, so that a
-session's rendering does not change with the choice.
+``tool_choice``: ``none`` leaves replies unparsed (text only); ``required`` is accepted but not
+enforced (decoding is not constrained: a reply without a call comes back as text, as the model
+wrote it, is recorded as generated and counted as a ``tool_not_called`` failure on the
+trajectory); a named function is refused (HTTP 400 naming the field),
+as is a ``response_format`` other than ``text``: the gateway cannot make the model follow either
+without constraining decoding. Tools always reach the prompt, so that a session's rendering does
+not change with the choice.
 
 Responses: ``completion_body`` for a whole response, ``stream_chunks`` for the same reply as
 server-sent-event chunks (a role chunk, the content, each tool call whole, a finish chunk).
@@ -110,6 +114,7 @@ def parse_request(body: Any, known: tuple[Sequence[Any], Sequence[WireMessage]] 
     n = _integer(body, "n", 1, 1, MAX_CHOICES)
     if body.get("top_logprobs"):
         raise WireError("'top_logprobs' is not supported: the gateway returns the logprob of each sampled token", "top_logprobs")
+    _refuse_response_format(body.get("response_format"))
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, Mapping):
         raise WireError("'stream_options' must be an object", "stream_options")
@@ -214,9 +219,17 @@ def _is_function_tool(tool: Any) -> bool:
 def _tool_choice(value: Any) -> str:
     if value is None or value in ("auto", "none", "required"):
         return value or "auto"
-    if isinstance(value, Mapping) and isinstance(value.get("function"), Mapping):
-        return "required"  # a named function: offered like "required" (decoding is not constrained)
+    if isinstance(value, Mapping) and value.get("type") in ("function", "allowed_tools", "custom"):
+        raise WireError(f"'tool_choice' {value!r} is not honoured: the gateway does not constrain decoding to "
+                        f"chosen tools; send 'auto', 'required' or 'none'", "tool_choice")
     raise WireError(f"'tool_choice' {value!r} is not 'auto', 'none', 'required' or {{\"type\": \"function\", ...}}", "tool_choice")
+
+
+def _refuse_response_format(value: Any) -> None:
+    """Only plain text is honoured: a schema or JSON mode would need constrained decoding."""
+    if value is not None and value != {"type": "text"}:
+        raise WireError(f"'response_format' {value!r} is not honoured: the gateway does not constrain decoding; "
+                        f"leave it out (or send {{\"type\": \"text\"}}) and parse the reply's text", "response_format")
 
 
 def _optional(body: Mapping[str, Any], key: str, kind: type) -> Any:
