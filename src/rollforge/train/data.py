@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..envs.library import get_env_spec
 from ..errors import ConfigError, InvariantError
@@ -64,19 +64,36 @@ class PromptSource:
         self._order = self._permutation(self.epoch)
 
 
-def generated_samples(envs: Sequence[EnvConfig], size: int, seed: int) -> list[Sample]:
-    """``size`` prompts from bundled environments' generators, shared by weight, interleaved."""
+def check_generators(envs: Sequence[EnvConfig], env_flag: str = "environment", data_flag: str = "data.path") -> None:
+    """Every environment is bundled, so has a prompt generator (the flags name the settings)."""
     from .environments import is_bundled
 
     for env in envs:
         if not is_bundled(env.name):
-            raise ConfigError(
-                f"environment {env.name!r} has no prompt generator; give prompts with data.path"
-            )
+            raise ConfigError(f"{env_flag} {env.name!r} has no prompt generator; give prompts with {data_flag}")
+
+
+def weighted_counts(envs: Sequence[EnvConfig], size: int) -> list[int]:
+    """Each environment's share of ``size`` by weight, at least one (training)."""
     total = sum(e.weight for e in envs)
-    counts = [max(1, round(size * e.weight / total)) for e in envs]
+    return [max(1, round(size * e.weight / total)) for e in envs]
+
+
+def even_counts(envs: Sequence[EnvConfig], size: int) -> list[int]:
+    """``size`` split evenly, the first environments getting the remainder (``rollforge rollout``)."""
+    k = len(envs)
+    return [size // k + (i < size % k) for i in range(k)]
+
+
+def generated_samples(
+    envs: Sequence[EnvConfig], size: int, seed: int,
+    counts: Callable[[Sequence[EnvConfig], int], list[int]] = weighted_counts,
+) -> list[Sample]:
+    """``size`` prompts from bundled environments' generators, shared by ``counts``, interleaved."""
+    check_generators(envs)
+    shares = counts(envs, size)
     groups = []
-    for i, (env, count) in enumerate(zip(envs, counts)):
+    for i, (env, count) in enumerate(zip(envs, shares)):
         try:
             samples = get_env_spec(env.name).samples(count, seed + i, **env.options)
         except TypeError as exc:
@@ -84,7 +101,7 @@ def generated_samples(envs: Sequence[EnvConfig], size: int, seed: int) -> list[S
         if env.task_name:
             samples = [Sample(s.prompt, env.task_name, s.row, s.stop) for s in samples]
         groups.append(samples)
-    return [g[j] for j in range(max(counts)) for g in groups if j < len(g)]
+    return [g[j] for j in range(max(shares)) for g in groups if j < len(g)]
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
