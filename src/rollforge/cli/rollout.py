@@ -1,7 +1,8 @@
 """``rollforge rollout``: roll a model out on environments and write the results.
 
 ``--env`` takes what a training config's ``environments`` take: a bundled name, an OpenEnv server
-URL, ``module:attribute`` or ``file.py:Class`` (``train/environments.py``). Prompts come from the
+URL, ``module:attribute`` or ``file.py:Class``, and both are read by training's one setup function
+(``train/setup.py``), duplicates refused as there. Prompts come from the
 bundled environments' generators, episodes split evenly over the ``--env`` environments (the first
 ones get the remainder) and interleaved, so every environment runs from the start; or from
 ``--data FILE`` (rows as in training: ``prompt``, optional ``task_name``/``environment``), whose

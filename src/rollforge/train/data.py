@@ -1,11 +1,12 @@
 """Prompts for training: where they come from, and the seeded order in which they are drawn.
 
-Sources: a file (``.jsonl``, ``.json``, ``.parquet``) or a saved ``datasets`` directory, an in-memory
-``datasets.Dataset`` or list of dicts, or, without either, the bundled environments' own sample
-generators. A row's ``prompt`` is text (one user message, after the optional system prompt) or a
-list of ``{role, content}`` messages; ``task_name`` routes it (default: the only environment, else
-its ``environment`` column when that names a configured task); every other column reaches
-``reset(**row)`` and the reward functions.
+Sources (``setup.py`` picks one and reads it once): a file (``.jsonl``, ``.json``, ``.parquet``) or
+a saved ``datasets`` directory, an in-memory ``datasets.Dataset`` or list of dicts, or, without
+either, the bundled environments' own sample generators, sharing their count by weight
+(``weighted_counts``) or evenly (``even_counts``). A row's ``prompt`` is text (one user message,
+after the optional system prompt) or a list of ``{role, content}`` messages; ``task_name`` routes
+it (default: the only environment, else its ``environment`` column when that names a configured
+task); every other column reaches ``reset(**row)`` and the reward functions.
 
 ``PromptSource`` walks a fresh seeded permutation per epoch. Its state is (epoch, cursor): saving
 and restoring it in a checkpoint makes a resumed run draw exactly the prompts the uninterrupted run

@@ -3,11 +3,12 @@ given into the engine's ``task_to_env`` and the samples, for training (``open_ru
 ``environments`` and ``data`` sections) and for ``rollforge rollout`` (from ``--env`` and
 ``--data``) alike.
 
-The prompts (``Prompts``) come from one place, in this order: rows in memory (``train(dataset=...)``),
-a data file (read after the environments are built), or, without either, the bundled
-environments' own generators (each environment checked to have one before any is built). Rows are used once each, or cycled through to a count;
-the generators share their count by weight (training) or evenly (the command). Every sample is
-checked against the environments (``check_routes``) before anything runs.
+The prompts (``Prompts``) come from one place, in this order: rows in memory
+(``train(dataset=...)``), a data file (read after the environments are built), or, without either,
+the bundled environments' own generators (each environment checked to have one before any is
+built). Rows are used once each, or cycled through to a count (the command); the generators share
+their count by weight (training) or evenly (the command). Every sample is checked against the
+environments (``check_routes``) before anything runs.
 """
 
 from __future__ import annotations
