@@ -1,10 +1,10 @@
 """``rollforge rollout``: roll a model out on environments and write the results.
 
 ``--env`` takes what a training config's ``environments`` take: a bundled name, an OpenEnv server
-URL, ``module:attribute`` or ``file.py:Class``, and both are read by training's one setup function
-(``train/setup.py``), duplicates refused as there. Prompts come from the
-bundled environments' generators, episodes split evenly over the ``--env`` environments (the first
-ones get the remainder) and interleaved, so every environment runs from the start; or from
+URL, ``module:attribute`` or ``file.py:Class``; ``--env`` and ``--data`` are read by training's
+setup function (``train/setup.py``), a name given twice refused as there. Prompts come from the
+bundled environments' generators, episodes split evenly over the ``--env`` environments (the
+first ones get the remainder) and interleaved, so every environment runs from the start; or from
 ``--data FILE`` (rows as in training: ``prompt``, optional ``task_name``/``environment``), whose
 first ``--episodes`` rows are used (cycling through the file; all rows by default).
 
