@@ -1,9 +1,10 @@
 """``rollforge rollout``: roll a model out on environments and write the results.
 
 ``--env`` takes what a training config's ``environments`` take: a bundled name, an OpenEnv server
-URL, ``module:attribute`` or ``file.py:Class`` (``train/environments.py``). Prompts come from the
-bundled environments' generators, episodes split evenly over the ``--env`` environments (the first
-ones get the remainder) and interleaved, so every environment runs from the start; or from
+URL, ``module:attribute`` or ``file.py:Class``; ``--env`` and ``--data`` are read by training's
+setup function (``train/setup.py``), a name given twice refused as there. Prompts come from the
+bundled environments' generators, episodes split evenly over the ``--env`` environments (the
+first ones get the remainder) and interleaved, so every environment runs from the start; or from
 ``--data FILE`` (rows as in training: ``prompt``, optional ``task_name``/``environment``), whose
 first ``--episodes`` rows are used (cycling through the file; all rows by default).
 
@@ -177,33 +178,23 @@ def environments_and_prompts(
     names: list[str], data: Path | None, episodes: int | None, seed: int,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """The samples and ``task_to_env`` of ``--env`` names and the optional ``--data`` file (see the
-    module docstring); every prompt is checked against the environments before anything runs."""
-    from ..envs.library import get_env_spec
+    module docstring), read as training reads its sections (``train/setup.py``)."""
     from ..train.config import EnvConfig
-    from ..train.data import load_rows, rows_to_samples
-    from ..train.environments import build_environments, check_routes, is_bundled
+    from ..train.data import even_counts
+    from ..train.setup import Prompts, read_inputs
 
-    if data is None:
-        foreign = [name for name in names if not is_bundled(name)]
-        if foreign:
-            raise ConfigError(f"--env {foreign[0]!r} has no prompt generator; give prompts with --data FILE.jsonl")
-        specs = [get_env_spec(name) for name in names]
-        return split_samples(specs, episodes or 16, seed), {spec.name: spec.build() for spec in specs}
-    task_to_env = build_environments([EnvConfig(name=name) for name in names])
-    rows = load_rows(data)
-    if not rows:
-        raise ConfigError(f"--data {str(data)!r} holds no rows")
-    count = episodes or len(rows)
-    samples = rows_to_samples([rows[i % len(rows)] for i in range(count)], list(task_to_env))
-    check_routes(samples, task_to_env)
+    prompts = Prompts(path=data, cycle=True, count=episodes, generated=episodes or 16, seed=seed, counts=even_counts,
+                      env_flag="--env", data_flag="--data" if data is not None else "--data FILE.jsonl")
+    task_to_env, samples = read_inputs([EnvConfig(name=name) for name in names], prompts)
     return samples, task_to_env
 
 
 def split_samples(specs: list, episodes: int, seed: int) -> list[Sample]:
     """Episodes spread evenly over environments, interleaved: a0 b0 a1 b1 ..."""
-    k = len(specs)
-    per_env = [spec.samples(episodes // k + (i < episodes % k), seed + i) for i, spec in enumerate(specs)]
-    return [group[j] for j in range(max(map(len, per_env))) for group in per_env if j < len(group)]
+    from ..train.config import EnvConfig
+    from ..train.data import even_counts, generated_samples
+
+    return generated_samples([EnvConfig(name=spec.name) for spec in specs], episodes, seed, even_counts)
 
 
 async def run_with_progress(samples, task_to_env, backend, renderer, config, out: Path):

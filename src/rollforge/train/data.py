@@ -1,12 +1,14 @@
 """Prompts for training: where they come from, and the seeded order in which they are drawn.
 
-Sources: a file (``.jsonl``, ``.json``, ``.parquet``) or a saved ``datasets`` directory, an in-memory
-``datasets.Dataset`` or list of dicts, or, without either, the bundled environments' own sample
-generators. A row's ``prompt`` is text (one user message, after the optional system prompt) or a
-list of ``{role, content}`` messages; ``task_name`` routes it (default: the only environment, else
-its ``environment`` column when that names a configured task); every other column reaches
-``reset(**row)`` and the reward functions. A NeMo Gym dataset row has no ``prompt``: its prompt is
-read from its ``responses_create_params`` (``envs/adapters/nemo_gym_wire.py``).
+Sources (``setup.py`` picks one and reads it once): a file (``.jsonl``, ``.json``, ``.parquet``) or
+a saved ``datasets`` directory, an in-memory ``datasets.Dataset`` or list of dicts, or, without
+either, the bundled environments' own sample generators, sharing their count by weight
+(``weighted_counts``) or evenly (``even_counts``). A row's ``prompt`` is text (one user message,
+after the optional system prompt) or a list of ``{role, content}`` messages; ``task_name`` routes
+it (default: the only environment, else its ``environment`` column when that names a configured
+task); every other column reaches ``reset(**row)`` and the reward functions.
+A NeMo Gym dataset row has no ``prompt``: its prompt is read from its ``responses_create_params``
+(``envs/adapters/nemo_gym_wire.py``).
 
 ``PromptSource`` walks a fresh seeded permutation per epoch. Its state is (epoch, cursor): saving
 and restoring it in a checkpoint makes a resumed run draw exactly the prompts the uninterrupted run
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..envs.adapters import nemo_gym_wire
 from ..envs.library import get_env_spec
@@ -66,19 +68,36 @@ class PromptSource:
         self._order = self._permutation(self.epoch)
 
 
-def generated_samples(envs: Sequence[EnvConfig], size: int, seed: int) -> list[Sample]:
-    """``size`` prompts from bundled environments' generators, shared by weight, interleaved."""
+def check_generators(envs: Sequence[EnvConfig], env_flag: str = "environment", data_flag: str = "data.path") -> None:
+    """Every environment is bundled, so has a prompt generator (the flags name the settings)."""
     from .environments import is_bundled
 
     for env in envs:
         if not is_bundled(env.name):
-            raise ConfigError(
-                f"environment {env.name!r} has no prompt generator; give prompts with data.path"
-            )
+            raise ConfigError(f"{env_flag} {env.name!r} has no prompt generator; give prompts with {data_flag}")
+
+
+def weighted_counts(envs: Sequence[EnvConfig], size: int) -> list[int]:
+    """Each environment's share of ``size`` by weight, at least one (training)."""
     total = sum(e.weight for e in envs)
-    counts = [max(1, round(size * e.weight / total)) for e in envs]
+    return [max(1, round(size * e.weight / total)) for e in envs]
+
+
+def even_counts(envs: Sequence[EnvConfig], size: int) -> list[int]:
+    """``size`` split evenly, the first environments getting the remainder (``rollforge rollout``)."""
+    k = len(envs)
+    return [size // k + (i < size % k) for i in range(k)]
+
+
+def generated_samples(
+    envs: Sequence[EnvConfig], size: int, seed: int,
+    counts: Callable[[Sequence[EnvConfig], int], list[int]] = weighted_counts,
+) -> list[Sample]:
+    """``size`` prompts from bundled environments' generators, shared by ``counts``, interleaved."""
+    check_generators(envs)
+    shares = counts(envs, size)
     groups = []
-    for i, (env, count) in enumerate(zip(envs, counts)):
+    for i, (env, count) in enumerate(zip(envs, shares)):
         try:
             samples = get_env_spec(env.name).samples(count, seed + i, **env.options)
         except TypeError as exc:
@@ -86,7 +105,7 @@ def generated_samples(envs: Sequence[EnvConfig], size: int, seed: int) -> list[S
         if env.task_name:
             samples = [Sample(s.prompt, env.task_name, s.row, s.stop) for s in samples]
         groups.append(samples)
-    return [g[j] for j in range(max(counts)) for g in groups if j < len(g)]
+    return [g[j] for j in range(max(shares)) for g in groups if j < len(g)]
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -1,10 +1,11 @@
 """What ``open_run`` checks and reads before a run starts: the ranks' constraints, a quick
-preflight (prompt lengths, the server, the checkpoint to resume), the prompts and held-out prompts,
-where environments run, and the run directory's small JSON files."""
+preflight (prompt lengths, the server, the checkpoint to resume), where the prompts and held-out
+prompts come from (read by ``setup.py``), and the run's ``config.yaml``."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,8 +19,9 @@ from ..seeds import held_out_seed
 from ..types import Sample
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import check_prompt_lengths, generated_samples, load_rows, rows_to_samples
+from .data import check_prompt_lengths
 from .distributed import Ranks
+from .setup import Prompts, read_samples
 
 
 def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
@@ -66,28 +68,19 @@ def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrit
     return None
 
 
+def training_prompts(config: TrainConfig, dataset: Sequence[dict[str, Any]] | None) -> Prompts:
+    """Where a training run's prompts come from: ``dataset=``, else the data section."""
+    data = config.data
+    return Prompts(rows=dataset, path=data.path, generated=data.size, seed=config.seed, system_prompt=data.system_prompt)
+
+
 def eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
     """Held-out prompts from the generators (another seed); with a dataset, its first rows."""
-    if dataset is not None or config.data.path is not None:
-        return prompts(config, tasks, dataset, given)[: config.eval_episodes]
-    return generated_samples(config.environments, config.eval_episodes, held_out_seed(config.seed))
+    held_out = replace(training_prompts(config, dataset), generated=config.eval_episodes,
+                       seed=held_out_seed(config.seed))
+    return read_samples(config.environments, held_out, tasks, given)[: config.eval_episodes]
 
 
 def write_config(out: Path, config: Any) -> None:
     """The run's ``config.yaml``: the config as it ran, every default filled in."""
     atomic_write(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-
-
-def prompts(
-    config: TrainConfig, tasks: list[str], dataset: Sequence[dict[str, Any]] | None, given: dict[str, Any],
-) -> list[Sample]:
-    if dataset is not None:
-        return rows_to_samples(dataset, tasks, config.data.system_prompt)
-    if config.data.path is not None:
-        return rows_to_samples(load_rows(config.data.path), tasks, config.data.system_prompt)
-    if given:
-        raise ConfigError(
-            f"the environments given to train() ({', '.join(map(repr, given))}) have no prompt generator: "
-            "pass dataset= or set data.path"
-        )
-    return generated_samples(config.environments, config.data.size, config.seed)

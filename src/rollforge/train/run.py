@@ -44,13 +44,14 @@ from .config import TrainConfig
 from .corrections import Proximal, policy_loss
 from .data import PromptSource, check_prompt_lengths
 from .distributed import Ranks, refresh_copy, shard
-from .environments import build_environments, check_routes, named_environments
+from .environments import named_environments
 from .evaluate import aevaluate
 from .generation_backend import backend_config, shared_model
 from .logbook import Logbook
 from .losses import ClippedPolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .rewards import RewardFunction, compute_rewards, load_reward_functions
+from .setup import read_inputs
 from .step_metrics import RankStep, merge_ranks, step_metrics
 from .sync import PolicySync
 from .update import policy_update, sequences
@@ -255,9 +256,7 @@ def _read_inputs(
     the checkpoint's position when resuming), the reward functions, and the checkpoint to resume."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    local_envs = build_environments(config.environments, given)
-    prompts = inputs.prompts(config, list(local_envs), dataset, given)
-    check_routes(prompts, local_envs)
+    local_envs, prompts = read_inputs(config.environments, inputs.training_prompts(config, dataset), given)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
     resumed = inputs.preflight(config, prompts, resume, overwrite)
