@@ -2,7 +2,7 @@
 
 ``--env`` takes what a training config's ``environments`` take: a bundled name, an OpenEnv server
 URL, ``module:attribute`` or ``file.py:Class``; ``--env`` and ``--data`` are read by training's
-setup function (``train/setup.py``), a name given twice refused as there. Prompts come from the
+reading function (``train/sources.py``), a name given twice refused as there. Prompts come from the
 bundled environments' generators, episodes split evenly over the ``--env`` environments (the
 first ones get the remainder) and interleaved, so every environment runs from the start; or from
 ``--data FILE`` (rows as in training: ``prompt``, optional ``task_name``/``environment``), whose
@@ -178,10 +178,10 @@ def environments_and_prompts(
     names: list[str], data: Path | None, episodes: int | None, seed: int,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """The samples and ``task_to_env`` of ``--env`` names and the optional ``--data`` file (see the
-    module docstring), read as training reads its sections (``train/setup.py``)."""
+    module docstring), read as training reads its sections (``train/sources.py``)."""
     from ..train.config import EnvConfig
     from ..train.data import even_counts
-    from ..train.setup import Prompts, read_inputs
+    from ..train.sources import Prompts, read_inputs
 
     prompts = Prompts(path=data, cycle=True, count=episodes, generated=episodes or 16, seed=seed, counts=even_counts,
                       env_flag="--env", data_flag="--data" if data is not None else "--data FILE.jsonl")

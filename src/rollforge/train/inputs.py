@@ -1,6 +1,6 @@
 """What ``open_run`` checks and reads before a run starts: the ranks' constraints, a quick
 preflight (prompt lengths, the server, the checkpoint to resume), where the prompts and held-out
-prompts come from (read by ``setup.py``), and the run's ``config.yaml``."""
+prompts come from (read by ``sources.py``), and the run's ``config.yaml``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import check_prompt_lengths
 from .distributed import Ranks
-from .setup import Prompts, read_samples
+from .sources import Prompts, read_samples
 
 
 def check_ranks(config: TrainConfig, ranks: Ranks) -> None:

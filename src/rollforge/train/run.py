@@ -51,7 +51,7 @@ from .logbook import Logbook
 from .losses import ClippedPolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .rewards import RewardFunction, compute_rewards, load_reward_functions
-from .setup import read_inputs
+from .sources import read_inputs
 from .step_metrics import RankStep, merge_ranks, step_metrics
 from .sync import PolicySync
 from .update import policy_update, sequences

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-import rollforge.train.setup as setup
+import rollforge.train.sources as sources
 from rollforge.cli.rollout import environments_and_prompts
 from rollforge.errors import ConfigError
 from rollforge.train.config import EnvConfig, TrainConfig
 from rollforge.train.data import even_counts, generated_samples, weighted_counts
 from rollforge.train.inputs import eval_prompts, training_prompts
-from rollforge.train.setup import Prompts, read_inputs
+from rollforge.train.sources import Prompts, read_inputs
 
 
 def test_the_generators_share_by_weight_for_training_and_evenly_for_the_command():
@@ -30,8 +30,8 @@ def test_training_and_the_rollout_command_read_a_data_file_the_same_way(tmp_path
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in "abc"))
     reads = []
-    load_rows = setup.load_rows
-    monkeypatch.setattr(setup, "load_rows", lambda p: reads.append(p) or load_rows(p))
+    load_rows = sources.load_rows
+    monkeypatch.setattr(sources, "load_rows", lambda p: reads.append(p) or load_rows(p))
     config = TrainConfig.model_validate({"model": {"name": "m"}, "environments": [{"name": "arithmetic"}],
                                          "data": {"path": str(path)}})
     task_to_env, samples = read_inputs(config.environments, training_prompts(config, None))
