@@ -204,6 +204,8 @@ class Sample:
 
 
 FinishReason = Literal["stop", "length", "abort"]
+#: The finish reasons a backend may report (an engine's or server's other reasons are its errors).
+FINISH_REASONS: frozenset[str] = frozenset(("stop", "length", "abort"))
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,8 @@ import json
 from typing import Any, Mapping, Sequence
 
 from ..errors import BackendError
-from ..types import Completion
+from ..types import FINISH_REASONS, Completion
 from .base import SamplingParams
-
-_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
-
 
 def completion_request(ids: list[int], params: SamplingParams, seed: int, model: str | None) -> dict[str, Any]:
     """The ``/v1/completions`` body of one generation request."""
@@ -89,7 +86,7 @@ def completion_from_response(payload: Any, base_url: str = "the server") -> Comp
         )
     if len(ids) != len(logprobs):
         raise BackendError(f"malformed response from {base_url}: {len(ids)} token ids but {len(logprobs)} logprobs")
-    reason = _FINISH_REASONS.get(choice.get("finish_reason"))
+    reason = choice.get("finish_reason") if choice.get("finish_reason") in FINISH_REASONS else None
     if reason is None:
         raise BackendError(
             f"the server at {base_url} ended the request with finish_reason {choice.get('finish_reason')!r}"

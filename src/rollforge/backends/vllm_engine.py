@@ -15,12 +15,9 @@ import threading
 from typing import Any, Coroutine, Mapping
 
 from ..errors import BackendError, ConfigError
-from ..types import Completion
+from ..types import FINISH_REASONS, Completion
 from .base import SamplingParams
 from .vllm_worker import WORKER_EXTENSION
-
-_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
-
 
 def engine_args(
     model: str,
@@ -126,7 +123,7 @@ def completion_from_output(output: Any, request_id: str) -> Completion:
         logprobs = tuple(float(position[token].logprob) for position, token in zip(positions, ids))
     except (KeyError, TypeError) as exc:
         raise BackendError(f"vLLM request {request_id}: a sampled token has no logprob ({exc!r})") from exc
-    reason = _FINISH_REASONS.get(output.finish_reason)
+    reason = output.finish_reason if output.finish_reason in FINISH_REASONS else None
     if reason is None:
         raise BackendError(f"vLLM request {request_id} ended with finish reason {output.finish_reason!r}")
     return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)

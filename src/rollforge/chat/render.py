@@ -269,6 +269,10 @@ class ChatRenderer:
 
     # -- tools and system prompts ---------------------------------------------------------------
 
+    def parser(self, name: str | None = None) -> Any:
+        """The tool-call parser named ``name`` (a config's or flag's ``tool_parser``), else the family's."""
+        return get_parser(name or self.family.parser)
+
     def supports_tools(self) -> bool:
         """Whether the template renders ``tools=`` at all (SmolLM2's ChatML does not)."""
         probe = [{"role": "user", "content": _BASE_USER}]
@@ -359,7 +363,7 @@ class ChatRenderer:
             full = self._text([*user, self.chat(Message("assistant", "", tool_calls=(call,)))], False)
             if full.startswith(head) and full.endswith(self._closing_text):
                 return full[len(head) : len(full) - len(self._closing_text)]
-        return get_parser(self.family.parser).write(call)
+        return self.parser().write(call)
 
     def reasoning_text(self, thought: str) -> str:
         """A reasoning block as the family's models write it after the generation prompt ('' when

@@ -52,7 +52,6 @@ async def _serve(args: Any) -> None:
     from ..backends.config import BackendConfig
     from ..backends.opening import open_backend
     from ..chat.render import ChatRenderer
-    from ..chat.toolcalls import get_parser
     from ..gateway import Gateway, Sampling, SessionLimits
     from ..models import load_tokenizer
 
@@ -62,7 +61,7 @@ async def _serve(args: Any) -> None:
     )
     tokenizer = load_tokenizer(args.model)
     renderer = ChatRenderer(tokenizer)
-    parser = get_parser(args.tool_parser or renderer.family.parser)
+    parser = renderer.parser(args.tool_parser)
     limits = SessionLimits(args.max_seq_len, args.max_new_tokens, args.max_requests, args.session_timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -112,7 +112,7 @@ def run(args: Any) -> int:
     renderer = ChatRenderer(tokenizer)
     # the engine's own check, made before the model loads and naming the flag
     check_prompt_lengths(samples, renderer, config.max_seq_len, "--max-seq-len", task_to_env,
-                         get_parser(config.tool_parser or renderer.family.parser))
+                         renderer.parser(config.tool_parser))
     ray_config = _ray_config(args)
     result = asyncio.run(_rollout(samples, task_to_env, backend_config, renderer, ray_config, config, args.out))
     m = result.metrics

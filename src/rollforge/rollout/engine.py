@@ -44,7 +44,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
-from ..chat.toolcalls import get_parser
 from ..envs.base import Environment, GeneratingEnvironment
 from ..envs.factory import check_routes
 from ..errors import ConfigError, TemplateError
@@ -125,7 +124,7 @@ async def arollout(
     needed = _sessions_needed(samples, task_to_env, config)
     if session is None:
         _check_capacity(task_to_env, needed, f"concurrency={config.concurrency}, {len(samples)} samples")
-    parser = get_parser(config.tool_parser or renderer.family.parser)
+    parser = renderer.parser(config.tool_parser)
     check_prompt_lengths(samples, renderer, config.max_seq_len, "max_seq_len", task_to_env, parser)
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():

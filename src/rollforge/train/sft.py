@@ -32,7 +32,6 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..chat.render import ChatRenderer
-from ..chat.toolcalls import get_parser
 from ..errors import ConfigError
 from ..rollout.engine import arollout
 from ..seeds import held_out_seed, mix
@@ -182,7 +181,7 @@ def _steps(n_examples: int, config: SFTConfig) -> int:
 
 
 async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, trajectories) -> list[Example]:
-    parser = get_parser(config.rollout.tool_parser or renderer.family.parser)
+    parser = renderer.parser(config.rollout.tool_parser)
     examples: list[Example] = []
     for n, source in enumerate(config.sources):
         if isinstance(source, TrajectoriesSource):

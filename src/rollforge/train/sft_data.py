@@ -225,7 +225,7 @@ async def expert_demonstrations(
     spec = get_env_spec(env)
     if spec.expert is None:
         raise ConfigError(f"environment {env!r} has no expert; environments with one: {environments_with_expert()}")
-    parser = get_parser(config.tool_parser or renderer.family.parser)
+    parser = renderer.parser(config.tool_parser)
     samples = spec.samples(episodes, seed, **dict(options or {}))
     backend = expert_backend(spec.expert, renderer, parser)
     try:
