@@ -44,6 +44,7 @@ from ..seeds import sampling_seed
 from ..types import Failure, Message, Sample, ToolCall, Trajectory
 from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
+from .deadlines import deadline
 from .ledger import Ending, Ledger, ending_flags
 
 T = TypeVar("T")
@@ -173,7 +174,7 @@ async def run_episode(index: int, sample: Sample, env: Environment, ctx: Episode
     try:
         with boundary("environment", "environment open"):
             session = env.open(sample)
-        async with asyncio.timeout(ctx.config.episode_timeout):
+        async with deadline(ctx.config.episode_timeout):
             await _turns(state, session, ctx, gate)
     except EpisodeFailed as failed:
         state.error, state.ending = failed.failure, ""
@@ -320,7 +321,7 @@ def _params(config: RolloutConfig, budget: int, stop, renderer: ChatRenderer, in
 
 async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
     started = time.perf_counter()
-    limit = asyncio.timeout(ctx.config.request_timeout)
+    limit = deadline(ctx.config.request_timeout)
     try:
         with boundary("backend", None):
             async with limit:
@@ -348,7 +349,7 @@ async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
 
 async def _env_call(state: _State, call: Awaitable[T], what: str, config: RolloutConfig) -> T:
     started = time.perf_counter()
-    limit = asyncio.timeout(config.step_timeout)
+    limit = deadline(config.step_timeout)
     try:
         with boundary("environment", f"environment {what}"):
             async with limit:

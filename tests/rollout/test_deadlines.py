@@ -1,0 +1,63 @@
+"""deadline(): asyncio.timeout's behaviour on shared, coarse timers (never early, at most a tick late)."""
+
+import asyncio
+import time
+
+import pytest
+
+from rollforge.rollout.deadlines import RESOLUTION, deadline
+
+
+async def test_a_block_past_its_limit_raises_timeout_error_and_says_so():
+    started = time.perf_counter()
+    limit = deadline(0.05)
+    with pytest.raises(TimeoutError):
+        async with limit:
+            await asyncio.sleep(10)
+    waited = time.perf_counter() - started
+    assert limit.expired()
+    assert 0.05 <= waited < 5  # never early; bounded
+
+
+async def test_a_block_within_its_limit_is_untouched_and_its_timer_does_not_fire_later():
+    limit = deadline(0.05)
+    async with limit:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05 + 3 * RESOLUTION)  # the shared tick passes: nothing is cancelled
+    assert not limit.expired()
+
+
+async def test_no_limit_and_many_limits_on_one_tick():
+    async with deadline(None):
+        await asyncio.sleep(0.01)
+
+    async def one(i: int) -> str:
+        try:
+            async with deadline(0.02):
+                await asyncio.sleep(0 if i % 2 else 10)
+            return "done"
+        except TimeoutError:
+            return "timeout"
+
+    results = await asyncio.gather(*(one(i) for i in range(200)))
+    assert results.count("done") == 100 and results.count("timeout") == 100
+
+
+async def test_an_outer_cancellation_is_not_turned_into_a_timeout():
+    async def body():
+        async with deadline(10):
+            await asyncio.sleep(10)
+
+    task = asyncio.ensure_future(body())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_nested_limits_the_inner_one_expires_first():
+    with pytest.raises(TimeoutError):
+        async with deadline(10) as outer:
+            async with deadline(0.02) as inner:
+                await asyncio.sleep(10)
+    assert inner.expired() and not outer.expired()
