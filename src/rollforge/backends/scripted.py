@@ -69,7 +69,7 @@ class ScriptedBackend(Backend):
         if delay > 0:
             await asyncio.sleep(delay)
         n = len(prompt_ids)
-        logprobs = tuple(-((n + i + token) % 97 + 1) / 50.0 for i, token in enumerate(ids))
+        logprobs = tuple([-((n + i + token) % 97 + 1) / 50.0 for i, token in enumerate(ids)])
         return Completion(tuple(ids), logprobs, finish)
 
     async def close(self) -> None:
@@ -86,10 +86,11 @@ class ScriptedBackend(Backend):
 
 
 def _apply_limits(ids: list[int], params: SamplingParams, stop: StopStrings) -> tuple[list[int], str]:
+    limit, ends, strings = params.max_new_tokens, set(params.stop_token_ids), bool(stop)
     for i, token in enumerate(ids):
-        if i >= params.max_new_tokens:
+        if i >= limit:
             return ids[:i], "length"
-        if token in params.stop_token_ids or (stop and stop.completed_by_last(ids[: i + 1])):
+        if token in ends or (strings and stop.completed_by_last(ids[: i + 1])):
             return ids[: i + 1], "stop"
     return ids, "stop"
 
