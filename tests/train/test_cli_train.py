@@ -29,6 +29,19 @@ def test_train_from_yaml_with_overrides(tiny_config, tmp_path, capsys):
     assert "did you mean 'algorithm.batch_size'" in capsys.readouterr().err
 
 
+def test_eval_every_evaluates_the_held_out_prompts_during_training_and_the_report_plots_them(tiny_config, tmp_path):
+    from rollforge.train.launch import train
+    from rollforge.train.report import write_report
+
+    config = tiny_config().model_copy(update={"steps": 3, "eval_episodes": 2, "eval_every": 2})
+    result = train(config, console=False)
+    assert set(result.evaluations) == {"before", "step-2", "after"}  # step 3's is "after"
+    assert [result.evaluations[k]["weight_version"] for k in ("before", "step-2", "after")] == [0, 2, 3]
+    report = write_report(result.out, evaluations=result.evaluations).read_text()
+    assert "![held-out greedy reward](held_out_curve.png)" in report
+    assert (result.out / "held_out_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_help_config_lists_documented_keys(capsys):
     assert main(["train", "--help-config"]) == 0
     assert "algorithm.clip_high = 0.2  # Importance ratios above 1 + clip_high" in capsys.readouterr().out

@@ -122,3 +122,11 @@ def test_ray_keys_need_executor_ray_but_a_local_runs_saved_config_loads_again(tm
     saved = tmp_path / "config.yaml"  # as train/inputs.py writes it: every key, the ray section's at its defaults
     saved.write_text(yaml.safe_dump(load_config(overrides=["steps=3"]).model_dump(mode="json")))
     assert load_config(saved).steps == 3
+
+
+def test_eval_every_needs_held_out_episodes():
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides=["eval_every=2"])
+    assert str(caught.value) == ("invalid training config: eval_every=2 needs eval_episodes > 0: "
+                                 "the held-out episodes it evaluates")
+    assert load_config(overrides=["eval_every=2", "eval_episodes=8"]).eval_every == 2

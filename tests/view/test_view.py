@@ -79,14 +79,29 @@ def test_training_run_payload_has_steps_curve_and_advantages(tmp_path, rollout_r
     _, trajectories = rollout_run
     (tmp_path / "trajectories").mkdir()
     for step in (1, 2):
-        records = [{**t.to_json(), "reward": 0.25 * step, "advantage": -0.5} for t in trajectories[:3]]
+        records = [{**t.to_json(), "reward": 0.25 * step, "advantage": -0.5, "retries": step - 1,
+                    "versions": [step - 1] * sum(t.loss_mask)} for t in trajectories[:3]]
+        records[2]["error"] = {"kind": "env_error" if step == 1 else "invalid_action", "message": "x"}
         (tmp_path / "trajectories" / f"step-{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (tmp_path / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": s, "reward/mean": 0.25 * s, "reward/env/catch": 0.25 * s, "loss": float("nan")}) + "\n" for s in (1, 2))
         + '{"step": 3, "rew'  # torn by a kill
     )
+    evaluation = {"episodes": 4, "pass_at_k": {}}
+    (tmp_path / "eval.json").write_text(json.dumps({
+        "before_warmup": {**evaluation, "mean_reward": 0.0, "per_task": {"catch": 0.0}},  # not this run's curve
+        "after": {**evaluation, "mean_reward": 0.75, "per_task": {"catch": 0.75}, "weight_version": 2},
+        "before": {**evaluation, "mean_reward": 0.25, "per_task": {"catch": 0.25}, "weight_version": 0},
+        "step-1": {**evaluation, "mean_reward": 0.5, "per_task": {"catch": 0.5}, "weight_version": 1},
+    }))
     payload = load_run(tmp_path)
     summary = payload.summary
+    assert summary["held_out"] == [{"step": 0, "mean": 0.25, "catch": 0.25}, {"step": 1, "mean": 0.5, "catch": 0.5},
+                                   {"step": 2, "mean": 0.75, "catch": 0.75}]
+    details = [d for chunk in payload.chunks for d in unpack(chunk)]
+    assert [d["outcome"] for d in details] == ["completed", "completed", "infra_failure"] * 1 + ["completed", "completed", "policy_failure"]
+    assert [d["retries"] for d in details] == [0, 0, 0, 1, 1, 1]
+    assert details[3]["versions"] == [1] * sum(trajectories[0].loss_mask)
     c = summary["columns"]
     assert summary["kind"] == "training" and [r[c.index("step")] for r in summary["rows"]] == [1, 1, 1, 2, 2, 2]
     assert [r[c.index("reward")] for r in summary["rows"]][2:4] == [0.25, 0.5] and summary["rows"][0][c.index("adv")] == -0.5
@@ -171,12 +186,17 @@ def test_chromium_renders_a_training_run_with_its_curve(tiny_model_dir, tmp_path
         f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=3", f"data.path={prompts}",
         "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]", "algorithm.batch_size=4",
         "algorithm.group_size=8", "rollout.max_new_tokens=2", "rollout.max_turns=1", "checkpoint_every=0",
+        "algorithm.max_staleness=1", "eval_episodes=4", "eval_every=1",
     ])
     result = train(config, console=False)
+    assert sorted(result.evaluations) == ["after", "before", "step-1", "step-2"]
     page = write_view(result.out)  # the run's config.yaml names the tokenizer
     dom = rendered_dom(page)
     assert re.search(r'id="count">96 of 96 episodes<', dom)  # 3 steps x 4 prompts x 8 rollouts
     assert dom.count('<polyline class="series" data-key="reward/mean"') == 1
+    assert dom.count('<polyline class="series" data-key="mean"') == 1  # the held-out curve: before, steps 1-2, after
+    assert re.search(r'<span class="t m1" title="#\d+ id \d+ · logprob -?[\d.]+ · weight version \d"', dom)
+    assert "outcome <b>completed</b>" in dom
     assert len(re.findall(r'<tr data-step="\d"', dom)) == 3
     assert '<span class="t m1" title="#' in dom
 

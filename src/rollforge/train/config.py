@@ -214,12 +214,18 @@ class TrainConfig(_Section):
     """Write each step's trajectories to ``trajectories/step-NNNNNN.jsonl``."""
     eval_episodes: int = Field(0, ge=0)
     """Greedy held-out episodes evaluated before and after training (0: none)."""
+    eval_every: int = Field(0, ge=0)
+    """Steps between held-out evaluations during training too (``eval.json`` key ``step-N``; 0: only
+    before and after). Needs ``eval_episodes``."""
     vllm: VLLMConfig = VLLMConfig()
 
     @model_validator(mode="after")
-    def _ray_settings_need_ray(self) -> TrainConfig:
-        """A ``ray`` key given a value of its own under ``executor: local`` would be ignored: a
-        mistake. Keys set to their defaults pass (the ``config.yaml`` a local run writes has them all)."""
+    def _settings_need_their_partners(self) -> TrainConfig:
+        """A setting that does nothing without another is a mistake: ``eval_every`` without
+        ``eval_episodes``; a ``ray`` key given a value of its own under ``executor: local`` (keys set
+        to their defaults pass: the ``config.yaml`` a local run writes has them all)."""
+        if self.eval_every and not self.eval_episodes:
+            raise ValueError(f"eval_every={self.eval_every} needs eval_episodes > 0: the held-out episodes it evaluates")
         if self.executor == "ray":
             return self
         given = [k for k in type(self.ray).model_fields if k in self.ray.model_fields_set

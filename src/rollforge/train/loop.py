@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from ..rollout.engine import arollout
-from .run import Run, after_step, draw, learn, push_weights, rollout_config
+from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config
 
 
 async def train_sync(run: Run, on_step: Callable[..., Any] | None = None) -> int:
@@ -33,6 +33,8 @@ async def train_sync(run: Run, on_step: Callable[..., Any] | None = None) -> int
     step = run.start
     for step in range(run.start + 1, run.config.steps + 1):
         await after_step(on_step, step, await train_step(run, step), run, run.backend)
+        if evaluation_due(run, step):
+            await evaluate(run, f"step-{step}", step)
     return step
 
 

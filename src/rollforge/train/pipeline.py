@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from ..rollout.engine import arollout, open_session
 from .admission import AdmissionLedger
-from .run import Run, after_step, draw, learn, push_weights, rollout_config
+from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config
 from .versions import VersionedBackend
 
 
@@ -95,6 +95,9 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
                                       push=lambda step=step: _push(run, versions, batches, step),
                                       oldest=step - 1 - k, extra=extra, data_state=state)
                 await after_step(on_step, step, metrics, run, versions)
+                if evaluation_due(run, step):
+                    async with versions.pinned() as version:  # no update while the held-out episodes run
+                        await evaluate(run, f"step-{step}", version)
         finally:
             for pending in [producer, *rollouts]:
                 pending.cancel()

@@ -1,6 +1,8 @@
-"""The end-of-run report: ``report.md`` (reward before and after, wall time, where the time went)
-and ``reward_curve.png`` (mean reward per step, overall and per environment, with a moving
-average). The PNG needs ``matplotlib`` (the ``train`` extra); without it the report says so."""
+"""The end-of-run report: ``report.md`` (reward before and after, wall time, where the time went),
+``reward_curve.png`` (mean training reward per step, overall and per environment, with a moving
+average) and, when ``eval.json`` holds evaluations during training (``eval_every``),
+``held_out_curve.png`` (held-out greedy reward per step, overall and per environment). The PNGs need
+``matplotlib`` (the ``train`` extra); without it the report says so."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Any, Sequence
 from .logbook import read_metrics
 
 
-def write_report(out: Path, eval_before: dict | None = None, eval_after: dict | None = None, wall_seconds: float | None = None) -> Path:
+def write_report(out: Path, eval_before: dict | None = None, eval_after: dict | None = None, wall_seconds: float | None = None,
+                 evaluations: dict | None = None) -> Path:
     history = read_metrics(out / "metrics.jsonl")
     lines = ["# Training report", ""]
     if history:
@@ -43,18 +46,17 @@ def write_report(out: Path, eval_before: dict | None = None, eval_after: dict | 
         lines.append(f"- Wall time: {wall_seconds:.0f}s")
     png = plot_rewards(history, out / "reward_curve.png")
     lines += ["", f"![reward curve]({png.name})" if png else "(reward_curve.png needs matplotlib: pip install 'rollforge[train]')"]
+    curve = held_out_curve(evaluations or {})
+    if len(curve) > 2 and (held := plot_held_out(curve, out / "held_out_curve.png")):
+        lines += ["", f"![held-out greedy reward]({held.name})"]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
 
 
 def plot_rewards(history: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return None
     steps = [m["step"] for m in history]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -63,15 +65,57 @@ def plot_rewards(history: Sequence[dict[str, Any]], path: Path) -> Path | None:
     for key in sorted({k for m in history for k in m if k.startswith("reward/env/")}):
         points = [(m["step"], m[key]) for m in history if m.get(key) is not None]
         ax.plot([p[0] for p in points], _moving_average([p[1] for p in points]), label=key.removeprefix("reward/env/"))
+    return _save(plt, fig, ax, "reward", path)
+
+
+def _moving_average(values: Sequence[float], window: int = 5) -> list[float]:
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def held_out_curve(evaluations: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """``eval.json``'s evaluations of one run in step order: ``before`` and ``after`` at their weight
+    versions, ``step-N`` after step N (other keys, such as the quickstart's ``before_warmup``, are not
+    points of this run's curve)."""
+    points = []
+    for key, result in evaluations.items():
+        if key in ("before", "after"):
+            points.append((int(result.get("weight_version", 0)), result))
+        elif key.startswith("step-") and key[5:].isdigit():
+            points.append((int(key[5:]), result))
+    return sorted(points, key=lambda point: point[0])
+
+
+def plot_held_out(curve: Sequence[tuple[int, dict[str, Any]]], path: Path) -> Path | None:
+    plt = _pyplot()
+    if plt is None:
+        return None
+    steps = [step for step, _ in curve]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [r["mean_reward"] for _, r in curve], color="black", marker="o", label="held-out mean (greedy)")
+    for task in sorted({t for _, r in curve for t in r.get("per_task", {})}):
+        points = [(step, r["per_task"][task]) for step, r in curve if task in r.get("per_task", {})]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=task)
+    return _save(plt, fig, ax, "held-out reward", path)
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(plt: Any, fig: Any, ax: Any, ylabel: str, path: Path) -> Path:
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def _moving_average(values: Sequence[float], window: int = 5) -> list[float]:
-    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]

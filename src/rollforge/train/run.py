@@ -313,6 +313,12 @@ def _read_evaluations(run: Run, dataset: Sequence[dict[str, Any]] | None, given:
         check_prompt_lengths(run.eval_prompts, run.renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
 
 
+def evaluation_due(run: Run, step: int) -> bool:
+    """Whether a held-out evaluation follows step ``step`` (``eval_every``; the last step's is ``after``)."""
+    every = run.config.eval_every
+    return bool(run.eval_prompts) and every > 0 and step % every == 0 and step < run.config.steps
+
+
 async def evaluate(run: Run, when: str, version: int) -> None:
     """Held-out greedy episodes on rank 0 (the others wait), written to ``eval.json`` under ``when``
     with the weight version they ran on (the number of updates behind it)."""

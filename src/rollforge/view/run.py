@@ -5,10 +5,12 @@ rollout``/``eval``) or a training run (``metrics.jsonl`` + ``trajectories/step-*
 by ``rollforge train``/``sft``); a trajectories file, or a directory of them, is shown as a rollout
 without metrics. The payload has two parts:
 
-- ``summary``: what the page needs at load -- run kind, metrics or the per-step curve, and one
+- ``summary``: what the page needs at load -- run kind, metrics or the per-step curve, the held-out
+  greedy reward per evaluation (``eval.json``: before, every ``eval_every`` steps, after), and one
   short row per episode (index, step, task, reward, advantage, turns, ending, error and failure
   kinds, token counts) for the list, the filters and the per-step table;
-- ``chunks``: the heavy part -- messages, token ids, loss-mask runs, logprobs, per-turn rewards --
+- ``chunks``: the heavy part -- messages, token ids, loss-mask runs, logprobs, per-turn rewards,
+  what training adds (the weight version of each policy token, retries, outcome) --
   as gzip-compressed JSON blobs of ``CHUNK`` episodes each, decompressed by the page only when an
   episode of that chunk is opened. A 10,000-episode run loads without parsing 10,000 token lists.
 
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ..errors import ConfigError
+from ..train.report import held_out_curve
+from ..types import INFRA_FAILURES
 
 #: Episodes per compressed detail blob.
 CHUNK = 100
@@ -47,12 +51,15 @@ def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
         kind, records = "rollout", _read(run / "trajectories.jsonl", None)
         metrics = _json(run / "metrics.json")
         curve: list[dict[str, Any]] = []
+        held_out: list[dict[str, Any]] = []
     elif (run / "metrics.jsonl").is_file():
         kind, records = "training", _read_files(sorted((run / "trajectories").glob("step-*.jsonl")))
         metrics = _json(run / "eval.json")
         curve = [_numbers(m) for m in _jsonl(run / "metrics.jsonl")]
+        held_out = [{"step": step, "mean": r.get("mean_reward"), **r.get("per_task", {})}
+                    for step, r in held_out_curve(metrics or {})]
     else:  # a rollout's own trajectories.jsonl keeps its metrics.json
-        kind, records, curve = "rollout", _read_files(trajectory_files(run)), []
+        kind, records, curve, held_out = "rollout", _read_files(trajectory_files(run)), [], []
         metrics = _json(run.parent / "metrics.json") if run.name == "trajectories.jsonl" else None
     rows, details, ids = [], [], set()
     for record, step in records:
@@ -64,7 +71,7 @@ def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
                           "as trajectories.jsonl holds")
     title = run.resolve().name if run.is_dir() else f"{run.resolve().parent.name}/{run.name}"
     summary = {
-        "kind": kind, "title": title, "metrics": metrics, "curve": curve, "chunk": CHUNK,
+        "kind": kind, "title": title, "metrics": metrics, "curve": curve, "held_out": held_out, "chunk": CHUNK,
         "columns": list(_COLUMNS), "rows": rows, "tokenizer": getattr(tokenizer, "name_or_path", None),
     }
     chunks = [_pack(details[i : i + CHUNK]) for i in range(0, len(details), CHUNK)]
@@ -146,10 +153,20 @@ def _detail(r: Mapping[str, Any]) -> dict[str, Any]:
         "logprobs": [_round(lp, 4) for lp, bit in zip(r["logprobs"], mask) if bit],
         "prompt_length": r.get("prompt_length", 0),
         "rewards": r.get("rewards", []),
+        "versions": r.get("versions", []),  # the weight version of each policy token (training)
+        "retries": r.get("retries", 0),
+        "outcome": _outcome(r.get("error")),
         "error": r.get("error"),
         "failures": r.get("failures", []),
         "metadata": r.get("metadata"),
     }
+
+
+def _outcome(error: Mapping[str, Any] | None) -> str:
+    """``Trajectory.outcome`` of a record: what training does with the episode."""
+    if not error:
+        return "completed"
+    return "infra_failure" if error.get("kind") in INFRA_FAILURES else "policy_failure"
 
 
 def _vocab(tokenizer: Any, ids: set[int]) -> dict[str, str]:

@@ -65,27 +65,36 @@
 
   function drawCurve() {
     const curve = S.curve.filter((m) => typeof m.step === "number");
-    if (!curve.length) return;
-    const main = curve.some((m) => "reward/mean" in m) ? "reward/mean" : "loss";
-    const keys = [main, ...Object.keys(curve[0]).filter((k) => k.startsWith("reward/env/"))];
+    if (curve.length) {
+      const main = curve.some((m) => "reward/mean" in m) ? "reward/mean" : "loss";
+      $("curve").innerHTML = plot(curve, [main, ...Object.keys(curve[0]).filter((k) => k.startsWith("reward/env/"))], `${main} per step`);
+    }
+    const held = S.held_out || [];
+    if (held.length > 1) {
+      const tasks = [...new Set(held.flatMap((m) => Object.keys(m).filter((k) => k !== "step" && k !== "mean")))];
+      $("held-out").innerHTML = `<h3>Held-out greedy reward</h3>` + plot(held, ["mean", ...tasks], "held-out greedy reward per step");
+    }
+  }
+
+  function plot(rows, keys, label) {
     const W = 720, H = 190, L = 46, R = 150, T = 10, B = 24;
-    const xs = curve.map((m) => m.step);
-    const values = keys.flatMap((k) => curve.map((m) => m[k]).filter((v) => typeof v === "number"));
+    const xs = rows.map((m) => m.step);
+    const values = keys.flatMap((k) => rows.map((m) => m[k]).filter((v) => typeof v === "number"));
     const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...values), y1 = Math.max(...values);
     const x = (v) => L + ((v - x0) / (x1 - x0 || 1)) * (W - L - R);
     const y = (v) => H - B - ((v - y0) / (y1 - y0 || 1)) * (H - T - B);
     const colors = ["#1f5fbf", "#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e"];
-    let svg = `<svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(main)} per step">`;
+    let svg = `<svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(label)}">`;
     svg += `<line class="axis" x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}"/><line class="axis" x1="${L}" y1="${T}" x2="${L}" y2="${H - B}"/>`;
     svg += `<text x="${L - 4}" y="${y(y1) + 4}" text-anchor="end">${fmt(y1)}</text><text x="${L - 4}" y="${y(y0)}" text-anchor="end">${fmt(y0)}</text>`;
     svg += `<text x="${L}" y="${H - 8}">step ${x0}</text><text x="${W - R}" y="${H - 8}" text-anchor="end">${x1}</text>`;
     keys.forEach((k, i) => {
-      const pts = curve.filter((m) => typeof m[k] === "number").map((m) => `${x(m.step).toFixed(1)},${y(m[k]).toFixed(1)}`);
+      const pts = rows.filter((m) => typeof m[k] === "number").map((m) => `${x(m.step).toFixed(1)},${y(m[k]).toFixed(1)}`);
       const color = colors[i % colors.length];
       svg += `<polyline class="series" data-key="${esc(k)}" fill="none" stroke="${color}" stroke-width="${i ? 1 : 2}" points="${pts.join(" ")}"/>`;
       svg += `<text x="${W - R + 8}" y="${T + 12 + 14 * i}" fill="${color}" style="fill:${color}">${esc(k.replace("reward/env/", ""))}</text>`;
     });
-    $("curve").innerHTML = svg + "</svg>";
+    return svg + "</svg>";
   }
 
   // -- filters ------------------------------------------------------------------------------
@@ -173,11 +182,13 @@
       `<div class="facts"><span>reward <b>${fmt(r[C.reward])}</b></span>` + (training ? `<span>advantage <b>${fmt(r[C.adv])}</b></span>` : "") +
       `<span>turns <b>${r[C.turns]}</b></span><span>ending <b>${esc(r[C.end])}</b></span>` +
       `<span>rewards per turn <b>[${d.rewards.map(fmt).join(", ")}]</b></span>` +
-      `<span>tokens <b>${r[C.tokens]}</b> (policy ${r[C.policy]}, prompt ${d.prompt_length})</span></div>` +
+      `<span>tokens <b>${r[C.tokens]}</b> (policy ${r[C.policy]}, prompt ${d.prompt_length})</span>` +
+      `<span>outcome <b>${esc(d.outcome)}</b></span>` + (d.retries ? `<span>retries <b>${d.retries}</b></span>` : "") +
+      (d.versions.length ? `<span>weight versions <b>${esc(versionRange(d.versions))}</b></span>` : "") + `</div>` +
       (d.error ? `<p class="err episode-error"><b>${esc(d.error.kind)}</b>: ${esc(d.error.message)}</p>` : "") +
       (failures ? `<details open><summary>${d.failures.length} failure(s)</summary><ul class="failures">${failures}</ul></details>` : "") +
       `<h3>Messages</h3>${messages}` +
-      `<h3>Tokens</h3><div class="legend"><span class="t m1">policy (loss mask 1)</span><span class="t m0">prompt, template, tool (mask 0)</span> hover a token for its id and logprob</div>` +
+      `<h3>Tokens</h3><div class="legend"><span class="t m1">policy (loss mask 1)</span><span class="t m0">prompt, template, tool (mask 0)</span> hover a token for its id, logprob and weight version</div>` +
       `<div class="tokens">${tokens(d)}</div>`;
     document.body.dataset.detail = String(i);
   }
@@ -190,12 +201,18 @@
         const id = d.ids[position];
         const text = vocab ? (vocab[id] ?? `[${id}]`) : `${id} `;
         const shownText = text === "" ? "∅" : text.replace(/\n/g, "↵\n");
-        const title = bit ? `#${position} id ${id} · logprob ${fmt(d.logprobs[lp++])}` : `#${position} id ${id} · not trained (mask 0)`;
+        const version = bit && d.versions.length ? ` · weight version ${d.versions[lp]}` : "";
+        const title = bit ? `#${position} id ${id} · logprob ${fmt(d.logprobs[lp++])}${version}` : `#${position} id ${id} · not trained (mask 0)`;
         out.push(`<span class="t m${bit}" title="${esc(title)}">${esc(shownText)}</span>`);
       }
       bit = 1 - bit;
     }
     return out.join("");
+  }
+
+  function versionRange(versions) {
+    const lo = Math.min(...versions), hi = Math.max(...versions);
+    return lo === hi ? String(lo) : `${lo}-${hi} (spans ${hi - lo + 1} versions)`;
   }
 
   // -- start ------------------------------------------------------------------------------------
