@@ -1,7 +1,9 @@
 """Run under torchrun (or plainly, as one rank): one policy update of the tiny model on a fixed batch,
 split over the ranks as the trainer splits it, then a checkpoint. Used by test_distributed.py.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 ranks_worker.py MODEL_DIR OUT_DIR
+    python -m torch.distributed.run --standalone --nproc-per-node 2 ranks_worker.py MODEL_DIR OUT_DIR [rank0-write]
+
+``rank0-write``: rank 0 fails to write its checkpoint files (the other rank must not wait for it).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def update(model_dir: str, ranks: Ranks) -> tuple[torch.nn.Module, torch.optim.O
     return model, optimizer
 
 
-def main(model_dir: str, out: str) -> None:
+def main(model_dir: str, out: str, fault: str = "") -> None:
     with Ranks.open() as ranks:
         model, optimizer = update(model_dir, ranks)
         weights = full_state_dict(model)
@@ -62,9 +64,13 @@ def main(model_dir: str, out: str) -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         plain, tokenizer = load_model(model_dir)
         plain.load_state_dict(weights)
+        if fault == "rank0-write" and ranks.main:  # rank 0 cannot write its files (a full disk, say)
+            def refuse(*args, **kwargs):
+                raise OSError(28, "No space left on device")
+            tokenizer.save_pretrained = refuse
         ckpt.save_checkpoint(Path(out) / "checkpoints", 1, model, tokenizer, optimizer, scheduler, {"epoch": 0, "index": 0},
                              keep=1, ranks=ranks, plain=plain)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

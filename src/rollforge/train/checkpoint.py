@@ -105,23 +105,23 @@ def _write(tmp: Path, final: Path, step: int, model: Any, tokenizer: Any, optimi
     """Every file of the checkpoint under ``tmp``, then (rank 0) renamed to ``final`` and named by
     ``latest``."""
     root = final.parent
-    if ranks.main:
-        root.mkdir(parents=True, exist_ok=True)
-        remove_orphans(root)
-        tmp.mkdir()
-        plain.save_pretrained(tmp / "model")
-        tokenizer.save_pretrained(tmp / "model")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save({"python": random.getstate(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
-    ranks.barrier()
+    with ranks.together(f"writing checkpoint {str(final)!r}"):
+        if ranks.main:
+            root.mkdir(parents=True, exist_ok=True)
+            remove_orphans(root)
+            tmp.mkdir()
+            plain.save_pretrained(tmp / "model")
+            tokenizer.save_pretrained(tmp / "model")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save({"python": random.getstate(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
     _dcp_save(optimizer_state(model, optimizer), tmp / "optimizer")
-    ranks.barrier()
-    if ranks.main:
-        files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / "state.json").write_text(json.dumps({"step": step, "data": data_state, "files": files}))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        atomic_write(root / "latest", final.name + "\n")
+    with ranks.together(f"writing checkpoint {str(final)!r}"):
+        if ranks.main:
+            files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+            (tmp / "state.json").write_text(json.dumps({"step": step, "data": data_state, "files": files}))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            atomic_write(root / "latest", final.name + "\n")
 
 
 def optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,22 @@ class Ranks:
             import torch.distributed as dist
 
             dist.barrier()
+
+    @contextlib.contextmanager
+    def together(self, what: str) -> Iterator[None]:
+        """A block that one rank may fail while the others wait (rank 0 writing files): every rank
+        leaves it together. A failed rank raises its own error; the others raise ``CheckpointError``
+        naming it, instead of waiting for it at the next collective until the process group times out."""
+        failure: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:  # KeyboardInterrupt too: the other ranks must hear of it
+            failure = exc
+        failed = self.most(self.rank + 1 if failure is not None else 0)
+        if failure is not None:
+            raise failure
+        if failed:
+            raise CheckpointError(f"rank {failed - 1} failed while {what}; rank {self.rank} stops with it")
 
 
 def shard(model: Any, ranks: Ranks) -> Any:
