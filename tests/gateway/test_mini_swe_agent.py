@@ -10,7 +10,8 @@ import yaml
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import token_fidelity_gap
-from rollforge.envs.sandbox import sandbox_support
+from rollforge.envs.sandbox import SandboxLimits, sandbox_support
+from rollforge.errors import ConfigError
 from rollforge.gateway import AgentEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
@@ -19,11 +20,12 @@ from rollforge.types import Sample
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at litellm's import
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 minisweagent = pytest.importorskip("minisweagent")  # the `agents` extra (scripts/install.sh installs it)
+import minisweagent.exceptions  # noqa: E402
 from minisweagent.agents.default import DefaultAgent  # noqa: E402
 
 from rollforge.gateway.mini_swe_agent import SandboxShell, gateway_model  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow,
+pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}")]
 
 ANSWER = "hello from the sandbox"
@@ -62,6 +64,7 @@ def mini_swe_agent(base_url, row):
     return 1.0 if result["exit_status"] == "Submitted" and result["submission"].strip() == row["answer"] else 0.0
 
 
+@pytest.mark.slow  # litellm's import alone takes seconds
 async def test_mini_swe_agent_runs_its_commands_in_the_sandbox(tokenizer, renderer, tmp_path):
     host_file, generated = tmp_path / "escaped.txt", []
     backend = scripted(renderer, host_file, generated)
@@ -79,3 +82,55 @@ async def test_mini_swe_agent_runs_its_commands_in_the_sandbox(tokenizer, render
     assert token_fidelity_gap(trajectory, renderer) is None
     masked = [t for segment in trajectory.segments for t, bit in zip(segment.token_ids, segment.loss_mask) if bit]
     assert masked == [t for ids in generated for t in ids]  # the loss covers exactly what the policy generated
+
+
+# -- SandboxShell alone: mini-swe-agent's environment contract ---------------------------------------
+
+
+def run(shell: SandboxShell, text: str, cwd: str = "") -> dict:
+    return shell.execute({"command": text}, cwd)
+
+
+def test_the_workspace_persists_between_commands_with_modes_and_folders():
+    shell = SandboxShell(files={"src/a.py": "x = 1\n"}, timeout=5)
+    first = run(shell, "cat src/a.py && printf '#!/bin/sh\\necho ran\\n' > run.sh && chmod +x run.sh && echo 2 > src/b.txt")
+    assert first == {"output": "x = 1\n", "returncode": 0, "exception_info": ""}
+    second = run(shell, "../run.sh && cat b.txt && pwd && echo oops >&2; exit 3", cwd="/sandbox/src")
+    assert second == {"output": "ran\n2\n/sandbox/src\noops\n", "returncode": 3, "exception_info": ""}  # stderr merged
+
+
+def test_a_command_past_its_timeout_is_stopped_and_its_changes_kept():
+    shell = SandboxShell(timeout=1)
+    slow = run(shell, "echo before > kept.txt && echo partial && sleep 20")
+    assert slow["returncode"] == -1 and slow["output"] == "partial\n"
+    assert "timed out after 1 seconds" in slow["exception_info"]
+    assert run(shell, "cat kept.txt")["output"] == "before\n"
+
+
+def test_a_command_over_the_output_cap_is_killed_and_its_changes_lost():
+    shell = SandboxShell(timeout=5, limits=SandboxLimits(output_bytes=1024))
+    loud = run(shell, "echo x > lost.txt && head -c 100000 /dev/zero | tr '\\0' a")
+    assert loud["returncode"] == -1 and "output limit exceeded" in loud["exception_info"]
+    assert run(shell, "ls")["output"] == ""
+
+
+def test_a_workspace_too_large_to_keep_is_reported_and_the_previous_one_kept():
+    shell = SandboxShell(timeout=5, files={"small.txt": "small\n"})
+    big = run(shell, "head -c 2000000 /dev/urandom > big.bin && echo made")
+    assert big["returncode"] == 0 and big["output"] == "made\n" and "over the 921600 kept" in big["exception_info"]
+    assert run(shell, "ls")["output"] == "small.txt\n"
+
+
+def test_the_submit_line_ends_the_run_with_the_rest_of_the_output_as_submission():
+    shell = SandboxShell(timeout=5)
+    assert run(shell, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; false")["returncode"] == 1  # failed: no submission
+    with pytest.raises(minisweagent.exceptions.Submitted) as submitted:
+        run(shell, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo the answer")
+    assert submitted.value.messages[0]["extra"] == {"exit_status": "Submitted", "submission": "the answer\n"}
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ConfigError, match="timeout must be a positive number of seconds, got 0"):
+        SandboxShell(timeout=0)
+    with pytest.raises(ConfigError, match="may not use the name '.rollforge-workspace.tgz.b64'"):
+        SandboxShell(files={".rollforge-workspace.tgz.b64": ""})
