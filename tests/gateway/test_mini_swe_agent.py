@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from rollforge.backends.scripted import ScriptedBackend
@@ -13,8 +14,12 @@ from rollforge.chat.render import token_fidelity_gap
 from rollforge.envs.sandbox import SandboxLimits, sandbox_support
 from rollforge.errors import ConfigError
 from rollforge.gateway import AgentEnvironment
+from rollforge.models import load_model
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.train.advantages import compute_advantages
+from rollforge.train.losses import ClippedPolicyLoss, TokenMean
+from rollforge.train.update import policy_update, sequences
 from rollforge.types import Sample
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at litellm's import
@@ -74,7 +79,7 @@ async def test_mini_swe_agent_runs_its_commands_in_the_sandbox(tokenizer, render
     [trajectory] = result.trajectories
 
     assert trajectory.error is None and trajectory.total_reward == 1.0, trajectory.error
-    assert trajectory.turns == 3 and len(generated) == 3
+    assert trajectory.turns == 3 and len(generated) == 3 and len(trajectory.segments) == 1  # its history is sent back verbatim
     observations = [m.content for m in trajectory.messages if m.role == "user"][1:]
     assert "<returncode>0</returncode>" in observations[0] and "/sandbox" in observations[0]
     assert "<returncode>1</returncode>" in observations[1]  # the host path is not there to write to
@@ -134,3 +139,35 @@ def test_bad_values_are_named():
         SandboxShell(timeout=0)
     with pytest.raises(ConfigError, match="may not use the name '.rollforge-workspace.tgz.b64'"):
         SandboxShell(files={".rollforge-workspace.tgz.b64": ""})
+
+
+@pytest.mark.slow
+async def test_one_grpo_step_on_mini_swe_agent_trajectories(tiny_model_dir, tokenizer, renderer):
+    """Four runs of one task, two submitting the file and two a wrong answer: mini-swe-agent's own
+    submissions are the rewards, and one GRPO update of the tiny model on the trajectories moves it."""
+    write = command(f"printf '{ANSWER}\\n' > hello.txt")
+    submit = {True: command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat hello.txt"),
+              False: command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo wrong")}
+
+    def script(request):
+        prompt = renderer.decode(request.prompt_ids)
+        return submit["(right)" in prompt] if "<returncode>" in prompt else write
+
+    samples = [Sample([{"role": "user", "content": f"Write '{ANSWER}' to hello.txt and submit it ({kind})."}], "swe",
+                      {"answer": ANSWER}) for kind in ("right", "wrong", "right", "wrong")]
+    config = RolloutConfig(max_seq_len=8192, max_new_tokens=256, max_turns=4)
+    result = await arollout(samples, {"swe": AgentEnvironment(mini_swe_agent)}, ScriptedBackend(script, tokenizer),
+                            renderer, config)
+    rewards = [t.total_reward for t in result.trajectories]
+    assert rewards == [1.0, 0.0, 1.0, 0.0] and all(t.error is None and t.turns == 2 for t in result.trajectories)
+
+    model, _ = load_model(tiny_model_dir)
+    model.requires_grad_(True)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    episodes, owners = sequences(result.trajectories)
+    advantages = compute_advantages(rewards, group_size=4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    stats = policy_update(model, optimizer, episodes, advantages.values[owners], TokenMean().weights([e.mask for e in episodes]),
+                          ClippedPolicyLoss(), micro_batch_tokens=32_768, pad_id=tokenizer.pad_token_id or 0)
+    assert stats.policy_tokens == sum(sum(t.loss_mask) for t in result.trajectories) and stats.grad_norm > 0
+    assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
