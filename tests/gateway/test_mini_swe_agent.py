@@ -25,10 +25,10 @@ from rollforge.types import Sample
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at litellm's import
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 minisweagent = pytest.importorskip("minisweagent")  # the `agents` extra (scripts/install.sh installs it)
-import minisweagent.exceptions  # noqa: E402
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.exceptions import Submitted
 
-from rollforge.gateway.mini_swe_agent import SandboxShell, gateway_model  # noqa: E402
+from rollforge.gateway.mini_swe_agent import SandboxShell, gateway_model
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}")]
@@ -129,7 +129,7 @@ def test_a_workspace_too_large_to_keep_is_reported_and_the_previous_one_kept():
 def test_the_submit_line_ends_the_run_with_the_rest_of_the_output_as_submission():
     shell = SandboxShell(timeout=5)
     assert run(shell, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; false")["returncode"] == 1  # failed: no submission
-    with pytest.raises(minisweagent.exceptions.Submitted) as submitted:
+    with pytest.raises(Submitted) as submitted:
         run(shell, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo the answer")
     assert submitted.value.messages[0]["extra"] == {"exit_status": "Submitted", "submission": "the answer\n"}
 

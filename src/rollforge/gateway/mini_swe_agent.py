@@ -28,7 +28,8 @@ import json
 import os
 import platform
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..envs.sandbox import SCRATCH_DIR, SandboxLimits, run_sandboxed
 from ..errors import ConfigError, require
@@ -39,11 +40,11 @@ _STATE = ".rollforge-workspace.tgz.b64"
 _GRACE_SECONDS = 5.0  # wall time beyond the command's timeout, to pack the workspace
 _SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
-#: The shell runner inside the jail: argv = command, cwd, timeout, workspace cap.
+#: The shell runner inside the jail: argv = command, cwd, timeout, workspace cap, state file, workspace.
 _RUNNER = """\
 import base64, io, json, os, signal, subprocess, sys, tarfile
-command, cwd, timeout, cap = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-state, report = %(state)r, {}
+command, cwd, timeout, cap, state, workspace = sys.argv[1:7]
+report = {}
 if os.path.exists(state):
     with open(state) as handle:
         packed = base64.b64decode(handle.read())
@@ -53,26 +54,26 @@ if os.path.exists(state):
 try:
     process = subprocess.Popen(["/bin/bash", "-c", command], cwd=cwd, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        report["returncode"] = process.wait(timeout=timeout)
+        report["returncode"] = process.wait(timeout=float(timeout))
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        report["error"] = "Command %%r timed out after %%s seconds" %% (command, sys.argv[3])
+        report["error"] = f"Command {command!r} timed out after {timeout} seconds"
 except OSError as exc:
-    report["error"] = "%%s: %%s" %% (type(exc).__name__, exc)
+    report["error"] = f"{type(exc).__name__}: {exc}"
 sys.stdout.flush()
 buffer = io.BytesIO()
 with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-    for name in sorted(os.listdir(%(scratch)r)):
-        tar.add(os.path.join(%(scratch)r, name), arcname=name)
+    for name in sorted(os.listdir(workspace)):
+        tar.add(os.path.join(workspace, name), arcname=name)
 packed = base64.b64encode(buffer.getvalue()).decode()
-if len(packed) <= cap:
+if len(packed) <= int(cap):
     report["state"] = packed
 else:
-    report["state_error"] = "the workspace packs to %%d bytes, over the %%d kept between commands" %% (len(packed), cap)
+    report["state_error"] = f"the workspace packs to {len(packed)} bytes, over the {cap} kept between commands"
 with os.fdopen(3, "w") as channel:
     json.dump(report, channel)
-""" % {"state": _STATE, "scratch": SCRATCH_DIR}
+"""
 
 
 def _import_minisweagent(module: str) -> Any:
@@ -127,7 +128,8 @@ class SandboxShell:
         ``Submitted`` when its output starts with the submit line and it succeeded."""
         command, timeout = action.get("command", ""), timeout or self.timeout
         limits = dataclasses.replace(self.limits, wall_seconds=timeout + _GRACE_SECONDS)
-        argv = [sys.executable, "-I", "-S", "-c", _RUNNER, command, cwd or self.cwd, str(timeout), str(MAX_WORKSPACE_BYTES)]
+        argv = [sys.executable, "-I", "-S", "-c", _RUNNER, command, cwd or self.cwd, str(timeout), str(MAX_WORKSPACE_BYTES),
+                _STATE, SCRATCH_DIR]
         result = run_sandboxed(self._files, argv, limits, env=self.env)
         report = _report(result.report)
         if "state" in report:
