@@ -50,7 +50,7 @@ if os.path.exists(state):
         packed = base64.b64decode(handle.read())
     os.remove(state)
     with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
-        tar.extractall(".", filter="tar")
+        tar.extractall(".", **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))  # filters: 3.10.12+, 3.11.4+
 try:
     process = subprocess.Popen(["/bin/bash", "-c", command], cwd=cwd, stderr=subprocess.STDOUT, start_new_session=True)
     try:
