@@ -5,6 +5,7 @@ sends its earlier turns back rewritten (a "Calling tools: [...]" text appended),
 becomes its own segment; every segment still holds what the model was shown and generated."""
 
 import pytest
+from gateway_helpers import generated_ids
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import token_fidelity_gap
@@ -12,8 +13,6 @@ from rollforge.gateway import AgentEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.types import Sample, Trajectory
-
-from gateway_helpers import generated_ids
 
 smolagents = pytest.importorskip("smolagents")  # the `agents` extra (scripts/install.sh installs it)
 tool = smolagents.tool

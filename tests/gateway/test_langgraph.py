@@ -4,6 +4,7 @@ langchain-openai's ``ChatOpenAI`` pointed at the session's base URL, run through
 the Responses API: a tool round trip, recorded token-exactly, the agent's own answer the reward."""
 
 import pytest
+from gateway_helpers import CALL_TEXT, generated_ids
 
 from rollforge.chat.render import token_fidelity_gap
 from rollforge.gateway import AgentEnvironment
@@ -11,12 +12,10 @@ from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.types import Sample
 
-from gateway_helpers import CALL_TEXT, generated_ids
-
 pytest.importorskip("langgraph")  # the `agents` extra (scripts/install.sh installs it)
 langchain_agents = pytest.importorskip("langchain.agents")
 langchain_openai = pytest.importorskip("langchain_openai")
-from langchain_core.tools import tool  # noqa: E402 (after the importorskip above)
+tool = pytest.importorskip("langchain_core.tools").tool
 
 pytestmark = pytest.mark.timeout(180)
 
