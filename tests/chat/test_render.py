@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.errors import TemplateError
-from rollforge.types import Message, Trajectory
+from rollforge.types import Failure, Message, Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +150,10 @@ def test_fidelity_gap_finds_a_tampered_trajectory(renderer):
 
     assert token_fidelity_gap(trajectory(ids, "hello"), renderer) is None
     assert token_fidelity_gap(trajectory(ids, "hullo"), renderer) is not None
+
+
+def test_fidelity_gap_of_an_episode_that_failed_before_anything_was_rendered(renderer):
+    # e.g. an agent whose first request the gateway refused: no messages, no ids, nothing to compare
+    empty = Trajectory(index=0, task_name="t", messages=(), token_ids=(), loss_mask=(), logprobs=(), prompt_length=0,
+                       rewards=(), total_reward=0.0, turns=0, terminated=False, error=Failure("env_error", "refused"))
+    assert token_fidelity_gap(empty, renderer) is None

@@ -43,6 +43,8 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
 
 def _segment_gap(segment: Segment, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
     ids, messages = list(segment.token_ids), segment.history or trajectory.messages[: segment.messages]
+    if not ids and not messages:  # an episode that failed before anything was rendered (an agent's first request refused)
+        return None
     gap = _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools), renderer, cut_allowed, closing=True)
     if gap is None or _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools, True), renderer, cut_allowed) is None:
         return None
