@@ -2,9 +2,13 @@
 Messages through the real SDKs: the family's call opener is forced before the generation, recorded
 under mask 0 (no logprob), the policy generates the rest under mask 1, the reply is a call to the
 (named) tool although the scripted policy calls none on its own, and the trajectory is token-exact.
-A choice that cannot be honoured is a 400 naming ``tool_choice``."""
+Families that reason or whose templates render calls themselves (Qwen3, DeepSeek-R1, GPT-OSS, on
+their real templates from TRL's wheel) stay token-exact too. A choice that cannot be honoured is a
+400 naming ``tool_choice``."""
 
+import copy
 import json
+import os
 
 import openai
 import pytest
@@ -12,7 +16,9 @@ from gateway_helpers import ADD_TOOL
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import token_fidelity_gap
-from rollforge.gateway import Gateway
+from rollforge.chat.render import ChatRenderer
+from rollforge.gateway import Gateway, Session
+from rollforge.gateway.wire import parse_request
 from rollforge.types import ToolCall
 
 anthropic = pytest.importorskip("anthropic")  # the `agents` extra (scripts/install.sh installs it)
@@ -141,3 +147,49 @@ async def test_a_choice_that_cannot_be_honoured_is_a_400_naming_tool_choice(back
             await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tool_choice=choice,
                                               **({"tools": tools} if tools else {}))
         assert raised.value.body["param"] == "tool_choice" and gateway.trajectory("x").turns == 0 and backend.calls == 0
+
+
+#: family -> (its template in TRL's wheel, its control tokens, bos, eos)
+TEMPLATES = {
+    "qwen3": ("qwen3", ["<|im_start|>", "<|im_end|>"], None, "<|im_end|>"),
+    "deepseek": ("deepseekv3", ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
+                                "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                                "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"],
+                 "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "gpt_oss": ("gptoss", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"],
+                None, "<|return|>"),
+}
+
+
+def family_renderer(tokenizer, family):
+    trl = pytest.importorskip("trl")
+    template, specials, bos, eos = TEMPLATES[family]
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.bos_token, tokenizer.eos_token = bos or tokenizer.bos_token, eos
+    with open(os.path.join(os.path.dirname(trl.__file__), "chat_templates", template + ".jinja"), encoding="utf-8") as f:
+        tokenizer.chat_template = f.read()
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.family.name == family
+    return renderer
+
+
+@pytest.mark.parametrize("family", sorted(TEMPLATES))
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}], ids=["required", "named"])
+async def test_families_that_reason_or_render_calls_stay_token_exact(tokenizer, family, choice):
+    renderer = family_renderer(tokenizer, family)
+    written = renderer.parser().write(ToolCall("add", {"a": 1, "b": 2}))
+
+    def continue_the_call(request):  # the rest of the call after the longest end of the prompt it starts
+        prompt = renderer.decode(request.prompt_ids)
+        return next(written[written.index(prompt[-k:]) + k :] for k in range(len(written), 0, -1) if prompt[-k:] in written)
+
+    backend = ScriptedBackend(continue_the_call, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0])
+    session = Session("s", renderer, renderer.parser())
+    request = parse_request({"messages": [{"role": "user", "content": "What is 1 + 2?"}], "tools": [ADD_TOOL], "tool_choice": choice})
+    [reply], _ = await session.complete(request, backend)
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("add", {"a": 1, "b": 2})]
+    trajectory = session.record().trajectory(0, "t", 1.0)
+    forced = trajectory.loss_mask.index(1) - trajectory.prompt_length
+    assert forced > 0 and renderer.decode(trajectory.token_ids[trajectory.prompt_length :]).startswith(renderer.reasoning_text(""))
+    assert token_fidelity_gap(trajectory, renderer) is None

@@ -13,8 +13,10 @@ that render calls themselves, else the parser's ``write``): for ``required`` eve
 tool's name (Hermes: ``<tool_call>\\n{"name": "``), for a named function everything up to where
 its arguments start (``<tool_call>\\n{"name": "add", "arguments": {``). A format with no text before
 the name, or whose written call the parser does not read back, has no clean opener: the request
-is refused with a 400 naming ``tool_choice``. A forced reply has no reasoning: when the generation
-prompt opens a reasoning block (DeepSeek-R1), an empty one is closed before the opener.
+is refused with a 400 naming ``tool_choice``. A forced reply has no reasoning: in families that
+reason (Qwen3, DeepSeek-R1) the forced tokens start with an empty reasoning block, as the family's
+templates render a reply without reasoning (``ChatRenderer.reasoning_text("")``; only its closing
+tag when the generation prompt opens it).
 """
 
 from __future__ import annotations
@@ -44,20 +46,12 @@ def forced_opener(renderer: ChatRenderer, parser: Any, tool: str | None) -> list
         while cut > name_at + len(called) and bare[cut - 1] not in _BOUNDARIES:
             cut -= 1
     opener = bare[:cut] if cut > 0 else ""
-    ids = renderer.encode(_closed_reasoning(renderer) + opener)
+    ids = renderer.encode(renderer.reasoning_text("") + opener)  # no reasoning before a forced call
     calls = parser.parse(bare)
     readable = len(calls) == 1 and calls[0].name == called and calls[0].error is None
     if not opener or not readable or not renderer.decode(ids).endswith(opener):
         raise _refused(renderer, tool, f"its written call {bare!r} has no clean opener before the tool's name")
     return ids
-
-
-def _closed_reasoning(renderer: ChatRenderer) -> str:
-    """The end of an empty reasoning block when the generation prompt opens one (DeepSeek-R1): the
-    forced call comes after it, not inside it. Elsewhere the call is forced before any reasoning."""
-    empty = renderer.reasoning_text("")
-    opening = renderer.family.reasoning[0] if renderer.family.reasoning else "<think>"
-    return "" if not empty or empty.startswith(opening) else empty
 
 
 def _written(renderer: ChatRenderer, parser: Any, call: ToolCall) -> str:
