@@ -14,7 +14,12 @@
                                                each segment's own messages after a rewrite)
 
 The session id is the path's, else the ``X-Rollforge-Session`` header's, else ``X-Session-ID``'s
-(the header verifiers sends per agent trace). A request without a session id belongs to the session ``default``.
+(the header verifiers sends per agent trace). A request without a session id belongs to the
+session ``default``. Sessions are created on their first request, or only by ``open_session`` when
+``open_sessions=False`` (the agent environment: a request for an unknown or closed session is a
+404, so an agent that outlives its episode cannot write into another one). ``close_session``
+returns the session's ``SessionRecord``. Bad requests are answered in OpenAI's error shape (the
+SDKs raise ``BadRequestError`` with the message).
 
 Several agents on one episode (a planner and an executor, each sending its own history) name
 themselves by the path (``/sessions/<id>/agents/<agent>/v1``: the agent's base URL) or by the
@@ -22,11 +27,8 @@ themselves by the path (``/sessions/<id>/agents/<agent>/v1``: the agent's base U
 segments, token-exact, and the session's record (``close_session``, the trajectory) holds the
 segments of requests that named no agent, then each agent's (``segment_agents`` in the trajectory
 JSON says whose each is). Without agent ids, two agents interleaving on one session would look
-like rewritten histories: one segment per request. Sessions are created on their
-first request, or only by ``open_session`` when ``open_sessions=False`` (the agent environment:
-a request for an unknown or closed session is a 404, so an agent that outlives its episode cannot
-write into another one). ``close_session`` returns the session's ``SessionRecord``. Bad requests
-are answered in OpenAI's error shape (the SDKs raise ``BadRequestError`` with the message).
+like rewritten histories: one segment per request.
+
 Rendering and recording live in ``session.py``, the wire format in ``wire.py`` (and the Responses
 API's translation onto it in ``responses.py``); this module only routes. It uses aiohttp (the ``gateway`` extra).
 """
