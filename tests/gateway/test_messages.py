@@ -117,8 +117,8 @@ async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway, client)
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.BadRequestError) as raised:
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
-                                  tools=[ADD], tool_choice={"type": "tool", "name": "add"})
-    assert raised.value.body["error"]["message"].startswith("'tool_choice' {'type': 'tool', 'name': 'add'} is not honoured")
+                                  tools=[ADD], tool_choice={"type": "tool", "name": "subtract"})
+    assert raised.value.body["error"]["message"].startswith("'tool_choice' names the function 'subtract', which is not one of")
     result = {"type": "tool_result", "tool_use_id": "t1", "content": [image]}
     with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\].content\[0\].content holds a block of type 'image'"):
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [result]}])

@@ -16,13 +16,17 @@ tool = smolagents.tool
 pytestmark = pytest.mark.timeout(180)
 
 ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-ANSWER_CALL = 'The sum is known.\n<tool_call>\n{"name": "final_answer", "arguments": {"answer": "3"}}\n</tool_call>'
+ANSWER_CALL = '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "3"}}\n</tool_call>'
+#: smolagents sends ``tool_choice: "required"``: the gateway forces the call's opener (mask 0).
+OPENER = '<tool_call>\n{"name": "'
 
 
 def scripted_model(prompt: str) -> str:
-    """Calls ``add`` first, then ``final_answer`` once an observation came back (smolagents sends
-    tool results as user messages starting with "Observation:")."""
-    return ANSWER_CALL if "Observation:" in prompt.rsplit("<|im_start|>user", 1)[-1] else ADD_CALL
+    """Continues the forced opener: calls ``add`` first, then ``final_answer`` once an observation
+    came back (smolagents sends tool results as user messages starting with "Observation:")."""
+    assert prompt.endswith(OPENER)
+    call = ANSWER_CALL if "Observation:" in prompt.rsplit("<|im_start|>user", 1)[-1] else ADD_CALL
+    return call.removeprefix(OPENER)
 
 
 @tool
@@ -56,5 +60,7 @@ async def test_smolagents_tool_calling_agent_trajectories_are_token_exact(tokeni
         # segment 0 keeps what the model was shown and generated, not smolagents' rewrite of it
         first = trajectory.segments[0].history
         assert [m.role for m in first] == ["system", "user", "assistant"] and first[-1].content == ADD_CALL
+        forced = len(renderer.encode(OPENER))  # after the prompt: the opener out of the loss, then the policy's tokens
+        assert trajectory.loss_mask[trajectory.prompt_length - 1 : trajectory.prompt_length + forced + 1] == (0,) * (forced + 1) + (1,)
         assert "Calling tools:" in trajectory.messages[2].content
         assert token_fidelity_gap(Trajectory.from_json(trajectory.to_json()), renderer) is None

@@ -15,6 +15,11 @@ two wall times is the gateway's overhead; ``overhead_ms_per_request`` is the dif
 sequential request; ``gateway_cpu_ms_per_request`` is the CPU time of the gateway's process (HTTP,
 parsing, rendering, recording, the scripted backend) per request, beside the direct run's.
 Each session's record is checked token-exact against the template's rendering.
+
+``api="responses"``: the agents speak the Responses API (``POST /v1/responses``, as openai-agents'
+default model and codex-style harnesses do), sending their whole conversation as ``input`` items
+(messages, ``function_call``, ``function_call_output``) each turn; the gateway translates them onto
+chat completions and records them the same way.
 """
 
 from __future__ import annotations
@@ -42,12 +47,18 @@ def _reply(request) -> str:
     return f'<tool_call>\n{{"name": "note", "arguments": {{"text": "note {request.call % 8}"}}}}\n</tool_call>'
 
 
+#: The agents' API: its route under the base URL.
+ROUTES = {"chat": "chat/completions", "responses": "responses"}
+
+
 def run(sessions: int = 64, turns: int = 8, latency: float = 0.5, client: str = "http",
-        tokenizer_dir: str | None = None) -> dict[str, Any]:
-    return asyncio.run(_run(sessions, turns, latency, client, tokenizer_dir))
+        tokenizer_dir: str | None = None, api: str = "chat") -> dict[str, Any]:
+    if api not in ROUTES:
+        raise ConfigError(f"--api must be one of {', '.join(ROUTES)}, got {api!r}")
+    return asyncio.run(_run(sessions, turns, latency, client, tokenizer_dir, api))
 
 
-async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer_dir: str | None) -> dict[str, Any]:
+async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer_dir: str | None, api: str) -> dict[str, Any]:
     from ..gateway import Gateway, SessionLimits
 
     renderer = ChatRenderer(_tokenizer(tokenizer_dir))
@@ -55,7 +66,7 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
     backend = RecordingBackend(scripted)  # the gateway sets CURRENT_EPISODE to the session
     limits = SessionLimits(max_seq_len=32768, max_new_tokens=64, max_requests=turns)
     async with Gateway(backend, renderer, get_parser(renderer.family.parser), limits=limits) as gateway:
-        agents, ready, go = _start_agents(gateway.base_url, sessions, turns, client)
+        agents, ready, go = _start_agents(gateway.base_url, sessions, turns, client, api)
         await asyncio.to_thread(ready.recv)  # the agents' process has imported and warmed up
         backend.requests.clear()
         cpu, started = time.process_time(), time.perf_counter()
@@ -78,6 +89,7 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
         "turns_per_session": turns,
         "backend_latency_s": latency,
         "client": client,
+        "api": api,
         "requests": requests,
         "gateway_wall_seconds": round(gateway_wall, 3),
         "direct_wall_seconds": round(direct_wall, 3),
@@ -89,7 +101,7 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
     }
 
 
-def _start_agents(base_url: Any, sessions: int, turns: int, client: str):
+def _start_agents(base_url: Any, sessions: int, turns: int, client: str, api: str):
     """The agents run in their own process (as agent programs do), so that their client's CPU time
     is not the gateway's. Returns (the process, the pipe it reports on, the pipe that starts it)."""
     import multiprocessing
@@ -100,44 +112,47 @@ def _start_agents(base_url: Any, sessions: int, turns: int, client: str):
     ready_parent, ready_child = context.Pipe()
     go_parent, go_child = context.Pipe()
     urls = [base_url(f"s{i}") for i in range(sessions)]
-    process = context.Process(target=_agents_main, args=(urls, turns, client, base_url("warm-up"), ready_child, go_child), daemon=True)
+    process = context.Process(target=_agents_main, args=(urls, turns, client, api, base_url("warm-up"), ready_child, go_child), daemon=True)
     process.start()
     return process, ready_parent, go_parent
 
 
-def _agents_main(urls: list[str], turns: int, client: str, warm_up: str, ready: Any, go: Any) -> None:
+def _agents_main(urls: list[str], turns: int, client: str, api: str, warm_up: str, ready: Any, go: Any) -> None:
+    agent = _responses_agent if api == "responses" else _agent
+
     async def main() -> None:
-        async with _clients(client) as post:
-            await _agent(post, warm_up, 1)
+        async with _clients(client, api) as post:
+            await agent(post, warm_up, 1)
             ready.send("ready")
             await asyncio.to_thread(go.recv)
-            await asyncio.gather(*(_agent(post, url, turns) for url in urls))
+            await asyncio.gather(*(agent(post, url, turns) for url in urls))
             ready.send("done")
 
     asyncio.run(main())
 
 
 @contextlib.asynccontextmanager
-async def _clients(kind: str):
-    """``post(base_url, body) -> reply body``: a plain HTTP client, or the OpenAI SDK."""
+async def _clients(kind: str, api: str):
+    """``post(base_url, body) -> reply body`` on ``api``'s route: a plain HTTP client, or the OpenAI SDK."""
     if kind == "openai":
         import openai
 
         clients: dict[str, Any] = {}
 
         async def post(base_url: str, body: dict[str, Any]) -> dict[str, Any]:
-            api = clients.get(base_url) or clients.setdefault(base_url, openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0))
-            return (await api.chat.completions.create(**body)).model_dump(exclude_none=True)
+            sdk = clients.get(base_url) or clients.setdefault(base_url, openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0))
+            create = sdk.responses.create if api == "responses" else sdk.chat.completions.create
+            return (await create(**body)).model_dump(exclude_none=True)
 
         yield post
-        for api in clients.values():
-            await api.close()
+        for sdk in clients.values():
+            await sdk.close()
         return
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async def post(base_url: str, body: dict[str, Any]) -> dict[str, Any]:
-            async with http.post(f"{base_url}/chat/completions", json=body) as response:
+            async with http.post(f"{base_url}/{ROUTES[api]}", json=body) as response:
                 response.raise_for_status()
                 return await response.json()
 
@@ -153,6 +168,20 @@ async def _agent(post: Any, base_url: str, turns: int) -> None:
         messages.append(message)
         for call in message.get("tool_calls") or ():
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "noted"})
+
+
+async def _responses_agent(post: Any, base_url: str, turns: int) -> None:
+    """The same tool loop over the Responses API: the whole conversation is sent as input items each turn."""
+    tool = {"type": "function", **NOTE_TOOL["function"]}
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Take notes."}]
+    for _ in range(turns):
+        reply = await post(base_url, {"model": "m", "input": items, "tools": [tool]})
+        for item in reply["output"]:
+            if item["type"] == "function_call":
+                items.append({"type": "function_call", "call_id": item["call_id"], "name": item["name"], "arguments": item["arguments"]})
+                items.append({"type": "function_call_output", "call_id": item["call_id"], "output": "noted"})
+            else:
+                items.append({"type": "message", "role": "assistant", "content": item["content"][0]["text"]})
 
 
 async def _direct(backend: ScriptedBackend, requests: list[Request]) -> None:
@@ -172,10 +201,12 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--latency", type=float, default=0.5, help="seconds per backend request")
     parser.add_argument("--client", choices=["http", "openai"], default="http",
                         help="how agents send requests: plain HTTP (aiohttp) or the openai SDK")
+    parser.add_argument("--api", choices=sorted(ROUTES), default="chat",
+                        help="the API the agents speak: chat completions or the Responses API (POST /v1/responses)")
 
 
 def main(args: Any) -> dict[str, Any]:
-    return run(args.sessions, args.turns, args.latency, args.client)
+    return run(args.sessions, args.turns, args.latency, args.client, api=args.api)
 
 
 if __name__ == "__main__":  # pragma: no cover

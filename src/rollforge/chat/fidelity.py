@@ -52,6 +52,8 @@ def _segment_gap(segment: Segment, trajectory: Trajectory, renderer: ChatRendere
     if messages and messages[-1].role == "assistant" and mask and mask[-1] == 1:
         start = len(mask) - next(i for i, bit in enumerate(reversed(mask)) if bit == 0) if 0 in mask else 0
         head = renderer.conversation_ids(messages[:-1], trajectory.tools, add_generation_prompt=True)
+        if _ids_gap(ids[:start], head, renderer, False) is not None and ids[: len(head)] == head:
+            start = len(head)  # the generation opened with forced tokens (mask 0: the gateway's tool_choice)
         if _ids_gap(ids[:start], head, renderer, False) is None:
             if renderer.decode(renderer.content_ids(ids[start:])) == messages[-1].content:
                 return None

@@ -13,6 +13,10 @@ that session's base URL:
   ``ROLLFORGE_SESSION`` and ``ROLLFORGE_ROW`` (the row as JSON, also written to its stdin) in its
   environment; the last line of its stdout, when it is a number or ``{"reward": x}``, is the reward.
 
+A program that runs several agents (a planner and an executor) names each with the ``X-Agent-ID``
+header, or points each at ``<base URL without /v1>/agents/<name>/v1``: each agent's conversation is
+its own segment of the episode's trajectory (``server.py``).
+
 ``row`` is the dataset row: its columns and ``prompt`` (the sample's messages). The session becomes
 the episode's trajectory (``SessionRecord.trajectory``): one turn per reply, the returned reward on
 the last turn (None: 0, for reward functions to score). The session's limits come from the rollout

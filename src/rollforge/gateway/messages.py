@@ -11,12 +11,13 @@ one recorder, one token ledger. The translation:
   calls (``input`` as the arguments), so a reply the client sends back is recognised as the one
   the gateway sent and the conversation continues in the same segment;
 - ``tools`` (``name``, ``description``, ``input_schema``) are function tools; ``tool_choice``
-  ``auto`` / ``any`` / ``none`` are ``auto`` / ``required`` / ``none`` (``any``, like ``required``,
-  is not enforced: see ``wire.py``);
+  ``auto`` / ``any`` / ``none`` / ``{"type": "tool", "name": ...}`` are ``auto`` / ``required`` /
+  ``none`` / that named function (``any`` and a named tool are honoured by a forced opener:
+  ``forcing.py``);
 - ``max_tokens``, ``stop_sequences``, ``temperature``, ``top_p`` and ``stream`` keep their meaning.
 
 What the gateway cannot honour is refused with a 400 naming the field (images, documents,
-``thinking``, ``top_k``, a ``tool_choice`` naming one tool, ``disable_parallel_tool_use``), never
+``thinking``, ``top_k``, ``disable_parallel_tool_use``), never
 dropped. Replies: ``message_body``
 for a whole message, ``message_events`` for the same reply as the Messages SSE events
 (``message_start``, each content block's ``content_block_start`` / ``_delta`` / ``_stop``,
@@ -153,14 +154,14 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 
 def _tool_choice(choice: Any) -> Any:
     kind = choice.get("type") if isinstance(choice, Mapping) else None
-    if kind == "tool":
-        raise WireError(f"'tool_choice' {choice!r} is not honoured: the gateway does not constrain decoding to "
-                        f"one tool; send {{\"type\": \"auto\" | \"any\" | \"none\"}}", "tool_choice")
-    if kind not in ("auto", "any", "none"):
-        raise WireError(f"'tool_choice' {choice!r} is not {{\"type\": \"auto\" | \"any\" | \"none\"}}", "tool_choice")
+    if kind not in ("auto", "any", "none", "tool") or (kind == "tool" and not isinstance(choice.get("name"), str)):
+        raise WireError(f"'tool_choice' {choice!r} is not {{\"type\": \"auto\" | \"any\" | \"none\"}} or "
+                        f"{{\"type\": \"tool\", \"name\": ...}}", "tool_choice")
     if choice.get("disable_parallel_tool_use"):
         raise WireError("'tool_choice.disable_parallel_tool_use' true is not honoured: the gateway returns "
                         "every call the model makes", "tool_choice.disable_parallel_tool_use")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice["name"]}}
     return {"auto": "auto", "any": "required", "none": "none"}[kind]
 
 

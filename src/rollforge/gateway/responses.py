@@ -5,7 +5,9 @@ A Responses request is rewritten into the chat-completions body the session alre
 system message, ``input`` (a string, or items) the messages -- an assistant ``message`` item and the
 ``function_call`` items after it are one assistant message with tool calls, a
 ``function_call_output`` is a tool message -- and the flat function tools the chat form's
-``{"type": "function", "function": {...}}``. ``max_output_tokens`` is ``max_completion_tokens``.
+``{"type": "function", "function": {...}}``; ``tool_choice`` ``required`` and
+``{"type": "function", "name": ...}`` are honoured as on chat completions (a forced opener,
+``forcing.py``). ``max_output_tokens`` is ``max_completion_tokens``.
 
 ``previous_response_id`` is served from the responses this session answered (``ResponseStore``):
 the conversation that response ended (its input and its output, without its instructions)

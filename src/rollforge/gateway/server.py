@@ -5,19 +5,30 @@
 
     POST /v1/chat/completions                  session from the X-Rollforge-Session or X-Session-ID header
     POST /sessions/<id>/v1/chat/completions    session from the path: point any client's base URL at it
+    POST /sessions/<id>/agents/<agent>/v1/...  one agent of the session (every POST route above and below)
     POST /v1/responses, /sessions/<id>/v1/responses   the Responses API, recorded as chat completions
     POST /v1/messages, /sessions/<id>/v1/messages   Anthropic Messages, translated onto chat
                                                completions (``messages.py``): the same recording
-    GET  /v1/models, /sessions/<id>/v1/models
+    GET  /v1/models, /sessions/<id>/v1/models, /sessions/<id>/agents/<agent>/v1/models
     GET  /sessions/<id>/trajectory             the session recorded so far, as trajectory JSON (with
                                                each segment's own messages after a rewrite)
 
 The session id is the path's, else the ``X-Rollforge-Session`` header's, else ``X-Session-ID``'s
-(the header verifiers sends per agent trace). A request without a session id belongs to the session ``default``. Sessions are created on their
-first request, or only by ``open_session`` when ``open_sessions=False`` (the agent environment:
-a request for an unknown or closed session is a 404, so an agent that outlives its episode cannot
-write into another one). ``close_session`` returns the session's ``SessionRecord``. Bad requests
-are answered in OpenAI's error shape (the SDKs raise ``BadRequestError`` with the message).
+(the header verifiers sends per agent trace). A request without a session id belongs to the
+session ``default``. Sessions are created on their first request, or only by ``open_session`` when
+``open_sessions=False`` (the agent environment: a request for an unknown or closed session is a
+404, so an agent that outlives its episode cannot write into another one). ``close_session``
+returns the session's ``SessionRecord``. Bad requests are answered in OpenAI's error shape (the
+SDKs raise ``BadRequestError`` with the message).
+
+Several agents on one episode (a planner and an executor, each sending its own history) name
+themselves by the path (``/sessions/<id>/agents/<agent>/v1``: the agent's base URL) or by the
+``X-Agent-ID`` header on the session's URL. Each agent's conversation is recorded in its own
+segments, token-exact, and the session's record (``close_session``, the trajectory) holds the
+segments of requests that named no agent, then each agent's (``segment_agents`` in the trajectory
+JSON says whose each is). Without agent ids, two agents interleaving on one session would look
+like rewritten histories: one segment per request.
+
 Rendering and recording live in ``session.py``, the wire format in ``wire.py`` (and the Responses
 API's translation onto it in ``responses.py``); this module only routes. It uses aiohttp (the ``gateway`` extra).
 """
@@ -37,10 +48,13 @@ from ..errors import ConfigError, WireError, require
 from ..types import Trajectory
 from .responses import ResponseStore, chat_body, output_items, response_body, stream_events
 from . import messages as anthropic
-from .session import Sampling, Session, SessionLimits, SessionRecord
+from .record import SessionRecord
+from .session import Sampling, Session, SessionLimits
 from .wire import ChatRequest, Choice, completion_body, models_body, parse_request, stream_chunks
 
 SESSION_HEADER = "X-Rollforge-Session"
+#: The header that names the agent of a session a request comes from (``Session.agent``).
+AGENT_HEADER = "X-Agent-ID"
 #: The session header of other harnesses (verifiers sends one per agent trace).
 TRACE_HEADER = "X-Session-ID"
 DEFAULT_SESSION = "default"
@@ -86,14 +100,10 @@ class Gateway:
     async def start(self) -> None:
         web = require("aiohttp.web", "gateway", "the OpenAI-compatible gateway")
         app = web.Application(client_max_size=_MAX_BODY)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/sessions/{session}/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/responses", self._responses_route)
-        app.router.add_post("/sessions/{session}/v1/responses", self._responses_route)
-        app.router.add_post("/v1/messages", self._messages)
-        app.router.add_post("/sessions/{session}/v1/messages", self._messages)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/sessions/{session}/v1/models", self._models)
+        for root in ("", "/sessions/{session}", "/sessions/{session}/agents/{agent}"):
+            for route, handler in (("chat/completions", self._chat), ("responses", self._responses_route), ("messages", self._messages)):
+                app.router.add_post(f"{root}/v1/{route}", handler)
+            app.router.add_get(f"{root}/v1/models", self._models)
         app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -106,11 +116,13 @@ class Gateway:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
-    def base_url(self, session_id: str | None = None) -> str:
-        """The base URL a client uses (``OPENAI_BASE_URL``), for one session or the header form."""
+    def base_url(self, session_id: str | None = None, agent: str | None = None) -> str:
+        """The base URL a client uses (``OPENAI_BASE_URL``), for one session (and one of its agents) or the header form."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         root = f"http://{host}:{self.port}"
-        return f"{root}/sessions/{session_id}/v1" if session_id else f"{root}/v1"
+        if not session_id:
+            return f"{root}/v1"
+        return f"{root}/sessions/{session_id}/agents/{agent}/v1" if agent else f"{root}/sessions/{session_id}/v1"
 
     # -- sessions --------------------------------------------------------------------------------
 
@@ -126,9 +138,10 @@ class Gateway:
 
     def close_session(self, session_id: str) -> SessionRecord:
         session = self.sessions.pop(session_id, None)
-        self._responses.pop(session_id, None)
         if session is None:
             raise ConfigError(f"no open session {session_id!r}")
+        for served in (session, *session.agents.values()):
+            self._responses.pop(served.session_id, None)
         return session.record()
 
     def trajectory(self, session_id: str) -> Trajectory:
@@ -146,6 +159,8 @@ class Gateway:
         if len(segments) > 1:
             record["segment_messages"] = [[m.to_json() for m in s.messages] for s in segments]
             record["segment_tools"] = [list(s.tools) for s in segments]
+        if any(s.agent for s in segments):
+            record["segment_agents"] = [s.agent for s in segments]
         return {"session": session_id, **record}
 
     def _session(self, request: Any) -> Session:
@@ -156,7 +171,8 @@ class Gateway:
             if not self.open_sessions:
                 raise WireError(f"no open session {session_id!r}", status=404, code="session_not_found")
             session = self.open_session(session_id)
-        return session
+        agent = request.match_info.get("agent") or headers.get(AGENT_HEADER)
+        return session.agent(agent) if agent else session
 
     # -- routes ----------------------------------------------------------------------------------
 

@@ -22,6 +22,12 @@ one when it sends none back before the session ends). Requests of one session ar
 time. Limits (``SessionLimits``): a segment's length (a request that would reach it is refused and
 the session is ``truncated``), tokens per reply, requests per session (``max_turns_reached``) and
 wall time; a refused request is an HTTP 400 whose message names the limit.
+
+``tool_choice`` ``required`` or a named function: the family's call opener is forced before the
+generation (``forcing.py``) and recorded under mask 0, out of the loss. Several agents on one
+session (a planner and an executor, each with its own history): ``agent(name)`` is the named
+agent's own conversation, recorded in its own segments with the session's limits; the session's
+record lays its own segments and then each agent's end to end (``record.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import TemplateError, WireError
-from ..rollout.ledger import Ending, Ledger, ending_flags, lay_out
-from ..seeds import sampling_seed
-from ..types import Completion, Failure, Message, Segment, ToolCall, Trajectory
+from ..rollout.ledger import Ending, Ledger
+from ..seeds import mix, sampling_seed
+from ..types import Completion, Failure, Message, ToolCall
+from .forcing import forced_opener
+from .record import RecordedSegment, SessionRecord, combined
 from .wire import ChatRequest, Choice, WireCall, WireMessage, canonical_arguments
 
 
@@ -80,74 +88,14 @@ class Sampling:
         return SamplingParams(budget, temperature, top_p, self.top_k, request.stop, stop_ids, seed)
 
 
-@dataclass(frozen=True)
-class RecordedSegment:
-    """One sequence the model saw: ``messages`` rendered with ``tools`` (template form: raw
-    generated text, the fallback tool prompt merged into the system message) give ``token_ids``."""
-
-    messages: tuple[Message, ...]
-    tools: tuple[Mapping[str, Any], ...]
-    token_ids: tuple[int, ...]
-    loss_mask: tuple[int, ...]
-    logprobs: tuple[float | None, ...]
-    prompt_length: int
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """What a session recorded. ``ending``: ``truncated`` or ``max_turns_reached`` when a limit
-    refused a request, ``timeout`` when its wall time ran out, else empty."""
-
-    session_id: str
-    segments: tuple[RecordedSegment, ...]
-    turns: int
-    failures: tuple[Failure, ...]
-    ending: Ending
-    generation_seconds: float
-
-    def trajectory(self, index: int, task_name: str, reward: float | None, error: Failure | None = None,
-                   metadata: Any = None, environment_seconds: float = 0.0) -> Trajectory:
-        """The session as a trajectory: the segments' ids laid end to end, one turn per reply,
-        ``reward`` (None: 0.0, for reward functions to score) on the last turn. A limit that
-        refused a request ends it as truncated / max-turns-reached even when the client then failed."""
-        if error is None and self.turns == 0:
-            error = Failure("env_error", "the agent made no chat-completion request to the gateway")
-        if self.ending == "timeout" and error is None:
-            error = Failure("episode_timeout", "the session's time limit refused a request")
-        limited = self.ending in ("truncated", "max_turns_reached")
-        if limited:
-            error = None
-        rewards = [0.0] * self.turns
-        if rewards:
-            rewards[-1] = float(reward or 0.0)
-        last = self.segments[-1] if self.segments else RecordedSegment((), (), (), (), (), 0)
-        parts = [(Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)), s.messages)
-                 for s in self.segments]
-        return Trajectory(
-            index=index,
-            task_name=task_name,
-            messages=last.messages,
-            **lay_out(parts, last.messages),
-            rewards=tuple(rewards),
-            total_reward=float(sum(rewards)),
-            turns=self.turns,
-            terminated=error is None and not limited,
-            **ending_flags(self.ending),
-            error=error,
-            failures=self.failures,
-            metadata=metadata,
-            tools=last.tools,
-            generation_seconds=self.generation_seconds,
-            environment_seconds=environment_seconds,
-        )
-
-
 @dataclass
 class _Reply:
-    """A reply sent and not yet continued: its wire form, template form and generated tokens."""
+    """A reply sent and not yet continued: its wire form, template form, the tokens forced before
+    the generation (mask 0) and the generated ones."""
 
     wire: WireMessage
     message: Message
+    forced: list[int]
     ids: list[int]
     logprobs: tuple[float, ...]
 
@@ -156,8 +104,11 @@ class Session:
     """Records one client's conversation; ``complete`` answers one request (see the module docstring)."""
 
     def __init__(self, session_id: str, renderer: ChatRenderer, parser: ToolCallParser,
-                 limits: SessionLimits = SessionLimits(), sampling: Sampling = Sampling(), seed: int = 0):
-        self.session_id = session_id
+                 limits: SessionLimits = SessionLimits(), sampling: Sampling = Sampling(), seed: int = 0, agent: str = ""):
+        self.session_id, self.agent_name = session_id, agent
+        #: The session's agents by name, each with its own conversation (``agent``).
+        self.agents: dict[str, Session] = {}
+        self._openers: dict[str | None, list[int]] = {}  # forced tool-call openers by tool (None: any)
         self.renderer, self.parser, self.limits, self.sampling, self.seed = renderer, parser, limits, sampling, seed
         self._lock = asyncio.Lock()
         self._segments: list[RecordedSegment] = []
@@ -188,14 +139,15 @@ class Session:
         """Generate the request's choices; returns them and the prompt's length in tokens."""
         CURRENT_EPISODE.set(self)  # this request's own task: a router keeps the session on one replica
         async with self._lock:
+            forced = self._forced(request)
             try:
-                budget = self._prepare(request)
+                budget = self._prepare(request, len(forced))
             except TemplateError as exc:
                 self._failures.append(Failure("template_error", str(exc)))
                 raise WireError(f"the chat template cannot render this conversation: {exc}", code="template_error") from None
             turn = self._requests
             self._requests += 1
-            prompt = list(self._tokens.ids)
+            prompt = self._tokens.ids + forced
             params = [self.sampling.params(request, budget, self.renderer.stop_token_ids, self.seed, turn, k) for k in range(request.n)]
             started = time.perf_counter()
             results = await asyncio.gather(*(backend.generate(prompt, p) for p in params), return_exceptions=True)
@@ -206,19 +158,33 @@ class Session:
                     raise failed
                 self._failures.append(Failure("backend_error", f"{type(failed).__name__}: {failed}"))
                 raise WireError(f"generation failed: {type(failed).__name__}: {failed}", status=502, code="backend_error")
-            self._pending = [self._reply(request, c, turn, k) for k, c in enumerate(results)]
-            return [self._choice(request, r, c) for r, c in zip(self._pending, results)], len(prompt)
+            self._pending = [self._reply(request, forced, c, turn, k) for k, c in enumerate(results)]
+            return [self._choice(request, r, c) for r, c in zip(self._pending, results)], len(prompt) - len(forced)
+
+    def agent(self, name: str) -> "Session":
+        """The conversation of agent ``name`` in this session: its own history and segments, in
+        this session's record after the segments of the requests that name no agent."""
+        child = self.agents.get(name)
+        if child is None:
+            child = self.agents[name] = Session(f"{self.session_id}/agents/{name}", self.renderer, self.parser, self.limits,
+                                                self.sampling, mix(self.seed, len(self.agents) + 1), name)
+        return child
 
     def record(self) -> SessionRecord:
-        """The session so far (the last reply continued with its first choice)."""
+        """The session so far (the last reply continued with its first choice), its agents' segments after its own."""
+        own = self._own_record()
+        return combined(self.session_id, [own, *(a.record() for a in self.agents.values())]) if self.agents else own
+
+    def _own_record(self) -> SessionRecord:
         segments = list(self._segments)
         if self._pending or self._tokens.ids:
             pending, current = self._pending[:1], self._current_segment()
             if pending:  # without mutating: a record may be taken while the session goes on
-                reply = pending[0]
+                reply, forced = pending[0], len(pending[0].forced)
                 current = RecordedSegment(
-                    (*current.messages, reply.message), current.tools, current.token_ids + tuple(reply.ids),
-                    current.loss_mask + (1,) * len(reply.ids), current.logprobs + reply.logprobs, current.prompt_length,
+                    (*current.messages, reply.message), current.tools, current.token_ids + tuple(reply.forced + reply.ids),
+                    current.loss_mask + (0,) * forced + (1,) * len(reply.ids),
+                    current.logprobs + (None,) * forced + reply.logprobs, current.prompt_length, self.agent_name,
                 )
             if 1 in current.loss_mask:
                 segments.append(current)
@@ -227,15 +193,24 @@ class Session:
 
     # -- the conversation ------------------------------------------------------------------------
 
-    def _prepare(self, request: ChatRequest) -> int:
-        """Make the ledger's ids the prompt of ``request``; return the reply's token budget."""
+    def _forced(self, request: ChatRequest) -> list[int]:
+        """The ids forced before the reply (``forcing.py``): a call opener when ``tool_choice`` asks for a call."""
+        if request.tool_choice not in ("required", "function"):
+            return []
+        opener = self._openers.get(request.tool_name)
+        if opener is None:
+            opener = self._openers[request.tool_name] = forced_opener(self.renderer, self.parser, request.tool_name)
+        return opener
+
+    def _prepare(self, request: ChatRequest, forced: int) -> int:
+        """Make the ledger's ids the prompt of ``request`` (``forced`` ids follow it); return the reply's token budget."""
         self._check_limits()
         messages = list(request.messages)
         if not self._continues(messages, request.tools_key):
             self._close_segment(messages)
             self._start_segment(request)
         budget = min(request.max_tokens or self.limits.max_new_tokens, self.limits.max_new_tokens,
-                     self.limits.max_seq_len - len(self._tokens.ids))
+                     self.limits.max_seq_len - len(self._tokens.ids) - forced)
         if budget <= 0:
             self._ending = "truncated"
             raise self._limit(f"the session's conversation has {len(self._tokens.ids)} tokens; its limit is max_seq_len={self.limits.max_seq_len}")
@@ -273,13 +248,14 @@ class Session:
         return WireError(f"session {self.session_id!r}: {message}", code="context_length_exceeded" if self._ending == "truncated" else "session_limit")
 
     def _adopt(self, reply: _Reply) -> None:
-        """The client continued with ``reply``: its generated ids join the conversation."""
+        """The client continued with ``reply``: its forced (mask 0) and generated ids join the conversation."""
+        self._tokens.extend(reply.forced)
         self._tokens.extend(reply.ids, reply.logprobs)
         self._messages.append(reply.message)
         self._wire.append(reply.wire)
         self._pending = []
         self._turns += 1
-        self._last_generated = reply.ids
+        self._last_generated = reply.forced + reply.ids
 
     def _extend(self, new: Sequence[WireMessage]) -> bool:
         """Append ``new`` after the adopted reply. With a prefix-preserving template only they are
@@ -326,7 +302,8 @@ class Session:
 
     def _current_segment(self) -> RecordedSegment:
         t = self._tokens
-        return RecordedSegment(tuple(self._messages), self._tools, tuple(t.ids), tuple(t.mask), tuple(t.logprobs), t.prompt_length)
+        return RecordedSegment(tuple(self._messages), self._tools, tuple(t.ids), tuple(t.mask), tuple(t.logprobs),
+                               t.prompt_length, self.agent_name)
 
     def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
         """Messages as the template renders them: replies the gateway sent keep their raw text;
@@ -346,9 +323,9 @@ class Session:
 
     # -- replies ---------------------------------------------------------------------------------
 
-    def _reply(self, request: ChatRequest, completion: Completion, turn: int, k: int) -> _Reply:
+    def _reply(self, request: ChatRequest, forced: list[int], completion: Completion, turn: int, k: int) -> _Reply:
         generated = list(completion.token_ids)
-        text = self.renderer.decode(self.renderer.content_ids(generated))
+        text = self.renderer.decode(self.renderer.content_ids(forced + generated))
         calls: tuple[ToolCall, ...] = ()
         if request.tools and request.tool_choice != "none":
             parsed = self.parser.parse(text)
@@ -358,13 +335,11 @@ class Session:
                 ToolCall(c.name, c.arguments, c.id or family.call_id(self.seed, turn, 1000 * k + j))
                 for j, c in enumerate(x for x in parsed if x.error is None)
             )
-            if not calls and request.tool_choice == "required":  # accepted, not enforced (wire.py): counted
-                self._failures.append(Failure("tool_not_called", "tool_choice 'required': the reply calls no tool"))
         message = Message("assistant", text, tool_calls=calls)
         wire_calls = tuple(WireCall(c.id, c.name, canonical_arguments(dict(c.arguments))) for c in calls)
         wire = WireMessage("assistant", _visible_text(text, message, self.renderer), wire_calls)
         self._ours[wire] = message
-        return _Reply(wire, message, generated, completion.logprobs)
+        return _Reply(wire, message, forced, generated, completion.logprobs)
 
     def _choice(self, request: ChatRequest, reply: _Reply, completion: Completion) -> Choice:
         if reply.wire.tool_calls:
@@ -372,10 +347,11 @@ class Session:
         else:
             finish = "length" if completion.finish_reason == "length" else "stop"
         logprobs = None
-        if request.logprobs:
-            content = self.renderer.content_ids(reply.ids)
-            logprobs = tuple((self.renderer.decode([t]), lp) for t, lp in zip(content, reply.logprobs))
-        return Choice(reply.wire.content or None, reply.wire.tool_calls, finish, logprobs, len(reply.ids))
+        if request.logprobs:  # a forced token had no choice: logprob 0
+            content = self.renderer.content_ids(reply.forced + reply.ids)
+            sampled = (0.0,) * len(reply.forced) + reply.logprobs
+            logprobs = tuple((self.renderer.decode([t]), lp) for t, lp in zip(content, sampled))
+        return Choice(reply.wire.content or None, reply.wire.tool_calls, finish, logprobs, len(reply.forced) + len(reply.ids))
 
 
 def _visible_text(text: str, message: Message, renderer: ChatRenderer) -> str:

@@ -7,13 +7,13 @@ request extends its previous conversation: content parts are joined, ``developer
 tool-call arguments are compared as canonical JSON, and fields the SDKs echo back with no meaning
 for the conversation (``refusal``, ``audio``, ``annotations``, ``null`` values) are ignored.
 
-``tool_choice``: ``none`` leaves replies unparsed (text only); ``required`` is accepted but not
-enforced (decoding is not constrained: a reply without a call comes back as text, as the model
-wrote it, is recorded as generated and counted as a ``tool_not_called`` failure on the
-trajectory); a named function is refused (HTTP 400 naming the field),
-as is a ``response_format`` other than ``text``: the gateway cannot make the model follow either
-without constraining decoding. Tools always reach the prompt, so that a session's rendering does
-not change with the choice.
+``tool_choice``: ``none`` leaves replies unparsed (text only); ``required`` and a named function
+(``{"type": "function", "function": {"name": ...}}``, which must be one of ``tools``) are honoured
+by forcing the family's tool-call opener before the generation (``forcing.py``: the forced tokens
+are recorded under mask 0, out of the loss); ``allowed_tools`` and ``custom`` choices are refused
+(HTTP 400 naming the field), as is a ``response_format`` other than ``text``: the gateway does not
+constrain decoding to a JSON schema. Tools always reach the prompt, so that a session's rendering
+does not change with the choice.
 
 Responses: ``completion_body`` for a whole response, ``stream_chunks`` for the same reply as
 server-sent-event chunks (a role chunk, the content, each tool call whole, a finish chunk).
@@ -67,6 +67,8 @@ class ChatRequest:
     messages: tuple[WireMessage, ...]
     tools: tuple[Mapping[str, Any], ...] = ()
     tool_choice: str = "auto"
+    """``auto``, ``none``, ``required`` or ``function`` (a named one: ``tool_name``)."""
+    tool_name: str | None = None
     stream: bool = False
     include_usage: bool = False
     n: int = 1
@@ -118,11 +120,13 @@ def parse_request(body: Any, known: tuple[Sequence[Any], Sequence[WireMessage]] 
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, Mapping):
         raise WireError("'stream_options' must be an object", "stream_options")
+    tool_choice, tool_name = _tool_choice(body.get("tool_choice"), tools)
     return ChatRequest(
         model=_optional(body, "model", str),
         messages=_messages(messages, known),
         tools=tuple(tools),
-        tool_choice=_tool_choice(body.get("tool_choice")),
+        tool_choice=tool_choice,
+        tool_name=tool_name,
         stream=bool(body.get("stream", False)),
         include_usage=bool(stream_options.get("include_usage", False)),
         n=n,
@@ -216,13 +220,24 @@ def _is_function_tool(tool: Any) -> bool:
     )
 
 
-def _tool_choice(value: Any) -> str:
-    if value is None or value in ("auto", "none", "required"):
-        return value or "auto"
-    if isinstance(value, Mapping) and value.get("type") in ("function", "allowed_tools", "custom"):
-        raise WireError(f"'tool_choice' {value!r} is not honoured: the gateway does not constrain decoding to "
-                        f"chosen tools; send 'auto', 'required' or 'none'", "tool_choice")
-    raise WireError(f"'tool_choice' {value!r} is not 'auto', 'none', 'required' or {{\"type\": \"function\", ...}}", "tool_choice")
+def _tool_choice(value: Any, tools: list[Any]) -> tuple[str, str | None]:
+    """(the choice, the named function or None); a choice that needs tools needs them offered."""
+    if value is None or value in ("auto", "none"):
+        return value or "auto", None
+    named = value.get("function") if isinstance(value, Mapping) and value.get("type") == "function" else None
+    if value != "required" and not (isinstance(named, Mapping) and isinstance(named.get("name"), str)):
+        if isinstance(value, Mapping) and value.get("type") in ("allowed_tools", "custom"):
+            raise WireError(f"'tool_choice' {value!r} is not honoured: the gateway forces a call to one function or to "
+                            f"any; send 'auto', 'required', 'none' or {{\"type\": \"function\", ...}}", "tool_choice")
+        raise WireError(f"'tool_choice' {value!r} is not 'auto', 'none', 'required' or {{\"type\": \"function\", ...}}", "tool_choice")
+    names = [t["function"]["name"] for t in tools]
+    if named is None:
+        if not names:
+            raise WireError("'tool_choice' 'required' needs 'tools': there is no tool to call", "tool_choice")
+        return "required", None
+    if named["name"] not in names:
+        raise WireError(f"'tool_choice' names the function {named['name']!r}, which is not one of the tools {names}", "tool_choice")
+    return "function", named["name"]
 
 
 def _refuse_response_format(value: Any) -> None:
