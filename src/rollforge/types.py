@@ -35,7 +35,6 @@ FailureKind = Literal[
     "tool_unknown",  # the model called a tool the environment does not have
     "tool_bad_arguments",  # missing, extra or mistyped arguments (schema validation failed)
     "tool_raised",  # the tool itself raised
-    "tool_not_called",  # the gateway's client required a tool call (tool_choice) and the reply made none
     "env_error",  # the environment raised outside a tool (reset, step, reward)
     "env_timeout",  # one environment call exceeded the per-step timeout
     "episode_timeout",  # the whole episode exceeded the per-episode timeout
