@@ -1,0 +1,79 @@
+"""verifiers 0.4 tasksets run unchanged in their own venv (``verifiers:<taskset>``): a scripted
+policy answers through the gateway, the trajectory is token-exact and verifiers' own reward is the
+episode's reward; a failing taskset fails only its episodes. Skipped when the venv is absent
+(``scripts/install.sh`` makes it)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from rollforge.backends.scripted import ScriptedBackend
+from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.envs.adapters import verifiers_env
+from rollforge.envs.library import get_env_spec
+from rollforge.errors import ConfigError
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout
+
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not (verifiers_env.venv_dir() / "bin" / "python").is_file(),
+                       reason=f"no verifiers venv at {verifiers_env.venv_dir()} (bash scripts/install.sh makes it)"),
+]
+
+ADDITION = '''
+import verifiers.v1 as vf
+
+
+class AdditionData(vf.TaskData):
+    answer: str
+
+
+class AdditionTask(vf.Task[AdditionData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def correct(self, task, trace) -> float:
+        return 1.0 if trace.last_reply.strip() == task.answer else 0.0
+
+
+class AdditionTaskset(vf.Taskset[AdditionTask, vf.TasksetConfig]):
+    def load(self):
+        for a, b in [(1, 2), (3, 4)]:
+            yield AdditionTask(AdditionData(prompt=f"What is {a} + {b}?", answer=str(a + b)), self.config.task)
+
+
+__all__ = ["AdditionTaskset"]
+'''
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def scripted(renderer, reply):
+    return ScriptedBackend(lambda request: reply(renderer.decode(request.prompt_ids)), renderer.tokenizer)
+
+
+def write(tmp_path, name, source):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+async def test_a_taskset_runs_unchanged_with_its_own_reward(renderer, tmp_path):
+    spec = get_env_spec("verifiers:" + write(tmp_path, "vf_addition", ADDITION))
+    samples = spec.samples(2, 0)
+    assert [s.prompt[-1].content for s in samples] == ["What is 1 + 2?", "What is 3 + 4?"]
+    backend = scripted(renderer, lambda prompt: "3" if "1 + 2" in prompt else "8")  # right, then wrong
+    result = await arollout(samples, {samples[0].task_name: spec.build()}, backend, renderer, RolloutConfig())
+    right, wrong = result.trajectories
+    assert right.error is None and wrong.error is None, (right.error, wrong.error)
+    assert (right.total_reward, wrong.total_reward) == (1.0, 0.0)
+    for trajectory, answer in ((right, "3"), (wrong, "8")):
+        assert token_fidelity_gap(trajectory, renderer) is None
+        generated = [t for t, bit in zip(trajectory.token_ids, trajectory.loss_mask) if bit]
+        assert generated == renderer.encode(answer) + [renderer.stop_token_ids[0]]
