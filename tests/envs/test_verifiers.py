@@ -5,6 +5,7 @@ episode's reward; a failing taskset fails only its episodes. Skipped when the ve
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -77,3 +78,61 @@ async def test_a_taskset_runs_unchanged_with_its_own_reward(renderer, tmp_path):
         assert token_fidelity_gap(trajectory, renderer) is None
         generated = [t for t, bit in zip(trajectory.token_ids, trajectory.loss_mask) if bit]
         assert generated == renderer.encode(answer) + [renderer.stop_token_ids[0]]
+
+
+TOOLS = '''
+import verifiers.v1 as vf
+
+
+class Calculator(vf.Toolset[vf.ToolsetConfig, vf.State]):
+    @vf.tool
+    async def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+class SumData(vf.TaskData):
+    answer: str
+
+
+class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
+    @classmethod
+    def toolsets(cls, config):
+        return [Calculator(vf.ToolsetConfig())]
+
+    @vf.reward
+    async def correct(self, task, trace) -> float:
+        return 1.0 if task.answer in trace.last_reply else 0.0
+
+
+class SumTaskset(vf.Taskset[SumTask, vf.TasksetConfig]):
+    def load(self):
+        yield SumTask(SumData(prompt="What is 1 + 2? Use the add tool.", answer="3"), self.config.task)
+
+
+__all__ = ["SumTaskset"]
+
+if __name__ == "__main__":
+    Calculator.run()
+'''
+
+
+def tool_reply(prompt: str) -> str:
+    """Calls the offered add tool once, then answers with its result."""
+    last = prompt.rsplit("<|im_start|>", 2)[-2]
+    if last.startswith("tool\n") or "<tool_response>" in last:
+        return "The sum is " + re.findall(r"\d+", last)[-1] + "."
+    name = re.search(r"^- (\w*add):", prompt, re.M).group(1)  # verifiers prefixes the toolset's name
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"a": 1, "b": 2}}}}\n</tool_call>'
+
+
+async def test_a_tool_taskset_makes_a_tool_round_trip(renderer, tmp_path):
+    spec = get_env_spec("verifiers:" + write(tmp_path, "vf_tools", TOOLS))
+    samples = spec.samples(1, 0)
+    result = await arollout(samples, {samples[0].task_name: spec.build()}, scripted(renderer, tool_reply), renderer,
+                            RolloutConfig())
+    [trajectory] = result.trajectories
+    assert trajectory.error is None, trajectory.error
+    assert [m.role for m in trajectory.messages][-3:] == ["assistant", "tool", "assistant"]
+    assert trajectory.messages[-2].content.strip() == "3" and trajectory.messages[-1].content == "The sum is 3."
+    assert trajectory.total_reward == 1.0 and token_fidelity_gap(trajectory, renderer) is None

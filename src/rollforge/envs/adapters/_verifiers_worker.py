@@ -40,7 +40,9 @@ def _taskset_id(env: str) -> str:
     if env.endswith(".py") or os.sep in env or path.is_dir():
         if not path.exists():
             raise SystemExit(f"verifiers environment {env!r}: no such file or directory")
-        sys.path.insert(0, str(path.resolve().parent))
+        folder = str(path.resolve().parent)
+        sys.path.insert(0, folder)  # and for the processes verifiers starts (tool servers: python -m module)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (folder, os.environ.get("PYTHONPATH"))))
         return path.stem if path.suffix == ".py" else path.name
     sys.path.insert(0, os.getcwd())
     return env
