@@ -136,3 +136,34 @@ async def test_a_tool_taskset_makes_a_tool_round_trip(renderer, tmp_path):
     assert [m.role for m in trajectory.messages][-3:] == ["assistant", "tool", "assistant"]
     assert trajectory.messages[-2].content.strip() == "3" and trajectory.messages[-1].content == "The sum is 3."
     assert trajectory.total_reward == 1.0 and token_fidelity_gap(trajectory, renderer) is None
+
+
+CRASHING = ADDITION.replace("return 1.0 if", "assert task.answer != '7', 'the grader fell over'\n        return 1.0 if")
+
+
+async def test_a_crashing_taskset_fails_only_its_episode_with_one_line(renderer, tmp_path):
+    spec = get_env_spec("verifiers:" + write(tmp_path, "vf_crashing", CRASHING))
+    samples = spec.samples(2, 0)
+    result = await arollout(samples, {samples[0].task_name: spec.build()}, scripted(renderer, lambda prompt: "3"),
+                            renderer, RolloutConfig())
+    ok, crashed = result.trajectories
+    assert ok.error is None and ok.total_reward == 1.0
+    assert crashed.error.kind == "env_error" and crashed.turns == 1  # what it generated is kept
+    reason = crashed.error.message.split("stderr: ")[-1]
+    assert reason == "the verifiers episode failed: TaskError: task AdditionTask scoring: AssertionError: the grader fell over", reason
+
+
+def test_a_missing_venv_is_one_line_saying_how_to_make_it(monkeypatch, tmp_path):
+    monkeypatch.setenv(verifiers_env.VENV_VARIABLE, str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError) as caught:
+        get_env_spec("verifiers:my_taskset_that_is_not_cached")
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path / "nowhere") in message and "bash scripts/install.sh" in message
+
+
+def test_a_row_without_its_task_position_is_refused(tmp_path):
+    import subprocess
+
+    path = write(tmp_path, "vf_addition", ADDITION)
+    done = subprocess.run(verifiers_env.command(path), input='{"prompt": []}', capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stderr.strip().endswith("needs vf_task (the task's position in the taskset), got None")

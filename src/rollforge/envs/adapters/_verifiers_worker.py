@@ -104,7 +104,9 @@ def _tasks(env: str, n: int, seed: int) -> None:
 
 async def _episode(env: str, row: dict) -> float:
     vf, environment = _load(env)
-    position = int(row.get("vf_task", 0))
+    if not isinstance(row.get("vf_task"), int):
+        raise SystemExit(f"a row of verifiers environment {env!r} needs vf_task (the task's position in the taskset), got {row.get('vf_task')!r}")
+    position = row["vf_task"]
     task = next(itertools.islice(environment.taskset, position, position + 1), None)
     if task is None:
         raise SystemExit(f"verifiers environment {env!r} has no task at position {position}")
