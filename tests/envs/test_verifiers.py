@@ -167,3 +167,55 @@ def test_a_row_without_its_task_position_is_refused(tmp_path):
     path = write(tmp_path, "vf_addition", ADDITION)
     done = subprocess.run(verifiers_env.command(path), input='{"prompt": []}', capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stderr.strip().endswith("needs vf_task (the task's position in the taskset), got None")
+
+
+GUESSING = '''
+import verifiers.v1 as vf
+
+
+class GuessData(vf.TaskData):
+    answer: str
+
+
+class GuessTask(vf.Task[GuessData, vf.State, vf.TaskConfig]):
+    pass
+
+
+class GuessTaskset(vf.Taskset[GuessTask, vf.TasksetConfig]):
+    def load(self):
+        yield GuessTask(GuessData(prompt="Guess my number from 1 to 3. Reply with the number only.", answer="2"),
+                        self.config.task)
+
+
+class GuessEnvConfig(vf.EnvConfig):
+    player: vf.AgentConfig = vf.AgentConfig()
+
+
+class GuessEnv(vf.Env[GuessEnvConfig]):
+    """The env plays the user: 'Too low.' until the right guess or three guesses."""
+
+    async def run(self, task, agents):
+        async with agents.player.interaction(task) as interaction:
+            segment, guesses = await interaction.turn(), 1
+            while not segment.terminated and segment.last_reply.strip() != task.data.answer and guesses < 3:
+                segment, guesses = await interaction.turn("Too low."), guesses + 1
+        solved = not segment.terminated and segment.last_reply.strip() == task.data.answer
+        interaction.trace.record_reward("solved", 1.0 if solved else 0.0, 1.0)
+        interaction.trace.record_reward("fast", 1.0 / guesses, 0.5)
+
+
+__all__ = ["GuessTaskset", "GuessEnv"]
+'''
+
+
+async def test_a_multi_turn_env_plays_the_user(renderer, tmp_path):
+    spec = get_env_spec("verifiers:" + write(tmp_path, "vf_guessing", GUESSING))
+    samples = spec.samples(1, 0)
+    backend = scripted(renderer, lambda prompt: "2" if "Too low." in prompt else "1")
+    result = await arollout(samples, {samples[0].task_name: spec.build()}, backend, renderer, RolloutConfig())
+    [trajectory] = result.trajectories
+    assert trajectory.error is None, trajectory.error
+    assert [(m.role, m.content) for m in trajectory.messages[-4:]] == [
+        ("user", samples[0].prompt[-1].content), ("assistant", "1"), ("user", "Too low."), ("assistant", "2")]
+    assert trajectory.total_reward == 1.0 + 0.5 * 0.5  # solved, weight 1; fast (1/2 guesses), weight 0.5
+    assert token_fidelity_gap(trajectory, renderer) is None

@@ -65,8 +65,10 @@ def _run_scripts_here() -> None:
         if not all(importlib.util.find_spec(name) for name in _declared_packages(text)):
             return await provision(self, script, env, activate=activate)
         path = Path(tempfile.gettempdir()) / f"vf-script-{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
-        if not path.exists():
-            path.write_text(text)
+        if not path.exists():  # written whole, then renamed: concurrent episodes share the file
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(text)
+            os.replace(partial, path)
         return [sys.executable, str(path)]
 
     SubprocessRuntime.prepare_uv_script = prepare
