@@ -18,11 +18,15 @@ from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not (verifiers_env.venv_dir() / "bin" / "python").is_file(),
-                       reason=f"no verifiers venv at {verifiers_env.venv_dir()} (bash scripts/install.sh makes it)"),
-]
+pytestmark = pytest.mark.timeout(600)
+
+_NO_VENV = pytest.mark.skipif(not (verifiers_env.venv_dir() / "bin" / "python").is_file(),
+                              reason=f"no verifiers venv at {verifiers_env.venv_dir()} (bash scripts/install.sh makes it)")
+
+
+def needs_venv(test):
+    """Runs verifiers in its venv (seconds per worker start): slow, and skipped without the venv."""
+    return pytest.mark.slow(_NO_VENV(test))
 
 ADDITION = '''
 import verifiers.v1 as vf
@@ -65,6 +69,7 @@ def write(tmp_path, name, source):
     return str(path)
 
 
+@needs_venv
 async def test_a_taskset_runs_unchanged_with_its_own_reward(renderer, tmp_path):
     spec = get_env_spec("verifiers:" + write(tmp_path, "vf_addition", ADDITION))
     samples = spec.samples(2, 0)
@@ -126,6 +131,7 @@ def tool_reply(prompt: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {{"a": 1, "b": 2}}}}\n</tool_call>'
 
 
+@needs_venv
 async def test_a_tool_taskset_makes_a_tool_round_trip(renderer, tmp_path):
     spec = get_env_spec("verifiers:" + write(tmp_path, "vf_tools", TOOLS))
     samples = spec.samples(1, 0)
@@ -141,6 +147,7 @@ async def test_a_tool_taskset_makes_a_tool_round_trip(renderer, tmp_path):
 CRASHING = ADDITION.replace("return 1.0 if", "assert task.answer != '7', 'the grader fell over'\n        return 1.0 if")
 
 
+@needs_venv
 async def test_a_crashing_taskset_fails_only_its_episode_with_one_line(renderer, tmp_path):
     spec = get_env_spec("verifiers:" + write(tmp_path, "vf_crashing", CRASHING))
     samples = spec.samples(2, 0)
@@ -161,6 +168,7 @@ def test_a_missing_venv_is_one_line_saying_how_to_make_it(monkeypatch, tmp_path)
     assert "\n" not in message and str(tmp_path / "nowhere") in message and "bash scripts/install.sh" in message
 
 
+@needs_venv
 def test_a_row_without_its_task_position_is_refused(tmp_path):
     import subprocess
 
@@ -208,6 +216,7 @@ __all__ = ["GuessTaskset", "GuessEnv"]
 '''
 
 
+@needs_venv
 async def test_a_multi_turn_env_plays_the_user(renderer, tmp_path):
     spec = get_env_spec("verifiers:" + write(tmp_path, "vf_guessing", GUESSING))
     samples = spec.samples(1, 0)
@@ -219,3 +228,13 @@ async def test_a_multi_turn_env_plays_the_user(renderer, tmp_path):
         ("user", samples[0].prompt[-1].content), ("assistant", "1"), ("user", "Too low."), ("assistant", "2")]
     assert trajectory.total_reward == 1.0 + 0.5 * 0.5  # solved, weight 1; fast (1/2 guesses), weight 0.5
     assert token_fidelity_gap(trajectory, renderer) is None
+
+
+@needs_venv
+def test_a_taskset_id_is_imported_from_the_working_directory_and_its_tasks_wrap(monkeypatch, tmp_path):
+    write(tmp_path, "vf_addition_by_id", ADDITION)
+    monkeypatch.chdir(tmp_path)
+    samples = get_env_spec("verifiers:vf_addition_by_id").samples(3, 1)  # from position 1 on, around the two tasks
+    assert [(s.row["vf_task"], s.prompt[-1].content) for s in samples] == [
+        (1, "What is 3 + 4?"), (0, "What is 1 + 2?"), (1, "What is 3 + 4?")]
+    assert {s.task_name for s in samples} == {"verifiers:vf_addition_by_id"}

@@ -35,17 +35,16 @@ from pathlib import Path
 
 
 def _taskset_id(env: str) -> str:
-    """The importable taskset id of ``env``; a file or directory path puts its parent on sys.path."""
+    """The importable taskset id of ``env``: a file or directory path is imported from its folder,
+    an id from the installed packages or the working directory."""
     path = Path(env)
-    if env.endswith(".py") or os.sep in env or path.is_dir():
-        if not path.exists():
-            raise SystemExit(f"verifiers environment {env!r}: no such file or directory")
-        folder = str(path.resolve().parent)
-        sys.path.insert(0, folder)  # and for the processes verifiers starts (tool servers: python -m module)
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (folder, os.environ.get("PYTHONPATH"))))
-        return path.stem if path.suffix == ".py" else path.name
-    sys.path.insert(0, os.getcwd())
-    return env
+    is_path = env.endswith(".py") or os.sep in env or path.is_dir()
+    if is_path and not path.exists():
+        raise SystemExit(f"verifiers environment {env!r}: no such file or directory")
+    folder = str(path.resolve().parent) if is_path else os.getcwd()
+    sys.path.insert(0, folder)  # and for the processes verifiers starts (tool servers: python -m module)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (folder, os.environ.get("PYTHONPATH"))))
+    return (path.stem if path.suffix == ".py" else path.name) if is_path else env
 
 
 def _declared_packages(script: str) -> list[str]:
