@@ -238,3 +238,24 @@ def test_a_taskset_id_is_imported_from_the_working_directory_and_its_tasks_wrap(
     assert [(s.row["vf_task"], s.prompt[-1].content) for s in samples] == [
         (1, "What is 3 + 4?"), (0, "What is 1 + 2?"), (1, "What is 3 + 4?")]
     assert {s.task_name for s in samples} == {"verifiers:vf_addition_by_id"}
+
+
+CODE_HARNESS = ADDITION.replace('__all__ = ["AdditionTaskset"]', """
+from verifiers.v1.harnesses.null import NullHarness
+
+
+class CodeHarness(NullHarness):
+    EXECUTES_CODE = True  # as bash, codex, mini_swe_agent, ...
+
+
+__all__ = ["AdditionTaskset", "CodeHarness"]""")
+
+
+@needs_venv
+def test_a_harness_that_runs_the_models_code_needs_consent(monkeypatch, tmp_path):
+    name = "verifiers:" + write(tmp_path, "vf_code_harness", CODE_HARNESS)
+    with pytest.raises(ConfigError, match="'vf_code_harness' .seat 'agent'. runs the model's code, and rollforge runs "
+                                          "verifiers harnesses on this machine; set ROLLFORGE_VERIFIERS_HOST_CODE=1"):
+        get_env_spec(name).samples(1, 0)
+    monkeypatch.setenv("ROLLFORGE_VERIFIERS_HOST_CODE", "1")
+    assert [s.row["vf_task"] for s in get_env_spec(name).samples(1, 0)] == [0]

@@ -12,8 +12,11 @@ stderr and exits 1.
 through ``__all__``, and optionally its ``Env`` and ``Harness``), or a path to such a ``.py`` file
 or package directory. This process never imports rollforge (verifiers pins ``openai<3`` and
 ``mcp==2.0.0``, which rollforge's own environment cannot hold). Every seat of the env (``agent``
-for a plain taskset) runs its harness in verifiers' ``subprocess`` runtime, on this machine: its
-default runtime is a remote Prime sandbox, which needs an account and the network.
+for a plain taskset) runs its harness in verifiers' ``subprocess`` runtime, on this machine (its
+default runtime is a remote Prime sandbox, which needs an account and the network), so a seat
+whose harness nobody chose gets verifiers' chat-only ``null`` harness (the taskset's tools, no
+shell) instead of ``bash``, and a harness that runs the model's code is refused unless
+``ROLLFORGE_VERIFIERS_HOST_CODE=1`` allows it (``_local_seat``).
 
 Harness programs are PEP 723 scripts that verifiers provisions with ``uv``; when every package a
 script declares is already importable here (true of the built-in chat program: its packages are
@@ -32,6 +35,8 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+
+HOST_CODE = "ROLLFORGE_VERIFIERS_HOST_CODE"
 
 
 def _taskset_id(env: str) -> str:
@@ -73,13 +78,29 @@ def _run_scripts_here() -> None:
     SubprocessRuntime.prepare_uv_script = prepare
 
 
+def _local_seat(vf, taskset: str, seat: str, pinned) -> dict:
+    """A seat's config on this machine: the ``subprocess`` runtime, and the harness the env pins,
+    else the taskset's own, else verifiers' chat-only ``null`` (its default ``bash`` runs the
+    model's shell commands, meant for a remote sandbox). A harness that runs the model's code is
+    refused unless ``ROLLFORGE_VERIFIERS_HOST_CODE=1`` allows it on this machine."""
+    from verifiers.v1.utils.loaders import harness_class
+
+    ident = pinned.id if pinned is not None else vf.default_harness_id(taskset)
+    ident = "null" if pinned is None and ident == "bash" else ident
+    if harness_class(ident).EXECUTES_CODE and os.environ.get(HOST_CODE) != "1":
+        raise SystemExit(f"the verifiers harness {ident!r} (seat {seat!r}) runs the model's code, and rollforge runs "
+                         f"verifiers harnesses on this machine; set {HOST_CODE}=1 to allow it")
+    return {"runtime": {"type": "subprocess"}, **({"harness": {"id": ident}} if pinned is None else {})}
+
+
 def _load(env: str):
     import verifiers.v1 as vf
 
     taskset = _taskset_id(env)
-    seats = [name for name, field in vf.env_config_type(taskset).model_fields.items() if isinstance(field.default, vf.AgentConfig)]
-    local = {seat: {"runtime": {"type": "subprocess"}} for seat in seats}  # harnesses run on this machine
-    return vf, vf.load_environment(vf.resolve_env_config({"taskset": {"id": taskset}, **local}))
+    fields = vf.env_config_type(taskset).model_fields.items()
+    seats = {name: _local_seat(vf, taskset, name, field.default.harness)
+             for name, field in fields if isinstance(field.default, vf.AgentConfig)}
+    return vf, vf.load_environment(vf.resolve_env_config({"taskset": {"id": taskset}, **seats}))
 
 
 def _prompt(task) -> list[dict]:
