@@ -259,3 +259,15 @@ def test_a_harness_that_runs_the_models_code_needs_consent(monkeypatch, tmp_path
         get_env_spec(name).samples(1, 0)
     monkeypatch.setenv("ROLLFORGE_VERIFIERS_HOST_CODE", "1")
     assert [s.row["vf_task"] for s in get_env_spec(name).samples(1, 0)] == [0]
+
+
+@needs_venv
+async def test_the_envs_own_seat_settings_are_kept(renderer, tmp_path):
+    one_turn = GUESSING.replace("player: vf.AgentConfig = vf.AgentConfig()", "player: vf.AgentConfig = vf.AgentConfig(max_turns=1)")
+    spec = get_env_spec("verifiers:" + write(tmp_path, "vf_guessing_once", one_turn))
+    samples = spec.samples(1, 0)
+    backend = scripted(renderer, lambda prompt: "2" if "Too low." in prompt else "1")
+    result = await arollout(samples, {samples[0].task_name: spec.build()}, backend, renderer, RolloutConfig())
+    [trajectory] = result.trajectories
+    assert trajectory.error is None and trajectory.turns == 1, trajectory.error
+    assert trajectory.total_reward < 1.0  # stopped after the wrong first guess

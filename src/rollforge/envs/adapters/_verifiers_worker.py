@@ -79,10 +79,11 @@ def _run_scripts_here() -> None:
 
 
 def _local_seat(vf, taskset: str, seat: str, pinned) -> dict:
-    """A seat's config on this machine: the ``subprocess`` runtime, and the harness the env pins,
-    else the taskset's own, else verifiers' chat-only ``null`` (its default ``bash`` runs the
-    model's shell commands, meant for a remote sandbox). A harness that runs the model's code is
-    refused unless ``ROLLFORGE_VERIFIERS_HOST_CODE=1`` allows it on this machine."""
+    """What rollforge sets in a seat's config (verifiers merges it onto the env's own, so the
+    seat's other settings stay): the ``subprocess`` runtime, on this machine, and the harness the
+    env pins, else the taskset's own, else verifiers' chat-only ``null`` (its default ``bash``
+    runs the model's shell commands, meant for a remote sandbox). A harness that runs the model's
+    code is refused unless ``ROLLFORGE_VERIFIERS_HOST_CODE=1`` allows it on this machine."""
     from verifiers.v1.utils.loaders import harness_class
 
     ident = pinned.id if pinned is not None else vf.default_harness_id(taskset)
