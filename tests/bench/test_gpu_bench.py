@@ -129,3 +129,12 @@ def test_one_real_architecture_builds_and_updates_in_bfloat16_on_cuda(tmp_path):
     assert info["parameters"] == 596_049_920 and info["saved_dtype"] == "bfloat16"
     result = gpu_sections.train_throughput(tmp_path / "m", where, {"pack_tokens": 2048, "pack_steps": 1, "seed": 0})
     assert result["dtype"] == "bfloat16" and result["step_s"] > 0 and result["peak_memory_gib"] > 0
+
+
+def test_the_pack_section_runs_train_throughput_on_the_built_model(tmp_path):
+    where = torch.device("cpu")
+    info = gpu_sections.build_model_dir("tiny", tmp_path / "m", where, seed=0)
+    assert (info["parameters"], info["vocab_size"], info["tokenizer_vocab"]) == (115072, 640, 640)
+    result = gpu_sections.train_throughput(tmp_path / "m", where, {"pack_tokens": 32, "pack_steps": 1, "seed": 0})
+    assert (result["seq_len"], result["steps"], result["dtype"], result["mfu"]) == (32, 1, "float32", None)
+    assert result["tokens_per_s"] > 0 and "11% MFU for Qwen3-0.6B" in result["anchor"]

@@ -175,7 +175,8 @@ NOTES = [
     "models are random-initialised from the published configs (gpu_models/*.json) with their own vocabulary; "
     "the tokenizer (rollforge.testing's, 640 ids) covers the first 640 ids only, so completions run to the token limit",
     "MFU: model FLOPs (6N + 12 L d_attn T per trained token, see bench train-throughput) over the bf16 dense peak "
-    "of the detected GPU; null on a CPU or an unknown GPU",
+    "of the detected GPU; null on a CPU or an unknown GPU. grpo's update MFU takes T = the first prompt's tokens + "
+    "the mean completion (an estimate: prompts differ by a few tokens, and a group's shared prompt runs once)",
     "grpo/trl: float32 master weights, bfloat16 autocast on CUDA (float32 on CPU); TRL's generation runs as its "
     "Trainer runs it; the first step of each is an untimed warm-up",
     "grpo split: rollout = generation, rewards and advantages; update = the policy update; sync = the rest of the "

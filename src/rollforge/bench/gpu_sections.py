@@ -85,7 +85,7 @@ def _meta_model(model_dir: Path) -> Any:
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
 
 
-def _settings(model_dir: Path, where: Any, s: dict[str, Any]) -> dict[str, Any]:
+def _settings(where: Any, s: dict[str, Any]) -> dict[str, Any]:
     """``vs_trl_runners``'s settings for one GRPO run on ``where`` (bfloat16 autocast on CUDA)."""
     return {"steps": s["grpo_steps"], "batch_size": s["batch_size"], "generations": s["generations"],
             "max_completion_tokens": s["max_new_tokens"], "max_tool_calls": 0, "lr": 1e-6, "seed": s["seed"],
@@ -94,14 +94,14 @@ def _settings(model_dir: Path, where: Any, s: dict[str, Any]) -> dict[str, Any]:
 
 def grpo(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """rollforge GRPO steps: step time and its split, generation and update tokens/s, update MFU."""
+    import torch
+
     from .train_throughput import model_flops_per_token, peak_flops
     from .vs_trl import _summary
     from .vs_trl_runners import run_rollforge
     from .vs_trl_workloads import arithmetic
 
-    import torch
-
-    settings = _settings(model_dir, where, s)
+    settings = _settings(where, s)
     run = run_rollforge(arithmetic(model_dir, seed=s["seed"]), settings, scratch / "rollforge")
     summary = _summary([run])
     timed = run["steps"][1:]
@@ -133,7 +133,7 @@ def trl(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, rollforge
     from .vs_trl_workloads import arithmetic
 
     require("trl", extra="bench-trl", feature="the TRL section of bench gpu")
-    run = run_trl(arithmetic(model_dir, seed=s["seed"]), _settings(model_dir, where, s), scratch / "trl")
+    run = run_trl(arithmetic(model_dir, seed=s["seed"]), _settings(where, s), scratch / "trl")
     summary = _summary([run])
     ours = rollforge.get("seconds_per_step") if rollforge.get("status") == "ok" else None
     return {
@@ -155,14 +155,10 @@ def train_throughput(model_dir: Path, where: Any, s: dict[str, Any]) -> dict[str
     out = {k: result[k] for k in keep}
     out["anchor"] = "prime-rl's trainer benchmark: 11% MFU for Qwen3-0.6B on one H100; target >= 15%"
     if where.type == "cuda":
-        out["peak_memory_gib"] = round(_peak_memory(where), 2)
+        import torch
+
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(where) / 2**30, 2)
     return out
-
-
-def _peak_memory(where: Any) -> float:
-    import torch
-
-    return torch.cuda.max_memory_allocated(where) / 2**30
 
 
 def fsdp2(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:
@@ -174,9 +170,11 @@ def fsdp2(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict
         raise ConfigError("bench gpu's FSDP2 section needs its own process group; one is already initialised here")
     backend = "nccl" if where.type == "cuda" else "gloo"
     store = dist.FileStore(str(scratch / "process-group"), 1)
-    if where.type == "cuda":
-        torch.cuda.set_device(where)
-    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    options = {}
+    if where.type == "cuda":  # "cuda" names no index, which set_device refuses
+        options["device_id"] = torch.device("cuda", where.index or 0)
+        torch.cuda.set_device(options["device_id"])
+    dist.init_process_group(backend, store=store, rank=0, world_size=1, **options)
     try:
         return {"backend": backend, "world_size": dist.get_world_size(), **_fsdp_round_trip(model_dir, where, s, scratch)}
     finally:
