@@ -138,3 +138,22 @@ def test_the_pack_section_runs_train_throughput_on_the_built_model(tmp_path):
     result = gpu_sections.train_throughput(tmp_path / "m", where, {"pack_tokens": 32, "pack_steps": 1, "seed": 0})
     assert (result["seq_len"], result["steps"], result["dtype"], result["mfu"]) == (32, 1, "float32", None)
     assert result["tokens_per_s"] > 0 and "11% MFU for Qwen3-0.6B" in result["anchor"]
+
+
+def test_the_tokenizer_covers_every_id_the_model_can_sample(tmp_path, monkeypatch):
+    # The backend refuses token ids outside the tokenizer: a model of a real architecture (151,936
+    # ids) with the 640-id test tokenizer failed every episode as an infrastructure failure.
+    from transformers import AutoTokenizer
+
+    from rollforge.testing import _make_tokenizer
+
+    tiny = gpu_sections.model_spec("tiny")
+    monkeypatch.setattr(gpu_sections, "model_spec", lambda name: {**tiny, "vocab_size": 700})
+    info = gpu_sections.build_model_dir("tiny", tmp_path, torch.device("cpu"), seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert info["tokenizer_vocab"] == len(tokenizer) == 700
+    assert tokenizer.decode([640, 641, 665, 666, 699]) == "~a~b~z~ba~ch"  # letters only: the reward reads numbers
+    text = "What is 3 + 4? Answer with just the number."
+    assert tokenizer.encode(text) == _make_tokenizer().encode(text)  # no merge produces the new ids
+    with pytest.raises(Exception, match="more than the model's vocab_size 600"):
+        gpu_sections.pad_vocabulary(tmp_path / "tokenizer.json", 600)

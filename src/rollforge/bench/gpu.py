@@ -172,8 +172,9 @@ def environment(where: Any) -> dict[str, Any]:
 
 
 NOTES = [
-    "models are random-initialised from the published configs (gpu_models/*.json) with their own vocabulary; "
-    "the tokenizer (rollforge.testing's, 640 ids) covers the first 640 ids only, so completions run to the token limit",
+    "models are random-initialised from the published configs (gpu_models/*.json) with their own vocabulary; the "
+    "tokenizer is rollforge.testing's 640-id BPE padded with placeholder tokens to that vocabulary; a random model "
+    "almost never ends a turn, so completions run to the token limit",
     "MFU: model FLOPs (6N + 12 L d_attn T per trained token, see bench train-throughput) over the bf16 dense peak "
     "of the detected GPU; null on a CPU or an unknown GPU. grpo's update MFU takes T = the first prompt's tokens + "
     "the mean completion (an estimate: prompts differ by a few tokens, and a group's shared prompt runs once)",

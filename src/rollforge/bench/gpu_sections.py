@@ -3,12 +3,13 @@ of figures (``gpu.py`` runs them at its boundary and turns what they raise into 
 
 The model: ``build_model_dir`` initialises a model of a real architecture at random from one of the
 configs in ``gpu_models/`` (copied from the published ``config.json``; weights are not needed for
-speed) and saves it, with the offline tokenizer of ``rollforge.testing`` (byte-level BPE, ids
-0-639, ChatML), as an ordinary checkpoint directory that every section loads. The vocabulary is
+speed) and saves it, with the offline tokenizer of ``rollforge.testing`` (byte-level BPE, 640
+ids, ChatML), as an ordinary checkpoint directory that every section loads. The vocabulary is
 the architecture's own (151,936 for Qwen, 128,256 for Llama), so the embedding and the output head
-cost what they cost in the real model; the tokenizer covers only the first 640 ids, ids above decode
-to nothing, and a random model samples the end-of-turn token almost never: every completion runs
-to its token limit, which makes the work per step fixed.
+cost what they cost in the real model; the tokenizer's vocabulary is padded to it with placeholder
+tokens (``pad_vocabulary``: the backend refuses ids outside the tokenizer). A random model samples
+the end-of-turn token almost never: every completion runs to its token limit, which makes the
+work per step fixed.
 
 - ``grpo``: rollforge's trainer (``vs_trl_runners.run_rollforge``) on the ``arithmetic`` workload,
   HF backend generating from the trained model; float32 master weights, bfloat16 autocast on CUDA.
@@ -24,6 +25,7 @@ to its token limit, which makes the work per step fixed.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -52,7 +54,7 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     """Initialise ``name`` at random (on ``where``; seeded) and save it with the offline tokenizer
     to ``out`` (bfloat16 weights on CUDA, float32 on CPU); its sizes and the seconds it took."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from ..testing import _make_tokenizer
 
@@ -69,11 +71,29 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    pad_vocabulary(out / "tokenizer.json", spec["vocab_size"])
     params = sum(p.numel() for p in model.parameters())
     del model
     return {"architecture": spec["architectures"][0], "parameters": params, "vocab_size": spec["vocab_size"],
-            "tokenizer_vocab": len(tokenizer), "layers": spec["num_hidden_layers"], "hidden_size": spec["hidden_size"],
+            "tokenizer_vocab": len(AutoTokenizer.from_pretrained(out)), "layers": spec["num_hidden_layers"], "hidden_size": spec["hidden_size"],
             "saved_dtype": str(dtype).removeprefix("torch."), "build_seconds": round(time.perf_counter() - began, 2)}
+
+
+def pad_vocabulary(path: Path, size: int) -> None:
+    """Extend the BPE vocabulary of the tokenizer file ``path`` to ``size`` ids: every id the model
+    can sample decodes (the backend refuses ids outside the tokenizer), to ``~`` and letters (no
+    digits: the arithmetic reward reads numbers). No merge produces them, so encoding is unchanged."""
+    data = json.loads(path.read_text())
+    vocab = data["model"]["vocab"]
+    start = max([*vocab.values(), *(t["id"] for t in data.get("added_tokens", []))]) + 1
+    if start > size:
+        raise ConfigError(f"the tokenizer has {start} ids, more than the model's vocab_size {size}")
+    for i in range(start, size):
+        name, n = "", i - start
+        while n or not name:
+            name, n = chr(ord("a") + n % 26) + name, n // 26
+        vocab[f"~{name}"] = i
+    path.write_text(json.dumps(data, ensure_ascii=False))
 
 
 def _meta_model(model_dir: Path) -> Any:
@@ -223,6 +243,8 @@ def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Pa
     save_seconds = time.perf_counter() - began
     del plain
     expected = float(step().loss)  # the next update of the run that did not stop
+    del step, model, optimizer, scheduler  # one model with its optimizer state in memory at a time
+    gc.collect()
     resumed, resumed_tokenizer, resumed_optimizer, resumed_scheduler = _sharded(model_dir, where)
     began = time.perf_counter()
     loaded, skipped = load_newest(root)
