@@ -29,9 +29,12 @@ from __future__ import annotations
 import gc
 import json
 import platform
+import shutil
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ConfigError
 from . import gpu_sections as sections
@@ -87,12 +90,15 @@ def run(models: list[str], chosen: tuple[str, ...], settings: dict[str, Any], de
             entry: dict[str, Any] = {}
             report["models"][name] = entry
             model_dir = Path(folder) / name
-            entry["model"] = _section(lambda: sections.build_model_dir(name, model_dir, where, settings["seed"]))
+            entry["model"] = _section(partial(sections.build_model_dir, name, model_dir, where, settings["seed"]))
             for section in chosen:
-                entry[section] = _gated(section, entry, where, began, budget_s, lambda section=section: _call(
-                    section, model_dir, where, settings, Path(folder) / f"{name}-{section}", entry))
+                scratch_of = Path(folder) / f"{name}-{section}"
+                entry[section] = _gated(section, entry, where, began, budget_s,
+                                        partial(_call, section, model_dir, where, settings, scratch_of, entry))
+                shutil.rmtree(scratch_of, ignore_errors=True)  # a 1B model's checkpoint is some 15 GB
                 report["seconds"] = round(time.perf_counter() - began, 1)
                 _write(out, report)
+            shutil.rmtree(model_dir, ignore_errors=True)
     report["seconds"] = round(time.perf_counter() - began, 1)
     _write(out, report)
     return report
@@ -149,7 +155,7 @@ def _release_memory() -> None:
 
 def environment(where: Any) -> dict[str, Any]:
     """What ran the benchmark: versions, the device and its bfloat16 peak."""
-    import importlib.metadata as metadata
+    from importlib import metadata
 
     import torch
 
@@ -172,16 +178,24 @@ def environment(where: Any) -> dict[str, Any]:
 
 
 NOTES = [
-    "models are random-initialised from the published configs (gpu_models/*.json) with their own vocabulary; the "
-    "tokenizer is rollforge.testing's 640-id BPE padded with placeholder tokens to that vocabulary; a random model "
-    "almost never ends a turn, so completions run to the token limit",
-    "MFU: model FLOPs (6N + 12 L d_attn T per trained token, see bench train-throughput) over the bf16 dense peak "
-    "of the detected GPU; null on a CPU or an unknown GPU. grpo's update MFU takes T = the first prompt's tokens + "
-    "the mean completion (an estimate: prompts differ by a few tokens, and a group's shared prompt runs once)",
-    "grpo/trl: float32 master weights, bfloat16 autocast on CUDA (float32 on CPU); TRL's generation runs as its "
-    "Trainer runs it; the first step of each is an untimed warm-up",
-    "grpo split: rollout = generation, rewards and advantages; update = the policy update; sync = the rest of the "
-    "step (weight sync: nothing to copy, the HF backend generates from the trained model)",
+    (
+        "models are random-initialised from the published configs (gpu_models/*.json) with their own vocabulary; the "
+        "tokenizer is rollforge.testing's 640-id BPE padded with placeholder tokens to that vocabulary; a random model "
+        "almost never ends a turn, so completions run to the token limit"
+    ),
+    (
+        "MFU: model FLOPs (6N + 12 L d_attn T per trained token, see bench train-throughput) over the bf16 dense peak "
+        "of the detected GPU; null on a CPU or an unknown GPU. grpo's update MFU takes T = the first prompt's tokens + "
+        "the mean completion (an estimate: prompts differ by a few tokens, and a group's shared prompt runs once)"
+    ),
+    (
+        "grpo/trl: float32 master weights, bfloat16 autocast on CUDA (float32 on CPU); TRL's generation runs as its "
+        "Trainer runs it; the first step of each is an untimed warm-up"
+    ),
+    (
+        "grpo split: rollout = generation, rewards and advantages; update = the policy update; sync = the rest of the "
+        "step (weight sync: nothing to copy, the HF backend generates from the trained model)"
+    ),
 ]
 
 
