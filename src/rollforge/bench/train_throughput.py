@@ -122,15 +122,32 @@ def run(
 
 def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int, steps: int,
                 warmup: int, seed: int) -> list[float]:
-    """Seconds of each of ``steps`` updates (after ``warmup`` untimed ones) on ``batch`` x
-    ``seq_len`` random token ids, every token in the loss, as one micro-batch."""
+    """Seconds of each of ``steps`` updates (after ``warmup`` untimed ones) of ``update_step``."""
+    import torch
+
+    model.requires_grad_(True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    step = update_step(model, optimizer, pad_id, where, compute, batch, seq_len, seed)
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - began)
+    return times
+
+
+def update_step(model: Any, optimizer: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int,
+                seed: int) -> Any:
+    """A function taking one ``policy_update`` (ending with a device synchronisation) on ``batch`` x
+    ``seq_len`` random token ids (the same every call), every token in the loss, as one micro-batch;
+    it returns the update's statistics."""
     import torch
 
     from ..train.losses import ClippedPolicyLoss, TokenMean
     from ..train.update import UpdateRow, policy_update
 
-    model.requires_grad_(True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     generator = torch.Generator().manual_seed(seed)
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(0, vocab, (batch, seq_len), generator=generator)  # (B, T)
@@ -140,20 +157,14 @@ def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, batch: int, s
     advantages = torch.ones(batch)
     loss_fn = ClippedPolicyLoss()
 
-    def step() -> None:
-        policy_update(model, optimizer, episodes, advantages, weights, loss_fn, micro_batch_tokens=batch * seq_len,
-                      pad_id=pad_id, compute_dtype=compute)
+    def step() -> Any:
+        stats = policy_update(model, optimizer, episodes, advantages, weights, loss_fn,
+                              micro_batch_tokens=batch * seq_len, pad_id=pad_id, compute_dtype=compute)
         if where.type == "cuda":
             torch.cuda.synchronize(where)
+        return stats
 
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        began = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - began)
-    return times
+    return step
 
 
 def add_arguments(parser: Any) -> None:

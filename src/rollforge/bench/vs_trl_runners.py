@@ -101,6 +101,7 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     from trl import GRPOConfig, GRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    cuda = s.get("device", "cpu") == "cuda"  # bench gpu: CUDA, float32 master weights, bfloat16 autocast
     tokenizer = AutoTokenizer.from_pretrained(workload.model_dir)
     model = AutoModelForCausalLM.from_pretrained(workload.model_dir, dtype=torch.float32)
     clock = _trl_clock(turns)
@@ -112,7 +113,7 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
         learning_rate=s["lr"], lr_scheduler_type="constant",
         warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
         epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0,
-        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, logging_steps=1, report_to="none",
+        bf16=cuda and s.get("dtype") == "bfloat16", fp16=False, use_cpu=not cuda, gradient_checkpointing=False, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(
@@ -241,7 +242,8 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
     n = s["batch_size"] * s["generations"]
     config = load_config(
         out=str(out), steps=s["steps"], seed=s["seed"], checkpoint_every=0, save_trajectories=False,
-        model={"name": str(workload.model_dir), "dtype": "float32", "backend": "hf"},
+        model={"name": str(workload.model_dir), "dtype": s.get("dtype", "float32"), "device": s.get("device", "auto"),
+               "backend": "hf"},
         environments=[workload.rollforge_environment],
         algorithm={
             "batch_size": s["batch_size"], "group_size": s["generations"], "advantage": "grpo",
@@ -271,6 +273,7 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
                        "other": m["time/step"] - m["time/rollout"] - m["time/update"]},
             "context_tokens": None,
             "tool_failures": sum(v for k, v in m.items() if k.startswith("rollout/failures/")),
+            "trained_tokens": m["trained_tokens"],
         }
         for m in result.history
     ]

@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway", "agents through the OpenAI SDK and the gateway vs the same requests sent to the backend directly"),
     "train-throughput": ("train_throughput", "training tokens/s, step time and MFU of real policy updates on random tokens"),
     "async-training": ("async_training", "wall time of GRPO at max_staleness 0/1/2 with remote-like generation, vs max(generation, update) per step"),
+    "gpu": ("gpu", "every GPU path on random-initialised real architectures: GRPO vs TRL, FSDP2 checkpoint, MFU (one JSON report)"),
     "scale": ("scale", "10,000 concurrent episodes on one machine: peak memory per episode, wall vs the lower bound"),
 }
 

@@ -156,8 +156,12 @@ def shard(model: Any, ranks: Ranks) -> Any:
     """FSDP2 over the ranks: each decoder layer is one unit, the root holds the rest (embeddings,
     final norm, the head). Gradients are summed across ranks, not averaged (the loss weights are
     already normalised over the global batch). One rank: the model unchanged."""
-    if not ranks.distributed:
-        return model
+    return fully_shard_model(model) if ranks.distributed else model
+
+
+def fully_shard_model(model: Any) -> Any:
+    """``shard``'s FSDP2 wrapping whatever the world size (``bench gpu`` shards over a process
+    group of one); the process group must be initialised."""
     from torch.distributed.fsdp import fully_shard
 
     layers = _decoder_layers(model)

@@ -1,0 +1,222 @@
+"""``rollforge bench gpu``: does every GPU path work on this machine, and how fast (one JSON report).
+
+Made for an air-gapped GPU box: nothing is downloaded. Each model (``--models``: random-initialised
+Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B from the configs in ``gpu_models/``, see
+``gpu_sections``) runs four sections, in this order:
+
+- ``grpo``: rollforge GRPO steps, HF backend generating from the trained model: seconds per step
+  split into rollout, update and sync; generation and update tokens/s; the update's MFU;
+- ``trl``: the same steps with TRL's ``GRPOTrainer``; ``ratio_step_time`` = rollforge / TRL;
+- ``fsdp2``: FSDP2 over a process group of one (NCCL; gloo on CPU), a checkpoint written and resumed;
+- ``train_throughput``: ``bench train-throughput`` at 16,384-token packs: MFU (needs CUDA).
+
+The boundary: every section runs inside ``_section``; whatever it raises becomes
+``{"status": "failed", "reason": "<one line>"}`` and the run goes on (a failed model build fails
+that model's sections). A section that needs CUDA on a machine without it is
+``{"status": "skipped", "reason": "no CUDA device"}``; one that would start after ``--budget-s``
+seconds is skipped saying so. The report is rewritten after every section, so an interrupted run
+leaves what it measured.
+
+Sizes (full run; about 4-5 minutes a model on one H100, so <= 20 minutes for the three): GRPO 8
+prompts x 8 completions of 256 new tokens, 4 steps of which the first is an untimed warm-up, on
+the ``arithmetic`` prompts; FSDP2 2 updates of 4 x 2,048 random tokens, then the round trip; packs
+3 timed steps after 1 warm-up. ``--quick`` runs a 0.1M-parameter Qwen3-architecture model (``tiny``)
+at a few tokens, in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from . import gpu_sections as sections
+
+FULL = {"grpo_steps": 4, "batch_size": 8, "generations": 8, "max_new_tokens": 256, "fsdp_steps": 2,
+        "fsdp_batch": 4, "fsdp_seq_len": 2048, "pack_tokens": 16384, "pack_steps": 3}
+QUICK = {"grpo_steps": 2, "batch_size": 2, "generations": 2, "max_new_tokens": 8, "fsdp_steps": 1,
+         "fsdp_batch": 2, "fsdp_seq_len": 32, "pack_tokens": 256, "pack_steps": 1}
+SECTIONS = ("grpo", "trl", "fsdp2", "train_throughput")
+NEEDS_CUDA = frozenset({"train_throughput"})
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated, of {', '.join(sections.MODELS)} (default: all three; tiny with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a tiny model at a few tokens (seconds, on a CPU)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--out", default="gpu-report.json", help="the JSON report (default gpu-report.json)")
+    parser.add_argument("--scratch", default=None, help="where models and checkpoints go meanwhile (default: the temp dir)")
+    parser.add_argument("--budget-s", type=float, default=1200.0, help="skip sections that would start later (default 1200)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def main(args: Any) -> dict[str, Any]:
+    default = "tiny" if args.quick else ",".join(sections.MODELS)
+    models = [m.strip() for m in (args.models or default).split(",") if m.strip()]
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown or not chosen:
+        raise ConfigError(f"--sections must name some of {', '.join(SECTIONS)}, got {args.sections!r}")
+    if args.budget_s <= 0:
+        raise ConfigError(f"--budget-s must be > 0 seconds, got {args.budget_s}")
+    for name in models:
+        sections.model_spec(name)  # an unknown name fails here, before anything runs
+    settings = {**(QUICK if args.quick else FULL), "seed": args.seed}
+    report = run(models, tuple(s for s in SECTIONS if s in chosen), settings, args.device, Path(args.out),
+                 args.scratch, args.budget_s)
+    return summary(report, args.out)
+
+
+def run(models: list[str], chosen: tuple[str, ...], settings: dict[str, Any], device: str, out: Path,
+        scratch: str | None, budget_s: float) -> dict[str, Any]:
+    """Every section of every model; the report (also written to ``out`` after each section)."""
+    from ..models import resolve_device
+
+    where = resolve_device(device)
+    began = time.perf_counter()
+    report: dict[str, Any] = {"benchmark": "gpu", "environment": environment(where), "settings": settings,
+                              "budget_s": budget_s, "models": {}, "notes": NOTES}
+    with sections.scratch_dir(scratch) as folder:
+        for name in models:
+            entry: dict[str, Any] = {}
+            report["models"][name] = entry
+            model_dir = Path(folder) / name
+            entry["model"] = _section(partial(sections.build_model_dir, name, model_dir, where, settings["seed"]))
+            for section in chosen:
+                scratch_of = Path(folder) / f"{name}-{section}"
+                entry[section] = _gated(section, entry, where, began, budget_s,
+                                        partial(_call, section, model_dir, where, settings, scratch_of, entry))
+                shutil.rmtree(scratch_of, ignore_errors=True)  # a 1B model's checkpoint is some 15 GB
+                report["seconds"] = round(time.perf_counter() - began, 1)
+                _write(out, report)
+            shutil.rmtree(model_dir, ignore_errors=True)
+    report["seconds"] = round(time.perf_counter() - began, 1)
+    _write(out, report)
+    return report
+
+
+def _call(section: str, model_dir: Path, where: Any, s: dict[str, Any], scratch: Path,
+          entry: dict[str, Any]) -> dict[str, Any]:
+    scratch.mkdir(parents=True, exist_ok=True)
+    if section == "grpo":
+        return sections.grpo(model_dir, where, s, scratch)
+    if section == "trl":
+        return sections.trl(model_dir, where, s, scratch, entry.get("grpo", {}))
+    if section == "fsdp2":
+        return sections.fsdp2(model_dir, where, s, scratch)
+    return sections.train_throughput(model_dir, where, s)
+
+
+def _gated(section: str, entry: dict[str, Any], where: Any, began: float, budget_s: float,
+           body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``body`` at the boundary, unless the section cannot run here (no CUDA, no model, no time)."""
+    if section in NEEDS_CUDA and where.type != "cuda":
+        return {"status": "skipped", "reason": "no CUDA device"}
+    if entry["model"]["status"] != "ok":
+        return {"status": "skipped", "reason": "the model was not built (see its 'model' entry)"}
+    spent = time.perf_counter() - began
+    if spent > budget_s:
+        return {"status": "skipped", "reason": f"the time budget of {budget_s:.0f} s was spent ({spent:.0f} s)"}
+    return _section(body)
+
+
+def _section(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The boundary: ``body``'s figures as ``{"status": "ok", "seconds": ..., ...}``, or what it
+    raised as one line; device memory is released after either."""
+    began = time.perf_counter()
+    try:
+        result = {"status": "ok", **body()}
+    except Exception as exc:  # the boundary of a section: any failure is the report's, not the run's
+        message = " ".join(str(exc).split())
+        result = {"status": "failed", "reason": f"{type(exc).__name__}: {message}"[:500]}
+    finally:
+        _release_memory()
+    result["seconds"] = round(time.perf_counter() - began, 2)
+    return result
+
+
+def _release_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def environment(where: Any) -> dict[str, Any]:
+    """What ran the benchmark: versions, the device and its bfloat16 peak."""
+    from importlib import metadata
+
+    import torch
+
+    from .train_throughput import peak_flops
+
+    def version(package: str) -> str | None:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cuda = where.type == "cuda"
+    peak, source = peak_flops(where, torch.bfloat16)
+    return {
+        "device": str(where), "device_name": torch.cuda.get_device_name(where) if cuda else platform.processor() or "cpu",
+        "gpus": torch.cuda.device_count() if cuda else 0, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "torch": torch.__version__, "transformers": version("transformers"), "accelerate": version("accelerate"),
+        "trl": version("trl"), "rollforge": version("rollforge"), "peak_bf16_flops_per_s": peak, "peak_source": source,
+    }
+
+
+NOTES = [
+    (
+        "models are random-initialised from the published configs (gpu_models/*.json) with their own vocabulary; the "
+        "tokenizer is rollforge.testing's 640-id BPE padded with placeholder tokens to that vocabulary; a random model "
+        "almost never ends a turn, so completions run to the token limit"
+    ),
+    (
+        "MFU: model FLOPs (6N + 12 L d_attn T per trained token, see bench train-throughput) over the bf16 dense peak "
+        "of the detected GPU; null on a CPU or an unknown GPU. grpo's update MFU takes T = the first prompt's tokens + "
+        "the mean completion (an estimate: prompts differ by a few tokens, and a group's shared prompt runs once)"
+    ),
+    (
+        "grpo/trl: float32 master weights, bfloat16 autocast on CUDA (float32 on CPU); TRL's generation runs as its "
+        "Trainer runs it; the first step of each is an untimed warm-up"
+    ),
+    (
+        "grpo split: rollout = generation, rewards and advantages; update = the policy update; sync = the rest of the "
+        "step (weight sync: nothing to copy, the HF backend generates from the trained model)"
+    ),
+]
+
+
+def summary(report: dict[str, Any], out: str) -> dict[str, Any]:
+    """The printed summary: per model and section its status and headline figure."""
+    headline = {"grpo": "seconds_per_step", "trl": "ratio_step_time", "fsdp2": "next_loss_matches",
+                "train_throughput": "mfu", "model": "parameters"}
+    models = {}
+    for name, entry in report["models"].items():
+        models[name] = {
+            section: f"ok {headline[section]}={result.get(headline[section])}" if result["status"] == "ok"
+            else f"{result['status']}: {result['reason']}"
+            for section, result in entry.items()
+        }
+    env = report["environment"]
+    return {"report": str(out), "device": f"{env['device']} ({env['device_name']})", "seconds": report["seconds"],
+            "models": models}
+
+
+def _write(out: Path, report: dict[str, Any]) -> None:
+    from ..files import atomic_write
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, json.dumps(report, indent=2) + "\n")
