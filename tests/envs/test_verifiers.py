@@ -271,3 +271,18 @@ async def test_the_envs_own_seat_settings_are_kept(renderer, tmp_path):
     [trajectory] = result.trajectories
     assert trajectory.error is None and trajectory.turns == 1, trajectory.error
     assert trajectory.total_reward < 1.0  # stopped after the wrong first guess
+
+
+def test_the_venv_lives_beside_the_one_rollforge_runs_in(monkeypatch, tmp_path):
+    """Not inside the source checkout: a regular install and a notebook find the same venv."""
+    import sys
+
+    monkeypatch.delenv(verifiers_env.VENV_VARIABLE, raising=False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env"))
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    assert verifiers_env.venv_dir() == tmp_path / "env" / "venvs" / "verifiers"
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "env"))  # no virtual environment
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert verifiers_env.venv_dir() == tmp_path / "data" / "rollforge" / "venvs" / "verifiers"
+    monkeypatch.setenv(verifiers_env.VENV_VARIABLE, str(tmp_path / "mine"))
+    assert verifiers_env.venv_dir() == tmp_path / "mine"

@@ -1,9 +1,11 @@
 """verifiers environments (v0.4 tasksets), run unchanged in their own virtual environment.
 
 verifiers 0.4 pins ``openai<3`` and ``mcp==2.0.0``, which rollforge's other extras cannot share,
-so it lives in a virtual environment of its own (``scripts/install.sh`` makes it at
-``.venvs/verifiers`` in the checkout; ``ROLLFORGE_VERIFIERS_VENV`` points elsewhere: ``venv_dir``
-is the one place that names it). rollforge never imports verifiers: ``build(env)``
+so it lives in a virtual environment of its own, beside the one rollforge runs in: ``venvs/verifiers``
+inside the active virtual environment, or ``~/.local/share/rollforge/venvs/verifiers`` for a Python
+outside one (``ROLLFORGE_VERIFIERS_VENV`` points elsewhere). ``venv_dir`` is the one place that names
+it; ``scripts/install.sh`` asks it where to make it, so an editable checkout, a regular install and a
+notebook find the same one. rollforge never imports verifiers: ``build(env)``
 (``--env verifiers:<taskset id or path>``) is an ``AgentEnvironment`` whose program is
 ``_verifiers_worker.py`` run by that venv's python. Per episode the worker loads the taskset,
 runs one verifiers episode of the row's task (``vf_task``) with verifiers' own env, harness and
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from ...errors import ConfigError, EnvironmentError_
@@ -29,14 +32,18 @@ from ...types import Message, Sample
 FAMILY = "verifiers"
 VENV_VARIABLE = "ROLLFORGE_VERIFIERS_VENV"
 WORKER = Path(__file__).with_name("_verifiers_worker.py")
-_CHECKOUT = Path(__file__).resolve().parents[4]  # src/rollforge/envs/adapters/ -> the checkout
 _LISTING_TIMEOUT = 300.0
 
 
 def venv_dir() -> Path:
-    """The verifiers virtual environment: ``$ROLLFORGE_VERIFIERS_VENV``, else ``.venvs/verifiers``
-    in the checkout (where ``scripts/install.sh`` makes it)."""
-    return Path(os.environ.get(VENV_VARIABLE) or _CHECKOUT / ".venvs" / "verifiers")
+    """The verifiers virtual environment: ``$ROLLFORGE_VERIFIERS_VENV``, else ``venvs/verifiers`` in
+    the active virtual environment (it goes when that one is cleared), else in the user's data folder."""
+    if os.environ.get(VENV_VARIABLE):
+        return Path(os.environ[VENV_VARIABLE])
+    if sys.prefix != sys.base_prefix:  # running in a virtual environment
+        return Path(sys.prefix) / "venvs" / "verifiers"
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data) / "rollforge" / "venvs" / "verifiers"
 
 
 def venv_python() -> str:
