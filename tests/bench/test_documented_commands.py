@@ -48,6 +48,7 @@ SMALL: dict[str, tuple[str, tuple[str, ...], tuple]] = {
     "scale": ("--episodes 20 --turns 2 --latency 0.01", ("memory_per_episode_kb", "wall_seconds", "executor"), ()),
     "fuzz": ("--calls 60", ("failed_episodes", "invariant_violations", "failures_by_kind"), ()),
     "gateway": ("--sessions 2 --turns 2 --latency 0.01", ("ratio_gateway_to_direct", "sessions_token_exact"), ()),
+    "gpu": ("--quick --device cpu --sections fsdp2 --out {tmp}/gpu-report.json", ("report", "device", "models"), (slow,)),
 }
 
 
@@ -85,7 +86,7 @@ def test_documented_command_runs_at_a_small_size(command, tiny_model_dir, tmp_pa
         monkeypatch.setattr(vs_trl_setup, "prepare_model",
                             functools.partial(vs_trl_setup.prepare_model, tmp_path, warmup_steps=2))
         flags += " --max-tool-calls 1"
-    argv = ["bench", *shlex.split(command), *shlex.split(flags.replace(TINY, str(tiny_model_dir)))]
+    argv = ["bench", *shlex.split(command), *shlex.split(flags.replace(TINY, str(tiny_model_dir)).replace("{tmp}", str(tmp_path)))]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert [key for key in keys if key not in result] == []

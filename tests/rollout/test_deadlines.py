@@ -61,3 +61,28 @@ async def test_nested_limits_the_inner_one_expires_first():
             async with deadline(0.02) as inner:
                 await asyncio.sleep(10)
     assert inner.expired() and not outer.expired()
+
+
+async def test_a_pending_timer_does_not_keep_the_callers_context_alive():
+    """The first limit of a tick schedules the shared timer; the caller's context variables (an
+    episode's state, which a router's placements watch) must not live until that timer fires."""
+    import contextvars
+    import gc
+    import weakref
+
+    held = contextvars.ContextVar("held")
+
+    class State:
+        pass
+
+    async def episode() -> weakref.ref:
+        state = State()
+        held.set(state)
+        async with deadline(600):  # a timer ten minutes away
+            await asyncio.sleep(0)
+        return weakref.ref(state)
+
+    ref = await asyncio.ensure_future(episode())  # its own task, with its own copy of the context
+    await asyncio.sleep(0)
+    gc.collect()
+    assert ref() is None

@@ -13,11 +13,13 @@ early.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import weakref
 from typing import Any
 
 RESOLUTION = 0.01  # seconds: how late a limit may fire
+_EMPTY = contextvars.Context()
 
 
 class Deadline:
@@ -75,7 +77,8 @@ class _Ticks:
         waiting = self._pending.get(tick)
         if waiting is None:
             waiting = self._pending[tick] = {}
-            self._loop.call_at(tick * RESOLUTION, self._fire, tick)
+            # in an empty context: the caller's (an episode's context variables) must not live as long as the timer
+            self._loop.call_at(tick * RESOLUTION, self._fire, tick, context=_EMPTY)
         waiting[id(limit)] = limit
         return tick
 
