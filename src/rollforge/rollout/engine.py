@@ -129,6 +129,8 @@ async def arollout(
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
             renderer.check_template(prompt, (), parser)
+    if config.engine_workers > 1:
+        return await _in_workers(samples, task_to_env, backend, renderer, config, on_episode, session)
     ctx = EpisodeContext(backend, renderer, parser, config)
     results: list[Trajectory | None] = [None] * len(samples)
     async with _prepared(task_to_env, needed) if session is None else contextlib.nullcontext():
@@ -144,6 +146,18 @@ async def arollout(
     # in this process now: each holds a thread until it returns
     metrics["abandoned_worker_calls"] = ENVIRONMENT_WORKERS.abandoned
     return RolloutResult(trajectories, metrics)
+
+
+async def _in_workers(samples, task_to_env, backend, renderer, config: RolloutConfig, on_episode, session) -> RolloutResult:
+    """The checked rollout spread over ``config.engine_workers`` processes (``engine_workers.py``)."""
+    if session is not None:
+        raise ConfigError(
+            f"engine_workers={config.engine_workers} cannot share a session's prepared environments with "
+            "other rollouts (asynchronous training); set engine_workers=1 there"
+        )
+    from .engine_workers import run_in_workers
+
+    return RolloutResult(*await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode))
 
 
 _COLLECTOR = {"users": 0, "thresholds": (0, 0, 0)}

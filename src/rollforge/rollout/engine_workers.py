@@ -1,0 +1,402 @@
+"""Engine worker processes: one rollout's episodes spread over several event loops.
+
+One Python event loop does every episode's engine work (render, parse, tools, bookkeeping) on one
+core: about 8,000 turns per second. ``RolloutConfig.engine_workers = N`` (``--engine-workers N``)
+splits the samples into ``N`` contiguous shards, each run by ``arollout`` in its own spawned
+process, behind the same ``rollout()`` / ``arollout()``.
+
+Design:
+
+- What crosses is pickled: each worker gets its shard of samples, ``task_to_env`` (environment
+  classes and factories by reference: they must be importable, so a script that builds them
+  keeps its top level under ``if __name__ == "__main__":``), the renderer's tokenizer and family,
+  and the config with ``first_index`` moved to the shard's start. Episode indices, hence sampling
+  seeds and tool-call ids, are the global ones: a deterministic backend produces the same
+  trajectories with any number of workers. ``concurrency`` is divided among the workers (the
+  shares sum to it), so environments that cap their sessions see the same total.
+- Generation stays in this process, on the one backend the caller opened (an HF model, a vLLM
+  engine, a router of servers: whatever it is, there is one of it). Each worker's episodes talk to
+  a ``_ProxyBackend`` that sends ``(prompt ids, SamplingParams)`` here; this process calls
+  ``backend.generate`` inside the same ``boundary`` the episode would, and sends the ``Completion``
+  (or the ``EpisodeFailed``) back. A request the worker gives up on (its timeout) is cancelled here.
+- Transport: one socket pair per worker, length-prefixed pickled frames, messages of one loop
+  iteration batched into one frame. Both ends write through asyncio transports, which buffer and
+  never block, so two ends sending at once cannot deadlock.
+- Results: each trajectory comes back as its episode ends (``on_episode`` runs here, in order of
+  arrival) and the result holds them in input order; metrics are computed once over all of them
+  (``abandoned_worker_calls`` summed over the workers).
+- Failures: a worker that dies (its socket closes) fails only its unfinished episodes, each
+  recorded as an ``env_error`` naming the worker and its exit code; the others run on. An error
+  that a one-process rollout would raise (a rollforge bug, a refused configuration) is raised
+  here and stops every worker. Workers ignore SIGINT: Ctrl-C cancels the rollout here, which
+  terminates every worker (bounded waits, then SIGKILL); a worker whose parent vanished stops on
+  its own when the socket closes.
+
+On a cluster (N nodes x M workers) the same shape holds one level up: a driver splits the batch
+into N contiguous node shards with ``first_index`` at each shard's start (the same seeds); each
+node runs ``rollout(..., engine_workers=M)`` with a backend that reaches the shared generation
+service (a router over OpenAI-compatible servers), so generation is still one service while the
+engine CPU grows with N x M. Only trajectories travel back to the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copyreg
+import io
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from ..backends.base import Backend, SamplingParams
+from ..boundary import boundary
+from ..errors import ConfigError, EpisodeFailed
+from ..types import Completion, Failure, Sample, Trajectory
+from .config import RolloutConfig
+from .metrics import rollout_metrics
+
+logger = logging.getLogger(__name__)
+_FRAME = struct.Struct("!Q")
+#: Seconds a worker may take to exit after its last message, and after SIGTERM, before SIGKILL.
+_EXIT_GRACE = 5.0
+
+
+def _mapping_proxy(items: dict) -> MappingProxyType:
+    return MappingProxyType(items)
+
+
+_DISPATCH = copyreg.dispatch_table.copy()
+_DISPATCH[MappingProxyType] = lambda proxy: (_mapping_proxy, (dict(proxy),))  # samples' rows, families
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle ``obj``, read-only mappings (``Sample.row``) included."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _DISPATCH
+    pickler.dump(obj)
+    return buffer.getvalue()
+
+
+class Channel:
+    """Pickled messages both ways over one stream socket; ``send`` never blocks (see the module
+    docstring) and the messages of one loop iteration go out as one frame."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._reader, self._writer = reader, writer
+        self._outbox: list = []
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> "Channel":
+        return cls(*await asyncio.open_connection(sock=sock))
+
+    def send(self, message: tuple) -> None:
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(message)
+
+    def _flush(self) -> None:
+        messages, self._outbox = self._outbox, []
+        if not self._writer.is_closing():
+            data = dumps(messages)
+            self._writer.write(_FRAME.pack(len(data)) + data)
+
+    async def receive(self) -> list:
+        """The next batch of messages; ``EOFError`` once the other end has gone."""
+        try:
+            size = _FRAME.unpack(await self._reader.readexactly(_FRAME.size))[0]
+            return pickle.loads(await self._reader.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            raise EOFError from None
+
+    async def close(self) -> None:
+        self._flush()
+        with contextlib.suppress(ConnectionError):
+            await self._writer.drain()
+        self._writer.close()
+
+
+# -- the worker process --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Shard:
+    samples: Sequence[Sample]
+    task_to_env: Mapping[str, Any]
+    tokenizer: Any
+    family: Any
+    keep_reasoning: bool
+    config: RolloutConfig
+    accepts_images: bool
+
+
+class _ProxyBackend(Backend):
+    """Generation by the parent process's backend, over the channel."""
+
+    def __init__(self, channel: Channel, accepts_images: bool):
+        self.accepts_images = accepts_images
+        self._channel = channel
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future] = {}
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, images: Any = None) -> Completion:
+        request = next(self._ids)
+        future = self._pending[request] = asyncio.get_running_loop().create_future()
+        self._channel.send(("generate", request, list(prompt_ids), params, images))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not future.done():
+                self._channel.send(("cancel", request))
+            raise
+        finally:
+            del self._pending[request]
+
+    def answer(self, request: int, completion: Completion | None, error: BaseException | None) -> None:
+        future = self._pending.get(request)
+        if future is not None and not future.done():
+            future.set_result(completion) if error is None else future.set_exception(error)
+
+
+def _worker_main(sock: socket.socket, payload: bytes) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops its workers
+    asyncio.run(_serve(sock, payload))
+
+
+async def _serve(sock: socket.socket, payload: bytes) -> None:
+    from ..chat.render import ChatRenderer
+    from .engine import arollout
+
+    channel = await Channel.open(sock)
+    shard: _Shard = pickle.loads(payload)
+    backend = _ProxyBackend(channel, shard.accepts_images)
+    rolling = asyncio.ensure_future(arollout(
+        shard.samples, shard.task_to_env, backend,
+        ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
+        on_episode=lambda trajectory: channel.send(("episode", _portable(trajectory))),
+    ))
+    listening = asyncio.ensure_future(_listen(channel, backend, rolling))
+    try:
+        result = await rolling
+        channel.send(("done", result.metrics["abandoned_worker_calls"]))
+    except asyncio.CancelledError:
+        return  # the parent has gone
+    except BaseException as exc:  # what a one-process rollout would raise: raised in the parent
+        channel.send(("raised", _portable_error(exc)))
+    finally:
+        listening.cancel()
+        await channel.close()
+
+
+async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Future) -> None:
+    while True:
+        try:
+            messages = await channel.receive()
+        except EOFError:  # the parent has gone: stop, and exit even if the episodes do not unwind
+            rolling.cancel()
+            asyncio.get_running_loop().call_later(_EXIT_GRACE, os._exit, 1)
+            return
+        for _, request, completion, error in messages:
+            backend.answer(request, completion, error)
+
+
+def _portable(trajectory: Trajectory) -> bytes:
+    """The trajectory pickled; without its environment handle when that does not pickle."""
+    try:
+        return dumps(trajectory)
+    except Exception:
+        return dumps(replace(trajectory, environment=None))
+
+
+def _portable_error(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+# -- the parent ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    number: int
+    start: int  # the shard: samples[start:stop]
+    stop: int
+    process: Any
+    channel: Channel | None = None
+    abandoned_calls: int = 0
+
+
+async def run_in_workers(
+    samples: Sequence[Sample], task_to_env: Mapping[str, Any], backend: Backend, renderer: Any,
+    config: RolloutConfig, on_episode: Callable[[Trajectory], None] | None,
+) -> tuple[tuple[Trajectory, ...], dict[str, Any]]:
+    """Run ``samples`` on ``config.engine_workers`` worker processes (see the module docstring);
+    the caller has checked the inputs. Returns the trajectories in input order and the metrics."""
+    shards = _shards(len(samples), config.engine_workers, config.concurrency)
+    payloads = [_payload(samples, task_to_env, backend, renderer, config, *shard) for shard in shards]
+    results: list[Trajectory | None] = [None] * len(samples)
+    callback_errors = 0
+
+    def deliver(position: int, trajectory: Trajectory) -> None:
+        nonlocal callback_errors
+        results[position] = trajectory
+        if on_episode is not None:
+            try:
+                on_episode(trajectory)
+            except Exception as exc:  # the caller's callback: reported, never fatal (as in engine.py)
+                callback_errors += 1
+                logger.warning("on_episode raised for episode %d (the rollout goes on): %s: %s",
+                               trajectory.index, type(exc).__name__, exc)
+
+    started = time.perf_counter()
+    workers = [_spawn(n, start, stop, payload) for n, ((start, stop, _), payload) in enumerate(zip(shards, payloads))]
+    try:
+        for worker, (child_end, parent_end) in workers:
+            child_end.close()
+            worker.channel = await Channel.open(parent_end)
+        await _gather(*(_drive(worker, backend, config, deliver) for worker, _ in workers))
+    finally:
+        await _stop([worker for worker, _ in workers])
+    for worker, _ in workers:
+        for position in range(worker.start, worker.stop):
+            if results[position] is None:
+                deliver(position, _lost(samples[position], config.first_index + position, worker))
+    trajectories = tuple(results)  # type: ignore[arg-type]
+    metrics = rollout_metrics(trajectories, time.perf_counter() - started)
+    metrics["on_episode_errors"] = callback_errors
+    metrics["abandoned_worker_calls"] = sum(worker.abandoned_calls for worker, _ in workers)
+    return trajectories, metrics
+
+
+def _shards(count: int, workers: int, concurrency: int) -> list[tuple[int, int, int]]:
+    """``(start, stop, concurrency)`` per worker: contiguous, as even as possible, never empty;
+    the concurrency shares sum to ``concurrency`` (so at most that many workers)."""
+    n = min(workers, count, concurrency)
+    bounds = [count * k // n for k in range(n + 1)]
+    return [(bounds[k], bounds[k + 1], concurrency // n + (k < concurrency % n)) for k in range(n)]
+
+
+def _payload(samples, task_to_env, backend, renderer, config, start: int, stop: int, concurrency: int) -> bytes:
+    family = renderer.family
+    keep_reasoning = bool(family.keep_reasoning) and renderer.template_kwargs == {
+        **family.template_kwargs, **family.keep_reasoning}
+    shard_config = config.model_copy(update={
+        "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1})
+    shard = _Shard(samples[start:stop], task_to_env, renderer.tokenizer, family, keep_reasoning, shard_config,
+                   backend.accepts_images)
+    try:
+        return dumps(shard)
+    except Exception as exc:
+        raise ConfigError(
+            f"engine_workers={config.engine_workers} sends the samples, environments and tokenizer to worker "
+            f"processes, but they do not pickle ({type(exc).__name__}: {exc}); define environment classes at "
+            "a module's top level, or set engine_workers=1"
+        ) from None
+
+
+def _spawn(number: int, start: int, stop: int, payload: bytes) -> tuple[_Worker, tuple[socket.socket, socket.socket]]:
+    child_end, parent_end = socket.socketpair()
+    process = multiprocessing.get_context("spawn").Process(
+        target=_worker_main, args=(child_end, payload), name=f"rollforge-engine-{number}", daemon=True)
+    process.start()
+    return _Worker(number, start, stop, process), (child_end, parent_end)
+
+
+async def _drive(worker: _Worker, backend: Backend, config: RolloutConfig, deliver) -> None:
+    """Serve one worker's generation requests and collect its trajectories until it is done or gone."""
+    requests: dict[int, asyncio.Task] = {}
+    try:
+        while True:
+            try:
+                messages = await worker.channel.receive()
+            except EOFError:
+                return  # died: its unfinished episodes are recorded as lost
+            for message in messages:
+                kind = message[0]
+                if kind == "generate":
+                    task = requests[message[1]] = asyncio.ensure_future(_answer(worker.channel, backend, *message[1:]))
+                    task.add_done_callback(lambda _, request=message[1]: requests.pop(request, None))
+                elif kind == "cancel":
+                    if message[1] in requests:
+                        requests[message[1]].cancel()
+                elif kind == "episode":
+                    trajectory = pickle.loads(message[1])
+                    deliver(trajectory.index - config.first_index, trajectory)
+                elif kind == "done":
+                    worker.abandoned_calls = message[1]
+                    return
+                else:  # "raised"
+                    raise message[1]
+    finally:
+        for task in list(requests.values()):
+            task.cancel()
+
+
+async def _answer(channel: Channel, backend: Backend, request: int, prompt_ids, params, images) -> None:
+    """One request of a worker's episode, generated here inside the episode's own boundary."""
+    try:
+        with boundary("backend", None):
+            if images is None:
+                completion = await backend.generate(prompt_ids, params)
+            else:
+                completion = await backend.generate(prompt_ids, params, images=images)
+        channel.send(("completion", request, completion, None))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # EpisodeFailed, or a rollforge bug: the episode raises it there
+        channel.send(("completion", request, None, _portable_error(exc)))
+
+
+async def _gather(*coroutines) -> None:
+    """All of them; the first exception cancels the others and propagates."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _stop(workers: list[_Worker]) -> None:
+    """Every worker gone: those still running after a grace period are terminated, then killed."""
+    for worker in workers:
+        if worker.channel is not None:
+            with contextlib.suppress(Exception):
+                await worker.channel.close()
+    for signal_them in (None, "terminate", "kill"):
+        if signal_them is not None:
+            for worker in workers:
+                if worker.process.is_alive():
+                    getattr(worker.process, signal_them)()
+        deadline = time.monotonic() + _EXIT_GRACE
+        while any(w.process.is_alive() for w in workers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if not any(w.process.is_alive() for w in workers):
+            break
+    for worker in workers:
+        worker.process.join(timeout=_EXIT_GRACE)
+
+
+def _lost(sample: Sample, index: int, worker: _Worker) -> Trajectory:
+    """The episode of a worker that died before it ended: an infrastructure failure."""
+    code = worker.process.exitcode
+    return Trajectory(
+        index=index, task_name=sample.task_name, messages=(), token_ids=(), loss_mask=(), logprobs=(),
+        prompt_length=0, rewards=(), total_reward=0.0, turns=0,
+        error=Failure("env_error", f"engine worker {worker.number} (pid {worker.process.pid}) died with exit "
+                                   f"code {code} before this episode ended"),
+    )

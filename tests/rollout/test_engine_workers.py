@@ -1,0 +1,173 @@
+"""Engine worker processes (``RolloutConfig.engine_workers``): the same trajectories as one process,
+in input order; a dead worker fails only its own episodes; no worker outlives its rollout."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+
+import pytest
+from transformers import AutoTokenizer
+
+from rollforge.backends.scripted import ScriptedBackend
+from rollforge.chat.render import ChatRenderer
+from rollforge.envs.factory import FactoryEnvironment
+from rollforge.errors import ConfigError
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout, rollout
+from rollforge.types import Sample
+
+
+class Counter:
+    """Counts up with a tool; episode ``crash`` kills its whole process at its first tool call."""
+
+    def reset(self, start: int = 0, crash: bool = False, **row) -> str:
+        self.total, self.crash = start, crash
+        return f"Start at {start}."
+
+    def add(self, amount: int) -> str:
+        """Add to the total.
+
+        Args:
+            amount: How much to add.
+        """
+        if self.crash:
+            os._exit(3)
+        self.total += amount
+        self.reward = 1.0 if self.total > 10 else 0.0
+        return f"total {self.total}"
+
+
+def _script(renderer):
+    def script(request) -> str:
+        """A tool call on the first two turns, then an answer; the amount depends only on the seed
+        (the episode index and turn), never on the order requests arrive in."""
+        if renderer.decode(request.prompt_ids).count("total ") >= 2:
+            return f"Done after seed {request.params.seed % 1000}."
+        amount = request.params.seed % 9
+        return f'<tool_call>\n{{"name": "add", "arguments": {{"amount": {amount}}}}}\n</tool_call>'
+
+    return script
+
+
+def _setup(tiny_model_dir, episodes: int, crash_at: int | None = None, script=None, latency: float = 0.0):
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    backend = ScriptedBackend(script or _script(renderer), renderer, end_token_id=renderer.stop_token_ids[0],
+                              latency=latency)
+    samples = [Sample(prompt=[{"role": "user", "content": f"Count from {i}."}], task_name="count",
+                      row={"start": i, "crash": i == crash_at}) for i in range(episodes)]
+    return samples, {"count": FactoryEnvironment(Counter)}, backend, renderer
+
+
+def _config(**kwargs) -> RolloutConfig:
+    return RolloutConfig(max_turns=4, max_new_tokens=48, max_seq_len=1024, concurrency=4, seed=7, **kwargs)
+
+
+def _children() -> set[int]:
+    """Spawned worker processes whose parent is this one, zombies included (an unreaped worker
+    counts); not multiprocessing's resource tracker, which lives as long as this process."""
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    spawned = b"spawn_main" in cmdline.read()
+            except OSError:
+                continue
+            if parent == me and (spawned or not os.path.exists(f"/proc/{entry}/exe")):
+                found.add(int(entry))
+    return found
+
+
+def _fields(trajectory):
+    return (trajectory.index, trajectory.messages, trajectory.token_ids, trajectory.loss_mask,
+            trajectory.logprobs, trajectory.rewards, trajectory.turns, trajectory.error, trajectory.failures)
+
+
+def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model_dir):
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 10)
+    before = _children()
+    one = rollout(samples, envs, backend, renderer, _config())
+    seen = []
+    two = rollout(samples, envs, backend, renderer, _config(engine_workers=2, first_index=0),
+                  on_episode=lambda t: seen.append(t.index))
+    assert [t.index for t in two.trajectories] == list(range(10))
+    assert sorted(seen) == list(range(10))
+    assert [_fields(t) for t in two.trajectories] == [_fields(t) for t in one.trajectories]
+    assert {t.turns for t in one.trajectories} == {3} and one.metrics["errors"] == {}
+    assert len({t.token_ids for t in one.trajectories}) == 10  # every episode its own
+    for key in ("episodes", "total_turns", "mean_total_reward", "errors", "failures", "per_task"):
+        assert two.metrics[key] == one.metrics[key]
+    assert _children() == before
+
+
+def test_shards_count_on_from_first_index(tiny_model_dir):
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 5)
+    one = rollout(samples, envs, backend, renderer, _config(first_index=40))
+    three = rollout(samples, envs, backend, renderer, _config(first_index=40, engine_workers=3))
+    assert [t.index for t in three.trajectories] == list(range(40, 45))
+    assert [_fields(t) for t in three.trajectories] == [_fields(t) for t in one.trajectories]
+
+
+def test_a_dead_worker_fails_only_its_own_episodes(tiny_model_dir):
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 8, crash_at=6)
+    before = _children()
+    result = rollout(samples, envs, backend, renderer, _config(engine_workers=2))
+    first, second = result.trajectories[:4], result.trajectories[4:]
+    assert [t.error for t in first] == [None] * 4 and [t.turns for t in first] == [3] * 4
+    crashed = second[2]
+    assert crashed.index == 6 and crashed.error.kind == "env_error" and crashed.outcome == "infra_failure"
+    assert "engine worker 1" in crashed.error.message and "exit code 3" in crashed.error.message
+    assert result.metrics["episodes"] == 8
+    assert _children() == before
+
+
+def test_a_bug_raised_in_a_worker_propagates_and_no_worker_is_left(tiny_model_dir):
+    # itemgetter raises TypeError with no frame of anyone else's code: a rollforge bug, which a
+    # one-process rollout raises too (boundary.is_own_bug)
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 4, script=operator.itemgetter(5))
+    with pytest.raises(TypeError):
+        rollout(samples, envs, backend, renderer, _config())
+    before = _children()
+    with pytest.raises(TypeError):
+        rollout(samples, envs, backend, renderer, _config(engine_workers=2))
+    assert _children() == before
+
+
+def test_cancelling_the_rollout_stops_every_worker(tiny_model_dir):
+    """What Ctrl-C does: ``asyncio.run`` cancels the rollout's task."""
+    samples, envs, slow, renderer = _setup(tiny_model_dir, 6, latency=30.0)
+    before = _children()
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(arollout(samples, envs, slow, renderer, _config(engine_workers=2)))
+        for _ in range(600):  # until both workers are up and waiting on generation
+            await asyncio.sleep(0.05)
+            if len(_children() - before) == 2 and len(asyncio.all_tasks()) > 4:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(cancelled(), 60))
+    assert _children() == before
+
+
+def test_a_bad_engine_workers_value_is_one_line():
+    with pytest.raises(ConfigError) as caught:
+        RolloutConfig.build(engine_workers=0)
+    assert "\n" not in str(caught.value) and "engine_workers" in str(caught.value) and "(got 0)" in str(caught.value)
+
+
+def test_environments_that_do_not_pickle_are_refused_in_one_line(tiny_model_dir):
+    samples, _, backend, renderer = _setup(tiny_model_dir, 2)
+
+    class Local(Counter):  # defined in a function: a worker process cannot import it
+        pass
+
+    with pytest.raises(ConfigError) as caught:
+        rollout(samples, {"count": FactoryEnvironment(Local)}, backend, renderer, _config(engine_workers=2))
+    assert "\n" not in str(caught.value) and "engine_workers=2" in str(caught.value)
