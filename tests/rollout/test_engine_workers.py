@@ -8,8 +8,8 @@ import operator
 import os
 
 import pytest
-from transformers import AutoTokenizer
 
+from rollforge.backends.base import BackendWrapper
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.envs.factory import FactoryEnvironment
@@ -39,22 +39,27 @@ class Counter:
         return f"total {self.total}"
 
 
-def _script(renderer):
-    def script(request) -> str:
-        """A tool call on the first two turns, then an answer; the amount depends only on the seed
-        (the episode index and turn), never on the order requests arrive in."""
-        if renderer.decode(request.prompt_ids).count("total ") >= 2:
+class CountingScript:
+    """A tool call on the first two turns, then an answer; the amount depends only on the seed (the
+    episode index and turn), never on the order requests arrive in. It pickles: workers reopen it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, request) -> str:
+        if self.tokenizer.decode(request.prompt_ids).count("total ") >= 2:
             return f"Done after seed {request.params.seed % 1000}."
         amount = request.params.seed % 9
         return f'<tool_call>\n{{"name": "add", "arguments": {{"amount": {amount}}}}}\n</tool_call>'
 
-    return script
-
 
 def _setup(tiny_model_dir, episodes: int, crash_at: int | None = None, script=None, latency: float = 0.0):
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
-    backend = ScriptedBackend(script or _script(renderer), renderer, end_token_id=renderer.stop_token_ids[0],
-                              latency=latency)
+    from transformers import AutoTokenizer  # here: worker processes import this module for Counter
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    renderer = ChatRenderer(tokenizer)
+    backend = ScriptedBackend(script or CountingScript(tokenizer), tokenizer,
+                              end_token_id=renderer.stop_token_ids[0], latency=latency)
     samples = [Sample(prompt=[{"role": "user", "content": f"Count from {i}."}], task_name="count",
                       row={"start": i, "crash": i == crash_at}) for i in range(episodes)]
     return samples, {"count": FactoryEnvironment(Counter)}, backend, renderer
@@ -74,7 +79,7 @@ def _children() -> set[int]:
                 with open(f"/proc/{entry}/stat") as stat:
                     parent = int(stat.read().rsplit(")", 1)[1].split()[1])
                 with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    spawned = b"spawn_main" in cmdline.read()
+                    spawned = b"worker_main" in cmdline.read()
             except OSError:
                 continue
             if parent == me and (spawned or not os.path.exists(f"/proc/{entry}/exe")):
@@ -87,8 +92,13 @@ def _fields(trajectory):
             trajectory.logprobs, trajectory.rewards, trajectory.turns, trajectory.error, trajectory.failures)
 
 
-def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model_dir):
+@pytest.mark.parametrize("shared", [False, True], ids=["reopened", "shared"])
+def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model_dir, shared):
+    """``reopened``: each worker opens its own copy of the scripted backend (``reopener``);
+    ``shared``: behind a wrapper, which has none, the workers' requests come to the one backend."""
     samples, envs, backend, renderer = _setup(tiny_model_dir, 10)
+    if shared:
+        backend = BackendWrapper(backend)
     before = _children()
     one = rollout(samples, envs, backend, renderer, _config())
     seen = []

@@ -157,7 +157,8 @@ async def _in_workers(samples, task_to_env, backend, renderer, config: RolloutCo
         )
     from .engine_workers import run_in_workers
 
-    return RolloutResult(*await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode))
+    with _quiet_collector():  # this process holds every trajectory coming back
+        return RolloutResult(*await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode))
 
 
 _COLLECTOR = {"users": 0, "thresholds": (0, 0, 0)}

@@ -47,12 +47,13 @@ import copyreg
 import io
 import itertools
 import logging
-import multiprocessing
 import os
 import pickle
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -138,6 +139,7 @@ class _Shard:
     keep_reasoning: bool
     config: RolloutConfig
     accepts_images: bool
+    opener: Callable[[], Backend] | None  # the backend's reopener, else requests come to the parent
 
 
 class _ProxyBackend(Backend):
@@ -168,24 +170,39 @@ class _ProxyBackend(Backend):
             future.set_result(completion) if error is None else future.set_exception(error)
 
 
-def _worker_main(sock: socket.socket, payload: bytes) -> None:
+def worker_main(fd: int) -> None:
+    """A worker process's entry point: serve the rollout that arrives on socket ``fd``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops its workers
-    asyncio.run(_serve(sock, payload))
+    asyncio.run(_serve(socket.socket(fileno=fd)))
+    # Everything is sent and the environments released. Interpreter teardown can hang here (a
+    # library's native threads; measured: seconds, until SIGTERM), and nothing is left to run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-async def _serve(sock: socket.socket, payload: bytes) -> None:
+async def _serve(sock: socket.socket) -> None:
     from ..chat.render import ChatRenderer
     from .engine import arollout
 
     channel = await Channel.open(sock)
-    shard: _Shard = pickle.loads(payload)
-    backend = _ProxyBackend(channel, shard.accepts_images)
+    try:
+        (_, payload), = await channel.receive()
+        shard: _Shard = pickle.loads(payload)
+    except Exception as exc:
+        channel.send(("raised", ConfigError(
+            f"an engine worker could not load the rollout ({type(exc).__name__}: {exc}); environment "
+            "classes and factories must be importable: define them in a module, not in the script that runs")))
+        await channel.close()
+        return
+    proxy = _ProxyBackend(channel, shard.accepts_images)
+    backend = proxy if shard.opener is None else shard.opener()
     rolling = asyncio.ensure_future(arollout(
         shard.samples, shard.task_to_env, backend,
         ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
         on_episode=lambda trajectory: channel.send(("episode", _portable(trajectory))),
     ))
-    listening = asyncio.ensure_future(_listen(channel, backend, rolling))
+    listening = asyncio.ensure_future(_listen(channel, proxy, rolling))
     try:
         result = await rolling
         channel.send(("done", result.metrics["abandoned_worker_calls"]))
@@ -195,6 +212,7 @@ async def _serve(sock: socket.socket, payload: bytes) -> None:
         channel.send(("raised", _portable_error(exc)))
     finally:
         listening.cancel()
+        await backend.close()
         await channel.close()
 
 
@@ -262,11 +280,12 @@ async def run_in_workers(
                                trajectory.index, type(exc).__name__, exc)
 
     started = time.perf_counter()
-    workers = [_spawn(n, start, stop, payload) for n, ((start, stop, _), payload) in enumerate(zip(shards, payloads))]
+    workers = [_spawn(n, start, stop) for n, (start, stop, _) in enumerate(shards)]
     try:
-        for worker, (child_end, parent_end) in workers:
+        for (worker, (child_end, parent_end)), payload in zip(workers, payloads):
             child_end.close()
             worker.channel = await Channel.open(parent_end)
+            worker.channel.send(("shard", payload))
         await _gather(*(_drive(worker, backend, config, deliver) for worker, _ in workers))
     finally:
         await _stop([worker for worker, _ in workers])
@@ -296,7 +315,7 @@ def _payload(samples, task_to_env, backend, renderer, config, start: int, stop: 
     shard_config = config.model_copy(update={
         "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1})
     shard = _Shard(samples[start:stop], task_to_env, renderer.tokenizer, family, keep_reasoning, shard_config,
-                   backend.accepts_images)
+                   backend.accepts_images, _opener(backend))
     try:
         return dumps(shard)
     except Exception as exc:
@@ -307,11 +326,26 @@ def _payload(samples, task_to_env, backend, renderer, config, start: int, stop: 
         ) from None
 
 
-def _spawn(number: int, start: int, stop: int, payload: bytes) -> tuple[_Worker, tuple[socket.socket, socket.socket]]:
+def _opener(backend: Backend) -> Callable[[], Backend] | None:
+    """The backend's reopener when it pickles; otherwise workers send their requests here."""
+    opener = backend.reopener()
+    if opener is not None:
+        try:
+            dumps(opener)
+        except Exception as exc:
+            logger.warning("%s cannot be reopened in the engine workers (%s: %s); their requests come to "
+                           "this process instead", type(backend).__name__, type(exc).__name__, exc)
+            return None
+    return opener
+
+
+def _spawn(number: int, start: int, stop: int) -> tuple[_Worker, tuple[socket.socket, socket.socket]]:
+    """A fresh interpreter (not a fork, and not multiprocessing's spawn, which re-runs the
+    caller's script), given this one's import path."""
     child_end, parent_end = socket.socketpair()
-    process = multiprocessing.get_context("spawn").Process(
-        target=_worker_main, args=(child_end, payload), name=f"rollforge-engine-{number}", daemon=True)
-    process.start()
+    code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+            f"from rollforge.rollout.engine_workers import worker_main; worker_main({child_end.fileno()})")
+    process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_end.fileno(),))
     return _Worker(number, start, stop, process), (child_end, parent_end)
 
 
@@ -378,22 +412,19 @@ async def _stop(workers: list[_Worker]) -> None:
             with contextlib.suppress(Exception):
                 await worker.channel.close()
     for signal_them in (None, "terminate", "kill"):
-        if signal_them is not None:
-            for worker in workers:
-                if worker.process.is_alive():
-                    getattr(worker.process, signal_them)()
+        running = [w.process for w in workers if w.process.poll() is None]
+        if not running:
+            return
+        for process in running if signal_them else ():
+            getattr(process, signal_them)()
         deadline = time.monotonic() + _EXIT_GRACE
-        while any(w.process.is_alive() for w in workers) and time.monotonic() < deadline:
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if not any(w.process.is_alive() for w in workers):
-            break
-    for worker in workers:
-        worker.process.join(timeout=_EXIT_GRACE)
 
 
 def _lost(sample: Sample, index: int, worker: _Worker) -> Trajectory:
     """The episode of a worker that died before it ended: an infrastructure failure."""
-    code = worker.process.exitcode
+    code = worker.process.returncode
     return Trajectory(
         index=index, task_name=sample.task_name, messages=(), token_ids=(), loss_mask=(), logprobs=(),
         prompt_length=0, rewards=(), total_reward=0.0, turns=0,
