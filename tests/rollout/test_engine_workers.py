@@ -4,6 +4,7 @@ in input order; a dead worker fails only its own episodes; no worker outlives it
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import os
 
@@ -181,3 +182,26 @@ def test_environments_that_do_not_pickle_are_refused_in_one_line(tiny_model_dir)
     with pytest.raises(ConfigError) as caught:
         rollout(samples, {"count": FactoryEnvironment(Local)}, backend, renderer, _config(engine_workers=2))
     assert "\n" not in str(caught.value) and "engine_workers=2" in str(caught.value)
+
+
+def test_rollout_command_with_engine_workers_generates_in_this_process(tiny_model_dir, tmp_path, capsys):
+    """``--engine-workers 2`` with the HF backend (a model in this process: the workers' requests come
+    here) writes every episode, in input order."""
+    from rollforge.cli.main import main
+
+    out = tmp_path / "out"
+    code = main(["rollout", "--model", str(tiny_model_dir), "--env", "arithmetic", "--episodes", "4", "--max-turns", "2",
+                 "--max-new-tokens", "8", "--engine-workers", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [row["index"] for row in rows] == [0, 1, 2, 3]
+    assert all(row["token_ids"] and row["error"] is None for row in rows)
+
+
+@pytest.mark.parametrize("flags", [["--engine-workers", "0"], ["--engine-workers", "2", "--executor", "ray"]])
+def test_bad_engine_workers_flags_are_one_line(tiny_model_dir, tmp_path, capsys, flags):
+    from rollforge.cli.main import main
+
+    code = main(["rollout", "--model", str(tiny_model_dir), "--episodes", "2", "--out", str(tmp_path / "out"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "engine" in err, err

@@ -264,7 +264,7 @@ async def run_in_workers(
     """Run ``samples`` on ``config.engine_workers`` worker processes (see the module docstring);
     the caller has checked the inputs. Returns the trajectories in input order and the metrics."""
     shards = _shards(len(samples), config.engine_workers, config.concurrency)
-    payloads = [_payload(samples, task_to_env, backend, renderer, config, *shard) for shard in shards]
+    payloads = [_payload(samples, task_to_env, backend, renderer, config, *shard) for shard in shards]  # refusals first
     results: list[Trajectory | None] = [None] * len(samples)
     callback_errors = 0
 
