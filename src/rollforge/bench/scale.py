@@ -72,13 +72,8 @@ def _reset_peak() -> bool:
 
 
 def run(
-    episodes: int = 10_000,
-    turns: int = 4,
-    latency: float = 1.0,
-    trace: bool = False,
-    tokenizer_dir: str | None = None,
-    wrap_environment: Callable[[Environment], Environment] | None = None,
-    engine_workers: int = 1,
+    episodes: int = 10_000, turns: int = 4, latency: float = 1.0, trace: bool = False, tokenizer_dir: str | None = None,
+    wrap_environment: Callable[[Environment], Environment] | None = None, engine_workers: int = 1,
 ) -> dict[str, Any]:
     renderer = ChatRenderer(_tokenizer(tokenizer_dir))
     env: Environment = FactoryEnvironment(AsyncNotebook, run_in_thread=False)

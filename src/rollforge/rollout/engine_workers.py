@@ -43,209 +43,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copyreg
-import io
-import itertools
 import logging
-import os
 import pickle
-import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..backends.base import Backend, SamplingParams
+from ..backends.base import Backend
 from ..boundary import boundary
-from ..errors import ConfigError, EpisodeFailed
-from ..types import Completion, Failure, Sample, Trajectory
+from ..errors import ConfigError
+from ..types import Failure, Sample, Trajectory
 from .config import RolloutConfig
 from .metrics import rollout_metrics
+from .worker_channel import Channel, Shard, dumps, portable_error
 
 logger = logging.getLogger(__name__)
-_FRAME = struct.Struct("!Q")
 #: Seconds a worker may take to exit after its last message, and after SIGTERM, before SIGKILL.
 _EXIT_GRACE = 5.0
-
-
-def _mapping_proxy(items: dict) -> MappingProxyType:
-    return MappingProxyType(items)
-
-
-_DISPATCH = copyreg.dispatch_table.copy()
-_DISPATCH[MappingProxyType] = lambda proxy: (_mapping_proxy, (dict(proxy),))  # samples' rows, families
-
-
-def dumps(obj: Any) -> bytes:
-    """Pickle ``obj``, read-only mappings (``Sample.row``) included."""
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dispatch_table = _DISPATCH
-    pickler.dump(obj)
-    return buffer.getvalue()
-
-
-class Channel:
-    """Pickled messages both ways over one stream socket; ``send`` never blocks (see the module
-    docstring) and the messages of one loop iteration go out as one frame."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self._reader, self._writer = reader, writer
-        self._outbox: list = []
-
-    @classmethod
-    async def open(cls, sock: socket.socket) -> "Channel":
-        return cls(*await asyncio.open_connection(sock=sock))
-
-    def send(self, message: tuple) -> None:
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append(message)
-
-    def _flush(self) -> None:
-        messages, self._outbox = self._outbox, []
-        if not self._writer.is_closing():
-            data = dumps(messages)
-            self._writer.write(_FRAME.pack(len(data)) + data)
-
-    async def receive(self) -> list:
-        """The next batch of messages; ``EOFError`` once the other end has gone."""
-        try:
-            size = _FRAME.unpack(await self._reader.readexactly(_FRAME.size))[0]
-            return pickle.loads(await self._reader.readexactly(size))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            raise EOFError from None
-
-    async def close(self) -> None:
-        self._flush()
-        with contextlib.suppress(ConnectionError):
-            await self._writer.drain()
-        self._writer.close()
-
-
-# -- the worker process --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Shard:
-    samples: Sequence[Sample]
-    task_to_env: Mapping[str, Any]
-    tokenizer: Any
-    family: Any
-    keep_reasoning: bool
-    config: RolloutConfig
-    accepts_images: bool
-    opener: Callable[[], Backend] | None  # the backend's reopener, else requests come to the parent
-
-
-class _ProxyBackend(Backend):
-    """Generation by the parent process's backend, over the channel."""
-
-    def __init__(self, channel: Channel, accepts_images: bool):
-        self.accepts_images = accepts_images
-        self._channel = channel
-        self._ids = itertools.count()
-        self._pending: dict[int, asyncio.Future] = {}
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, images: Any = None) -> Completion:
-        request = next(self._ids)
-        future = self._pending[request] = asyncio.get_running_loop().create_future()
-        self._channel.send(("generate", request, list(prompt_ids), params, images))
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if not future.done():
-                self._channel.send(("cancel", request))
-            raise
-        finally:
-            del self._pending[request]
-
-    def answer(self, request: int, completion: Completion | None, error: BaseException | None) -> None:
-        future = self._pending.get(request)
-        if future is not None and not future.done():
-            future.set_result(completion) if error is None else future.set_exception(error)
-
-
-def worker_main(fd: int) -> None:
-    """A worker process's entry point: serve the rollout that arrives on socket ``fd``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops its workers
-    asyncio.run(_serve(socket.socket(fileno=fd)))
-    # Everything is sent and the environments released. Interpreter teardown can hang here (a
-    # library's native threads; measured: seconds, until SIGTERM), and nothing is left to run.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-async def _serve(sock: socket.socket) -> None:
-    from ..chat.render import ChatRenderer
-    from .engine import arollout
-
-    channel = await Channel.open(sock)
-    try:
-        (_, payload), = await channel.receive()
-        shard: _Shard = pickle.loads(payload)
-    except Exception as exc:
-        channel.send(("raised", ConfigError(
-            f"an engine worker could not load the rollout ({type(exc).__name__}: {exc}); environment "
-            "classes and factories must be importable: define them in a module, not in the script that runs")))
-        await channel.close()
-        return
-    proxy = _ProxyBackend(channel, shard.accepts_images)
-    backend = proxy if shard.opener is None else shard.opener()
-    rolling = asyncio.ensure_future(arollout(
-        shard.samples, shard.task_to_env, backend,
-        ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
-        on_episode=lambda trajectory: channel.send(("episode", _portable(trajectory))),
-    ))
-    listening = asyncio.ensure_future(_listen(channel, proxy, rolling))
-    try:
-        result = await rolling
-        channel.send(("done", result.metrics["abandoned_worker_calls"]))
-    except asyncio.CancelledError:
-        return  # the parent has gone
-    except BaseException as exc:  # what a one-process rollout would raise: raised in the parent
-        channel.send(("raised", _portable_error(exc)))
-    finally:
-        listening.cancel()
-        await backend.close()
-        await channel.close()
-
-
-async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Future) -> None:
-    while True:
-        try:
-            messages = await channel.receive()
-        except EOFError:  # the parent has gone: stop, and exit even if the episodes do not unwind
-            rolling.cancel()
-            asyncio.get_running_loop().call_later(_EXIT_GRACE, os._exit, 1)
-            return
-        for _, request, completion, error in messages:
-            backend.answer(request, completion, error)
-
-
-def _portable(trajectory: Trajectory) -> bytes:
-    """The trajectory pickled; without its environment handle when that does not pickle."""
-    try:
-        return dumps(trajectory)
-    except Exception:
-        return dumps(replace(trajectory, environment=None))
-
-
-def _portable_error(exc: BaseException) -> BaseException:
-    try:
-        pickle.loads(dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-# -- the parent ----------------------------------------------------------------------------------
-
 
 @dataclass
 class _Worker:
@@ -314,7 +131,7 @@ def _payload(samples, task_to_env, backend, renderer, config, start: int, stop: 
         **family.template_kwargs, **family.keep_reasoning}
     shard_config = config.model_copy(update={
         "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1})
-    shard = _Shard(samples[start:stop], task_to_env, renderer.tokenizer, family, keep_reasoning, shard_config,
+    shard = Shard(samples[start:stop], task_to_env, renderer.tokenizer, family, keep_reasoning, shard_config,
                    backend.accepts_images, _opener(backend))
     try:
         return dumps(shard)
@@ -344,7 +161,7 @@ def _spawn(number: int, start: int, stop: int) -> tuple[_Worker, tuple[socket.so
     caller's script), given this one's import path."""
     child_end, parent_end = socket.socketpair()
     code = (f"import sys; sys.path[:0] = {sys.path!r}; "
-            f"from rollforge.rollout.engine_workers import worker_main; worker_main({child_end.fileno()})")
+            f"from rollforge.rollout.worker_process import worker_main; worker_main({child_end.fileno()})")
     process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_end.fileno(),))
     return _Worker(number, start, stop, process), (child_end, parent_end)
 
@@ -391,7 +208,7 @@ async def _answer(channel: Channel, backend: Backend, request: int, prompt_ids, 
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # EpisodeFailed, or a rollforge bug: the episode raises it there
-        channel.send(("completion", request, None, _portable_error(exc)))
+        channel.send(("completion", request, None, portable_error(exc)))
 
 
 async def _gather(*coroutines) -> None:
