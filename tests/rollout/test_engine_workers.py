@@ -205,3 +205,12 @@ def test_bad_engine_workers_flags_are_one_line(tiny_model_dir, tmp_path, capsys,
     code = main(["rollout", "--model", str(tiny_model_dir), "--episodes", "2", "--out", str(tmp_path / "out"), *flags])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "engine" in err, err
+
+
+def test_bench_scale_with_two_engine_workers(tiny_model_dir):
+    from rollforge.bench import scale
+
+    result = scale.run(episodes=200, turns=2, latency=0.05, tokenizer_dir=str(tiny_model_dir), engine_workers=2)
+    assert result["engine_workers"] == 2 and result["turns_completed"] == 400
+    assert result["errors"] == {} and result["tool_failures"] == {}
+    assert result["worker_cpu_seconds"] > 0 and result["wall_seconds"] >= result["lower_bound_seconds"]
