@@ -7,6 +7,9 @@ import asyncio
 import json
 import operator
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -70,10 +73,10 @@ def _config(**kwargs) -> RolloutConfig:
     return RolloutConfig(max_turns=4, max_new_tokens=48, max_seq_len=1024, concurrency=4, seed=7, **kwargs)
 
 
-def _children() -> set[int]:
-    """Spawned worker processes whose parent is this one, zombies included (an unreaped worker
-    counts); not multiprocessing's resource tracker, which lives as long as this process."""
-    me, found = os.getpid(), set()
+def _children(me: int | None = None) -> set[int]:
+    """Engine worker processes whose parent is ``me`` (default: this process), zombies included (an
+    unreaped worker counts)."""
+    me, found = me or os.getpid(), set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -165,6 +168,42 @@ def test_cancelling_the_rollout_stops_every_worker(tiny_model_dir):
 
     asyncio.run(asyncio.wait_for(cancelled(), 60))
     assert _children() == before
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_stop_when_their_parent_is_killed(tiny_model_dir, tmp_path):
+    """A parent killed outright (SIGKILL: nothing of it runs) leaves no worker behind: each sees its
+    socket close and exits."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_engine_workers as T\n"
+        "if __name__ == '__main__':\n"
+        f"    samples, envs, backend, renderer = T._setup({str(tiny_model_dir)!r}, 6, latency=60.0)\n"
+        "    T.rollout(samples, envs, backend, renderer, T._config(engine_workers=2))\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(parent.pid)) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.1)
+        workers = _children(parent.pid)
+        assert len(workers) == 2
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in workers)
 
 
 def test_a_bad_engine_workers_value_is_one_line():

@@ -19,7 +19,9 @@ offers them).
 ``Environment.prepare(sessions)`` and ``release()`` are called once around the rollout (remote
 environments connect there and check the server's capacity for real); after ``prepare``, an
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
-Results come back in input order. The engine does not know what a tool is.
+Results come back in input order. The engine does not know what a tool is. With
+``engine_workers > 1`` the checked rollout runs in that many worker processes instead
+(``engine_workers.py``), each an ``arollout`` of its share of the samples.
 
 Failures inside an episode are recorded on its trajectory. An episode that ends in an
 infrastructure failure (``Trajectory.outcome``: backend error, environment raised or hung) is run

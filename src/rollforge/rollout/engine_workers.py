@@ -130,7 +130,8 @@ def _payload(samples, task_to_env, backend, renderer, config, start: int, stop: 
     keep_reasoning = bool(family.keep_reasoning) and renderer.template_kwargs == {
         **family.template_kwargs, **family.keep_reasoning}
     shard_config = config.model_copy(update={
-        "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1})
+        "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1,
+        "check_template": False})  # checked here already
     shard = Shard(samples[start:stop], task_to_env, renderer.tokenizer, family, keep_reasoning, shard_config,
                    backend.accepts_images, _opener(backend))
     try:
