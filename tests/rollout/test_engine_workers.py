@@ -7,6 +7,7 @@ import asyncio
 import json
 import operator
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from rollforge.backends.base import BackendWrapper
+from rollforge.backends.router import RouterBackend
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.envs.factory import FactoryEnvironment
@@ -116,6 +118,29 @@ def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model
     for key in ("episodes", "total_turns", "mean_total_reward", "errors", "failures", "per_task"):
         assert two.metrics[key] == one.metrics[key]
     assert _children() == before
+
+
+def test_a_router_here_keeps_each_workers_episode_on_one_replica(tiny_model_dir):
+    """Requests proxied from the workers carry their episode: the router's sticky placement holds."""
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 8)
+    served: list[tuple[int, str]] = []
+
+    def replica(number: int) -> ScriptedBackend:
+        def script(request):
+            episode = re.search(r"Count from \d+", renderer.decode(request.prompt_ids)).group()
+            served.append((number, episode))
+            return backend._script(request)
+
+        return ScriptedBackend(script, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=0.01)
+
+    router = RouterBackend([replica(0), replica(1)])
+    result = rollout(samples, envs, router, renderer, _config(engine_workers=2))
+    assert result.metrics["errors"] == {} and result.metrics["total_turns"] == 24
+    replicas: dict[str, set[int]] = {}
+    for number, prompt in served:
+        replicas.setdefault(prompt, set()).add(number)
+    assert len(replicas) == 8 and all(len(numbers) == 1 for numbers in replicas.values())
+    assert router.episodes == [4, 4]
 
 
 def test_shards_count_on_from_first_index(tiny_model_dir):

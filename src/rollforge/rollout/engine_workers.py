@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..backends.base import Backend
+from ..backends.base import CURRENT_EPISODE, Backend
 from ..boundary import boundary
 from ..errors import ConfigError
 from ..types import Failure, Sample, Trajectory
@@ -170,35 +170,44 @@ def _spawn(number: int, start: int, stop: int) -> tuple[_Worker, tuple[socket.so
 async def _drive(worker: _Worker, backend: Backend, config: RolloutConfig, deliver) -> None:
     """Serve one worker's generation requests and collect its trajectories until it is done or gone."""
     requests: dict[int, asyncio.Task] = {}
+    episodes: dict[int, _Episode] = {}  # the worker's live episodes, as CURRENT_EPISODE objects here
     try:
         while True:
             try:
                 messages = await worker.channel.receive()
             except EOFError:
                 return  # died: its unfinished episodes are recorded as lost
-            for message in messages:
-                kind = message[0]
+            for kind, *rest in messages:
                 if kind == "generate":
-                    task = requests[message[1]] = asyncio.ensure_future(_answer(worker.channel, backend, *message[1:]))
-                    task.add_done_callback(lambda _, request=message[1]: requests.pop(request, None))
-                elif kind == "cancel":
-                    if message[1] in requests:
-                        requests[message[1]].cancel()
+                    request, episode, *call = rest
+                    episode = None if episode is None else episodes.setdefault(episode, _Episode())
+                    task = requests[request] = asyncio.ensure_future(_answer(worker.channel, backend, request, episode, *call))
+                    task.add_done_callback(lambda _, request=request: requests.pop(request, None))
+                elif kind == "cancel" and rest[0] in requests:
+                    requests[rest[0]].cancel()
+                elif kind == "ended":
+                    episodes.pop(rest[0], None)
                 elif kind == "episode":
-                    trajectory = pickle.loads(message[1])
+                    trajectory = pickle.loads(rest[0])
                     deliver(trajectory.index - config.first_index, trajectory)
                 elif kind == "done":
-                    worker.abandoned_calls = message[1]
+                    worker.abandoned_calls = rest[0]
                     return
-                else:  # "raised"
-                    raise message[1]
+                elif kind == "raised":
+                    raise rest[0]
     finally:
         for task in list(requests.values()):
             task.cancel()
 
 
-async def _answer(channel: Channel, backend: Backend, request: int, prompt_ids, params, images) -> None:
+class _Episode:
+    """A worker's episode as this process's ``CURRENT_EPISODE`` (a router's sticky placement)."""
+
+
+async def _answer(channel: Channel, backend: Backend, request: int, episode: _Episode | None, prompt_ids, params,
+                  images) -> None:
     """One request of a worker's episode, generated here inside the episode's own boundary."""
+    CURRENT_EPISODE.set(episode)  # this task's own context
     try:
         with boundary("backend", None):
             if images is None:

@@ -10,16 +10,18 @@ sent: interpreter teardown can hang on a library's native threads, and nothing i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import pickle
 import signal
 import socket
 import sys
+import weakref
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..backends.base import Backend, SamplingParams
+from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..types import Completion, Trajectory
@@ -31,18 +33,21 @@ _EXIT_GRACE = 5.0
 
 
 class _ProxyBackend(Backend):
-    """Generation by the parent process's backend, over the channel."""
+    """Generation by the parent process's backend, over the channel. Each request names its episode
+    (a number per ``CURRENT_EPISODE`` object, ``ended`` when that object dies), so that a router
+    there keeps every turn of an episode on one replica."""
 
     def __init__(self, channel: Channel, accepts_images: bool):
         self.accepts_images = accepts_images
         self._channel = channel
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
+        self._episodes: dict[int, int] = {}  # id(CURRENT_EPISODE object) -> its number
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, images: Any = None) -> Completion:
         request = next(self._ids)
         future = self._pending[request] = asyncio.get_running_loop().create_future()
-        self._channel.send(("generate", request, list(prompt_ids), params, images))
+        self._channel.send(("generate", request, self._episode(), list(prompt_ids), params, images))
         try:
             return await future
         except asyncio.CancelledError:
@@ -51,6 +56,24 @@ class _ProxyBackend(Backend):
             raise
         finally:
             del self._pending[request]
+
+    def _episode(self) -> int | None:
+        episode = CURRENT_EPISODE.get()
+        if episode is None:
+            return None
+        number = self._episodes.get(id(episode))
+        if number is None:
+            try:
+                weakref.finalize(episode, self._ended, id(episode), number := next(self._ids))
+            except TypeError:  # not weakly referenceable: no lifetime to follow, no placement
+                return None
+            self._episodes[id(episode)] = number
+        return number
+
+    def _ended(self, key: int, number: int) -> None:
+        del self._episodes[key]
+        with contextlib.suppress(RuntimeError):  # collected after the loop closed: nothing to tell
+            self._channel.send(("ended", number))
 
     def answer(self, request: int, completion: Completion | None, error: BaseException | None) -> None:
         future = self._pending.get(request)
