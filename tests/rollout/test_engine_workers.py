@@ -231,6 +231,35 @@ def test_workers_stop_when_their_parent_is_killed(tiny_model_dir, tmp_path):
     assert not any(_running(pid) for pid in workers)
 
 
+def test_a_closed_channel_has_written_its_last_frame():
+    """A worker exits right after ``Channel.close``: that must not cut off the last frame (a big batch
+    of trajectories), which the parent would read as the worker dying."""
+    import importlib
+    import socket
+    import threading
+
+    channel_module = importlib.import_module("rollforge.rollout.worker_channel")
+    ours, theirs = socket.socketpair()
+    received = bytearray()
+
+    def read() -> None:
+        while chunk := theirs.recv(1 << 16):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+
+    async def send_and_close() -> None:
+        channel = await channel_module.Channel.open(ours)
+        channel.send(("episode", b"x" * 8_000_000))  # far more than a socket buffer holds
+        await channel.close()
+
+    asyncio.run(send_and_close())
+    ours.close()  # what the process's exit does
+    reader.join(30)
+    assert len(received) == 8 + len(channel_module.dumps([("episode", b"x" * 8_000_000)]))
+
+
 def test_a_bad_engine_workers_value_is_one_line():
     with pytest.raises(ConfigError) as caught:
         RolloutConfig.build(engine_workers=0)
@@ -275,6 +304,6 @@ def test_bench_scale_with_two_engine_workers(tiny_model_dir):
     from rollforge.bench import scale
 
     result = scale.run(episodes=200, turns=2, latency=0.05, tokenizer_dir=str(tiny_model_dir), engine_workers=2)
-    assert result["engine_workers"] == 2 and result["turns_completed"] == 400
     assert result["errors"] == {} and result["tool_failures"] == {}
+    assert result["engine_workers"] == 2 and result["turns_completed"] == 400
     assert result["worker_cpu_seconds"] > 0 and result["wall_seconds"] >= result["lower_bound_seconds"]

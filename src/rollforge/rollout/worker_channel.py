@@ -25,6 +25,8 @@ from ..types import Sample
 from .config import RolloutConfig
 
 _FRAME = struct.Struct("!Q")
+#: Seconds ``Channel.close`` waits for the other end to take what is queued.
+_CLOSE_WAIT = 30.0
 def _mapping_proxy(items: dict) -> MappingProxyType:
     return MappingProxyType(items)
 
@@ -74,10 +76,12 @@ class Channel:
             raise EOFError from None
 
     async def close(self) -> None:
+        """Send what is queued and close; returns once the transport has written everything (a
+        process that exits right after must not cut its last frame off), or after ``_CLOSE_WAIT``."""
         self._flush()
-        with contextlib.suppress(ConnectionError):
-            await self._writer.drain()
         self._writer.close()
+        with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._writer.wait_closed(), _CLOSE_WAIT)
 
 
 @dataclass(frozen=True)
