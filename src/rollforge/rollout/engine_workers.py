@@ -2,31 +2,37 @@
 
 One Python event loop does every episode's engine work (render, parse, tools, bookkeeping) on one
 core: about 8,000 turns per second. ``RolloutConfig.engine_workers = N`` (``--engine-workers N``)
-splits the samples into ``N`` contiguous shards, each run by ``arollout`` in its own spawned
-process, behind the same ``rollout()`` / ``arollout()``.
+splits the samples into ``N`` contiguous shards, each run by ``arollout`` in its own process
+(``worker_process.py``), behind the same ``rollout()`` / ``arollout()``. A worker is a fresh
+interpreter given this one's import path (not a fork: the caller's threads and event loop stay
+here; not multiprocessing's spawn, which re-runs the caller's script); its start, importing
+rollforge and transformers, costs about 1.6 s of CPU (measured on the shared 2-core machine).
 
 Design:
 
 - What crosses is pickled: each worker gets its shard of samples, ``task_to_env`` (environment
-  classes and factories by reference: they must be importable, so a script that builds them
-  keeps its top level under ``if __name__ == "__main__":``), the renderer's tokenizer and family,
+  classes and factories by reference: they must be importable from a module, not defined in the
+  script that runs or inside a function), the renderer's tokenizer and family,
   and the config with ``first_index`` moved to the shard's start. Episode indices, hence sampling
   seeds and tool-call ids, are the global ones: a deterministic backend produces the same
   trajectories with any number of workers. ``concurrency`` is divided among the workers (the
   shares sum to it), so environments that cap their sessions see the same total.
-- Generation stays in this process, on the one backend the caller opened (an HF model, a vLLM
-  engine, a router of servers: whatever it is, there is one of it). Each worker's episodes talk to
+- Generation: a backend with a ``reopener`` (``Backend.reopener``: the scripted backend) is opened
+  again in each worker. Any other stays in this process, the one backend the caller opened (an HF
+  model, a vLLM engine, a router of servers: there is one of it). Each worker's episodes talk to
   a ``_ProxyBackend`` that sends ``(prompt ids, SamplingParams)`` here; this process calls
   ``backend.generate`` inside the same ``boundary`` the episode would, and sends the ``Completion``
-  (or the ``EpisodeFailed``) back. A request the worker gives up on (its timeout) is cancelled here.
-- Transport: one socket pair per worker, length-prefixed pickled frames, messages of one loop
-  iteration batched into one frame. Both ends write through asyncio transports, which buffer and
-  never block, so two ends sending at once cannot deadlock.
+  (or the ``EpisodeFailed``) back. A request the worker gives up on (its timeout) is cancelled here;
+  each request names its episode, so a router here keeps an episode's turns on one replica.
+- Transport (``worker_channel.py``): one socket pair per worker, length-prefixed pickled frames,
+  the messages of one loop iteration in one frame; writes never block, so no deadlock.
 - Results: each trajectory comes back as its episode ends (``on_episode`` runs here, in order of
   arrival) and the result holds them in input order; metrics are computed once over all of them
   (``abandoned_worker_calls`` summed over the workers).
 - Failures: a worker that dies (its socket closes) fails only its unfinished episodes, each
-  recorded as an ``env_error`` naming the worker and its exit code; the others run on. An error
+  recorded as an ``env_error`` (an infrastructure failure) naming the worker and its exit code; the
+  others run on. Not bounded: a worker whose event loop itself blocks forever (a sync tool run on
+  the loop) holds the rollout, as it would in one process. An error
   that a one-process rollout would raise (a rollforge bug, a refused configuration) is raised
   here and stops every worker. Workers ignore SIGINT: Ctrl-C cancels the rollout here, which
   terminates every worker (bounded waits, then SIGKILL); a worker whose parent vanished stops on
