@@ -15,7 +15,7 @@ nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason 
 
 ``Backend`` is a base class: everything the engine and the trainer may ask of a backend is declared
 on it with a default (``accepts_images``, ``shares_model``, ``invalidate_cache``, ``close``,
-``syncs_weights``, ``supports_sleep`` with ``sleep``/``wake_up``); only ``generate`` must be written. Weight sync stays a separate optional
+``syncs_weights``, ``supports_sleep`` with ``sleep``/``wake_up``, ``reopener``); only ``generate`` must be written. Weight sync stays a separate optional
 protocol (``WeightSync``); ``syncs_weights`` says whether a backend implements it.
 
 A backend is an async context manager, like httpx's transports: ``async with backend:`` (or
@@ -97,6 +97,12 @@ class Backend(abc.ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    def reopener(self) -> Callable[[], "Backend"] | None:
+        """A picklable function that opens an equivalent backend in another process, for engine
+        worker processes (``RolloutConfig.engine_workers``) to generate on their own; None (the
+        default, and a wrapper's): their requests come to this backend instead."""
+        return None
 
     def shares_model(self, model: Any) -> bool:
         """Whether this backend generates with ``model`` itself (the trainer's object), so that

@@ -10,6 +10,7 @@ deterministic function of (prompt length, position, token id), so runs are repro
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -47,6 +48,7 @@ class ScriptedBackend(Backend):
             raise ConfigError(f"ScriptedBackend: script must be a function of a ScriptedRequest, got {describe(script)}")
         check_tokenizer(tokenizer, "ScriptedBackend")
         self._script = script
+        self._tokenizer = tokenizer
         self._encode = _encoder(tokenizer)
         self._decode = _decoder(tokenizer)
         self._end = end_token_id
@@ -74,6 +76,12 @@ class ScriptedBackend(Backend):
 
     async def close(self) -> None:
         self._closed = True
+
+    def reopener(self) -> Callable[[], Backend]:
+        """The same script, tokenizer and latencies; ``calls`` counts from 0 in each copy. Both must
+        pickle (a module-level script, a tokenizer rather than a ``ChatRenderer``)."""
+        return functools.partial(ScriptedBackend, self._script, self._tokenizer, end_token_id=self._end,
+                                 latency=self.latency, per_token_latency=self.per_token_latency)
 
     def _encoded(self, text: str) -> list[int]:
         """Scripts repeat themselves; the tokenizer's cost is not what a scripted run measures."""

@@ -23,6 +23,11 @@ backend, sets the pace: every turn the 10,000 episodes wake together and queue f
 ``--executor ray`` uses that to put the environment in a pool of Ray actors (``--env-actors``, on a
 private local Ray instance): the same episodes, with every reset, step and finish crossing to
 another process. ``peak_rss_mb`` is then the driver's; ``actor_peak_rss_mb`` lists the actors'.
+
+``--engine-workers N`` spreads the episodes over N engine processes (``rollout/engine_workers.py``;
+generation, the scripted backend, stays in this one). Their start (a fresh interpreter each,
+importing rollforge and transformers) is inside ``wall_seconds``; ``cpu_seconds`` is then this
+process's and ``worker_cpu_seconds`` the workers', and ``peak_rss_mb`` is this process's only.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
+import resource
 import time
 import tracemalloc
 from typing import Any, Callable
@@ -37,6 +43,7 @@ from typing import Any, Callable
 from ..backends.scripted import ScriptedBackend
 from ..chat.render import ChatRenderer
 from ..envs.base import Environment
+from ..errors import ConfigError
 from ..envs.factory import FactoryEnvironment
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
@@ -49,6 +56,12 @@ def _status_kb(field: str, pid: int | str = "self") -> int:
         return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (the engine workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as clear_refs:
@@ -59,30 +72,29 @@ def _reset_peak() -> bool:
 
 
 def run(
-    episodes: int = 10_000,
-    turns: int = 4,
-    latency: float = 1.0,
-    trace: bool = False,
-    tokenizer_dir: str | None = None,
-    wrap_environment: Callable[[Environment], Environment] | None = None,
+    episodes: int = 10_000, turns: int = 4, latency: float = 1.0, trace: bool = False, tokenizer_dir: str | None = None,
+    wrap_environment: Callable[[Environment], Environment] | None = None, engine_workers: int = 1,
 ) -> dict[str, Any]:
     renderer = ChatRenderer(_tokenizer(tokenizer_dir))
     env: Environment = FactoryEnvironment(AsyncNotebook, run_in_thread=False)
     if wrap_environment is not None:
         env = wrap_environment(env)
-    config = RolloutConfig(max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64)
+    config = RolloutConfig(max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64,
+                           engine_workers=engine_workers)
 
     def rollout():
-        backend = ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+        # the tokenizer, not the renderer: it pickles, so engine workers reopen the backend themselves
+        backend = ScriptedBackend(_reply, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=latency)
         samples = [Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)]
         return asyncio.run(arollout(samples, {"notes": env}, backend, renderer, config))
 
     gc.collect()
     rss_before = _status_kb("VmRSS")
     peak_reset = _reset_peak()
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started, workers_started = time.perf_counter(), time.process_time(), _children_cpu()
     result = rollout()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    workers_cpu = _children_cpu() - workers_started
     peak = _status_kb("VmHWM")
     bound = turns * latency
     done_turns = result.metrics["total_turns"]
@@ -90,6 +102,7 @@ def run(
         "benchmark": "scale",
         "episodes": episodes,
         "concurrency": episodes,
+        "engine_workers": engine_workers,
         "turns_per_episode": turns,
         "backend_latency_s": latency,
         "rss_before_mb": round(rss_before / 1024, 1),
@@ -101,6 +114,7 @@ def run(
         "ratio_to_lower_bound": round(wall / bound, 4),
         "engine_ms_per_turn": round(1000 * (wall - bound) / max(done_turns, 1), 4),
         "cpu_seconds": round(cpu, 3),
+        "worker_cpu_seconds": round(workers_cpu, 3),
         "turns_completed": done_turns,
         "errors": result.metrics["errors"],
         "tool_failures": result.metrics["failures"],
@@ -146,9 +160,15 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--executor", choices=["local", "ray"], default="local",
                         help="ray: the environment in a pool of Ray actors on a private local instance")
     parser.add_argument("--env-actors", type=int, default=2, help="with --executor ray: actors in the pool")
+    parser.add_argument("--engine-workers", type=int, default=1,
+                        help="engine processes the episodes are spread over (generation stays in this one)")
 
 
 def main(args: Any) -> dict[str, Any]:
+    if args.executor == "ray" and args.engine_workers != 1:
+        raise ConfigError(f"--engine-workers {args.engine_workers} runs with --executor local only (the Ray "
+                          "pool is already out of process)")
     if args.executor == "ray":
         return run_on_ray(args.episodes, args.turns, args.latency, args.env_actors)
-    return {**run(args.episodes, args.turns, args.latency, args.tracemalloc), "executor": "local"}
+    workers = RolloutConfig.build(engine_workers=args.engine_workers).engine_workers
+    return {**run(args.episodes, args.turns, args.latency, args.tracemalloc, engine_workers=workers), "executor": "local"}

@@ -50,6 +50,9 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--engine-workers", type=int, default=1,
+                   help="engine processes the episodes are spread over (generation stays in this one unless the "
+                        "backend can be reopened in each)")
     p.add_argument("--step-timeout", type=float, default=None,
                    help="seconds per environment call (default 60, or --episode-timeout when that is shorter)")
     p.add_argument("--episode-timeout", type=float, default=1800.0,
@@ -80,6 +83,9 @@ def run(args: Any) -> int:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     check_out_dir(args.out, "--out")
     check_ray_flags(args, args.executor)
+    if args.executor == "ray" and args.engine_workers != 1:
+        raise ConfigError(f"--engine-workers {args.engine_workers} runs with --executor local only (Ray actors "
+                          "already take the environments out of this process)")
     config = RolloutConfig.build(
         mode=args.mode,
         max_turns=args.max_turns,
@@ -88,6 +94,7 @@ def run(args: Any) -> int:
         temperature=args.temperature,
         greedy=args.greedy,
         concurrency=args.concurrency,
+        engine_workers=args.engine_workers,
         episode_timeout=args.episode_timeout,
         **({} if args.step_timeout is None else {"step_timeout": args.step_timeout}),
         seed=args.seed,

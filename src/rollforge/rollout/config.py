@@ -58,6 +58,10 @@ class RolloutConfig(BaseModel):
     tool_parser: str | None = None
     """How tool calls are written by the model (see ``chat/toolcalls.py``); None: the model
     family's parser (``chat/families.py``)."""
+    engine_workers: int = Field(1, ge=1)
+    """Engine processes the episodes are spread over (``rollout/engine_workers.py``): each runs its
+    share of the samples on its own event loop, generating through this process's backend. 1: all
+    in this process. Same trajectories for any number (a deterministic backend)."""
     check_template: bool = True
     """Check at start-up that the chat template renders the prompts in use (tools are always
     checked when an environment first offers them)."""

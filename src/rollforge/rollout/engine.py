@@ -19,7 +19,9 @@ offers them).
 ``Environment.prepare(sessions)`` and ``release()`` are called once around the rollout (remote
 environments connect there and check the server's capacity for real); after ``prepare``, an
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
-Results come back in input order. The engine does not know what a tool is.
+Results come back in input order. The engine does not know what a tool is. With
+``engine_workers > 1`` the checked rollout runs in that many worker processes instead
+(``engine_workers.py``), each an ``arollout`` of its share of the samples.
 
 Failures inside an episode are recorded on its trajectory. An episode that ends in an
 infrastructure failure (``Trajectory.outcome``: backend error, environment raised or hung) is run
@@ -129,6 +131,8 @@ async def arollout(
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
             renderer.check_template(prompt, (), parser)
+    if config.engine_workers > 1:
+        return await _in_workers(samples, task_to_env, backend, renderer, config, on_episode, session)
     ctx = EpisodeContext(backend, renderer, parser, config)
     results: list[Trajectory | None] = [None] * len(samples)
     async with _prepared(task_to_env, needed) if session is None else contextlib.nullcontext():
@@ -144,6 +148,19 @@ async def arollout(
     # in this process now: each holds a thread until it returns
     metrics["abandoned_worker_calls"] = ENVIRONMENT_WORKERS.abandoned
     return RolloutResult(trajectories, metrics)
+
+
+async def _in_workers(samples, task_to_env, backend, renderer, config: RolloutConfig, on_episode, session) -> RolloutResult:
+    """The checked rollout spread over ``config.engine_workers`` processes (``engine_workers.py``)."""
+    if session is not None:
+        raise ConfigError(
+            f"engine_workers={config.engine_workers} cannot share a session's prepared environments with "
+            "other rollouts (asynchronous training); set engine_workers=1 there"
+        )
+    from .engine_workers import run_in_workers
+
+    with _quiet_collector():  # this process holds every trajectory coming back
+        return RolloutResult(*await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode))
 
 
 _COLLECTOR = {"users": 0, "thresholds": (0, 0, 0)}

@@ -1,0 +1,266 @@
+"""Engine worker processes: one rollout's episodes spread over several event loops.
+
+One Python event loop does every episode's engine work (render, parse, tools, bookkeeping) on one
+core: about 8,000 turns per second. ``RolloutConfig.engine_workers = N`` (``--engine-workers N``)
+splits the samples into ``N`` contiguous shards, each run by ``arollout`` in its own process
+(``worker_process.py``), behind the same ``rollout()`` / ``arollout()``. A worker is a fresh
+interpreter given this one's import path (not a fork: the caller's threads and event loop stay
+here; not multiprocessing's spawn, which re-runs the caller's script); its start, importing
+rollforge and transformers, costs about 1.6 s of CPU (measured on the shared 2-core machine).
+
+Design:
+
+- What crosses is pickled: each worker gets its shard of samples, ``task_to_env`` (environment
+  classes and factories by reference: they must be importable from a module, not defined in the
+  script that runs or inside a function), the renderer's tokenizer and family,
+  and the config with ``first_index`` moved to the shard's start. Episode indices, hence sampling
+  seeds and tool-call ids, are the global ones: a deterministic backend produces the same
+  trajectories with any number of workers. ``concurrency`` is divided among the workers (the
+  shares sum to it), so environments that cap their sessions see the same total.
+- Generation: a backend with a ``reopener`` (``Backend.reopener``: the scripted backend) is opened
+  again in each worker. Any other stays in this process, the one backend the caller opened (an HF
+  model, a vLLM engine, a router of servers: there is one of it). Each worker's episodes talk to
+  a ``_ProxyBackend`` that sends ``(prompt ids, SamplingParams)`` here; this process calls
+  ``backend.generate`` inside the same ``boundary`` the episode would, and sends the ``Completion``
+  (or the ``EpisodeFailed``) back. A request the worker gives up on (its timeout) is cancelled here;
+  each request names its episode, so a router here keeps an episode's turns on one replica.
+- Transport (``worker_channel.py``): one socket pair per worker, length-prefixed pickled frames,
+  the messages of one loop iteration in one frame; writes never block, so no deadlock.
+- Results: each trajectory comes back as its episode ends (``on_episode`` runs here, in order of
+  arrival) and the result holds them in input order; metrics are computed once over all of them
+  (``abandoned_worker_calls`` summed over the workers).
+- Failures: a worker that dies (its socket closes) fails only its unfinished episodes, each
+  recorded as an ``env_error`` (an infrastructure failure) naming the worker and its exit code; the
+  others run on. Not bounded: a worker whose event loop itself blocks forever (a sync tool run on
+  the loop) holds the rollout, as it would in one process. An error
+  that a one-process rollout would raise (a rollforge bug, a refused configuration) is raised
+  here and stops every worker. Workers ignore SIGINT: Ctrl-C cancels the rollout here, which
+  terminates every worker (bounded waits, then SIGKILL); a worker whose parent vanished stops on
+  its own when the socket closes.
+
+On a cluster (N nodes x M workers) the same shape holds one level up: a driver splits the batch
+into N contiguous node shards with ``first_index`` at each shard's start (the same seeds); each
+node runs ``rollout(..., engine_workers=M)`` with a backend that reaches the shared generation
+service (a router over OpenAI-compatible servers), so generation is still one service while the
+engine CPU grows with N x M. Only trajectories travel back to the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from ..backends.base import CURRENT_EPISODE, Backend
+from ..boundary import boundary
+from ..errors import ConfigError
+from ..types import Failure, Sample, Trajectory
+from .config import RolloutConfig
+from .metrics import rollout_metrics
+from .worker_channel import Channel, Shard, dumps, portable_error
+
+logger = logging.getLogger(__name__)
+#: Seconds a worker may take to exit after its last message, and after SIGTERM, before SIGKILL.
+_EXIT_GRACE = 5.0
+
+@dataclass
+class _Worker:
+    number: int
+    start: int  # the shard: samples[start:stop]
+    stop: int
+    process: Any
+    channel: Channel | None = None
+    abandoned_calls: int = 0
+
+
+async def run_in_workers(
+    samples: Sequence[Sample], task_to_env: Mapping[str, Any], backend: Backend, renderer: Any,
+    config: RolloutConfig, on_episode: Callable[[Trajectory], None] | None,
+) -> tuple[tuple[Trajectory, ...], dict[str, Any]]:
+    """Run ``samples`` on ``config.engine_workers`` worker processes (see the module docstring);
+    the caller has checked the inputs. Returns the trajectories in input order and the metrics."""
+    shards = _shards(len(samples), config.engine_workers, config.concurrency)
+    payloads = [_payload(samples, task_to_env, backend, renderer, config, *shard) for shard in shards]  # refusals first
+    results: list[Trajectory | None] = [None] * len(samples)
+    callback_errors = 0
+
+    def deliver(position: int, trajectory: Trajectory) -> None:
+        nonlocal callback_errors
+        results[position] = trajectory
+        if on_episode is not None:
+            try:
+                on_episode(trajectory)
+            except Exception as exc:  # the caller's callback: reported, never fatal (as in engine.py)
+                callback_errors += 1
+                logger.warning("on_episode raised for episode %d (the rollout goes on): %s: %s",
+                               trajectory.index, type(exc).__name__, exc)
+
+    started = time.perf_counter()
+    workers = [_spawn(n, start, stop) for n, (start, stop, _) in enumerate(shards)]
+    try:
+        for (worker, (child_end, parent_end)), payload in zip(workers, payloads):
+            child_end.close()
+            worker.channel = await Channel.open(parent_end)
+            worker.channel.send(("shard", payload))
+        await _gather(*(_drive(worker, backend, config, deliver) for worker, _ in workers))
+    finally:
+        await _stop([worker for worker, _ in workers])
+    for worker, _ in workers:
+        for position in range(worker.start, worker.stop):
+            if results[position] is None:
+                deliver(position, _lost(samples[position], config.first_index + position, worker))
+    trajectories = tuple(results)  # type: ignore[arg-type]
+    metrics = rollout_metrics(trajectories, time.perf_counter() - started)
+    metrics["on_episode_errors"] = callback_errors
+    metrics["abandoned_worker_calls"] = sum(worker.abandoned_calls for worker, _ in workers)
+    return trajectories, metrics
+
+
+def _shards(count: int, workers: int, concurrency: int) -> list[tuple[int, int, int]]:
+    """``(start, stop, concurrency)`` per worker: contiguous, as even as possible, never empty;
+    the concurrency shares sum to ``concurrency`` (so at most that many workers)."""
+    n = min(workers, count, concurrency)
+    bounds = [count * k // n for k in range(n + 1)]
+    return [(bounds[k], bounds[k + 1], concurrency // n + (k < concurrency % n)) for k in range(n)]
+
+
+def _payload(samples, task_to_env, backend, renderer, config, start: int, stop: int, concurrency: int) -> bytes:
+    family = renderer.family
+    keep_reasoning = bool(family.keep_reasoning) and renderer.template_kwargs == {
+        **family.template_kwargs, **family.keep_reasoning}
+    shard_config = config.model_copy(update={
+        "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1,
+        "check_template": False})  # checked here already
+    shard = Shard(samples[start:stop], task_to_env, renderer.tokenizer, family, keep_reasoning, shard_config,
+                   backend.accepts_images, _opener(backend))
+    try:
+        return dumps(shard)
+    except Exception as exc:
+        raise ConfigError(
+            f"engine_workers={config.engine_workers} sends the samples, environments and tokenizer to worker "
+            f"processes, but they do not pickle ({type(exc).__name__}: {exc}); define environment classes at "
+            "a module's top level, or set engine_workers=1"
+        ) from None
+
+
+def _opener(backend: Backend) -> Callable[[], Backend] | None:
+    """The backend's reopener when it pickles; otherwise workers send their requests here."""
+    opener = backend.reopener()
+    if opener is not None:
+        try:
+            dumps(opener)
+        except Exception as exc:
+            logger.warning("%s cannot be reopened in the engine workers (%s: %s); their requests come to "
+                           "this process instead", type(backend).__name__, type(exc).__name__, exc)
+            return None
+    return opener
+
+
+def _spawn(number: int, start: int, stop: int) -> tuple[_Worker, tuple[socket.socket, socket.socket]]:
+    """A fresh interpreter (not a fork, and not multiprocessing's spawn, which re-runs the
+    caller's script), given this one's import path."""
+    child_end, parent_end = socket.socketpair()
+    code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+            f"from rollforge.rollout.worker_process import worker_main; worker_main({child_end.fileno()})")
+    process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_end.fileno(),))
+    return _Worker(number, start, stop, process), (child_end, parent_end)
+
+
+async def _drive(worker: _Worker, backend: Backend, config: RolloutConfig, deliver) -> None:
+    """Serve one worker's generation requests and collect its trajectories until it is done or gone."""
+    requests: dict[int, asyncio.Task] = {}
+    episodes: dict[int, _Episode] = {}  # the worker's live episodes, as CURRENT_EPISODE objects here
+    try:
+        while True:
+            try:
+                messages = await worker.channel.receive()
+            except EOFError:
+                return  # died: its unfinished episodes are recorded as lost
+            for kind, *rest in messages:
+                if kind == "generate":
+                    request, episode, *call = rest
+                    episode = None if episode is None else episodes.setdefault(episode, _Episode())
+                    task = requests[request] = asyncio.ensure_future(_answer(worker.channel, backend, request, episode, *call))
+                    task.add_done_callback(lambda _, request=request: requests.pop(request, None))
+                elif kind == "cancel" and rest[0] in requests:
+                    requests[rest[0]].cancel()
+                elif kind == "ended":
+                    episodes.pop(rest[0], None)
+                elif kind == "episode":
+                    trajectory = pickle.loads(rest[0])
+                    deliver(trajectory.index - config.first_index, trajectory)
+                elif kind == "done":
+                    worker.abandoned_calls = rest[0]
+                    return
+                elif kind == "raised":
+                    raise rest[0]
+    finally:
+        for task in list(requests.values()):
+            task.cancel()
+
+
+class _Episode:
+    """A worker's episode as this process's ``CURRENT_EPISODE`` (a router's sticky placement)."""
+
+
+async def _answer(channel: Channel, backend: Backend, request: int, episode: _Episode | None, prompt_ids, params,
+                  images) -> None:
+    """One request of a worker's episode, generated here inside the episode's own boundary."""
+    CURRENT_EPISODE.set(episode)  # this task's own context
+    try:
+        with boundary("backend", None):
+            if images is None:
+                completion = await backend.generate(prompt_ids, params)
+            else:
+                completion = await backend.generate(prompt_ids, params, images=images)
+        channel.send(("completion", request, completion, None))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # EpisodeFailed, or a rollforge bug: the episode raises it there
+        channel.send(("completion", request, None, portable_error(exc)))
+
+
+async def _gather(*coroutines) -> None:
+    """All of them; the first exception cancels the others and propagates."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _stop(workers: list[_Worker]) -> None:
+    """Every worker gone: those still running after a grace period are terminated, then killed."""
+    for worker in workers:
+        if worker.channel is not None:
+            with contextlib.suppress(Exception):
+                await worker.channel.close()
+    for signal_them in (None, "terminate", "kill"):
+        running = [w.process for w in workers if w.process.poll() is None]
+        if not running:
+            return
+        for process in running if signal_them else ():
+            getattr(process, signal_them)()
+        deadline = time.monotonic() + _EXIT_GRACE
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+
+def _lost(sample: Sample, index: int, worker: _Worker) -> Trajectory:
+    """The episode of a worker that died before it ended: an infrastructure failure."""
+    code = worker.process.returncode
+    return Trajectory(
+        index=index, task_name=sample.task_name, messages=(), token_ids=(), loss_mask=(), logprobs=(),
+        prompt_length=0, rewards=(), total_reward=0.0, turns=0,
+        error=Failure("env_error", f"engine worker {worker.number} (pid {worker.process.pid}) died with exit "
+                                   f"code {code} before this episode ended"),
+    )

@@ -1,0 +1,143 @@
+"""One engine worker process (``engine_workers.py``): runs its shard with ``arollout`` on its own
+event loop and sends each trajectory back as its episode ends.
+
+It generates with its own copy of the backend when the backend has a ``reopener``, else through
+``_ProxyBackend``, which sends each request to the rollout's process. It ignores SIGINT (the parent
+stops it), stops when the parent's socket closes, and leaves with ``os._exit`` once everything is
+sent: interpreter teardown can hang on a library's native threads, and nothing is left to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import pickle
+import signal
+import socket
+import sys
+import weakref
+from dataclasses import replace
+from typing import Any, Sequence
+
+from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
+from ..chat.render import ChatRenderer
+from ..errors import ConfigError
+from ..types import Completion, Trajectory
+from .engine import arollout
+from .worker_channel import Channel, Shard, dumps, portable_error
+
+#: Seconds a worker whose parent has gone waits for its episodes to unwind before it exits anyway.
+_EXIT_GRACE = 5.0
+
+
+class _ProxyBackend(Backend):
+    """Generation by the parent process's backend, over the channel. Each request names its episode
+    (a number per ``CURRENT_EPISODE`` object, ``ended`` when that object dies), so that a router
+    there keeps every turn of an episode on one replica."""
+
+    def __init__(self, channel: Channel, accepts_images: bool):
+        self.accepts_images = accepts_images
+        self._channel = channel
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future] = {}
+        self._episodes: dict[int, int] = {}  # id(CURRENT_EPISODE object) -> its number
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, images: Any = None) -> Completion:
+        request = next(self._ids)
+        future = self._pending[request] = asyncio.get_running_loop().create_future()
+        self._channel.send(("generate", request, self._episode(), list(prompt_ids), params, images))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not future.done():
+                self._channel.send(("cancel", request))
+            raise
+        finally:
+            del self._pending[request]
+
+    def _episode(self) -> int | None:
+        episode = CURRENT_EPISODE.get()
+        if episode is None:
+            return None
+        number = self._episodes.get(id(episode))
+        if number is None:
+            try:
+                weakref.finalize(episode, self._ended, id(episode), number := next(self._ids))
+            except TypeError:  # not weakly referenceable: no lifetime to follow, no placement
+                return None
+            self._episodes[id(episode)] = number
+        return number
+
+    def _ended(self, key: int, number: int) -> None:
+        del self._episodes[key]
+        with contextlib.suppress(RuntimeError):  # collected after the loop closed: nothing to tell
+            self._channel.send(("ended", number))
+
+    def answer(self, request: int, completion: Completion | None, error: BaseException | None) -> None:
+        future = self._pending.get(request)
+        if future is not None and not future.done():
+            future.set_result(completion) if error is None else future.set_exception(error)
+
+
+def worker_main(fd: int) -> None:
+    """A worker process's entry point: serve the rollout that arrives on socket ``fd``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops its workers
+    asyncio.run(_serve(socket.socket(fileno=fd)))
+    # everything is sent and the environments released (see the module docstring)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+async def _serve(sock: socket.socket) -> None:
+    channel = await Channel.open(sock)
+    try:
+        (_, payload), = await channel.receive()
+        shard: Shard = pickle.loads(payload)
+    except Exception as exc:
+        channel.send(("raised", ConfigError(
+            f"an engine worker could not load the rollout ({type(exc).__name__}: {exc}); environment "
+            "classes and factories must be importable: define them in a module, not in the script that runs")))
+        await channel.close()
+        return
+    proxy = _ProxyBackend(channel, shard.accepts_images)
+    backend = proxy if shard.opener is None else shard.opener()
+    rolling = asyncio.ensure_future(arollout(
+        shard.samples, shard.task_to_env, backend,
+        ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
+        on_episode=lambda trajectory: channel.send(("episode", _portable(trajectory))),
+    ))
+    listening = asyncio.ensure_future(_listen(channel, proxy, rolling))
+    try:
+        result = await rolling
+        channel.send(("done", result.metrics["abandoned_worker_calls"]))
+    except asyncio.CancelledError:
+        return  # the parent has gone
+    except BaseException as exc:  # what a one-process rollout would raise: raised in the parent
+        channel.send(("raised", portable_error(exc)))
+    finally:
+        listening.cancel()
+        await backend.close()
+        await channel.close()
+
+
+async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Future) -> None:
+    while True:
+        try:
+            messages = await channel.receive()
+        except EOFError:  # the parent has gone: stop, and exit even if the episodes do not unwind
+            rolling.cancel()
+            asyncio.get_running_loop().call_later(_EXIT_GRACE, os._exit, 1)
+            return
+        for _, request, completion, error in messages:
+            backend.answer(request, completion, error)
+
+
+def _portable(trajectory: Trajectory) -> bytes:
+    """The trajectory pickled; without its environment handle when that does not pickle."""
+    try:
+        return dumps(trajectory)
+    except Exception:
+        return dumps(replace(trajectory, environment=None))

@@ -1,0 +1,313 @@
+"""Engine worker processes (``RolloutConfig.engine_workers``): the same trajectories as one process,
+in input order; a dead worker fails only its own episodes; no worker outlives its rollout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import operator
+import os
+import pickle
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rollforge.backends.base import BackendWrapper
+from rollforge.backends.router import RouterBackend
+from rollforge.backends.scripted import ScriptedBackend
+from rollforge.chat.render import ChatRenderer
+from rollforge.envs.factory import FactoryEnvironment
+from rollforge.errors import ConfigError
+from rollforge.rollout.config import RolloutConfig
+from rollforge.rollout.engine import arollout, rollout
+from rollforge.types import Sample
+
+
+class Counter:
+    """Counts up with a tool; episode ``crash`` kills its whole process at its first tool call."""
+
+    def reset(self, start: int = 0, crash: bool = False, **row) -> str:
+        self.total, self.crash = start, crash
+        return f"Start at {start}."
+
+    def add(self, amount: int) -> str:
+        """Add to the total.
+
+        Args:
+            amount: How much to add.
+        """
+        if self.crash:
+            os._exit(3)
+        self.total += amount
+        self.reward = 1.0 if self.total > 10 else 0.0
+        return f"total {self.total}"
+
+
+class CountingScript:
+    """A tool call on the first two turns, then an answer; the amount depends only on the seed (the
+    episode index and turn), never on the order requests arrive in. It pickles: workers reopen it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, request) -> str:
+        if self.tokenizer.decode(request.prompt_ids).count("total ") >= 2:
+            return f"Done after seed {request.params.seed % 1000}."
+        amount = request.params.seed % 9
+        return f'<tool_call>\n{{"name": "add", "arguments": {{"amount": {amount}}}}}\n</tool_call>'
+
+
+def _setup(tiny_model_dir, episodes: int, crash_at: int | None = None, script=None, latency: float = 0.0):
+    from transformers import AutoTokenizer  # here: worker processes import this module for Counter
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    renderer = ChatRenderer(tokenizer)
+    backend = ScriptedBackend(script or CountingScript(tokenizer), tokenizer,
+                              end_token_id=renderer.stop_token_ids[0], latency=latency)
+    samples = [Sample(prompt=[{"role": "user", "content": f"Count from {i}."}], task_name="count",
+                      row={"start": i, "crash": i == crash_at}) for i in range(episodes)]
+    return samples, {"count": FactoryEnvironment(Counter)}, backend, renderer
+
+
+def _config(**kwargs) -> RolloutConfig:
+    return RolloutConfig(max_turns=4, max_new_tokens=48, max_seq_len=1024, concurrency=4, seed=7, **kwargs)
+
+
+def _children(me: int | None = None) -> set[int]:
+    """Engine worker processes whose parent is ``me`` (default: this process), zombies included (an
+    unreaped worker counts)."""
+    me, found = me or os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    spawned = b"worker_main" in cmdline.read()
+            except OSError:
+                continue
+            if parent == me and (spawned or not os.path.exists(f"/proc/{entry}/exe")):
+                found.add(int(entry))
+    return found
+
+
+def _fields(trajectory):
+    return (trajectory.index, trajectory.messages, trajectory.token_ids, trajectory.loss_mask,
+            trajectory.logprobs, trajectory.rewards, trajectory.turns, trajectory.error, trajectory.failures)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["reopened", "shared"])
+def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model_dir, shared):
+    """``reopened``: each worker opens its own copy of the scripted backend (``reopener``);
+    ``shared``: behind a wrapper, which has none, the workers' requests come to the one backend."""
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 10)
+    if shared:
+        backend = BackendWrapper(backend)
+    before = _children()
+    one = rollout(samples, envs, backend, renderer, _config())
+    seen = []
+    two = rollout(samples, envs, backend, renderer, _config(engine_workers=2, first_index=0),
+                  on_episode=lambda t: seen.append(t.index))
+    assert [t.index for t in two.trajectories] == list(range(10))
+    assert sorted(seen) == list(range(10))
+    assert [_fields(t) for t in two.trajectories] == [_fields(t) for t in one.trajectories]
+    assert {t.turns for t in one.trajectories} == {3} and one.metrics["errors"] == {}
+    assert len({t.token_ids for t in one.trajectories}) == 10  # every episode its own
+    for key in ("episodes", "total_turns", "mean_total_reward", "errors", "failures", "per_task"):
+        assert two.metrics[key] == one.metrics[key]
+    assert _children() == before
+
+
+def test_a_router_here_keeps_each_workers_episode_on_one_replica(tiny_model_dir):
+    """Requests proxied from the workers carry their episode: the router's sticky placement holds."""
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 8)
+    served: list[tuple[int, str]] = []
+
+    def replica(number: int) -> ScriptedBackend:
+        def script(request):
+            episode = re.search(r"Count from \d+", renderer.decode(request.prompt_ids)).group()
+            served.append((number, episode))
+            return backend._script(request)
+
+        return ScriptedBackend(script, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=0.01)
+
+    router = RouterBackend([replica(0), replica(1)])
+    result = rollout(samples, envs, router, renderer, _config(engine_workers=2))
+    assert result.metrics["errors"] == {} and result.metrics["total_turns"] == 24
+    replicas: dict[str, set[int]] = {}
+    for number, prompt in served:
+        replicas.setdefault(prompt, set()).add(number)
+    assert len(replicas) == 8 and all(len(numbers) == 1 for numbers in replicas.values())
+    assert router.episodes == [4, 4]
+
+
+def test_shards_count_on_from_first_index(tiny_model_dir):
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 5)
+    one = rollout(samples, envs, backend, renderer, _config(first_index=40))
+    three = rollout(samples, envs, backend, renderer, _config(first_index=40, engine_workers=3))
+    assert [t.index for t in three.trajectories] == list(range(40, 45))
+    assert [_fields(t) for t in three.trajectories] == [_fields(t) for t in one.trajectories]
+
+
+def test_a_dead_worker_fails_only_its_own_episodes(tiny_model_dir):
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 8, crash_at=6)
+    before = _children()
+    result = rollout(samples, envs, backend, renderer, _config(engine_workers=2))
+    first, second = result.trajectories[:4], result.trajectories[4:]
+    assert [t.error for t in first] == [None] * 4 and [t.turns for t in first] == [3] * 4
+    crashed = second[2]
+    assert crashed.index == 6 and crashed.error.kind == "env_error" and crashed.outcome == "infra_failure"
+    assert "engine worker 1" in crashed.error.message and "exit code 3" in crashed.error.message
+    assert result.metrics["episodes"] == 8
+    assert _children() == before
+
+
+def test_a_bug_raised_in_a_worker_propagates_and_no_worker_is_left(tiny_model_dir):
+    # itemgetter raises TypeError with no frame of anyone else's code: a rollforge bug, which a
+    # one-process rollout raises too (boundary.is_own_bug)
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 4, script=operator.itemgetter(5))
+    with pytest.raises(TypeError):
+        rollout(samples, envs, backend, renderer, _config())
+    before = _children()
+    with pytest.raises(TypeError):
+        rollout(samples, envs, backend, renderer, _config(engine_workers=2))
+    assert _children() == before
+
+
+def test_cancelling_the_rollout_stops_every_worker(tiny_model_dir):
+    """What Ctrl-C does: ``asyncio.run`` cancels the rollout's task."""
+    samples, envs, slow, renderer = _setup(tiny_model_dir, 6, latency=30.0)
+    before = _children()
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(arollout(samples, envs, slow, renderer, _config(engine_workers=2)))
+        for _ in range(600):  # until both workers are up and waiting on generation
+            await asyncio.sleep(0.05)
+            if len(_children() - before) == 2 and len(asyncio.all_tasks()) > 4:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(cancelled(), 60))
+    assert _children() == before
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_stop_when_their_parent_is_killed(tiny_model_dir, tmp_path):
+    """A parent killed outright (SIGKILL: nothing of it runs) leaves no worker behind: each sees its
+    socket close and exits."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_engine_workers as T\n"
+        "if __name__ == '__main__':\n"
+        f"    samples, envs, backend, renderer = T._setup({str(tiny_model_dir)!r}, 6, latency=60.0)\n"
+        "    T.rollout(samples, envs, backend, renderer, T._config(engine_workers=2))\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(parent.pid)) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.1)
+        workers = _children(parent.pid)
+        assert len(workers) == 2
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in workers)
+
+
+def test_a_closed_channel_has_written_its_last_frame():
+    """A worker exits right after ``Channel.close``: by then its last frame (a big batch of
+    trajectories, more than a socket buffer holds, to a parent busy elsewhere) has been written
+    whole, and nothing follows it."""
+    import importlib
+    import socket
+    import threading
+
+    channel_module = importlib.import_module("rollforge.rollout.worker_channel")
+    ours, theirs = socket.socketpair()
+    received = bytearray()
+
+    def read() -> None:
+        time.sleep(0.5)  # the parent is busy when the worker finishes
+        while chunk := theirs.recv(1 << 16):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+
+    async def send_and_close() -> None:
+        channel = await channel_module.Channel.open(ours)
+        channel.send(("episode", b"x" * 8_000_000))  # far more than a socket buffer holds
+        await channel.close()
+
+    asyncio.run(send_and_close())
+    ours.close()  # what the process's exit does
+    reader.join(30)
+    size = int.from_bytes(received[:8], "big")
+    assert size == len(received) - 8 and pickle.loads(received[8:]) == [("episode", b"x" * 8_000_000)]
+
+
+def test_a_bad_engine_workers_value_is_one_line():
+    with pytest.raises(ConfigError) as caught:
+        RolloutConfig.build(engine_workers=0)
+    assert "\n" not in str(caught.value) and "engine_workers" in str(caught.value) and "(got 0)" in str(caught.value)
+
+
+def test_environments_that_do_not_pickle_are_refused_in_one_line(tiny_model_dir):
+    samples, _, backend, renderer = _setup(tiny_model_dir, 2)
+
+    class Local(Counter):  # defined in a function: a worker process cannot import it
+        pass
+
+    with pytest.raises(ConfigError) as caught:
+        rollout(samples, {"count": FactoryEnvironment(Local)}, backend, renderer, _config(engine_workers=2))
+    assert "\n" not in str(caught.value) and "engine_workers=2" in str(caught.value)
+
+
+def test_rollout_command_with_engine_workers_generates_in_this_process(tiny_model_dir, tmp_path, capsys):
+    """``--engine-workers 2`` with the HF backend (a model in this process: the workers' requests come
+    here) writes every episode, in input order."""
+    from rollforge.cli.main import main
+
+    out = tmp_path / "out"
+    code = main(["rollout", "--model", str(tiny_model_dir), "--env", "arithmetic", "--episodes", "4", "--max-turns", "2",
+                 "--max-new-tokens", "8", "--engine-workers", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [row["index"] for row in rows] == [0, 1, 2, 3]
+    assert all(row["token_ids"] and row["error"] is None for row in rows)
+
+
+@pytest.mark.parametrize("flags", [["--engine-workers", "0"], ["--engine-workers", "2", "--executor", "ray"]])
+def test_bad_engine_workers_flags_are_one_line(tiny_model_dir, tmp_path, capsys, flags):
+    from rollforge.cli.main import main
+
+    code = main(["rollout", "--model", str(tiny_model_dir), "--episodes", "2", "--out", str(tmp_path / "out"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "engine" in err, err
+
+
+def test_bench_scale_with_two_engine_workers(tiny_model_dir):
+    from rollforge.bench import scale
+
+    result = scale.run(episodes=200, turns=2, latency=0.05, tokenizer_dir=str(tiny_model_dir), engine_workers=2)
+    assert result["errors"] == {} and result["tool_failures"] == {}
+    assert result["engine_workers"] == 2 and result["turns_completed"] == 400
+    assert result["worker_cpu_seconds"] > 0 and result["wall_seconds"] >= result["lower_bound_seconds"]
