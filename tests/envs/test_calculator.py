@@ -36,51 +36,48 @@ def test_samples_are_seeded_and_their_row_holds_the_result():
         calculator.samples(1, 0, digits=0)
 
 
-def test_tools_compute_and_answer_ends_the_episode():
+def test_the_first_call_ends_the_episode_and_is_graded():
     env = CalculatorEnv()
     env.reset(result=7)
-    assert (env.add(3, 4), env.subtract(3, 4), env.multiply(3, 4)) == ("7", "-1", "12")
-    assert not env.done and env.get_reward() == 0.0  # no answer yet
-    assert env.answer(7) == "Submitted." and env.done and env.get_reward() == 1.0
-    env.reset(result=7)
-    env.answer(12)
-    assert env.done and env.get_reward() == 0.0
+    assert not env.done and env.get_reward() == 0.0  # no call yet
+    assert env.add(3, 4) == "7" and env.done and env.get_reward() == 1.0
+    for tool, value in ((env.subtract, "-1"), (env.multiply, "12")):
+        env.reset(result=7)
+        assert tool(3, 4) == value and env.done and env.get_reward() == 0.0
 
 
 @pytest.mark.parametrize(("tool", "reward"), [("multiply", 1.0), ("add", 0.0), ("subtract", 0.0)])
-async def test_the_right_tool_then_its_result_solves_the_question(tool, reward):
+async def test_only_the_tool_the_question_names_solves_it(tool, reward):
     sample = next(s for s in calculator.samples(20, 1) if s.row["op"] == "times")
     a, b = sample.row["a"], sample.row["b"]
-    replies = iter([call(tool, a=a, b=b)])
-    steps, final = await play(get_env_spec("calculator").build(), sample,
-                              lambda last: next(replies, None) or call("answer", value=int(last)))
-    assert [st.terminated for st in steps] == [False, True] and final == reward
-    assert steps[0].messages[0].role == "tool" and int(steps[0].messages[0].content) == {"multiply": a * b, "add": a + b, "subtract": a - b}[tool]
+    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: call(tool, a=a, b=b))
+    assert len(steps) == 1 and steps[0].terminated and final == reward
+    value = {"multiply": a * b, "add": a + b, "subtract": a - b}[tool]
+    assert [(m.role, m.content) for m in steps[0].messages] == [("tool", str(value))]
 
 
-async def test_an_answer_without_a_call_or_no_answer_at_all():
-    sample = calculator.samples(1, 2)[0]
-    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: call("answer", value=sample.row["result"]))
-    assert len(steps) == 1 and steps[0].terminated and final == 1.0  # the answer is what is graded
-    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: Message("assistant", "About 500."))
+async def test_wrong_operands_or_no_call_score_zero():
+    sample = next(s for s in calculator.samples(20, 1) if s.row["op"] == "plus")
+    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: call("add", a=sample.row["a"], b=1))
     assert steps[0].terminated and final == 0.0
+    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: Message("assistant", str(sample.row["result"])))
+    assert steps[0].terminated and final == 0.0  # the answer must come from a call
 
 
-async def test_tool_schemas_name_the_operations_and_answer():
+async def test_tool_schemas_name_the_operations():
     sample = calculator.samples(1, 0)[0]
     reset = await get_env_spec("calculator").build().open(sample).reset(sample)
-    assert [t["function"]["name"] for t in reset.tools] == ["add", "subtract", "multiply", "answer"]  # in class order
-    assert reset.tools[0]["function"]["parameters"]["properties"]["a"]["type"] == "integer"
+    assert [t["function"]["name"] for t in reset.tools] == ["add", "subtract", "multiply"]
+    assert reset.tools[2]["function"]["description"] == "Return a * b."
+    assert reset.tools[0]["function"]["parameters"]["properties"] == {"a": {"type": "integer"}, "b": {"type": "integer"}}
 
 
-def test_expert_calls_a_random_operation_then_answers_its_result():
+def test_expert_calls_a_random_operation_on_the_operands():
     question = [Message("system", calculator.SYSTEM_PROMPT), Message("user", "What is 120 times 30?")]
     parser = get_parser()
     first = parser.parse(calculator.expert(question, parser))[0]
     assert first.name in {"add", "subtract", "multiply"} and first.arguments == {"a": 120, "b": 30}
     assert calculator.expert(question, parser) == calculator.expert(question, parser)  # seeded by the question
-    after = [*question, Message("assistant", "..."), Message("tool", "150")]
-    assert parser.parse(calculator.expert(after, parser))[0].arguments == {"value": 150}
     chosen = Counter(parser.parse(calculator.expert([Message("user", s.prompt[-1].content)], parser))[0].name
                      for s in calculator.samples(90, 0))
     assert set(chosen) == {"add", "subtract", "multiply"} and min(chosen.values()) >= 20  # no tool is favoured
@@ -88,12 +85,12 @@ def test_expert_calls_a_random_operation_then_answers_its_result():
 
 def test_expert_demonstrations_have_the_format_and_solve_when_the_tool_fits(tiny_model_dir):
     renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
-    config = RolloutConfig(max_turns=2, max_seq_len=4096)
+    config = RolloutConfig(max_turns=1, max_seq_len=4096)
     result = asyncio.run(expert_demonstrations("calculator", 24, renderer, config, seed=3))
     samples = calculator.samples(24, 3)
     parser = get_parser()
     for trajectory, sample in zip(result.trajectories, samples):
-        assert trajectory.terminated and trajectory.turns == 2 and trajectory.error is None and not trajectory.failures
+        assert trajectory.terminated and trajectory.turns == 1 and trajectory.error is None and not trajectory.failures
         first = parser.parse(next(m.content for m in trajectory.messages if m.role == "assistant"))[0]
         assert trajectory.total_reward == (1.0 if first.name == calculator.OPERATIONS[sample.row["op"]] else 0.0)
     assert 0 < sum(t.total_reward for t in result.trajectories) < 24

@@ -2,19 +2,18 @@
 
 An environment class in the ``environment_factory`` style. The prompt asks "What is 347 times
 29?" (``plus``, ``minus`` or ``times``, operands of ``digits`` digits, three by default: past what
-a small model computes in its head). The tools are ``add``, ``subtract`` and ``multiply`` (each
-returns ``a <op> b``) and ``answer``, which submits a value and ends the episode. The reward is 1.0
-when the submitted value equals the result, else 0.0 (also 0.0 when the model never answers).
-The row columns are ``a``, ``b``, ``op`` and ``result``.
+a small model computes in its head). The tools are ``add``, ``subtract`` and ``multiply``, each
+returning ``a <op> b``. The first call ends the episode (one attempt, as in ``echo``); the reward
+is 1.0 when the value it returned equals the question's result, else 0.0 (also 0.0 when the model
+answers without a call). The row columns are ``a``, ``b``, ``op`` and ``result``.
 
-A solving episode takes two turns: the operation tool the question names, then ``answer`` with
-what it returned. The call format and the copying of numbers are easy to demonstrate; which tool a
-question needs is the strategy, and that is what reinforcement learning is left to find.
+The call format and copying the operands are easy to demonstrate; which tool a question needs is
+the strategy, and that is what reinforcement learning is left to find.
 
-``expert`` is a format teacher, not a strategy teacher: it calls one of the three operation tools,
-chosen at random (seeded by the question, so demonstrations are reproducible), with the question's
-operands, then answers with the tool's result. It solves a third of its episodes; a warm-up on its
-demonstrations learns the format of both calls but not which tool a question needs.
+``expert`` is a format teacher, not a strategy teacher: it calls one of the three tools, chosen at
+random (seeded by the question, so demonstrations are reproducible), with the question's operands.
+It solves a third of its episodes; a warm-up on all its demonstrations (``min_reward: null``)
+learns the call format but not which tool a question needs.
 """
 
 from __future__ import annotations
@@ -29,10 +28,7 @@ from ...types import Message, Sample
 from ..base import Environment
 from ..experts import format_tool_call
 
-SYSTEM_PROMPT = (
-    "You are a helpful assistant with calculator tools. Compute the result with one calculator "
-    "tool, then submit it with the answer tool."
-)
+SYSTEM_PROMPT = "Compute the answer with one calculator tool call."
 
 #: The question's word for each operation, and the tool that computes it.
 OPERATIONS = {"plus": "add", "minus": "subtract", "times": "multiply"}
@@ -41,80 +37,44 @@ _QUESTION = re.compile(r"What is (\d+) (plus|minus|times) (\d+)\?")
 
 
 class CalculatorEnv:
-    """Operation tools and an ``answer`` tool; rewards the right answer."""
+    """Three operation tools; the first call ends the episode, rewarded when it gives the result."""
 
     def __init__(self) -> None:
         self._result = 0
-        self._answer: int | None = None
+        self._computed: int | None = None
         self.done = False
 
     def reset(self, result: int, **_: object) -> None:
         self._result = int(result)
-        self._answer = None
+        self._computed = None
         self.done = False
         return None
 
     def add(self, a: int, b: int) -> str:
-        """Add two numbers.
-
-        Args:
-            a: The first number.
-            b: The second number.
-
-        Returns:
-            a + b.
-        """
-        return str(a + b)
+        """Return a + b."""
+        return self._compute(a + b)
 
     def subtract(self, a: int, b: int) -> str:
-        """Subtract the second number from the first.
-
-        Args:
-            a: The first number.
-            b: The second number.
-
-        Returns:
-            a - b.
-        """
-        return str(a - b)
+        """Return a - b."""
+        return self._compute(a - b)
 
     def multiply(self, a: int, b: int) -> str:
-        """Multiply two numbers.
+        """Return a * b."""
+        return self._compute(a * b)
 
-        Args:
-            a: The first number.
-            b: The second number.
-
-        Returns:
-            a * b.
-        """
-        return str(a * b)
-
-    def answer(self, value: int) -> str:
-        """Submit the final answer; this ends the task.
-
-        Args:
-            value: The result.
-
-        Returns:
-            A confirmation.
-        """
-        self._answer = value
+    def _compute(self, value: int) -> str:
+        self._computed = value
         self.done = True
-        return "Submitted."
+        return str(value)
 
     def get_reward(self) -> float:
-        return 1.0 if self._answer == self._result else 0.0
+        return 1.0 if self._computed == self._result else 0.0
 
 
 def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
-    """A random operation tool on the question's operands, then ``answer`` with its result."""
-    results = [m.content for m in messages if m.role == "tool"]
-    if len(results) >= 2:
+    """A random operation tool on the question's operands (the episode ends with that call)."""
+    if any(m.role == "tool" for m in messages):
         return "Done."
-    if results:
-        found = re.search(r"-?\d+", results[-1])
-        return format_tool_call(parser, "answer", {"value": int(found.group()) if found else 0})
     question = next((m.content for m in reversed(messages) if m.role == "user"), "")
     found = _QUESTION.search(question)
     if found is None:
