@@ -25,7 +25,7 @@ from rollforge.types import Message, Sample, ToolCall
 
 def test_registry_names_and_specs():
     assert ENV_NAMES == (
-        "echo", "arithmetic", "catch", "wordle", "guess_number", "python_code", "math", "frozenlake",
+        "echo", "arithmetic", "calculator", "catch", "wordle", "guess_number", "python_code", "math", "frozenlake",
         "reasoning_gym:basic_arithmetic", "reasoning_gym:leg_counting", "textarena:GuessTheNumber-v0",
         "textarena:Mastermind-v0", "textarena:Sudoku-v0-very-easy", "gymnasium:CliffWalking-v1",
     )

@@ -8,12 +8,14 @@ Rewards are in [0, 1]. Prompts are written so that a small instruction-tuned mod
 
 - ``echo`` (tool class): call ``echo`` with the requested word; tests tool-call plumbing.
 - ``arithmetic`` (step-style): one-digit addition in one turn.
+- ``calculator`` (tool class): three-digit arithmetic by calling the right operation tool, then
+  ``answer``; its expert picks the tool at random (teaches the format, not the choice).
 - ``catch`` (tool class): move a paddle under a falling ball, four moves.
 - ``wordle`` (tool class): find a five-letter word in six guesses from G/Y/_ feedback.
 - ``guess_number`` (step-style): find a number in 1-20 from "Too high."/"Too low." hints.
 - ``python_code`` (tool class): write a function, run code and submit it in a sandbox; hidden tests.
 
-``echo``, ``catch``, ``wordle`` and ``guess_number`` have an ``expert`` (``envs/experts.py``): a
+``echo``, ``calculator``, ``catch``, ``wordle`` and ``guess_number`` have an ``expert`` (``envs/experts.py``): a
 scripted player whose episodes are demonstrations for supervised warm-up.
 
 Adapters of task libraries (``envs/adapters``, optional extras; importing them here is light, the
@@ -40,7 +42,7 @@ from ...types import Sample
 from ..base import Environment
 from ..experts import Expert
 from ..adapters import gymnasium_env, math_env, nemo_gym, reasoning_gym_env, skyrl_env, textarena_env, verifiers_env
-from . import arithmetic, catch, echo, guess_number, python_code, wordle
+from . import arithmetic, calculator, catch, echo, guess_number, python_code, wordle
 
 __all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec", "is_family_member"]
 
@@ -69,6 +71,7 @@ _SPECS: dict[str, EnvSpec] = {
     for spec in (
         EnvSpec("echo", "Call the echo tool with the requested word (one tool call).", echo.build, echo.samples, expert=echo.expert),
         EnvSpec("arithmetic", "One-digit addition in one turn; 1.0 when the last number is the sum.", arithmetic.build, arithmetic.samples),
+        EnvSpec("calculator", "Three-digit plus/minus/times: one call to the add/subtract/multiply tool it needs.", calculator.build, calculator.samples, expert=calculator.expert),
         EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples, expert=catch.expert),
         EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples, expert=wordle.expert),
         EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples, expert=guess_number.expert),

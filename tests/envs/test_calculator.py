@@ -1,0 +1,100 @@
+"""``calculator``: its questions, tools, rewards, and an expert that teaches the format, not the choice."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+
+import pytest
+
+from rollforge.chat.render import ChatRenderer
+from rollforge.chat.toolcalls import get_parser
+from rollforge.envs.check import check_env
+from rollforge.envs.library import calculator, get_env_spec
+from rollforge.envs.library.calculator import CalculatorEnv
+from rollforge.errors import ConfigError
+from rollforge.models import load_tokenizer
+from rollforge.rollout.config import RolloutConfig
+from rollforge.train.sft_data import expert_demonstrations
+from rollforge.types import Message
+
+from test_library import call, play
+
+
+def test_samples_are_seeded_and_their_row_holds_the_result():
+    first = calculator.samples(60, 4)
+    assert first == calculator.samples(60, 4) and first != calculator.samples(60, 5)
+    assert Counter(s.row["op"] for s in first).keys() == {"plus", "minus", "times"}
+    for s in first:
+        a, word, b = re.fullmatch(r"What is (\d+) (\w+) (\d+)\?", s.prompt[-1].content).groups()
+        assert 100 <= int(a) <= 999 and 100 <= int(b) <= 999 and (int(a), int(b), word) == (s.row["a"], s.row["b"], s.row["op"])
+        assert s.row["result"] == {"plus": int(a) + int(b), "minus": int(a) - int(b), "times": int(a) * int(b)}[word]
+        assert s.task_name == "calculator" and s.prompt[0].role == "system"
+    assert all(0 <= s.row["a"] <= 9 for s in calculator.samples(10, 0, digits=1))
+    with pytest.raises(ConfigError, match="calculator digits must be a positive int, got 0"):
+        calculator.samples(1, 0, digits=0)
+
+
+def test_the_first_call_ends_the_episode_and_is_graded():
+    env = CalculatorEnv()
+    env.reset(result=7)
+    assert not env.done and env.get_reward() == 0.0  # no call yet
+    assert env.add(3, 4) == "7" and env.done and env.get_reward() == 1.0
+    for tool, value in ((env.subtract, "-1"), (env.multiply, "12")):
+        env.reset(result=7)
+        assert tool(3, 4) == value and env.done and env.get_reward() == 0.0
+
+
+@pytest.mark.parametrize(("tool", "reward"), [("multiply", 1.0), ("add", 0.0), ("subtract", 0.0)])
+async def test_only_the_tool_the_question_names_solves_it(tool, reward):
+    sample = next(s for s in calculator.samples(20, 1) if s.row["op"] == "times")
+    a, b = sample.row["a"], sample.row["b"]
+    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: call(tool, a=a, b=b))
+    assert len(steps) == 1 and steps[0].terminated and final == reward
+    value = {"multiply": a * b, "add": a + b, "subtract": a - b}[tool]
+    assert [(m.role, m.content) for m in steps[0].messages] == [("tool", str(value))]
+
+
+async def test_wrong_operands_or_no_call_score_zero():
+    sample = next(s for s in calculator.samples(20, 1) if s.row["op"] == "plus")
+    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: call("add", a=sample.row["a"], b=1))
+    assert steps[0].terminated and final == 0.0
+    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: Message("assistant", str(sample.row["result"])))
+    assert steps[0].terminated and final == 0.0  # the answer must come from a call
+
+
+async def test_tool_schemas_name_the_operations():
+    sample = calculator.samples(1, 0)[0]
+    reset = await get_env_spec("calculator").build().open(sample).reset(sample)
+    assert [t["function"]["name"] for t in reset.tools] == ["add", "subtract", "multiply"]
+    assert reset.tools[2]["function"]["description"] == "Return a * b."
+    assert reset.tools[0]["function"]["parameters"]["properties"] == {"a": {"type": "integer"}, "b": {"type": "integer"}}
+
+
+def test_expert_calls_a_random_operation_on_the_operands():
+    question = [Message("system", calculator.SYSTEM_PROMPT), Message("user", "What is 120 times 30?")]
+    parser = get_parser()
+    first = parser.parse(calculator.expert(question, parser))[0]
+    assert first.name in {"add", "subtract", "multiply"} and first.arguments == {"a": 120, "b": 30}
+    assert calculator.expert(question, parser) == calculator.expert(question, parser)  # seeded by the question
+    chosen = Counter(parser.parse(calculator.expert([Message("user", s.prompt[-1].content)], parser))[0].name
+                     for s in calculator.samples(90, 0))
+    assert set(chosen) == {"add", "subtract", "multiply"} and min(chosen.values()) >= 20  # no tool is favoured
+
+
+def test_expert_demonstrations_have_the_format_and_solve_when_the_tool_fits(tiny_model_dir):
+    renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
+    config = RolloutConfig(max_turns=1, max_seq_len=4096)
+    result = asyncio.run(expert_demonstrations("calculator", 24, renderer, config, seed=3))
+    samples = calculator.samples(24, 3)
+    parser = get_parser()
+    for trajectory, sample in zip(result.trajectories, samples):
+        assert trajectory.terminated and trajectory.turns == 1 and trajectory.error is None and not trajectory.failures
+        first = parser.parse(next(m.content for m in trajectory.messages if m.role == "assistant"))[0]
+        assert trajectory.total_reward == (1.0 if first.name == calculator.OPERATIONS[sample.row["op"]] else 0.0)
+    assert 0 < sum(t.total_reward for t in result.trajectories) < 24
+
+
+def test_check_env_passes():
+    assert check_env(get_env_spec("calculator"), steps=2).name == "calculator"
