@@ -1,5 +1,6 @@
-"""One GRPO step of the tiny model on top of each agent harness (smolagents ``CodeAgent``; a
-langgraph react agent over langchain-openai): the harness runs unchanged through
+"""One GRPO step of the tiny model on top of each agent harness (smolagents ``CodeAgent`` and
+``ToolCallingAgent``; openai-agents over the Responses API; a langgraph react agent over
+langchain-openai; mini-swe-agent's update is in test_mini_swe_agent.py): the harness runs unchanged through
 ``AgentEnvironment``, its sessions are the trajectories trained on, its own final answer is the
 reward, and the step changes the weights.
 
@@ -103,6 +104,35 @@ def test_one_grpo_step_on_a_langgraph_react_agent(tiny_model_dir, tmp_path):
     for trajectory in trajectories:
         assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
         assert trajectory.messages[2].content == CALL_TEXT and trajectory.messages[3].content == "3"
+    assert {t.total_reward for t in trajectories} == {0.0, 1.0}
+
+
+def test_one_grpo_step_on_openai_agents_over_the_responses_api(tiny_model_dir, tmp_path):
+    from test_responses import agents_default_model_agent
+
+    def script(prompt, seed):  # "The sum is 3." on even seeds, "The sum is 4." on odd ones
+        reply = reply_for(prompt)
+        return reply if reply == CALL_TEXT or seed % 2 == 0 else "The sum is 4."
+
+    agent = lambda base_url, row: agents_default_model_agent(base_url, {**row, "id": 0})  # Runner.run
+    trajectories = one_grpo_step(tmp_path, tiny_model_dir, agent, script)
+    for trajectory in trajectories:
+        assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
+        assert trajectory.messages[3].content == "3"  # the SDK ran the tool
+    assert {t.total_reward for t in trajectories} == {0.0, 1.0}
+
+
+def test_one_grpo_step_on_a_smolagents_tool_calling_agent(tiny_model_dir, tmp_path):
+    from test_smolagents import ANSWER_CALL, OPENER, scripted_model, smolagents_agent
+
+    def script(prompt, seed):  # continues the forced opener; answers 4 on odd seeds
+        reply = scripted_model(prompt)
+        wrong = ANSWER_CALL.removeprefix(OPENER).replace('"3"', '"4"')
+        return wrong if seed % 2 and reply == ANSWER_CALL.removeprefix(OPENER) else reply
+
+    trajectories = one_grpo_step(tmp_path, tiny_model_dir, smolagents_agent, script)
+    for trajectory in trajectories:
+        assert trajectory.turns == 2 and len(trajectory.segments) == 2
     assert {t.total_reward for t in trajectories} == {0.0, 1.0}
 
 
