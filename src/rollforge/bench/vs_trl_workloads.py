@@ -54,8 +54,8 @@ class Workload:
 DEFAULTS = {
     "arithmetic": {"batch_size": 2, "generations": 4, "max_completion_tokens": 32, "max_tool_calls": 0,
                    "lr": 1e-6, "steps": 6},
-    "calculator": {"batch_size": 4, "generations": 4, "max_completion_tokens": 64, "max_tool_calls": 1,
-                   "lr": 3e-5, "steps": 8},
+    "calculator": {"batch_size": 2, "generations": 4, "max_completion_tokens": 64, "max_tool_calls": 1,
+                   "lr": 3e-5, "steps": 6},
     "guess-number": {"batch_size": 4, "generations": 4, "max_completion_tokens": 128,
                      "max_tool_calls": MAX_TOOL_CALLS, "lr": 5e-4, "steps": 8},
 }
