@@ -82,7 +82,7 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
         warmup_seconds = time.perf_counter() - started
         workload = calculator(model_dir, seed=settings["seed"])
         held_out = HeldOut(model_dir, settings)
-        start_reward = held_out.score_model(_load(model_dir))
+        start_reward = _progress("warm-up", 0, held_out.score_model(_load(model_dir)))
         points: dict[str, dict[int, float]] = {"trl": {0: start_reward}, "rollforge": {0: start_reward}}
         trl_run, rollforge_run = run_alternating(workload, settings, Path(scratch) / "runs", held_out.hooks(points))
     result = report(settings, {"trl": trl_run, "rollforge": rollforge_run}, points)
@@ -196,13 +196,19 @@ class HeldOut:
 
         def trl(step: int, model: Any) -> None:
             if self.due(step):
-                points["trl"][step] = self.score_model(model)
+                points["trl"][step] = _progress("trl", step, self.score_model(model))
 
         async def rollforge(step: int, model: Any, backend: Any) -> None:
             if self.due(step):
-                points["rollforge"][step] = await self.score(backend)
+                points["rollforge"][step] = _progress("rollforge", step, await self.score(backend))
 
         return {"trl": trl, "rollforge": rollforge}
+
+
+def _progress(side: str, step: int, reward: float) -> float:
+    """A line on stderr per held-out evaluation (a long run shows its curves as they grow)."""
+    print(f"bench learning: {side} step {step}: held-out reward {reward}", file=sys.stderr, flush=True)
+    return reward
 
 
 # -- the report ------------------------------------------------------------------------------------
