@@ -29,6 +29,10 @@ from .vs_trl_workloads import Workload
 # -- alternation -----------------------------------------------------------------------------------
 
 
+class OtherSideFailed(RollforgeError):
+    """Raised by the side that was waiting when the other one failed (the other's error is the one to show)."""
+
+
 class Turns:
     """TRL (this thread) and rollforge (another thread) take strictly alternating training steps, TRL
     first, so that load from other processes falls on both alike and their work never overlaps.
@@ -45,7 +49,7 @@ class Turns:
     def wait(self, event: threading.Event) -> None:
         while not event.wait(1.0):
             if self.failed:
-                raise RollforgeError("the other trainer of the comparison failed (its error follows)")
+                raise OtherSideFailed("the other trainer of the comparison failed (its error follows)")
         event.clear()
 
     def rollforge_hook(self, last_step: int):
@@ -59,14 +63,17 @@ class Turns:
         return on_step
 
 
-def run_alternating(workload: Workload, s: dict[str, Any], out: Path):
+def run_alternating(workload: Workload, s: dict[str, Any], out: Path, after_steps: dict[str, Any] | None = None):
+    """Both runs, alternating; ``after_steps`` maps a side to its ``after_step`` (see ``run_trl`` and
+    ``run_rollforge``), which runs on that side's turn, so it never overlaps the other's step."""
     turns = Turns()
+    after_steps = after_steps or {}
     outcome: dict[str, Any] = {}
 
     def rollforge_side():
         try:
             turns.wait(turns.rollforge_turn)
-            outcome["run"] = run_rollforge(workload, s, out / "rollforge", turns)
+            outcome["run"] = run_rollforge(workload, s, out / "rollforge", turns, after_steps.get("rollforge"))
         except BaseException as exc:  # handed to the main thread, which re-raises it
             outcome["error"] = exc
             turns.failed = True
@@ -76,12 +83,12 @@ def run_alternating(workload: Workload, s: dict[str, Any], out: Path):
     thread = threading.Thread(target=rollforge_side, name="rollforge-trainer", daemon=True)
     thread.start()
     try:
-        trl_run = run_trl(workload, s, out / "trl", turns)
+        trl_run = run_trl(workload, s, out / "trl", turns, after_steps.get("trl"))
     except BaseException as exc:
         turns.failed = True
         thread.join()
-        if "error" in outcome:  # rollforge failed first; TRL only stopped waiting for it
-            raise outcome["error"] from exc
+        if "error" in outcome and not isinstance(outcome["error"], OtherSideFailed):
+            raise outcome["error"] from exc  # rollforge failed first; TRL only stopped waiting for it
         raise
     thread.join()
     if "error" in outcome:
@@ -92,7 +99,9 @@ def run_alternating(workload: Workload, s: dict[str, Any], out: Path):
 # -- TRL -------------------------------------------------------------------------------------------
 
 
-def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None) -> dict[str, Any]:
+def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None,
+            after_step: Any = None) -> dict[str, Any]:
+    """``after_step(step, model)``: called after each step's clock stopped, before TRL hands over."""
     import os
 
     import datasets
@@ -104,7 +113,7 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     cuda = s.get("device", "cpu") == "cuda"  # bench gpu: CUDA, float32 master weights, bfloat16 autocast
     tokenizer = AutoTokenizer.from_pretrained(workload.model_dir)
     model = AutoModelForCausalLM.from_pretrained(workload.model_dir, dtype=torch.float32)
-    clock = _trl_clock(turns)
+    clock = _trl_clock(turns, after_step)
     n = s["batch_size"] * s["generations"]
     config = GRPOConfig(
         output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=n,
@@ -146,7 +155,7 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     }
 
 
-def _trl_clock(turns: "Turns | None") -> Any:
+def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
     """A callback that records step times (``on_step_begin`` -> ``on_step_end``), their phases (see
     the module docstring), the logs and, per step, the context tokens handed to ``model.generate``
     (every turn re-reads its history); ``instrument(trainer)`` wraps the methods it times."""
@@ -174,6 +183,8 @@ def _trl_clock(turns: "Turns | None") -> Any:
             self.step_seconds.append(step)
             self.phases.append({"generation": self.spent["generate"], "update": update,
                                 "other": step - self.spent["generate"] - update})
+            if after_step is not None:
+                after_step(state.global_step, kwargs["model"])
             if turns is not None:
                 turns.rollforge_turn.set()
                 if state.global_step == args.max_steps:
@@ -224,7 +235,9 @@ def _ids(encoded: Any) -> list[int]:
 # -- rollforge -------------------------------------------------------------------------------------
 
 
-def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None) -> dict[str, Any]:
+def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None,
+                  after_step: Any = None) -> dict[str, Any]:
+    """``after_step(step, model, backend)`` (async): awaited after each step, before rollforge hands over."""
     from ..chat.render import ChatRenderer
     from ..envs.tools import discover_tools
     from ..models import load_tokenizer
@@ -259,7 +272,7 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
             "temperature": 1.0, "concurrency": n, "seed": s["seed"],
         },
     )
-    hook = turns.rollforge_hook(s["steps"]) if turns is not None else None
+    hook = _then(after_step, turns.rollforge_hook(s["steps"]) if turns is not None else None)
     started = time.perf_counter()
     result = train(config, dataset=workload.rows, console=False, on_step=hook)
     run_seconds = time.perf_counter() - started
@@ -281,3 +294,16 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
         "step_seconds": [m["time/step"] for m in result.history], "steps": steps,
         "rewards": [round(x["reward"], 4) for x in steps], "run_seconds": run_seconds, "prompt_tokens": lengths[0],
     }
+
+
+def _then(first: Any, then: Any) -> Any:
+    """``train``'s ``on_step``: the async ``first(step, model, backend)``, then ``then``'s hand-over."""
+    if first is None:
+        return then
+
+    async def on_step(step: int, metrics: Any, model: Any, backend: Any) -> None:
+        await first(step, model, backend)
+        if then is not None:
+            then(step, metrics, model, backend)
+
+    return on_step

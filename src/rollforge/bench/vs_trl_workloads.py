@@ -4,6 +4,12 @@
   single-turn one-digit additions ("What is 3 + 4? Answer with just the number."). TRL gets a reward
   function, rollforge its bundled ``arithmetic`` environment; both score with the same
   ``score_answer`` (1 when the last number in the reply is the sum). No tools, one turn.
+- ``calculator`` (``rollforge bench learning``'s): a warmed-up SmolLM2 checkpoint plays the
+  bundled ``calculator`` environment, whose class (``Calculator``: with the ``Args:`` docstrings TRL
+  needs) TRL runs as its ``environment_factory`` and rollforge runs unchanged (one tool call,
+  rewarded by the environment's ``get_reward``). The model
+  directory must carry TRL's Qwen2.5 template (``learning.templated``): TRL parses tool calls only
+  for templates it knows.
 - ``guess-number``: the warmed-up 0.9M-parameter tool-caller of ``vs_trl_setup`` playing
   ``vs_trl_env.GuessNumber`` through TRL's ``environment_factory`` (multi-turn, tool calls): fast,
   for tests and for comparing the frameworks' per-turn overhead.
@@ -20,8 +26,11 @@ from typing import Any, Callable
 
 from ..envs.library.arithmetic import samples as arithmetic_samples
 from ..envs.library.arithmetic import score_answer
+from ..envs.library.calculator import CalculatorEnv
+from ..envs.library.calculator import samples as calculator_samples
 from .vs_trl_env import MAX_TOOL_CALLS, GuessNumber, prompt_rows
 
+CALCULATOR_ENV = "rollforge.bench.vs_trl_workloads:Calculator"
 GUESS_NUMBER_ENV = "rollforge.bench.vs_trl_env:GuessNumber"
 
 
@@ -45,6 +54,8 @@ class Workload:
 DEFAULTS = {
     "arithmetic": {"batch_size": 2, "generations": 4, "max_completion_tokens": 32, "max_tool_calls": 0,
                    "lr": 1e-6, "steps": 6},
+    "calculator": {"batch_size": 2, "generations": 4, "max_completion_tokens": 64, "max_tool_calls": 1,
+                   "lr": 3e-5, "steps": 6},
     "guess-number": {"batch_size": 4, "generations": 4, "max_completion_tokens": 128,
                      "max_tool_calls": MAX_TOOL_CALLS, "lr": 5e-4, "steps": 8},
 }
@@ -66,6 +77,53 @@ def arithmetic(model: str | Path = "smollm2-135m", rows: int = 64, seed: int = 0
         name="arithmetic", model_dir=resolve_model(model), rows=rendered,
         rollforge_environment={"name": "arithmetic", "task_name": "arithmetic"},
         trl_reward_funcs=[arithmetic_reward], defaults=DEFAULTS["arithmetic"],
+    )
+
+
+def message_rows(samples: list[Any]) -> list[dict[str, Any]]:
+    """Dataset rows of ``Sample``s: the prompt as a message list, then the row's columns."""
+    return [{"prompt": [{"role": m.role, "content": m.content} for m in s.prompt], **s.row} for s in samples]
+
+
+class Calculator(CalculatorEnv):
+    """``calculator``'s environment with an ``Args:`` section in each tool's docstring, which TRL
+    needs (transformers' ``get_json_schema`` refuses a tool whose arguments are undescribed) and which
+    ``calculator.CalculatorEnv`` lacks; both trainers run this class, so both render the same tools."""
+
+    def add(self, a: int, b: int) -> str:
+        """Return a + b.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return super().add(a, b)
+
+    def subtract(self, a: int, b: int) -> str:
+        """Return a - b.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return super().subtract(a, b)
+
+    def multiply(self, a: int, b: int) -> str:
+        """Return a * b.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return super().multiply(a, b)
+
+
+def calculator(model_dir: Path, rows: int = 64, seed: int = 0) -> Workload:
+    """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template."""
+    return Workload(
+        name="calculator", model_dir=Path(model_dir), rows=message_rows(calculator_samples(rows, seed)),
+        rollforge_environment={"name": CALCULATOR_ENV, "task_name": "calculator"},
+        trl_environment_factory=Calculator, tools=(Calculator,), defaults=DEFAULTS["calculator"],
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "vs-trl": ("vs_trl", "seconds per GRPO step vs TRL GRPOTrainer (SmolLM2 arithmetic; or a tool-calling game), where the time goes"),
+    "learning": ("learning", "held-out reward per step and per wall second vs TRL GRPOTrainer (SmolLM2 on calculator, same warm-up)"),
     "overhead": ("overhead", "engine wall time vs the critical-path bound (scripted backend)"),
     "hf-throughput": ("hf_throughput", "rollout tokens/s on the HF backend vs raw model.generate"),
     "vllm-throughput": ("vllm_throughput", "multi-turn rollout tokens/s on the vLLM backend vs vLLM's LLM.generate"),

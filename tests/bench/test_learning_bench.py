@@ -1,0 +1,70 @@
+"""``rollforge bench learning``: the time-to-target arithmetic, and (with the ``bench-trl`` extra) an
+end-to-end run on the tiny model that checks the report's shape, not learning."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from rollforge.bench.learning import curve, time_to_target_ratio
+
+
+def test_curve_sums_the_step_times_up_to_each_evaluated_step():
+    assert curve([1.0, 2.0, 3.0, 4.0], {0: 0.25, 2: 0.5, 4: 0.75}) == [
+        {"step": 0, "seconds": 0.0, "reward": 0.25},
+        {"step": 2, "seconds": 3.0, "reward": 0.5},  # 1 + 2
+        {"step": 4, "seconds": 10.0, "reward": 0.75},  # 1 + 2 + 3 + 4
+    ]
+
+
+def test_ratio_time_to_target_is_rollforge_seconds_over_trls_to_reach_trls_final_reward():
+    trl = [{"step": 0, "seconds": 0.0, "reward": 0.2}, {"step": 2, "seconds": 20.0, "reward": 0.5},
+           {"step": 4, "seconds": 40.0, "reward": 0.5}]
+    ours = [{"step": 0, "seconds": 0.0, "reward": 0.2}, {"step": 2, "seconds": 8.0, "reward": 0.4},
+            {"step": 4, "seconds": 16.0, "reward": 0.6}]
+    assert time_to_target_ratio(ours, trl)[0] == 0.8  # TRL first reaches 0.5 at 20 s, rollforge at 16 s
+    missed, note = time_to_target_ratio(ours[:2], trl)
+    assert missed is None and note == "rollforge did not reach TRL's final held-out reward 0.5 (it ended at 0.4)"
+    flat = [{"step": 0, "seconds": 0.0, "reward": 0.2}, {"step": 2, "seconds": 20.0, "reward": 0.2}]
+    assert time_to_target_ratio(ours, flat) == (
+        None, "TRL ends at held-out reward 0.2, no higher than the warm-up's 0.2: no target")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
+def test_learning_bench_runs_both_trainers_end_to_end(tiny_model_dir, tmp_path, capsys):
+    from rollforge.cli.main import main
+
+    out = tmp_path / "out"
+    code = main(["bench", "learning", "--model", str(tiny_model_dir), "--steps", "2", "--batch-size", "1",
+                 "--generations", "2", "--max-completion-tokens", "16", "--eval-every", "1", "--eval-episodes", "2",
+                 "--out", str(out)])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "result.json").read_text()) == result
+    assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ratio_time_to_target" in result and isinstance(result["ratio_note"], str)
+    for side in ("trl", "rollforge"):
+        points = result["held_out_curves"][side]
+        assert [p["step"] for p in points] == [0, 1, 2]
+        assert points[0] == {"step": 0, "seconds": 0.0, "reward": points[0]["reward"]}
+        assert points[0]["reward"] == result["held_out_curves"]["trl"][0]["reward"]  # one warm-up, both sides
+        assert 0 < points[1]["seconds"] < points[2]["seconds"] == result[side]["train_seconds"]
+        assert all(0.0 <= p["reward"] <= 1.0 for p in points)
+        assert len(result[side]["train_reward_per_step"]) == 2
+    settings = result["settings"]
+    assert (settings["completions_per_step"], settings["eval_every"], settings["eval_episodes"]) == (2, 1, 2)
+    assert settings["workload"] == "calculator" and settings["warmup"].startswith("built")
+
+
+def test_when_trl_fails_first_its_error_is_raised_not_the_waiting_sides(monkeypatch, tmp_path):
+    from rollforge.bench import vs_trl_runners
+
+    def broken_trl(*_args, **_kwargs):
+        raise ValueError("TRL broke")
+
+    monkeypatch.setattr(vs_trl_runners, "run_trl", broken_trl)  # rollforge waits for a turn that never comes
+    with pytest.raises(ValueError, match="TRL broke"):
+        vs_trl_runners.run_alternating(None, {}, tmp_path)
