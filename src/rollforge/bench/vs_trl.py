@@ -218,8 +218,9 @@ def _notes(workload: Workload, runs: dict[str, list[dict[str, Any]]]) -> list[st
 
 
 def _configuration_notes(settings: dict[str, Any]) -> list[str]:
-    notes = [f"rollforge side: backend {settings['backend']}, max_staleness {settings['max_staleness']}; TRL side: model.generate"]
-    if settings["max_staleness"]:
+    notes = [f"rollforge side: backend {settings.get('backend', 'hf')}, max_staleness {settings.get('max_staleness', 0)}; "
+             "TRL side: model.generate"]
+    if settings.get("max_staleness"):
         notes.append("with max_staleness >= 1 the two trainers ran one after the other, not alternating (the "
                      "asynchronous loop generates between its steps, which would overlap TRL's)")
     if "candidates" in settings:
