@@ -179,6 +179,7 @@ def test_backend_staleness_and_best_options_reach_the_settings():
     (["--best", "--candidates", "trl-hf,rollforge-fast"], "--candidates: unknown candidate 'rollforge-fast'; expected names from"),
     (["--best", "--candidates", "trl-hf"], "--candidates 'trl-hf' names no rollforge candidate"),
     (["--best", "--best-steps", "1"], "--best-steps must be at least 2"),
+    (["--candidates", "trl-hf"], "--best-steps and --candidates apply with --best only"),
 ])
 def test_a_bad_vs_trl_option_is_one_line(argv, message, capsys):
     from rollforge.cli.main import main

@@ -64,8 +64,8 @@ def add_arguments(parser: Any) -> None:
                         help="rollforge's algorithm.max_staleness: 0 synchronous (default), k >= 1 asynchronous")
     parser.add_argument("--best", action="store_true",
                         help="also time each side's candidate configurations and compare the fastest of each")
-    parser.add_argument("--best-steps", type=int, default=3, help="steps per candidate with --best, the first untimed (default 3)")
-    parser.add_argument("--candidates", default=",".join(CANDIDATES), help=f"with --best (default all): {', '.join(CANDIDATES)}")
+    parser.add_argument("--best-steps", type=int, default=None, help="steps per candidate with --best, the first untimed (default 3)")
+    parser.add_argument("--candidates", default=None, help=f"with --best (default all): {', '.join(CANDIDATES)}")
     parser.add_argument("--sides", default="trl,rollforge", help="comma-separated subset (for profiling one side)")
     parser.add_argument("--out", default=None, help="directory for result.json and learning_curves.png")
 
@@ -81,8 +81,11 @@ def settings_from(args: Any) -> dict[str, Any]:
         raise ConfigError(f"--max-tool-calls applies to the guess-number workload (arithmetic has no tools), got {args.max_tool_calls}")
     if args.max_staleness < 0:
         raise ConfigError(f"--max-staleness must be 0 (synchronous) or more, got {args.max_staleness}")
-    if args.best and args.best_steps < 2:
-        raise ConfigError(f"--best-steps must be at least 2 (one warm-up step, then timed steps), got {args.best_steps}")
+    if not args.best and (args.best_steps is not None or args.candidates is not None):
+        raise ConfigError("--best-steps and --candidates apply with --best only")
+    best_steps = 3 if args.best_steps is None else args.best_steps
+    if best_steps < 2:
+        raise ConfigError(f"--best-steps must be at least 2 (one warm-up step, then timed steps), got {best_steps}")
     given = {
         "steps": args.steps, "batch_size": args.batch_size, "generations": args.generations,
         "max_completion_tokens": args.max_completion_tokens, "max_tool_calls": args.max_tool_calls, "lr": args.lr,
@@ -91,7 +94,8 @@ def settings_from(args: Any) -> dict[str, Any]:
         **DEFAULTS[args.workload], **{k: v for k, v in given.items() if v is not None},
         "rounds": args.rounds, "seed": args.seed, "rollforge_mode": args.rollforge_mode,
         "backend": args.backend, "max_staleness": args.max_staleness,
-        **({"best_steps": args.best_steps, "candidates": parse_candidates(args.candidates)} if args.best else {}),
+        **({"best_steps": best_steps, "candidates": parse_candidates(args.candidates or ",".join(CANDIDATES))}
+           if args.best else {}),
     }
 
 
