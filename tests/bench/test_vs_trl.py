@@ -158,6 +158,37 @@ def test_settings_take_the_workload_defaults_unless_given():
         vs_trl.settings_from(parser.parse_args(["--max-tool-calls", "2"]))
 
 
+def test_backend_staleness_and_best_options_reach_the_settings():
+    import argparse
+
+    from rollforge.bench import vs_trl
+
+    parser = argparse.ArgumentParser()
+    vs_trl.add_arguments(parser)
+    plain = vs_trl.settings_from(parser.parse_args([]))
+    assert (plain["backend"], plain["max_staleness"]) == ("hf", 0) and "candidates" not in plain
+    settings = vs_trl.settings_from(parser.parse_args(
+        ["--backend", "vllm", "--max-staleness", "1", "--best", "--best-steps", "2", "--candidates", "trl-hf, rollforge-hf-async1"]))
+    assert (settings["backend"], settings["max_staleness"], settings["best_steps"]) == ("vllm", 1, 2)
+    assert settings["candidates"] == ("trl-hf", "rollforge-hf-async1")
+    assert vs_trl.settings_from(parser.parse_args(["--best"]))["candidates"] == tuple(vs_trl.CANDIDATES)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-staleness", "-1"], "--max-staleness must be 0 (synchronous) or more, got -1"),
+    (["--best", "--candidates", "trl-hf,rollforge-fast"], "--candidates: unknown candidate 'rollforge-fast'; expected names from"),
+    (["--best", "--candidates", "trl-hf"], "--candidates 'trl-hf' names no rollforge candidate"),
+    (["--best", "--best-steps", "1"], "--best-steps must be at least 2"),
+    (["--candidates", "trl-hf"], "--best-steps and --candidates apply with --best only"),
+])
+def test_a_bad_vs_trl_option_is_one_line(argv, message, capsys):
+    from rollforge.cli.main import main
+
+    assert main(["bench", "vs-trl", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rollforge: error: {message}") and err.count("\n") == 1
+
+
 def test_turns_alternate_strictly():
     import threading
 
@@ -227,3 +258,30 @@ def test_both_trainers_run_the_tool_game_and_are_timed(tmp_path):
     workload = guess_number(model_dir=setup.prepare_model(tmp_path / "cache", warmup_steps=2))
     result = vs_trl.run(workload, _tiny_settings(max_tool_calls=1))
     _check_result(result, completions=4, max_tokens=16 * 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
+def test_best_reports_both_ratios_and_every_candidate(tmp_path):
+    from rollforge.bench import vs_trl
+    from rollforge.bench.vs_trl_workloads import arithmetic
+    from rollforge.testing import make_tiny_model
+
+    workload = arithmetic(make_tiny_model(tmp_path / "model"))
+    settings = _tiny_settings(backend="hf", max_staleness=0, best_steps=2,
+                              candidates=("trl-hf", "rollforge-hf-sync", "rollforge-hf-async1"))
+    result = vs_trl.run(workload, settings)
+    assert result["ratio_step_time"] > 0 and result["ratio_step_time_best"] > 0
+    candidates = result["candidates"]
+    assert candidates["rollforge-hf-async1"]["configuration"] == {"backend": "hf", "max_staleness": 1}
+    assert candidates["rollforge-hf-sync"]["configuration"] == {"backend": "hf", "max_staleness": 0}
+    assert candidates["trl-hf"]["configuration"] == {"generation": "model.generate"}
+    for candidate in candidates.values():
+        assert len(candidate["step_seconds"]) == 2 and set(candidate["phases_seconds_per_step"]) == set(vs_trl.PHASES)
+    assert result["best_trl"]["candidate"] == "trl-hf"
+    chosen = result["best_rollforge"]["candidate"]
+    assert candidates[chosen]["seconds_per_step"] == min(
+        candidates[n]["seconds_per_step"] for n in ("rollforge-hf-sync", "rollforge-hf-async1"))
+    assert result["best_rollforge"]["timed_steps"] == 1 and result["best_rollforge"]["configuration"] == candidates[chosen]["configuration"]
+    assert result["ratio_step_time_best"] == pytest.approx(
+        result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], abs=1e-3)

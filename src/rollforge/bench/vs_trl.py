@@ -19,7 +19,10 @@ Each side's step is split into generation, update and other (``vs_trl_runners`` 
 each covers). The two trainers run in this process at the same time but take strictly alternating
 steps (``vs_trl_runners.Turns``), so that load from other processes on a shared machine falls on
 both alike. The first step of every run is a warm-up and is not timed; ``--rounds`` repeats the whole
-pair of runs. ``ratio_step_time`` is rollforge's mean timed step over TRL's. Learning curves are the
+pair of runs. ``ratio_step_time`` is rollforge's mean timed step over TRL's. ``--backend`` and
+``--max-staleness`` choose rollforge's side (with ``--max-staleness`` >= 1 the two run one after the
+other instead: the asynchronous loop generates between its steps). ``--best`` also measures each
+side's fastest configuration (``vs_trl_best``): ``ratio_step_time_best``. Learning curves are the
 mean reward of every step of each run; with ``--out`` they are also written as JSON and a PNG.
 """
 
@@ -33,6 +36,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .vs_trl_env import QWEN25_TEMPLATE
+from .vs_trl_best import CANDIDATES, best, parse_candidates
 from .vs_trl_runners import run_alternating, run_rollforge, run_trl
 from .vs_trl_workloads import DEFAULTS, Workload, arithmetic, guess_number
 
@@ -54,6 +58,14 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rollforge-mode", choices=["async", "lockstep"], default="async",
                         help="rollforge's rollout mode (default async)")
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                        help="rollforge's generation backend: hf (the trained model) or vllm (in-process engine)")
+    parser.add_argument("--max-staleness", type=int, default=0,
+                        help="rollforge's algorithm.max_staleness: 0 synchronous (default), k >= 1 asynchronous")
+    parser.add_argument("--best", action="store_true",
+                        help="also time each side's candidate configurations and compare the fastest of each")
+    parser.add_argument("--best-steps", type=int, default=None, help="steps per candidate with --best, the first untimed (default 3)")
+    parser.add_argument("--candidates", default=None, help=f"with --best (default all): {', '.join(CANDIDATES)}")
     parser.add_argument("--sides", default="trl,rollforge", help="comma-separated subset (for profiling one side)")
     parser.add_argument("--out", default=None, help="directory for result.json and learning_curves.png")
 
@@ -67,6 +79,13 @@ def settings_from(args: Any) -> dict[str, Any]:
     """The run's settings: the flags given, the workload's defaults for the others."""
     if args.workload == "arithmetic" and args.max_tool_calls:
         raise ConfigError(f"--max-tool-calls applies to the guess-number workload (arithmetic has no tools), got {args.max_tool_calls}")
+    if args.max_staleness < 0:
+        raise ConfigError(f"--max-staleness must be 0 (synchronous) or more, got {args.max_staleness}")
+    if not args.best and (args.best_steps is not None or args.candidates is not None):
+        raise ConfigError("--best-steps and --candidates apply with --best only")
+    best_steps = 3 if args.best_steps is None else args.best_steps
+    if best_steps < 2:
+        raise ConfigError(f"--best-steps must be at least 2 (one warm-up step, then timed steps), got {best_steps}")
     given = {
         "steps": args.steps, "batch_size": args.batch_size, "generations": args.generations,
         "max_completion_tokens": args.max_completion_tokens, "max_tool_calls": args.max_tool_calls, "lr": args.lr,
@@ -74,6 +93,9 @@ def settings_from(args: Any) -> dict[str, Any]:
     return {
         **DEFAULTS[args.workload], **{k: v for k, v in given.items() if v is not None},
         "rounds": args.rounds, "seed": args.seed, "rollforge_mode": args.rollforge_mode,
+        "backend": args.backend, "max_staleness": args.max_staleness,
+        **({"best_steps": best_steps, "candidates": parse_candidates(args.candidates or ",".join(CANDIDATES))}
+           if args.best else {}),
     }
 
 
@@ -87,18 +109,23 @@ def run(workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = (
     unknown = sorted(set(sides) - {"trl", "rollforge"})
     if unknown or not sides:
         raise ConfigError(f"--sides must name trl and/or rollforge, got {','.join(sides)!r}")
+    if "candidates" in settings and set(sides) != {"trl", "rollforge"}:
+        raise ConfigError(f"--best compares both sides, got --sides {','.join(sides)!r}")
     runners = {"trl": run_trl, "rollforge": run_rollforge}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    best_result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rollforge-vs-trl-") as scratch:
         for round_ in range(settings["rounds"]):
             folder = Path(scratch) / f"round-{round_}"
-            if set(sides) == {"trl", "rollforge"}:
+            if set(sides) == {"trl", "rollforge"} and not settings.get("max_staleness"):
                 trl_run, rollforge_run = run_alternating(workload, settings, folder)
                 runs["trl"].append(trl_run)
                 runs["rollforge"].append(rollforge_run)
             else:
                 for side in sides:
                     runs[side].append(runners[side](workload, settings, folder / side))
+        if "candidates" in settings:
+            best_result = best(workload, settings, Path(scratch) / "best", _summary)
     result: dict[str, Any] = {
         "benchmark": "vs-trl",
         "ratio_step_time": None,
@@ -110,8 +137,9 @@ def run(workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = (
         result[side] = _summary(runs[side])
     if "trl" in result and "rollforge" in result:
         result["ratio_step_time"] = round(result["rollforge"]["seconds_per_step"] / result["trl"]["seconds_per_step"], 4)
+    result.update(best_result)
     result["learning_curves"] = {side: [r["rewards"] for r in runs[side]] for side in sides}
-    result["notes"] = _notes(workload, runs)
+    result["notes"] = _notes(workload, runs) + _configuration_notes(settings)
     if out is not None:
         _write(Path(out), result)
     return result
@@ -136,6 +164,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     timed = [t for r in runs for t in r["step_seconds"][1:]]
     steps = [s for r in runs for s in r["steps"][1:]]
     summary = {
+        "configuration": runs[0]["configuration"],
         "seconds_per_step": round(statistics.fmean(timed), 4),
         "seconds_per_step_median": round(statistics.median(timed), 4),
         "seconds_per_step_per_round": [round(statistics.fmean(r["step_seconds"][1:]), 4) for r in runs],
@@ -189,6 +218,19 @@ def _notes(workload: Workload, runs: dict[str, list[dict[str, Any]]]) -> list[st
         ours, theirs = runs["rollforge"][0]["prompt_tokens"], runs["trl"][0]["prompt_tokens"]
         if ours != theirs:
             notes.append(f"prompt tokens differ: rollforge {ours}, TRL {theirs} (each library renders the template)")
+    return notes
+
+
+def _configuration_notes(settings: dict[str, Any]) -> list[str]:
+    notes = [f"rollforge side: backend {settings.get('backend', 'hf')}, max_staleness {settings.get('max_staleness', 0)}; "
+             "TRL side: model.generate"]
+    if settings.get("max_staleness"):
+        notes.append("with max_staleness >= 1 the two trainers ran one after the other, not alternating (the "
+                     "asynchronous loop generates between its steps, which would overlap TRL's)")
+    if "candidates" in settings:
+        notes.append(f"--best: each candidate trained alone for {settings['best_steps']} steps (the first untimed); "
+                     f"each side's fastest then trained {settings['steps']} steps, TRL's first; ratio_step_time_best "
+                     "compares those two runs")
     return notes
 
 

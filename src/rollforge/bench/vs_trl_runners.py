@@ -10,8 +10,13 @@ Where a step's time goes, per side (seconds; ``other`` is the step minus the two
   what follows up to ``on_step_end`` (gradient clipping, optimizer and scheduler steps);
   ``other`` is mostly ``_prepare_inputs`` less ``_generate`` (rewards, advantages, padding).
 - rollforge: ``generation`` is ``time/rollout`` (generation, environment steps, rewards,
-  advantages); ``update`` is ``time/update``; ``other`` is ``time/sync`` (pushing weights to the
-  backend: nothing to copy when it shares the trainer's model).
+  advantages), or with ``max_staleness`` >= 1 ``time/wait`` (the part of the batch's generation the
+  update did not hide); ``update`` is ``time/update``; ``other`` is the rest (scoring, and
+  ``time/sync``: pushing weights to the backend, nothing to copy when it shares the trainer's model).
+
+Each side's configuration comes from the settings: TRL generates with ``model.generate`` or, with
+``trl_vllm``, a colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``); rollforge with the
+``backend`` given (``hf`` or in-process ``vllm``), synchronously or ``max_staleness`` versions ahead.
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
         epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0,
         bf16=cuda and s.get("dtype") == "bfloat16", fp16=False, use_cpu=not cuda, gradient_checkpointing=False, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if s.get("trl_vllm") else {}),
     )
     trainer = GRPOTrainer(
         model=model, args=config, train_dataset=datasets.Dataset.from_list(workload.rows), processing_class=tokenizer,
@@ -152,6 +158,7 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     return {
         "step_seconds": clock.step_seconds, "steps": steps, "rewards": [round(x["reward"], 4) for x in steps],
         "run_seconds": run_seconds, "prompt_tokens": len(_ids(prompt)),
+        "configuration": {"generation": "vllm colocate" if trainer.use_vllm else "model.generate"},
     }
 
 
@@ -241,7 +248,6 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
     from ..chat.render import ChatRenderer
     from ..envs.tools import discover_tools
     from ..models import load_tokenizer
-    from ..train.config import load_config
     from ..train.launch import train
     from ..types import Message
 
@@ -253,25 +259,7 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
         for row in workload.rows
     ]
     n = s["batch_size"] * s["generations"]
-    config = load_config(
-        out=str(out), steps=s["steps"], seed=s["seed"], checkpoint_every=0, save_trajectories=False,
-        model={"name": str(workload.model_dir), "dtype": s.get("dtype", "float32"), "device": s.get("device", "auto"),
-               "backend": "hf"},
-        environments=[workload.rollforge_environment],
-        algorithm={
-            "batch_size": s["batch_size"], "group_size": s["generations"], "advantage": "grpo",
-            "loss_aggregation": "token", "clip_low": 0.2, "clip_high": 0.2, "kl_beta": 0.0, "epochs_per_batch": 1,
-        },
-        optim={
-            "lr": s["lr"], "betas": [0.9, 0.999], "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0,
-            "max_grad_norm": 1.0,
-        },
-        rollout={
-            "mode": s.get("rollforge_mode", "async"), "max_turns": s["max_tool_calls"] + 1,
-            "max_new_tokens": s["max_completion_tokens"], "max_seq_len": max(lengths) + s["max_completion_tokens"],
-            "temperature": 1.0, "concurrency": n, "seed": s["seed"],
-        },
-    )
+    config = _rollforge_config(workload, s, out, max(lengths) + s["max_completion_tokens"])
     hook = _then(after_step, turns.rollforge_hook(s["steps"]) if turns is not None else None)
     started = time.perf_counter()
     result = train(config, dataset=workload.rows, console=False, on_step=hook)
@@ -282,8 +270,7 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
             "generated_tokens": m["rollout/mean_gen_tokens_per_sample"] * n,
             "assistant_turns": m["rollout/total_turns"],
             "tool_calls": m["rollout/total_turns"] - n if workload.multi_turn else 0,
-            "phases": {"generation": m["time/rollout"], "update": m["time/update"],
-                       "other": m["time/step"] - m["time/rollout"] - m["time/update"]},
+            "phases": _rollforge_phases(m),
             "context_tokens": None,
             "tool_failures": sum(v for k, v in m.items() if k.startswith("rollout/failures/")),
             "trained_tokens": m["trained_tokens"],
@@ -293,7 +280,36 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
     return {
         "step_seconds": [m["time/step"] for m in result.history], "steps": steps,
         "rewards": [round(x["reward"], 4) for x in steps], "run_seconds": run_seconds, "prompt_tokens": lengths[0],
+        "configuration": {"backend": config.model.backend,  # as the trainer ran: its metrics name the staleness
+                          "max_staleness": result.history[-1].get("async/max_staleness", 0)},
     }
+
+
+def _rollforge_config(workload: Workload, s: dict[str, Any], out: Path, max_seq_len: int) -> Any:
+    """The training config of rollforge's side: the comparison's settings ``s`` (module docstring)."""
+    from ..train.config import load_config
+
+    n = s["batch_size"] * s["generations"]
+    return load_config(
+        out=str(out), steps=s["steps"], seed=s["seed"], checkpoint_every=0, save_trajectories=False,
+        model={"name": str(workload.model_dir), "dtype": s.get("dtype", "float32"), "device": s.get("device", "auto"),
+               "backend": s.get("backend", "hf")},
+        environments=[workload.rollforge_environment],
+        algorithm={
+            "batch_size": s["batch_size"], "group_size": s["generations"], "advantage": "grpo",
+            "loss_aggregation": "token", "clip_low": 0.2, "clip_high": 0.2, "kl_beta": 0.0, "epochs_per_batch": 1,
+            "max_staleness": s.get("max_staleness", 0),
+        },
+        optim={
+            "lr": s["lr"], "betas": [0.9, 0.999], "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0,
+            "max_grad_norm": 1.0,
+        },
+        rollout={
+            "mode": s.get("rollforge_mode", "async"), "max_turns": s["max_tool_calls"] + 1,
+            "max_new_tokens": s["max_completion_tokens"], "max_seq_len": max_seq_len,
+            "temperature": 1.0, "concurrency": n, "seed": s["seed"],
+        },
+    )
 
 
 def _then(first: Any, then: Any) -> Any:
@@ -307,3 +323,9 @@ def _then(first: Any, then: Any) -> Any:
             then(step, metrics, model, backend)
 
     return on_step
+
+
+def _rollforge_phases(m: dict[str, Any]) -> dict[str, float]:
+    """A step's split (module docstring): the asynchronous loop records ``time/wait``, not ``time/rollout``."""
+    generation = m["time/rollout"] if "time/rollout" in m else m["time/wait"]
+    return {"generation": generation, "update": m["time/update"], "other": m["time/step"] - generation - m["time/update"]}
