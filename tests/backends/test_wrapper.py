@@ -56,6 +56,9 @@ class Probe(Backend):
         self.calls.append(("update_weights", model))
         self.weight_version += 1
 
+    def reopener(self):
+        return Probe
+
 
 class Plain(Backend):
     """Only ``generate``: every other member is ``Backend``'s default."""
@@ -95,6 +98,8 @@ async def check_member(name: str, wrapper: Backend, probe: Probe) -> None:
         if inspect.isawaitable(result):
             await result
         assert probe.calls == [(name,)]
+    elif name == "reopener":  # never forwarded: workers reopening the inner backend would bypass the wrapper
+        assert probe.reopener() is Probe and wrapper.reopener() is None
     elif name == "wake_up":
         await wrapper.wake_up(["weights"])
         assert probe.calls == [("wake_up", ["weights"])]

@@ -202,6 +202,11 @@ class BackendWrapper(Backend):
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
         await self.inner.wake_up(tags)
 
+    def reopener(self) -> Callable[[], Backend] | None:
+        """None: a worker process reopening the wrapped backend would bypass what the wrapper adds
+        (weight versions, recording), so workers send their requests through the wrapper."""
+        return None
+
 
 class StopStrings:
     """Detects stop strings in a growing list of generated token ids without decoding it all.
