@@ -16,8 +16,9 @@ the strategy, and that is what reinforcement learning is left to find.
 
 ``expert`` is a format teacher, not a strategy teacher: it calls one of the offered tools (those the
 system prompt names), chosen uniformly at random (seeded by the question, so demonstrations are
-reproducible), with the question's operands. It solves one episode in as many as tools are offered; a warm-up on all its demonstrations (``min_reward: null``)
-learns the call format but not which tool a question needs.
+reproducible), with the question's operands. It solves one episode in as many as tools are
+offered; a warm-up on all its demonstrations (``min_reward: null``) learns the call format but not
+which tool a question needs.
 """
 
 from __future__ import annotations
