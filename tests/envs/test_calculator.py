@@ -98,3 +98,44 @@ def test_expert_demonstrations_have_the_format_and_solve_when_the_tool_fits(tiny
 
 def test_check_env_passes():
     assert check_env(get_env_spec("calculator"), steps=2).name == "calculator"
+
+
+async def test_operations_option_asks_only_those_and_offers_only_their_tools():
+    two = calculator.samples(40, 2, operations=["times", "plus"])
+    assert Counter(s.row["op"] for s in two).keys() == {"plus", "times"}
+    assert two[0].prompt[0].content == "Compute the answer with one tool call: add or multiply."
+    for op, tool in (("times", "multiply"), ("plus", "add")):
+        sample = next(s for s in two if s.row["op"] == op)
+        env = get_env_spec("calculator").build()
+        reset = await env.open(sample).reset(sample)
+        assert [t["function"]["name"] for t in reset.tools] == ["add", "multiply"]
+        assert [t["function"]["name"] for t in env.offered_tools(sample)] == ["add", "multiply"]
+        steps, final = await play(env, sample, lambda _: call(tool, a=sample.row["a"], b=sample.row["b"]))
+        assert steps[0].terminated and final == 1.0
+    sample = two[0]
+    steps, _ = await play(get_env_spec("calculator").build(), sample, lambda _: call("subtract", a=1, b=2))
+    assert "unknown tool 'subtract'" in steps[0].messages[0].content  # not offered
+
+
+@pytest.mark.parametrize("bad", [(), ("plus", "plus"), ("plus", "divide"), "plus"])
+def test_bad_operations_name_the_value(bad):
+    with pytest.raises(ConfigError, match=r"calculator operations must be distinct words among plus, minus, times, got "):
+        calculator.samples(1, 0, operations=bad)
+
+
+def test_expert_chooses_uniformly_among_the_offered_tools_only():
+    parser = get_parser()
+    chosen = Counter((s.row["op"], parser.parse(calculator.expert(list(s.prompt), parser))[0].name)
+                     for s in calculator.samples(120, 0, operations=("plus", "times")))
+    assert {tool for _, tool in chosen} == {"add", "multiply"}
+    for op in ("plus", "times"):  # both tools demonstrated for both question kinds, near 50/50
+        assert min(chosen[(op, "add")], chosen[(op, "multiply")]) >= 20
+
+
+def test_two_operation_demonstrations_solve_about_half(tiny_model_dir):
+    renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
+    config = RolloutConfig(max_turns=1, max_seq_len=4096)
+    result = asyncio.run(expert_demonstrations("calculator", 32, renderer, config, seed=3,
+                                               options={"operations": ["plus", "times"]}))
+    assert all(t.terminated and t.error is None and not t.failures for t in result.trajectories)
+    assert 8 <= sum(t.total_reward for t in result.trajectories) <= 24

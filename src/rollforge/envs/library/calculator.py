@@ -5,15 +5,20 @@ An environment class in the ``environment_factory`` style. The prompt asks "What
 a small model computes in its head). The tools are ``add``, ``subtract`` and ``multiply``, each
 returning ``a <op> b``. The first call ends the episode (one attempt, as in ``echo``); the reward
 is 1.0 when the value it returned equals the question's result, else 0.0 (also 0.0 when the model
-answers without a call). The row columns are ``a``, ``b``, ``op`` and ``result``.
+answers without a call). The row columns are ``a``, ``b``, ``op``, ``result`` and ``environment``.
+
+``samples(..., operations=("plus", "times"))`` asks only those operations and offers only their
+tools (the row's ``environment`` column picks the class with those methods; the system prompt names
+them): with two, which tool to call is a binary choice.
 
 The call format and copying the operands are easy to demonstrate; which tool a question needs is
 the strategy, and that is what reinforcement learning is left to find.
 
-``expert`` is a format teacher, not a strategy teacher: it calls one of the three tools, chosen at
-random (seeded by the question, so demonstrations are reproducible), with the question's operands.
-It solves a third of its episodes; a warm-up on all its demonstrations (``min_reward: null``)
-learns the call format but not which tool a question needs.
+``expert`` is a format teacher, not a strategy teacher: it calls one of the offered tools (those the
+system prompt names), chosen uniformly at random (seeded by the question, so demonstrations are
+reproducible), with the question's operands. It solves one episode in as many as tools are
+offered; a warm-up on all its demonstrations (``min_reward: null``) learns the call format but not
+which tool a question needs.
 """
 
 from __future__ import annotations
@@ -28,16 +33,25 @@ from ...types import Message, Sample
 from ..base import Environment
 from ..experts import format_tool_call
 
-SYSTEM_PROMPT = "Compute the answer with one calculator tool call."
-
 #: The question's word for each operation, and the tool that computes it.
 OPERATIONS = {"plus": "add", "minus": "subtract", "times": "multiply"}
 _APPLY = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}
 _QUESTION = re.compile(r"What is (\d+) (plus|minus|times) (\d+)\?")
+_OFFERED = re.compile(r"\b(add|subtract|multiply)\b")
 
 
-class CalculatorEnv:
-    """Three operation tools; the first call ends the episode, rewarded when it gives the result."""
+def system_prompt(tools: Sequence[str]) -> str:
+    """The instruction, naming the offered tools (the expert reads its choices from it)."""
+    names = list(tools)
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return f"Compute the answer with one tool call: {listed}."
+
+
+SYSTEM_PROMPT = system_prompt(list(_APPLY))
+
+
+class _Calculator:
+    """The episode logic; a subclass adds the operation tools it offers."""
 
     def __init__(self) -> None:
         self._result = 0
@@ -49,6 +63,18 @@ class CalculatorEnv:
         self._computed = None
         self.done = False
         return None
+
+    def _compute(self, value: int) -> str:
+        self._computed = value
+        self.done = True
+        return str(value)
+
+    def get_reward(self) -> float:
+        return 1.0 if self._computed == self._result else 0.0
+
+
+class CalculatorEnv(_Calculator):
+    """Three operation tools; the first call ends the episode, rewarded when it gives the result."""
 
     def add(self, a: int, b: int) -> str:
         """Return a + b."""
@@ -62,44 +88,71 @@ class CalculatorEnv:
         """Return a * b."""
         return self._compute(a * b)
 
-    def _compute(self, value: int) -> str:
-        self._computed = value
-        self.done = True
-        return str(value)
 
-    def get_reward(self) -> float:
-        return 1.0 if self._computed == self._result else 0.0
+def _tool_set(tools: Sequence[str]) -> str:
+    """The key of the environment class offering ``tools`` (the row's ``environment`` column)."""
+    return "+".join(tools)
+
+
+def _classes() -> dict[str, type]:
+    """A class for every non-empty set of tools, in the order ``add``, ``subtract``, ``multiply``."""
+    names = list(_APPLY)
+    out = {}
+    for mask in range(1, 2 ** len(names)):
+        tools = [n for i, n in enumerate(names) if mask >> i & 1]
+        cls = CalculatorEnv if len(tools) == len(names) else type(
+            f"CalculatorEnv_{'_'.join(tools)}", (_Calculator,), {t: vars(CalculatorEnv)[t] for t in tools})
+        out[_tool_set(tools)] = cls
+    return out
 
 
 def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
-    """A random operation tool on the question's operands (the episode ends with that call)."""
+    """A random offered tool on the question's operands (the episode ends with that call).
+
+    The offered tools are the ones the system prompt names (all three when it names none).
+    """
     if any(m.role == "tool" for m in messages):
         return "Done."
     question = next((m.content for m in reversed(messages) if m.role == "user"), "")
     found = _QUESTION.search(question)
     if found is None:
         return "I cannot read the question."
-    tool = random.Random(found.group()).choice(sorted(_APPLY))
+    system = next((m.content for m in messages if m.role == "system"), "")
+    offered = sorted(set(_OFFERED.findall(system))) or sorted(_APPLY)
+    tool = random.Random(found.group()).choice(offered)
     return format_tool_call(parser, tool, {"a": int(found.group(1)), "b": int(found.group(3))})
 
 
 def build() -> Environment:
     from ..factory import FactoryEnvironment
 
-    return FactoryEnvironment(CalculatorEnv)
+    return FactoryEnvironment(_classes())
 
 
-def samples(n: int, seed: int, *, digits: int = 3) -> list[Sample]:
-    """``n`` questions, the operation uniform over plus/minus/times, operands of ``digits`` digits."""
+def _check_operations(operations: object) -> tuple[str, ...]:
+    words = tuple(operations) if isinstance(operations, (list, tuple)) else None
+    if not words or len(set(words)) != len(words) or not set(words) <= set(OPERATIONS):
+        raise ConfigError(f"calculator operations must be distinct words among plus, minus, times, got {operations!r}")
+    return words
+
+
+def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = ("plus", "minus", "times")) -> list[Sample]:
+    """``n`` questions, the operation uniform over ``operations``, operands of ``digits`` digits.
+
+    Only the tools of ``operations`` are offered (``("plus", "times")``: add or multiply, a binary choice).
+    """
     if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
         raise ConfigError(f"calculator digits must be a positive int, got {digits!r}")
+    words = sorted(_check_operations(operations))
+    tools = [t for t in _APPLY if t in {OPERATIONS[w] for w in words}]
+    system = Message("system", system_prompt(tools))
     low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        word = rng.choice(sorted(OPERATIONS))
+        word = rng.choice(words)
         a, b = rng.randint(low, high), rng.randint(low, high)
-        prompt = (Message("system", SYSTEM_PROMPT), Message("user", f"What is {a} {word} {b}?"))
-        row = {"a": a, "b": b, "op": word, "result": _APPLY[OPERATIONS[word]](a, b)}
+        prompt = (system, Message("user", f"What is {a} {word} {b}?"))
+        row = {"a": a, "b": b, "op": word, "result": _APPLY[OPERATIONS[word]](a, b), "environment": _tool_set(tools)}
         out.append(Sample(prompt=prompt, task_name="calculator", row=row))
     return out
