@@ -16,7 +16,8 @@ that failed, and ``require`` (an optional import that raises ``MissingDependency
     ├── EpisodeFailed                an episode ends with a recorded ``Failure`` (raised by ``boundary.boundary``)
     ├── InvariantError (AssertionError)  a trajectory broke an internal invariant: a rollforge bug
     ├── CheckpointError              a training checkpoint is missing, incomplete or unreadable
-    └── WireError                    a request the OpenAI-compatible gateway cannot serve (an HTTP status)
+    ├── WireError                    a request the OpenAI-compatible gateway cannot serve (an HTTP status)
+    └── OtherSideFailed              a comparison benchmark's waiting trainer, when the other one failed
     ArgumentMismatch (Exception)     internal to tool-argument validation, collected into ToolArgumentError
     BadJSON (ValueError)             internal to tool-call parsing: model output that is not strict JSON
 
@@ -148,3 +149,8 @@ def require(package: str, extra: str, feature: str):
         return importlib.import_module(package)
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise MissingDependency(package, extra, feature) from exc
+
+
+class OtherSideFailed(RollforgeError):
+    """Raised by the side of ``bench vs-trl`` that was waiting when the other one failed (the other's
+    error is the one to show)."""

@@ -130,7 +130,9 @@ async def agents_default_model_agent(base_url, row):
         """Add two integers."""
         return a + b
 
-    provider = agents.OpenAIProvider(base_url=base_url, api_key="unused")
+    # its own client: openai-agents' default client shares one httpx client across event loops, which
+    # breaks on the second loop (each rollout() / train() runs its own)
+    provider = agents.OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=base_url, api_key="unused"))
     agent = agents.Agent(name="adder", instructions="You add numbers.", model="policy", tools=[add])
     config = agents.RunConfig(model_provider=provider, tracing_disabled=True)
     if row["id"] % 2:

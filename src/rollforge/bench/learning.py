@@ -147,6 +147,8 @@ class HeldOut:
     """Greedy episodes on the held-out questions, scored by rollforge's evaluator for both sides."""
 
     def __init__(self, model_dir: Path, settings: dict[str, Any]):
+        from dataclasses import replace
+
         from ..chat.render import ChatRenderer
         from ..envs.library.calculator import samples
         from ..models import load_tokenizer
@@ -155,7 +157,8 @@ class HeldOut:
         from ..train.config import EnvConfig
 
         self.model_dir, self.settings = model_dir, settings
-        self.samples = samples(settings["eval_episodes"], HELD_OUT_SEED + settings["seed"])
+        self.samples = [replace(s, row={k: v for k, v in s.row.items() if k != "environment"})  # one class, all tools
+                        for s in samples(settings["eval_episodes"], HELD_OUT_SEED + settings["seed"])]
         self.tokenizer = load_tokenizer(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
         self.task_to_env = build_environments([EnvConfig(name=CALCULATOR_ENV, task_name="calculator")])

@@ -28,14 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import RollforgeError
+from ..errors import OtherSideFailed
 from .vs_trl_workloads import Workload
 
 # -- alternation -----------------------------------------------------------------------------------
-
-
-class OtherSideFailed(RollforgeError):
-    """Raised by the side that was waiting when the other one failed (the other's error is the one to show)."""
 
 
 class Turns:

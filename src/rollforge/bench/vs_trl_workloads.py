@@ -121,7 +121,8 @@ class Calculator(CalculatorEnv):
 def calculator(model_dir: Path, rows: int = 64, seed: int = 0) -> Workload:
     """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template."""
     return Workload(
-        name="calculator", model_dir=Path(model_dir), rows=message_rows(calculator_samples(rows, seed)),
+        name="calculator", model_dir=Path(model_dir),
+        rows=[{k: v for k, v in row.items() if k != "environment"} for row in message_rows(calculator_samples(rows, seed))],
         rollforge_environment={"name": CALCULATOR_ENV, "task_name": "calculator"},
         trl_environment_factory=Calculator, tools=(Calculator,), defaults=DEFAULTS["calculator"],
     )
