@@ -42,3 +42,18 @@ def assert_token_exact(segment, renderer, prompt_messages: int):
 def generated_ids(segment):
     """The ids under mask 1, in order."""
     return [t for t, bit in zip(segment.token_ids, segment.loss_mask) if bit]
+
+
+def assert_add_round_trip(trajectory, renderer):
+    """An agent episode of the scripted ``add`` round trip (``reply_for``): one segment, the call,
+    the tool result and the answer, token-exact, with the loss mask on exactly the two replies."""
+    from rollforge.chat.render import token_fidelity_gap
+
+    end = renderer.stop_token_ids[0]
+    assert trajectory.error is None and trajectory.total_reward == 1.0, trajectory.error
+    assert trajectory.turns == 2 and len(trajectory.segments) == 1
+    assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert token_fidelity_gap(trajectory, renderer) is None
+    assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
+    runs = "".join(map(str, trajectory.loss_mask)).split("0")
+    assert [len(r) for r in runs if r] == [len(renderer.encode(CALL_TEXT)) + 1, len(renderer.encode("The sum is 3.")) + 1]

@@ -6,6 +6,7 @@ becomes its own segment; every segment still holds what the model was shown and 
 
 import pytest
 from gateway_helpers import generated_ids
+from test_smolagents import add, policy_model
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import token_fidelity_gap
@@ -15,7 +16,6 @@ from rollforge.rollout.engine import arollout
 from rollforge.types import Sample, Trajectory
 
 smolagents = pytest.importorskip("smolagents")  # the `agents` extra (scripts/install.sh installs it)
-tool = smolagents.tool
 pytestmark = pytest.mark.timeout(180)
 
 ADD_CODE = "Thought: add them.\n<code>\nprint(add(1, 2))\n</code>"
@@ -28,21 +28,9 @@ def code_model(prompt: str) -> str:
     return ANSWER_CODE if "Observation:" in prompt.rsplit("<|im_start|>user", 1)[-1] else ADD_CODE
 
 
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first integer.
-        b: the second integer.
-    """
-    return a + b
-
-
 def code_agent(base_url, row):
-    model = smolagents.OpenAIServerModel(model_id="policy", api_base=base_url, api_key="unused",
-                                          client_kwargs={"max_retries": 0})
-    agent = smolagents.CodeAgent(tools=[add], model=model, max_steps=3, verbosity_level=0, stream_outputs=row["stream"])
+    agent = smolagents.CodeAgent(tools=[add], model=policy_model(base_url), max_steps=3, verbosity_level=0,
+                                 stream_outputs=row["stream"])
     answer = agent.run(row["prompt"][-1]["content"])
     return 1.0 if str(answer) == str(row["answer"]) else 0.0
 

@@ -4,9 +4,8 @@ langchain-openai's ``ChatOpenAI`` pointed at the session's base URL, run through
 the Responses API: a tool round trip, recorded token-exactly, the agent's own answer the reward."""
 
 import pytest
-from gateway_helpers import CALL_TEXT, generated_ids
+from gateway_helpers import assert_add_round_trip
 
-from rollforge.chat.render import token_fidelity_gap
 from rollforge.gateway import AgentEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
@@ -46,12 +45,5 @@ async def test_langgraph_react_agent_trajectories_are_token_exact(backend, rende
     rows = [{"mode": mode, "responses": responses, "answer": 3} for mode in ("invoke", "stream") for responses in (False, True)]
     samples = [Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], "agent", row) for i, row in enumerate(rows)]
     result = await arollout(samples, {"agent": AgentEnvironment(langgraph_agent)}, backend, renderer, RolloutConfig())
-    end = renderer.stop_token_ids[0]
     for trajectory in result.trajectories:
-        assert trajectory.error is None and trajectory.total_reward == 1.0, trajectory.error
-        assert trajectory.turns == 2 and len(trajectory.segments) == 1
-        assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
-        assert token_fidelity_gap(trajectory, renderer) is None
-        assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
-        runs = "".join(map(str, trajectory.loss_mask)).split("0")
-        assert [len(r) for r in runs if r] == [len(renderer.encode(CALL_TEXT)) + 1, len(renderer.encode("The sum is 3.")) + 1]
+        assert_add_round_trip(trajectory, renderer)

@@ -4,9 +4,8 @@ recorded exactly as the chat-completions path records (token-exact, the loss mas
 
 import openai
 import pytest
-from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_add_round_trip, assert_token_exact, generated_ids
 
-from rollforge.chat.render import token_fidelity_gap
 from rollforge.gateway import Gateway
 
 pytestmark = pytest.mark.timeout(120)
@@ -154,15 +153,8 @@ async def test_openai_agents_default_model_runs_through_the_responses_api(backen
 
     samples = [Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], "agent", {"answer": 3, "id": i}) for i in range(2)]
     result = await arollout(samples, {"agent": AgentEnvironment(agents_default_model_agent)}, backend, renderer, RolloutConfig())
-    end = renderer.stop_token_ids[0]
     for trajectory in result.trajectories:  # one plain run, one streamed
-        assert trajectory.error is None and trajectory.total_reward == 1.0, trajectory.error
-        assert trajectory.turns == 2 and len(trajectory.segments) == 1
-        assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
-        assert token_fidelity_gap(trajectory, renderer) is None
-        assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
-        runs = "".join(map(str, trajectory.loss_mask)).split("0")
-        assert [len(r) for r in runs if r] == [len(renderer.encode(CALL_TEXT)) + 1, len(renderer.encode("The sum is 3.")) + 1]
+        assert_add_round_trip(trajectory, renderer)
 
 
 async def test_the_session_header_selects_the_session_as_for_chat_completions(gateway):

@@ -40,10 +40,14 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def policy_model(base_url):
+    """smolagents' OpenAI-compatible model on the episode's gateway session."""
+    return smolagents.OpenAIServerModel(model_id="policy", api_base=base_url, api_key="unused",
+                                        client_kwargs={"max_retries": 0})
+
+
 def smolagents_agent(base_url, row):
-    model = smolagents.OpenAIServerModel(model_id="policy", api_base=base_url, api_key="unused",
-                                          client_kwargs={"max_retries": 0})
-    agent = smolagents.ToolCallingAgent(tools=[add], model=model, max_steps=3, verbosity_level=0)
+    agent = smolagents.ToolCallingAgent(tools=[add], model=policy_model(base_url), max_steps=3, verbosity_level=0)
     answer = agent.run(row["prompt"][-1]["content"])
     return 1.0 if str(answer).strip() == str(row["answer"]) else 0.0
 
