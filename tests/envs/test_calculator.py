@@ -17,7 +17,7 @@ from rollforge.errors import ConfigError
 from rollforge.models import load_tokenizer
 from rollforge.rollout.config import RolloutConfig
 from rollforge.train.sft_data import expert_demonstrations
-from rollforge.types import Message
+from rollforge.types import Message, ToolCall
 
 from test_library import call, play
 
@@ -36,40 +36,51 @@ def test_samples_are_seeded_and_their_row_holds_the_result():
         calculator.samples(1, 0, digits=0)
 
 
-def test_the_first_call_ends_the_episode_and_is_graded():
+def test_one_computation_then_the_answer_ends_the_episode_and_is_graded():
     env = CalculatorEnv()
     env.reset(result=7)
     assert not env.done and env.get_reward() == 0.0  # no call yet
-    assert env.add(3, 4) == "7" and env.done and env.get_reward() == 1.0
+    assert env.add(3, 4) == "7" and not env.done and env.get_reward() == 0.0  # computed, not answered
+    assert env.multiply(3, 4) == calculator.ONE_COMPUTATION  # the first computation stands
+    assert env.answer(7) == "Recorded." and env.done and env.get_reward() == 1.0
     for tool, value in ((env.subtract, "-1"), (env.multiply, "12")):
         env.reset(result=7)
-        assert tool(3, 4) == value and env.done and env.get_reward() == 0.0
+        assert tool(3, 4) == value and env.answer(int(value)) and env.done and env.get_reward() == 0.0
+    env.reset(result=7)
+    env.answer(7)
+    assert env.get_reward() == 1.0  # a right guess without computing counts: the reward is the answer
+
+
+def compute_then_answer(tool: str, a: int, b: int):
+    """A policy: ``tool(a, b)``, then ``answer`` with the value it returned."""
+    return lambda last: call(tool, a=a, b=b) if "?" in last else call("answer", value=int(last))
 
 
 @pytest.mark.parametrize(("tool", "reward"), [("multiply", 1.0), ("add", 0.0), ("subtract", 0.0)])
 async def test_only_the_tool_the_question_names_solves_it(tool, reward):
     sample = next(s for s in calculator.samples(20, 1) if s.row["op"] == "times")
     a, b = sample.row["a"], sample.row["b"]
-    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: call(tool, a=a, b=b))
-    assert len(steps) == 1 and steps[0].terminated and final == reward
+    steps, final = await play(get_env_spec("calculator").build(), sample, compute_then_answer(tool, a, b))
+    assert len(steps) == 2 and not steps[0].terminated and steps[1].terminated and final == reward
     value = {"multiply": a * b, "add": a + b, "subtract": a - b}[tool]
     assert [(m.role, m.content) for m in steps[0].messages] == [("tool", str(value))]
 
 
 async def test_wrong_operands_or_no_call_score_zero():
     sample = next(s for s in calculator.samples(20, 1) if s.row["op"] == "plus")
-    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: call("add", a=sample.row["a"], b=1))
-    assert steps[0].terminated and final == 0.0
+    steps, final = await play(get_env_spec("calculator").build(), sample, compute_then_answer("add", sample.row["a"], 1))
+    assert steps[-1].terminated and final == 0.0
     steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: Message("assistant", str(sample.row["result"])))
-    assert steps[0].terminated and final == 0.0  # the answer must come from a call
+    assert steps[0].terminated and final == 0.0  # the answer must come through answer
 
 
 async def test_tool_schemas_name_the_operations():
     sample = calculator.samples(1, 0)[0]
     reset = await get_env_spec("calculator").build().open(sample).reset(sample)
-    assert [t["function"]["name"] for t in reset.tools] == ["add", "subtract", "multiply"]
+    assert [t["function"]["name"] for t in reset.tools] == ["add", "subtract", "multiply", "answer"]
     assert reset.tools[2]["function"]["description"] == "Return a * b."
-    assert reset.tools[0]["function"]["parameters"]["properties"] == {"a": {"type": "integer"}, "b": {"type": "integer"}}
+    assert reset.tools[0]["function"]["parameters"]["properties"] == {
+        "a": {"type": "integer", "description": "The first number."}, "b": {"type": "integer", "description": "The second number."}}
 
 
 def test_expert_calls_a_random_operation_on_the_operands():
@@ -77,6 +88,8 @@ def test_expert_calls_a_random_operation_on_the_operands():
     parser = get_parser()
     first = parser.parse(calculator.expert(question, parser))[0]
     assert first.name in {"add", "subtract", "multiply"} and first.arguments == {"a": 120, "b": 30}
+    answered = [*question, Message("assistant", "..."), Message("tool", "3600")]
+    assert parser.parse(calculator.expert(answered, parser))[0] == ToolCall("answer", {"value": 3600})
     assert calculator.expert(question, parser) == calculator.expert(question, parser)  # seeded by the question
     chosen = Counter(parser.parse(calculator.expert([Message("user", s.prompt[-1].content)], parser))[0].name
                      for s in calculator.samples(90, 0))
@@ -85,14 +98,14 @@ def test_expert_calls_a_random_operation_on_the_operands():
 
 def test_expert_demonstrations_have_the_format_and_solve_when_the_tool_fits(tiny_model_dir):
     renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
-    config = RolloutConfig(max_turns=1, max_seq_len=4096)
+    config = RolloutConfig(max_turns=2, max_seq_len=4096)
     result = asyncio.run(expert_demonstrations("calculator", 24, renderer, config, seed=3))
     samples = calculator.samples(24, 3)
     parser = get_parser()
     for trajectory, sample in zip(result.trajectories, samples):
-        assert trajectory.terminated and trajectory.turns == 1 and trajectory.error is None and not trajectory.failures
-        first = parser.parse(next(m.content for m in trajectory.messages if m.role == "assistant"))[0]
-        assert trajectory.total_reward == (1.0 if first.name == calculator.OPERATIONS[sample.row["op"]] else 0.0)
+        assert trajectory.terminated and trajectory.turns == 2 and trajectory.error is None and not trajectory.failures
+        first, second = (parser.parse(m.content)[0] for m in trajectory.messages if m.role == "assistant")
+        assert second.name == "answer" and trajectory.total_reward == (1.0 if first.name == calculator.OPERATIONS[sample.row["op"]] else 0.0)
     assert 0 < sum(t.total_reward for t in result.trajectories) < 24
 
 
@@ -103,15 +116,15 @@ def test_check_env_passes():
 async def test_operations_option_asks_only_those_and_offers_only_their_tools():
     two = calculator.samples(40, 2, operations=["times", "plus"])
     assert Counter(s.row["op"] for s in two).keys() == {"plus", "times"}
-    assert two[0].prompt[0].content == "Compute the answer with one tool call: add or multiply."
+    assert two[0].prompt[0].content == "Compute with one tool call (add or multiply), then call answer with the result."
     for op, tool in (("times", "multiply"), ("plus", "add")):
         sample = next(s for s in two if s.row["op"] == op)
         env = get_env_spec("calculator").build()
         reset = await env.open(sample).reset(sample)
-        assert [t["function"]["name"] for t in reset.tools] == ["add", "multiply"]
-        assert [t["function"]["name"] for t in env.offered_tools(sample)] == ["add", "multiply"]
-        steps, final = await play(env, sample, lambda _: call(tool, a=sample.row["a"], b=sample.row["b"]))
-        assert steps[0].terminated and final == 1.0
+        assert [t["function"]["name"] for t in reset.tools] == ["add", "multiply", "answer"]
+        assert [t["function"]["name"] for t in env.offered_tools(sample)] == ["add", "multiply", "answer"]
+        steps, final = await play(env, sample, compute_then_answer(tool, sample.row["a"], sample.row["b"]))
+        assert steps[-1].terminated and final == 1.0
     sample = two[0]
     steps, _ = await play(get_env_spec("calculator").build(), sample, lambda _: call("subtract", a=1, b=2))
     assert "unknown tool 'subtract'" in steps[0].messages[0].content  # not offered
@@ -134,7 +147,7 @@ def test_expert_chooses_uniformly_among_the_offered_tools_only():
 
 def test_two_operation_demonstrations_solve_about_half(tiny_model_dir):
     renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
-    config = RolloutConfig(max_turns=1, max_seq_len=4096)
+    config = RolloutConfig(max_turns=2, max_seq_len=4096)
     result = asyncio.run(expert_demonstrations("calculator", 32, renderer, config, seed=3,
                                                options={"operations": ["plus", "times"]}))
     assert all(t.terminated and t.error is None and not t.failures for t in result.trajectories)

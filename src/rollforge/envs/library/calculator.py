@@ -1,24 +1,27 @@
-"""``calculator``: three-digit arithmetic through tools, where choosing the right tool is learned.
+"""``calculator``: three-digit arithmetic through tools, in two turns, where choosing the right tool is learned.
 
-An environment class in the ``environment_factory`` style. The prompt asks "What is 347 times
-29?" (``plus``, ``minus`` or ``times``, operands of ``digits`` digits, three by default: past what
-a small model computes in its head). The tools are ``add``, ``subtract`` and ``multiply``, each
-returning ``a <op> b``. The first call ends the episode (one attempt, as in ``echo``); the reward
-is 1.0 when the value it returned equals the question's result, else 0.0 (also 0.0 when the model
-answers without a call). The row columns are ``a``, ``b``, ``op``, ``result`` and ``environment``.
+An environment class in the ``environment_factory`` style. The prompt asks "What is 347 times 29?"
+(``plus``, ``minus`` or ``times``, operands of ``digits`` digits, three by default: past what a
+small model computes in its head). The operation tools are ``add``, ``subtract`` and ``multiply``,
+each returning ``a <op> b``; one computation per question (a second call gets an error and changes
+nothing). Then the model gives its result with ``answer(value)``, which ends the episode: reward
+1.0 when the answered value is the question's result, else 0.0 (also when the model answers in
+text, or guesses without computing). The row columns are ``a``, ``b``, ``op``, ``result`` and
+``environment``.
 
 ``samples(..., operations=("plus", "times"))`` asks only those operations and offers only their
 tools (the row's ``environment`` column picks the class with those methods; the system prompt names
 them): with two, which tool to call is a binary choice.
 
-The call format and copying the operands are easy to demonstrate; which tool a question needs is
-the strategy, and that is what reinforcement learning is left to find.
+The call format, copying the operands and then copying the tool's result into ``answer`` are easy
+to demonstrate; which tool a question needs is the strategy, and that is what reinforcement
+learning is left to find.
 
-``expert`` is a format teacher, not a strategy teacher: it calls one of the offered tools (those the
-system prompt names), chosen uniformly at random (seeded by the question, so demonstrations are
-reproducible), with the question's operands. It solves one episode in as many as tools are
-offered; a warm-up on all its demonstrations (``min_reward: null``) learns the call format but not
-which tool a question needs.
+``expert`` is a format teacher, not a strategy teacher: it calls one of the offered operation tools
+(those the system prompt names), chosen uniformly at random (seeded by the question, so
+demonstrations are reproducible), with the question's operands, then answers the value the tool
+returned. A warm-up on all its demonstrations (``min_reward: null``) learns the two-turn format but
+not which tool a question needs.
 """
 
 from __future__ import annotations
@@ -38,55 +41,73 @@ OPERATIONS = {"plus": "add", "minus": "subtract", "times": "multiply"}
 _APPLY = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}
 _QUESTION = re.compile(r"What is (\d+) (plus|minus|times) (\d+)\?")
 _OFFERED = re.compile(r"\b(add|subtract|multiply)\b")
+#: What a second computation returns (the first one stands).
+ONE_COMPUTATION = "Error: one computation per question; give your result with answer."
 
 
 def system_prompt(tools: Sequence[str]) -> str:
     """The instruction, naming the offered tools (the expert reads its choices from it)."""
     names = list(tools)
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-    return f"Compute the answer with one tool call: {listed}."
+    return f"Compute with one tool call ({listed}), then call answer with the result."
 
 
 SYSTEM_PROMPT = system_prompt(list(_APPLY))
 
 
 class _Calculator:
-    """The episode logic; a subclass adds the operation tools it offers."""
+    """The episode logic and ``answer``; a subclass adds the operation tools it offers."""
 
     def __init__(self) -> None:
         self._result = 0
         self._computed: int | None = None
+        self._answered: int | None = None
         self.done = False
 
     def reset(self, result: int, **_: object) -> None:
         self._result = int(result)
-        self._computed = None
+        self._computed = self._answered = None
         self.done = False
         return None
 
     def _compute(self, value: int) -> str:
+        if self._computed is not None:
+            return ONE_COMPUTATION
         self._computed = value
-        self.done = True
         return str(value)
 
+    def answer(self, value: int) -> str:
+        """Give the final result; this ends the episode.
+
+        Args:
+            value: The result of the computation.
+        """
+        self._answered = value
+        self.done = True
+        return "Recorded."
+
     def get_reward(self) -> float:
-        return 1.0 if self._computed == self._result else 0.0
+        return 1.0 if self._answered == self._result else 0.0
 
 
-class CalculatorEnv(_Calculator):
-    """Three operation tools; the first call ends the episode, rewarded when it gives the result."""
+def _operand_tool(name: str, symbol: str):
+    def tool(self: _Calculator, a: int, b: int) -> str:
+        return self._compute(_APPLY[name](a, b))
 
-    def add(self, a: int, b: int) -> str:
-        """Return a + b."""
-        return self._compute(a + b)
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = f"""Return a {symbol} b.
 
-    def subtract(self, a: int, b: int) -> str:
-        """Return a - b."""
-        return self._compute(a - b)
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+    return tool
 
-    def multiply(self, a: int, b: int) -> str:
-        """Return a * b."""
-        return self._compute(a * b)
+
+_TOOLS = {name: _operand_tool(name, symbol) for name, symbol in (("add", "+"), ("subtract", "-"), ("multiply", "*"))}
+
+#: Every operation tool, and ``answer``.
+CalculatorEnv = type("CalculatorEnv", (_Calculator,), {"__module__": __name__, **_TOOLS})
 
 
 def _tool_set(tools: Sequence[str]) -> str:
@@ -101,18 +122,20 @@ def _classes() -> dict[str, type]:
     for mask in range(1, 2 ** len(names)):
         tools = [n for i, n in enumerate(names) if mask >> i & 1]
         cls = CalculatorEnv if len(tools) == len(names) else type(
-            f"CalculatorEnv_{'_'.join(tools)}", (_Calculator,), {t: vars(CalculatorEnv)[t] for t in tools})
+            f"CalculatorEnv_{'_'.join(tools)}", (_Calculator,), {"__module__": __name__, **{t: _TOOLS[t] for t in tools}})
         out[_tool_set(tools)] = cls
     return out
 
 
 def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
-    """A random offered tool on the question's operands (the episode ends with that call).
+    """A random offered tool on the question's operands, then ``answer`` with what it returned.
 
     The offered tools are the ones the system prompt names (all three when it names none).
     """
-    if any(m.role == "tool" for m in messages):
-        return "Done."
+    results = [m.content for m in messages if m.role == "tool"]
+    if results:
+        found = re.fullmatch(r"-?\d+", results[-1].strip())
+        return format_tool_call(parser, "answer", {"value": int(found.group())}) if found else "I cannot read the result."
     question = next((m.content for m in reversed(messages) if m.role == "user"), "")
     found = _QUESTION.search(question)
     if found is None:
