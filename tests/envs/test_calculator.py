@@ -152,3 +152,14 @@ def test_two_operation_demonstrations_solve_about_half(tiny_model_dir):
                                                options={"operations": ["plus", "times"]}))
     assert all(t.terminated and t.error is None and not t.failures for t in result.trajectories)
     assert 8 <= sum(t.total_reward for t in result.trajectories) <= 24
+
+
+def test_balanced_questions_give_every_operation_and_tool_pair_equally_often():
+    parser = get_parser()
+    for seed in (0, 1, 2):
+        questions = calculator.samples(32, seed, operations=["plus", "times"], balanced=True)
+        chosen = Counter((s.row["op"], parser.parse(calculator.expert(list(s.prompt), parser))[0].name) for s in questions)
+        assert chosen == {(op, tool): 8 for op in ("plus", "times") for tool in ("add", "multiply")}
+        assert questions == calculator.samples(32, seed, operations=["plus", "times"], balanced=True)
+    three = Counter(s.row["op"] for s in calculator.samples(9, 0, balanced=True))
+    assert three == {"plus": 3, "minus": 3, "times": 3}

@@ -54,7 +54,7 @@ def test_quickstart_writes_metrics_and_report(tiny_model_dir, tmp_path, capsys):
     assert code == 0
     assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     report = (out / "report.md").read_text()
-    assert "Held-out greedy evaluation (4 episodes)" in report and "arithmetic" in report
+    assert "Held-out greedy evaluation (4 episodes)" in report and "calculator" in report
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     evaluations = json.loads((out / "eval.json").read_text())
     assert set(evaluations) == {"before_warmup", "before", "after"}  # before the warm-up, after it, after GRPO

@@ -24,15 +24,17 @@ def test_quickstart_runs_warmup_then_grpo_from_its_weights(tiny_model_dir, tmp_p
     assert grpo_config["model"]["name"] == str(out / "warmup" / "checkpoints" / "step-000003" / "model")
     evaluations = json.loads((out / "eval.json").read_text())
     assert list(evaluations) == ["before_warmup", "before", "after"] and evaluations == result.evaluations
-    assert all(e["episodes"] == 6 and set(e["per_task"]) == {"arithmetic", "echo"} for e in evaluations.values())
+    assert all(e["episodes"] == 6 and set(e["per_task"]) == {"calculator"} for e in evaluations.values())
     assert set(result.seconds) == {"evaluation", "warmup", "grpo", "total"}
 
     report = result.report.read_text()
     assert "## 1. Warm-up" in report and "- Steps: 3 (batches of 2 demonstrations)" in report
     assert "## 2. GRPO from the warmed-up weights" in report and "- Steps: 2" in report
     assert "| environment | before warm-up | after warm-up | after GRPO |" in report
-    echo = evaluations["before_warmup"]["per_task"]["echo"], evaluations["before"]["per_task"]["echo"], evaluations["after"]["per_task"]["echo"]
-    assert f"| echo | {echo[0]:.3f} | {echo[1]:.3f} | {echo[2]:.3f} |" in report
+    calc = [evaluations[key]["per_task"]["calculator"] for key in ("before_warmup", "before", "after")]
+    assert f"| calculator | {calc[0]:.3f} | {calc[1]:.3f} | {calc[2]:.3f} |" in report
+    assert "![held-out greedy reward, both phases](held_out_curve.png)" in report  # base, warm-up's end, GRPO's
+    assert (out / "held_out_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Total wall time:" in report
 
     again = quickstart(config, warmup, resume=True)  # warm-up and base evaluation are reused, not redone

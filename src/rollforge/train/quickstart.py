@@ -29,7 +29,7 @@ from ..workers import run_sync
 from . import checkpoint as ckpt
 from .config import LoraConfig, TrainConfig
 from .logbook import read_metrics
-from .report import write_report
+from .report import held_out_curve, plot_held_out, write_report
 from .sft_config import SFTConfig
 
 PRESETS = Path(__file__).resolve().parent / "presets"  # quickstart.yaml (GRPO), quickstart_warmup.yaml (SFT)
@@ -116,6 +116,7 @@ def write_quickstart_report(out: Path, warm: Path, evaluations: dict[str, Any], 
     if "grpo" in seconds:
         lines.append(f"- Phase wall time: {seconds['grpo']:.0f}s")
     lines += ["", grpo[-1]]  # the reward curve
+    lines += _held_out_lines(out, history, evaluations)
     points = [("before_warmup", "before warm-up"), ("before", "after warm-up"), ("after", "after GRPO")]
     shown = [(key, name) for key, name in points if key in evaluations]
     if shown:
@@ -134,3 +135,14 @@ def write_quickstart_report(out: Path, warm: Path, evaluations: dict[str, Any], 
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def _held_out_lines(out: Path, warmup: list[dict[str, Any]], evaluations: dict[str, Any]) -> list[str]:
+    """``held_out_curve.png`` over both phases, on one axis of optimizer steps: the base model at 0,
+    the warm-up's end at its step count W, GRPO's evaluations at W + their step."""
+    if "before_warmup" not in evaluations or not warmup:
+        return []
+    width = warmup[-1]["step"]
+    curve = [(0, evaluations["before_warmup"])] + [(width + step, r) for step, r in held_out_curve(evaluations)]
+    png = plot_held_out(curve, out / "held_out_curve.png", phases=[(0, "warm-up"), (width, "GRPO")])
+    return ["", f"![held-out greedy reward, both phases]({png.name})"] if png else []

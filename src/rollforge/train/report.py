@@ -85,12 +85,16 @@ def held_out_curve(evaluations: dict[str, Any]) -> list[tuple[int, dict[str, Any
     return sorted(points, key=lambda point: point[0])
 
 
-def plot_held_out(curve: Sequence[tuple[int, dict[str, Any]]], path: Path) -> Path | None:
+def plot_held_out(curve: Sequence[tuple[int, dict[str, Any]]], path: Path, phases: Sequence[tuple[int, str]] = ()) -> Path | None:
+    """The held-out curve; ``phases``: (first step, name) of each phase, marked on the step axis."""
     plt = _pyplot()
     if plt is None:
         return None
     steps = [step for step, _ in curve]
     fig, ax = plt.subplots(figsize=(7, 4))
+    for start, name in phases:
+        ax.axvline(start, color="grey", linestyle=":")
+        ax.annotate(name, (start, 1.0), xytext=(3, -12), textcoords="offset points", color="grey")
     ax.plot(steps, [r["mean_reward"] for _, r in curve], color="black", marker="o", label="held-out mean (greedy)")
     for task in sorted({t for _, r in curve for t in r.get("per_task", {})}):
         points = [(step, r["per_task"][task]) for step, r in curve if task in r.get("per_task", {})]

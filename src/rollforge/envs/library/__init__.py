@@ -71,7 +71,7 @@ _SPECS: dict[str, EnvSpec] = {
     for spec in (
         EnvSpec("echo", "Call the echo tool with the requested word (one tool call).", echo.build, echo.samples, expert=echo.expert),
         EnvSpec("arithmetic", "One-digit addition in one turn; 1.0 when the last number is the sum.", arithmetic.build, arithmetic.samples),
-        EnvSpec("calculator", "Three-digit plus/minus/times: one call to the add/subtract/multiply tool it needs.", calculator.build, calculator.samples, expert=calculator.expert),
+        EnvSpec("calculator", "Three-digit plus/minus/times: call the add/subtract/multiply tool it needs, then answer the result.", calculator.build, calculator.samples, expert=calculator.expert),
         EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples, expert=catch.expert),
         EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples, expert=wordle.expert),
         EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples, expert=guess_number.expert),

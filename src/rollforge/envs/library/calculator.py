@@ -141,9 +141,13 @@ def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
     if found is None:
         return "I cannot read the question."
     system = next((m.content for m in messages if m.role == "system"), "")
-    offered = sorted(set(_OFFERED.findall(system))) or sorted(_APPLY)
-    tool = random.Random(found.group()).choice(offered)
+    tool = expert_tool(found.group(), _OFFERED.findall(system) or list(_APPLY))
     return format_tool_call(parser, tool, {"a": int(found.group(1)), "b": int(found.group(3))})
+
+
+def expert_tool(question: str, offered: Sequence[str]) -> str:
+    """The offered tool the expert calls on ``question``: uniform, seeded by the question's text."""
+    return random.Random(question).choice(sorted(set(offered)))
 
 
 def build() -> Environment:
@@ -159,10 +163,14 @@ def _check_operations(operations: object) -> tuple[str, ...]:
     return words
 
 
-def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = ("plus", "minus", "times")) -> list[Sample]:
+def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = ("plus", "minus", "times"),
+            balanced: bool = False) -> list[Sample]:
     """``n`` questions, the operation uniform over ``operations``, operands of ``digits`` digits.
 
     Only the tools of ``operations`` are offered (``("plus", "times")``: add or multiply, a binary choice).
+    ``balanced`` (for warm-up demonstrations): every operation is asked equally often and, on each,
+    the expert calls every offered tool equally often (as near as ``n`` allows), so that a warm-up
+    on the expert's demonstrations learns no preference between the tools.
     """
     if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
         raise ConfigError(f"calculator digits must be a positive int, got {digits!r}")
@@ -171,11 +179,22 @@ def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = (
     system = Message("system", system_prompt(tools))
     low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
     rng = random.Random(seed)
+    kinds = _balanced_kinds(n, words, tools, rng) if balanced else [(rng.choice(words), None) for _ in range(n)]
     out = []
-    for _ in range(n):
-        word = rng.choice(words)
-        a, b = rng.randint(low, high), rng.randint(low, high)
-        prompt = (system, Message("user", f"What is {a} {word} {b}?"))
+    for word, tool in kinds:
+        while True:
+            a, b = rng.randint(low, high), rng.randint(low, high)
+            question = f"What is {a} {word} {b}?"
+            if tool is None or expert_tool(question, tools) == tool:  # else other operands
+                break
         row = {"a": a, "b": b, "op": word, "result": _APPLY[OPERATIONS[word]](a, b), "environment": _tool_set(tools)}
-        out.append(Sample(prompt=prompt, task_name="calculator", row=row))
+        out.append(Sample(prompt=(system, Message("user", question)), task_name="calculator", row=row))
     return out
+
+
+def _balanced_kinds(n: int, words: Sequence[str], tools: Sequence[str], rng: random.Random) -> list[tuple[str, str]]:
+    """``n`` (operation, tool the expert calls) pairs, every pair equally often, in a seeded order."""
+    pairs = [(word, tool) for word in words for tool in tools]
+    kinds = [pairs[i % len(pairs)] for i in range(n)]
+    rng.shuffle(kinds)
+    return kinds
