@@ -26,9 +26,11 @@ Design:
   each request names its episode, so a router here keeps an episode's turns on one replica.
 - Transport (``worker_channel.py``): one socket pair per worker, length-prefixed pickled frames,
   the messages of one loop iteration in one frame; writes never block, so no deadlock.
-- Results: each trajectory comes back as its episode ends (``on_episode`` runs here, in order of
-  arrival) and the result holds them in input order; metrics are computed once over all of them
-  (``abandoned_worker_calls`` summed over the workers).
+- Results: trajectories come back as their episodes end, those that ended in one worker loop
+  iteration in one pickle (one call and a shared memo: cheaper to write and read than one pickle
+  each); ``on_episode`` runs here, in order of arrival, and the result holds them in input
+  order; metrics are computed once over all of them (``abandoned_worker_calls`` summed over the
+  workers).
 - Failures: a worker that dies (its socket closes) fails only its unfinished episodes, each
   recorded as an ``env_error`` (an infrastructure failure) naming the worker and its exit code; the
   others run on. Not bounded: a worker whose event loop itself blocks forever (a sync tool run on
@@ -193,9 +195,9 @@ async def _drive(worker: _Worker, backend: Backend, config: RolloutConfig, deliv
                     requests[rest[0]].cancel()
                 elif kind == "ended":
                     episodes.pop(rest[0], None)
-                elif kind == "episode":
-                    trajectory = pickle.loads(rest[0])
-                    deliver(trajectory.index - config.first_index, trajectory)
+                elif kind == "episodes":
+                    for trajectory in pickle.loads(rest[0]):
+                        deliver(trajectory.index - config.first_index, trajectory)
                 elif kind == "done":
                     worker.abandoned_calls = rest[0]
                     return

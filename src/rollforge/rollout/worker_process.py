@@ -1,5 +1,6 @@
 """One engine worker process (``engine_workers.py``): runs its shard with ``arollout`` on its own
-event loop and sends each trajectory back as its episode ends.
+event loop and sends the trajectories back as their episodes end (those that end in one loop
+iteration in one pickle).
 
 It generates with its own copy of the backend when the backend has a ``reopener``, else through
 ``_ProxyBackend``, which sends each request to the rollout's process. It ignores SIGINT (the parent
@@ -104,10 +105,11 @@ async def _serve(sock: socket.socket) -> None:
         return
     proxy = _ProxyBackend(channel, shard.accepts_images)
     backend = proxy if shard.opener is None else shard.opener()
+    finished = _Finished(channel)
     rolling = asyncio.ensure_future(arollout(
         shard.samples, shard.task_to_env, backend,
         ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
-        on_episode=lambda trajectory: channel.send(("episode", _portable(trajectory))),
+        on_episode=finished.add,
     ))
     listening = asyncio.ensure_future(_listen(channel, proxy, rolling))
     try:
@@ -135,9 +137,32 @@ async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Fut
             backend.answer(request, completion, error)
 
 
-def _portable(trajectory: Trajectory) -> bytes:
-    """The trajectory pickled; without its environment handle when that does not pickle."""
+class _Finished:
+    """Trajectories that ended in one loop iteration, sent as one ``episodes`` message: one pickle
+    for all of them (shared memo, one call), sent before the channel's frame goes out."""
+
+    def __init__(self, channel: Channel):
+        self._channel = channel
+        self._trajectories: list[Trajectory] = []
+
+    def add(self, trajectory: Trajectory) -> None:
+        if not self._trajectories:
+            asyncio.get_running_loop().call_soon(self._send)
+        self._trajectories.append(trajectory)
+
+    def _send(self) -> None:
+        trajectories, self._trajectories = self._trajectories, []
+        try:
+            blob = dumps(trajectories)
+        except Exception:  # an environment handle that does not pickle: those go without theirs
+            blob = dumps([_portable(trajectory) for trajectory in trajectories])
+        self._channel.send(("episodes", blob))
+
+
+def _portable(trajectory: Trajectory) -> Trajectory:
+    """The trajectory; without its environment handle when that does not pickle."""
     try:
-        return dumps(trajectory)
+        dumps(trajectory)
+        return trajectory
     except Exception:
-        return dumps(replace(trajectory, environment=None))
+        return replace(trajectory, environment=None)
