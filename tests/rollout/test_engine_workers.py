@@ -175,6 +175,16 @@ def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
     assert batch[1] == trajectory(1, None) and [t.index for t in pickle.loads(second[1])] == [3]
 
 
+def test_a_worker_starts_without_the_heavy_packages():
+    """A worker's own code imports no transformers, torch or numpy (a second each to import on a busy
+    machine); only what its shard unpickles (the renderer's tokenizer, the environments) may."""
+    code = ("import sys; import rollforge.rollout.worker_process; "
+            "print(sorted({'transformers', 'torch', 'numpy', 'jinja2'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]", out.stderr
+
+
 def test_a_router_here_keeps_each_workers_episode_on_one_replica(tiny_model_dir):
     """Requests proxied from the workers carry their episode: the router's sticky placement holds."""
     samples, envs, backend, renderer = _setup(tiny_model_dir, 8)
