@@ -226,6 +226,8 @@ def test_a_dead_worker_fails_only_its_own_episodes(tiny_model_dir):
     assert crashed.index == 6 and crashed.error.kind == "env_error" and crashed.outcome == "infra_failure"
     assert "engine worker 1" in crashed.error.message and "exit code 3" in crashed.error.message
     assert result.metrics["episodes"] == 8
+    first_start, dead_start = result.metrics["engine_worker_start_cpu_seconds"]
+    assert first_start > 0 and dead_start is None  # it never said "done"
     assert _children() == before
 
 
@@ -375,3 +377,6 @@ def test_bench_scale_with_two_engine_workers(tiny_model_dir):
     assert result["errors"] == {} and result["tool_failures"] == {}
     assert result["engine_workers"] == 2 and result["turns_completed"] == 400
     assert result["worker_cpu_seconds"] > 0 and result["wall_seconds"] >= result["lower_bound_seconds"]
+    starts = result["worker_start_cpu_seconds"]
+    assert len(starts) == 2 and all(0 < cpu < result["worker_cpu_seconds"] for cpu in starts)
+    assert sum(starts) < result["worker_cpu_seconds"]

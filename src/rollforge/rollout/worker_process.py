@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import os
 import pickle
+import resource
 import signal
 import socket
 import sys
@@ -106,6 +107,7 @@ async def _serve(sock: socket.socket) -> None:
     proxy = _ProxyBackend(channel, shard.accepts_images)
     backend = proxy if shard.opener is None else shard.opener()
     finished = _Finished(channel)
+    started = resource.getrusage(resource.RUSAGE_SELF)  # the interpreter, imports, shard and renderer
     rolling = asyncio.ensure_future(arollout(
         shard.samples, shard.task_to_env, backend,
         ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
@@ -114,7 +116,7 @@ async def _serve(sock: socket.socket) -> None:
     listening = asyncio.ensure_future(_listen(channel, proxy, rolling))
     try:
         result = await rolling
-        channel.send(("done", result.metrics["abandoned_worker_calls"]))
+        channel.send(("done", result.metrics["abandoned_worker_calls"], started.ru_utime + started.ru_stime))
     except asyncio.CancelledError:
         return  # the parent has gone
     except BaseException as exc:  # what a one-process rollout would raise: raised in the parent
