@@ -143,6 +143,8 @@ def test_environments_come_back_with_their_trajectories_unless_they_do_not_pickl
 
 
 def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
+    from dataclasses import replace
+
     from rollforge.rollout.worker_process import _Finished
     from rollforge.types import Trajectory
 
@@ -163,6 +165,7 @@ def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
         finished = _Finished(channel)
         for index, environment in enumerate([{"total": 3}, threading.Lock(), None]):
             finished.add(trajectory(index, environment))
+        finished.add(replace(trajectory(9, None), metadata=threading.Lock()))  # does not pickle at all
         await asyncio.sleep(0)
         finished.add(trajectory(3, None))
         await asyncio.sleep(0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import pickle
 import resource
@@ -30,6 +31,7 @@ from ..types import Completion, Trajectory
 from .engine import arollout
 from .worker_channel import Channel, Shard, dumps, portable_error
 
+logger = logging.getLogger(__name__)
 #: Seconds a worker whose parent has gone waits for its episodes to unwind before it exits anyway.
 _EXIT_GRACE = 5.0
 
@@ -140,8 +142,8 @@ async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Fut
 
 
 class _Finished:
-    """Trajectories that ended in one loop iteration, sent as one ``episodes`` message: one pickle
-    for all of them (shared memo, one call), sent before the channel's frame goes out."""
+    """Trajectories that ended in one loop iteration, sent as one ``episodes`` message at its end:
+    one pickle for all of them (shared memo, one call)."""
 
     def __init__(self, channel: Channel):
         self._channel = channel
@@ -156,15 +158,20 @@ class _Finished:
         trajectories, self._trajectories = self._trajectories, []
         try:
             blob = dumps(trajectories)
-        except Exception:  # an environment handle that does not pickle: those go without theirs
-            blob = dumps([_portable(trajectory) for trajectory in trajectories])
+        except Exception:  # one that does not pickle costs the others nothing
+            blob = dumps([portable for trajectory in trajectories if (portable := _portable(trajectory))])
         self._channel.send(("episodes", blob))
 
 
-def _portable(trajectory: Trajectory) -> Trajectory:
-    """The trajectory; without its environment handle when that does not pickle."""
-    try:
-        dumps(trajectory)
-        return trajectory
-    except Exception:
-        return replace(trajectory, environment=None)
+def _portable(trajectory: Trajectory) -> Trajectory | None:
+    """The trajectory; without its environment handle when that does not pickle; None (logged: the
+    rollout's process records the episode as lost) when it still does not."""
+    for candidate in (trajectory, replace(trajectory, environment=None)):
+        try:
+            dumps(candidate)
+            return candidate
+        except Exception as exc:
+            error = exc
+    logger.warning("episode %d's trajectory does not pickle (%s: %s); it cannot leave this engine worker",
+                   trajectory.index, type(error).__name__, error)
+    return None
