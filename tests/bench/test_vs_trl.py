@@ -171,7 +171,10 @@ def test_backend_staleness_and_best_options_reach_the_settings():
         ["--backend", "vllm", "--max-staleness", "1", "--best", "--best-steps", "2", "--candidates", "trl-hf, rollforge-hf-async1"]))
     assert (settings["backend"], settings["max_staleness"], settings["best_steps"]) == ("vllm", 1, 2)
     assert settings["candidates"] == ("trl-hf", "rollforge-hf-async1")
-    assert vs_trl.settings_from(parser.parse_args(["--best"]))["candidates"] == tuple(vs_trl.CANDIDATES)
+    defaults = vs_trl.settings_from(parser.parse_args(["--best"]))
+    assert defaults["candidates"] == tuple(vs_trl.CANDIDATES)
+    # four: an asynchronous candidate's last step (nothing generating beside it) is one timed step of three
+    assert defaults["best_steps"] == 4
 
 
 @pytest.mark.parametrize("argv, message", [

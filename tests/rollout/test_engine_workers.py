@@ -11,6 +11,7 @@ import pickle
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -46,6 +47,14 @@ class Counter:
         return f"total {self.total}"
 
 
+class LockedCounter(Counter):
+    """A Counter whose episodes from an even start hold a lock: their environment does not pickle."""
+
+    def reset(self, start: int = 0, crash: bool = False, **row) -> str:
+        self.lock = threading.Lock() if start % 2 == 0 else None
+        return super().reset(start, crash, **row)
+
+
 class CountingScript:
     """A tool call on the first two turns, then an answer; the amount depends only on the seed (the
     episode index and turn), never on the order requests arrive in. It pickles: workers reopen it."""
@@ -73,7 +82,7 @@ def _setup(tiny_model_dir, episodes: int, crash_at: int | None = None, script=No
 
 
 def _config(**kwargs) -> RolloutConfig:
-    return RolloutConfig(max_turns=4, max_new_tokens=48, max_seq_len=1024, concurrency=4, seed=7, **kwargs)
+    return RolloutConfig(**{"max_turns": 4, "max_new_tokens": 48, "max_seq_len": 1024, "concurrency": 4, "seed": 7, **kwargs})
 
 
 def _children(me: int | None = None) -> set[int]:
@@ -121,6 +130,64 @@ def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model
     assert _children() == before
 
 
+def test_environments_come_back_with_their_trajectories_unless_they_do_not_pickle(tiny_model_dir):
+    """Episodes that end together travel in one pickle; one whose environment does not pickle (a
+    lock) comes back without it, and costs the others of its batch neither theirs nor their data."""
+    samples, _, backend, renderer = _setup(tiny_model_dir, 6)
+    envs = {"count": FactoryEnvironment(LockedCounter)}
+    one = rollout(samples, envs, backend, renderer, _config(concurrency=6))
+    two = rollout(samples, envs, backend, renderer, _config(concurrency=6, engine_workers=2))
+    assert [_fields(t) for t in two.trajectories] == [_fields(t) for t in one.trajectories]
+    assert [t.environment is None for t in two.trajectories] == [True, False] * 3
+    assert [t.environment.total for t in two.trajectories[1::2]] == [t.environment.total for t in one.trajectories[1::2]]
+
+
+def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
+    from dataclasses import replace
+
+    from rollforge.rollout.worker_process import _Finished
+    from rollforge.types import Trajectory
+
+    class Recorder:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, message):
+            self.sent.append(message)
+
+    def trajectory(index, environment):
+        return Trajectory(index=index, task_name="count", messages=(), token_ids=(1, 2), loss_mask=(0, 1),
+                          logprobs=(None, -0.5), prompt_length=1, rewards=(1.0,), total_reward=1.0, turns=1,
+                          environment=environment)
+
+    async def finish():
+        channel = Recorder()
+        finished = _Finished(channel)
+        for index, environment in enumerate([{"total": 3}, threading.Lock(), None]):
+            finished.add(trajectory(index, environment))
+        finished.add(replace(trajectory(9, None), metadata=threading.Lock()))  # does not pickle at all
+        await asyncio.sleep(0)
+        finished.add(trajectory(3, None))
+        await asyncio.sleep(0)
+        return channel.sent
+
+    first, second = asyncio.run(finish())
+    assert first[0] == second[0] == "episodes"
+    batch = pickle.loads(first[1])
+    assert [t.index for t in batch] == [0, 1, 2] and [t.environment for t in batch] == [{"total": 3}, None, None]
+    assert batch[1] == trajectory(1, None) and [t.index for t in pickle.loads(second[1])] == [3]
+
+
+def test_a_worker_starts_without_the_heavy_packages():
+    """A worker's own code imports no transformers, torch or numpy (a second each to import on a busy
+    machine); only what its shard unpickles (the renderer's tokenizer, the environments) may."""
+    code = ("import sys; import rollforge.rollout.worker_process; "
+            "print(sorted({'transformers', 'torch', 'numpy', 'jinja2'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]", out.stderr
+
+
 def test_a_router_here_keeps_each_workers_episode_on_one_replica(tiny_model_dir):
     """Requests proxied from the workers carry their episode: the router's sticky placement holds."""
     samples, envs, backend, renderer = _setup(tiny_model_dir, 8)
@@ -162,6 +229,8 @@ def test_a_dead_worker_fails_only_its_own_episodes(tiny_model_dir):
     assert crashed.index == 6 and crashed.error.kind == "env_error" and crashed.outcome == "infra_failure"
     assert "engine worker 1" in crashed.error.message and "exit code 3" in crashed.error.message
     assert result.metrics["episodes"] == 8
+    first_start, dead_start = result.metrics["engine_worker_start_cpu_seconds"]
+    assert first_start > 0 and dead_start is None  # it never said "done"
     assert _children() == before
 
 
@@ -311,3 +380,6 @@ def test_bench_scale_with_two_engine_workers(tiny_model_dir):
     assert result["errors"] == {} and result["tool_failures"] == {}
     assert result["engine_workers"] == 2 and result["turns_completed"] == 400
     assert result["worker_cpu_seconds"] > 0 and result["wall_seconds"] >= result["lower_bound_seconds"]
+    starts = result["worker_start_cpu_seconds"]
+    assert len(starts) == 2 and all(0 < cpu < result["worker_cpu_seconds"] for cpu in starts)
+    assert sum(starts) < result["worker_cpu_seconds"]

@@ -27,7 +27,9 @@ another process. ``peak_rss_mb`` is then the driver's; ``actor_peak_rss_mb`` lis
 ``--engine-workers N`` spreads the episodes over N engine processes (``rollout/engine_workers.py``;
 generation, the scripted backend, stays in this one). Their start (a fresh interpreter each,
 importing rollforge and transformers) is inside ``wall_seconds``; ``cpu_seconds`` is then this
-process's and ``worker_cpu_seconds`` the workers', and ``peak_rss_mb`` is this process's only.
+process's and ``worker_cpu_seconds`` the workers', of which ``worker_start_cpu_seconds`` (one per
+worker) went to starting (interpreter, imports, unpickling the shard) before the first episode;
+``peak_rss_mb`` is this process's only.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ def run(
         "engine_ms_per_turn": round(1000 * (wall - bound) / max(done_turns, 1), 4),
         "cpu_seconds": round(cpu, 3),
         "worker_cpu_seconds": round(workers_cpu, 3),
+        "worker_start_cpu_seconds": [
+            round(cpu, 3) for cpu in result.metrics.get("engine_worker_start_cpu_seconds", ()) if cpu is not None],
         "turns_completed": done_turns,
         "errors": result.metrics["errors"],
         "tool_failures": result.metrics["failures"],

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .vs_trl_env import QWEN25_TEMPLATE
-from .vs_trl_best import CANDIDATES, best, parse_candidates
+from .vs_trl_best import CANDIDATES, DEFAULT_BEST_STEPS, best, parse_candidates
 from .vs_trl_runners import run_alternating, run_rollforge, run_trl
 from .vs_trl_workloads import DEFAULTS, Workload, arithmetic, guess_number
 
@@ -64,7 +64,7 @@ def add_arguments(parser: Any) -> None:
                         help="rollforge's algorithm.max_staleness: 0 synchronous (default), k >= 1 asynchronous")
     parser.add_argument("--best", action="store_true",
                         help="also time each side's candidate configurations and compare the fastest of each")
-    parser.add_argument("--best-steps", type=int, default=None, help="steps per candidate with --best, the first untimed (default 3)")
+    parser.add_argument("--best-steps", type=int, default=None, help=f"steps per candidate with --best, the first untimed (default {DEFAULT_BEST_STEPS})")
     parser.add_argument("--candidates", default=None, help=f"with --best (default all): {', '.join(CANDIDATES)}")
     parser.add_argument("--sides", default="trl,rollforge", help="comma-separated subset (for profiling one side)")
     parser.add_argument("--out", default=None, help="directory for result.json and learning_curves.png")
@@ -83,7 +83,7 @@ def settings_from(args: Any) -> dict[str, Any]:
         raise ConfigError(f"--max-staleness must be 0 (synchronous) or more, got {args.max_staleness}")
     if not args.best and (args.best_steps is not None or args.candidates is not None):
         raise ConfigError("--best-steps and --candidates apply with --best only")
-    best_steps = 3 if args.best_steps is None else args.best_steps
+    best_steps = DEFAULT_BEST_STEPS if args.best_steps is None else args.best_steps
     if best_steps < 2:
         raise ConfigError(f"--best-steps must be at least 2 (one warm-up step, then timed steps), got {best_steps}")
     given = {

@@ -3,11 +3,14 @@
 Candidates (``CANDIDATES``): rollforge with the HF backend or in-process vLLM, each synchronous
 (``max_staleness`` 0) or generating one weight version ahead (1); TRL with ``model.generate`` or
 a colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``). Each candidate trains alone for
-``best_steps`` steps, the first untimed (never alternating with the other side: an asynchronous
-run goes on generating between its steps). The fastest mean timed step of each side wins; a
-candidate that fails is recorded with its error in one line and never wins. The two winners then
-train ``steps`` steps each, one after the other, and ``ratio_step_time_best`` is rollforge's mean
-timed step over TRL's (a fresh measurement, not the minimum of noisy candidates).
+``best_steps`` steps (``DEFAULT_BEST_STEPS``), the first untimed (never alternating with the other
+side: an asynchronous run goes on generating between its steps). Four by default: an asynchronous
+run's last step has no next batch generating beside it, unlike a long run's steps; with three
+steps that was one of two timed steps and biased the candidate's mean, with four it is one of
+three. The fastest mean timed step of each side wins; a candidate that fails is recorded with its
+error in one line and never wins. The two winners then train ``steps`` steps each, one after the
+other, and ``ratio_step_time_best`` is rollforge's mean timed step over TRL's (a fresh
+measurement, not the minimum of noisy candidates).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from ..errors import ConfigError
 from .vs_trl_runners import run_rollforge, run_trl
 from .vs_trl_workloads import Workload
 
+#: Steps per candidate with ``--best`` (the first untimed).
+DEFAULT_BEST_STEPS = 4
 #: name -> (side, the settings it changes)
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "rollforge-hf-sync": ("rollforge", {"backend": "hf", "max_staleness": 0}),

@@ -5,8 +5,11 @@ core: about 8,000 turns per second. ``RolloutConfig.engine_workers = N`` (``--en
 splits the samples into ``N`` contiguous shards, each run by ``arollout`` in its own process
 (``worker_process.py``), behind the same ``rollout()`` / ``arollout()``. A worker is a fresh
 interpreter given this one's import path (not a fork: the caller's threads and event loop stay
-here; not multiprocessing's spawn, which re-runs the caller's script); its start, importing
-rollforge and transformers, costs about 1.6 s of CPU (measured on the shared 2-core machine).
+here; not multiprocessing's spawn, which re-runs the caller's script). Its start costs about
+1.5 s of CPU (measured on the shared 2-core machine): 0.3 s for the interpreter and rollforge (the
+worker's own modules import no transformers, torch or numpy), then 1.0-1.3 s for transformers,
+which unpickling the renderer's tokenizer imports (transformers 5 scans its model files and the
+installed packages' metadata on import). That, not the engine, bounds small speedups.
 
 Design:
 
@@ -26,9 +29,13 @@ Design:
   each request names its episode, so a router here keeps an episode's turns on one replica.
 - Transport (``worker_channel.py``): one socket pair per worker, length-prefixed pickled frames,
   the messages of one loop iteration in one frame; writes never block, so no deadlock.
-- Results: each trajectory comes back as its episode ends (``on_episode`` runs here, in order of
-  arrival) and the result holds them in input order; metrics are computed once over all of them
-  (``abandoned_worker_calls`` summed over the workers).
+- Results: trajectories come back as their episodes end, those that ended in one worker loop
+  iteration in one pickle (one call and a shared memo: cheaper to write and read than one pickle
+  each); ``on_episode`` runs here, in order of arrival, and the result holds them in input
+  order; metrics are computed once over all of them (``abandoned_worker_calls`` summed over the
+  workers). ``engine_worker_start_cpu_seconds`` lists each worker's CPU seconds before its first
+  episode (interpreter, imports, unpickling its shard; None for one that never got there): the
+  fixed price of a worker, which a rollout must outweigh to gain from it.
 - Failures: a worker that dies (its socket closes) fails only its unfinished episodes, each
   recorded as an ``env_error`` (an infrastructure failure) naming the worker and its exit code; the
   others run on. Not bounded: a worker whose event loop itself blocks forever (a sync tool run on
@@ -78,6 +85,7 @@ class _Worker:
     process: Any
     channel: Channel | None = None
     abandoned_calls: int = 0
+    start_cpu: float | None = None  # CPU seconds it took to get to its first episode
 
 
 async def run_in_workers(
@@ -120,6 +128,7 @@ async def run_in_workers(
     metrics = rollout_metrics(trajectories, time.perf_counter() - started)
     metrics["on_episode_errors"] = callback_errors
     metrics["abandoned_worker_calls"] = sum(worker.abandoned_calls for worker, _ in workers)
+    metrics["engine_worker_start_cpu_seconds"] = [worker.start_cpu for worker, _ in workers]
     return trajectories, metrics
 
 
@@ -193,11 +202,11 @@ async def _drive(worker: _Worker, backend: Backend, config: RolloutConfig, deliv
                     requests[rest[0]].cancel()
                 elif kind == "ended":
                     episodes.pop(rest[0], None)
-                elif kind == "episode":
-                    trajectory = pickle.loads(rest[0])
-                    deliver(trajectory.index - config.first_index, trajectory)
+                elif kind == "episodes":
+                    for trajectory in pickle.loads(rest[0]):
+                        deliver(trajectory.index - config.first_index, trajectory)
                 elif kind == "done":
-                    worker.abandoned_calls = rest[0]
+                    worker.abandoned_calls, worker.start_cpu = rest
                     return
                 elif kind == "raised":
                     raise rest[0]

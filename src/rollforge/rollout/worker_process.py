@@ -1,5 +1,6 @@
 """One engine worker process (``engine_workers.py``): runs its shard with ``arollout`` on its own
-event loop and sends each trajectory back as its episode ends.
+event loop and sends the trajectories back as their episodes end (those that end in one loop
+iteration in one pickle).
 
 It generates with its own copy of the backend when the backend has a ``reopener``, else through
 ``_ProxyBackend``, which sends each request to the rollout's process. It ignores SIGINT (the parent
@@ -12,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import pickle
+import resource
 import signal
 import socket
 import sys
@@ -28,6 +31,7 @@ from ..types import Completion, Trajectory
 from .engine import arollout
 from .worker_channel import Channel, Shard, dumps, portable_error
 
+logger = logging.getLogger(__name__)
 #: Seconds a worker whose parent has gone waits for its episodes to unwind before it exits anyway.
 _EXIT_GRACE = 5.0
 
@@ -104,15 +108,17 @@ async def _serve(sock: socket.socket) -> None:
         return
     proxy = _ProxyBackend(channel, shard.accepts_images)
     backend = proxy if shard.opener is None else shard.opener()
+    finished = _Finished(channel)
+    started = resource.getrusage(resource.RUSAGE_SELF)  # the interpreter, imports, shard and renderer
     rolling = asyncio.ensure_future(arollout(
         shard.samples, shard.task_to_env, backend,
         ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
-        on_episode=lambda trajectory: channel.send(("episode", _portable(trajectory))),
+        on_episode=finished.add,
     ))
     listening = asyncio.ensure_future(_listen(channel, proxy, rolling))
     try:
         result = await rolling
-        channel.send(("done", result.metrics["abandoned_worker_calls"]))
+        channel.send(("done", result.metrics["abandoned_worker_calls"], started.ru_utime + started.ru_stime))
     except asyncio.CancelledError:
         return  # the parent has gone
     except BaseException as exc:  # what a one-process rollout would raise: raised in the parent
@@ -135,9 +141,37 @@ async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Fut
             backend.answer(request, completion, error)
 
 
-def _portable(trajectory: Trajectory) -> bytes:
-    """The trajectory pickled; without its environment handle when that does not pickle."""
-    try:
-        return dumps(trajectory)
-    except Exception:
-        return dumps(replace(trajectory, environment=None))
+class _Finished:
+    """Trajectories that ended in one loop iteration, sent as one ``episodes`` message at its end:
+    one pickle for all of them (shared memo, one call)."""
+
+    def __init__(self, channel: Channel):
+        self._channel = channel
+        self._trajectories: list[Trajectory] = []
+
+    def add(self, trajectory: Trajectory) -> None:
+        if not self._trajectories:
+            asyncio.get_running_loop().call_soon(self._send)
+        self._trajectories.append(trajectory)
+
+    def _send(self) -> None:
+        trajectories, self._trajectories = self._trajectories, []
+        try:
+            blob = dumps(trajectories)
+        except Exception:  # one that does not pickle costs the others nothing
+            blob = dumps([portable for trajectory in trajectories if (portable := _portable(trajectory))])
+        self._channel.send(("episodes", blob))
+
+
+def _portable(trajectory: Trajectory) -> Trajectory | None:
+    """The trajectory; without its environment handle when that does not pickle; None (logged: the
+    rollout's process records the episode as lost) when it still does not."""
+    for candidate in (trajectory, replace(trajectory, environment=None)):
+        try:
+            dumps(candidate)
+            return candidate
+        except Exception as exc:
+            error = exc
+    logger.warning("episode %d's trajectory does not pickle (%s: %s); it cannot leave this engine worker",
+                   trajectory.index, type(error).__name__, error)
+    return None
