@@ -131,6 +131,7 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
             "held_out_start": first, "held_out_end": last, "held_out_gain_per_step": round((last - first) / settings["steps"], 4),
             "train_seconds": round(sum(run["step_seconds"]), 2), "seconds_per_step": round(sum(run["step_seconds"]) / settings["steps"], 3),
             "train_reward_per_step": run["rewards"], "sampling": run["configuration"]["sampling"],
+            "prompt_tokens": run["prompt_tokens"],  # the first row's prompt, tools included, as that side renders it
         }
     result["notes"] = [
         "wall seconds = the sum of that side's step times (generation, rewards, loss, optimizer; rollforge also "

@@ -31,6 +31,8 @@ from ..errors import ConfigError, RollforgeError, SideFailed
 from .vs_trl_workloads import calculator
 
 HELD_OUT_SEED = 1_000_003  # the held-out questions' seed, offset from the training rows' seed
+#: The child's command line, before ``SIDE SPEC OUT``.
+CHILD = (sys.executable, "-m", __name__)
 
 
 # -- the parent's half -----------------------------------------------------------------------------
@@ -42,7 +44,7 @@ def spawn(side: str, spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
     spec_file.write_text(json.dumps(spec))
     source = str(Path(__file__).resolve().parents[2])  # the rollforge this parent runs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
-    code = subprocess.run([sys.executable, "-m", __name__, side, str(spec_file), str(out_file)],
+    code = subprocess.run([*CHILD, side, str(spec_file), str(out_file)],
                           env=env, stdin=subprocess.DEVNULL, check=False).returncode
     written = json.loads(out_file.read_text()) if out_file.is_file() else {}
     if code == 0 and "error" not in written:
@@ -50,7 +52,7 @@ def spawn(side: str, spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
     if "error" in written:
         raise SideFailed(f"bench learning: the {side} side failed: {written['error']}")
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-    hint = " (SIGKILL: perhaps out of memory)" if code == -signal.SIGKILL else ""
+    hint = " (perhaps out of memory)" if code == -signal.SIGKILL else ""
     raise SideFailed(f"bench learning: the {side} side {how}{hint} before writing its result")
 
 

@@ -94,13 +94,16 @@ EPISODE_OVER = "Error: the episode is over."
 def honoring_done(cls: type) -> type:
     """``cls`` with every tool answering ``EPISODE_OVER`` (and changing nothing) once ``done``, as
     rollforge's episode ends there: TRL runs ``cls`` and ignores ``done``. The tools keep their
-    names, signatures and docstrings, so both trainers render the same tools."""
+    names, signatures, docstrings and argument annotations, so both trainers render the same tools."""
 
     def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def tool(self: Any, *args: Any, **kwargs: Any) -> Any:
             return EPISODE_OVER if self.done else method(self, *args, **kwargs)
 
+        # transformers' get_json_schema refuses an annotated receiver (calculator's ``self:
+        # _Calculator``) and renders a return type, which rollforge's schemas leave out
+        tool.__annotations__ = {k: v for k, v in method.__annotations__.items() if k not in ("self", "return")}
         return tool
 
     tools = {name: guarded(getattr(cls, name)) for name in class_tools(cls)}
