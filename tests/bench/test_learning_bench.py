@@ -45,6 +45,7 @@ def test_learning_bench_runs_each_side_in_its_own_process_end_to_end(tiny_model_
     out = tmp_path / "out"
     code = main(["bench", "learning", "--model", str(tiny_model_dir), "--steps", "2", "--batch-size", "1",
                  "--generations", "2", "--max-new-tokens", "8", "--eval-every", "1", "--eval-episodes", "2",
+                 "--trl-micro-batch", "1",  # TRL: one generation of 2, two loss forwards
                  "--out", str(out)])
     assert code == 0
     result = json.loads(capsys.readouterr().out)

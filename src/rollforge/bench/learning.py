@@ -26,9 +26,11 @@ batch size, group size, lr, per-turn tokens, turns, dtype, operations; flags ove
   reward TRL ends with, over TRL's; None when rollforge never reaches it or TRL ends no higher than
   where it started (``ratio_note`` says which).
 
-Defaults, sized for at most 20 minutes on 2 idle CPU cores: SmolLM2-135M, the preset's batch (4
-prompts x 8 completions), lr, 48 tokens per turn and two turns; 4 GRPO steps per side, 16 held-out
-questions every 2 steps.
+Defaults, sized for at most 20 minutes on 2 idle CPU cores: SmolLM2-135M, the preset's batch size,
+group size, lr, tokens per turn, turns and dtype (as written: 4 prompts x 8 completions, 2e-5, 48,
+2, float32 on CPU; bfloat16 would mean autocast on both sides); 4 GRPO steps per side, 16 held-out questions
+every 2 steps; TRL's loss forwards 8 completions at a time (``--trl-micro-batch``), about
+rollforge's 4096-token micro-batches.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from ..errors import ConfigError
 #: Both sides sample the full softmax at temperature 1 (``vs_trl_runners`` sets and records it).
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}
 STEPS, EVAL_EVERY, EVAL_EPISODES = 4, 2, 16
+#: TRL's completions per loss forward (about rollforge's 4096-token micro-batches here): all 32 at
+#: once would hold some 20k tokens' activations; one generation and one optimizer step per step still.
+TRL_MICRO_BATCH = 8
 
 
 def preset() -> dict[str, Any]:
@@ -70,6 +75,8 @@ def add_arguments(parser: Any) -> None:
                        ("--max-new-tokens", "tokens per turn")):
         parser.add_argument(flag, type=int, default=None, help=f"{what} (default: the quickstart preset's)")
     parser.add_argument("--lr", type=float, default=None, help="default: the quickstart preset's")
+    parser.add_argument("--trl-micro-batch", type=int, default=TRL_MICRO_BATCH,
+                        help=f"TRL's completions per loss forward (default {TRL_MICRO_BATCH}; a divisor of the step's)")
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY,
                         help=f"steps between held-out evaluations (default {EVAL_EVERY})")
     parser.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES, help=f"held-out questions (default {EVAL_EPISODES})")
@@ -81,7 +88,7 @@ def main(args: Any) -> dict[str, Any]:
     given = {"batch_size": args.batch_size, "generations": args.generations, "max_new_tokens": args.max_new_tokens,
              "lr": args.lr}
     settings = {**preset(), **{k: v for k, v in given.items() if v is not None}, "steps": args.steps, "seed": args.seed,
-                "rollforge_mode": "async", "eval_every": args.eval_every, "eval_episodes": args.eval_episodes}
+                "rollforge_mode": "async", "trl_micro_batch": args.trl_micro_batch, "eval_every": args.eval_every, "eval_episodes": args.eval_episodes}
     return run(args.model, settings, warmup=args.warmup, out=args.out)
 
 
@@ -91,10 +98,11 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
     from .vs_trl import _check_trl
 
     _check_trl()
-    for key in ("steps", "eval_every", "eval_episodes", "batch_size", "generations", "max_new_tokens", "max_turns"):
-        if settings[key] < 1:
+    for key in ("steps", "eval_every", "eval_episodes", "batch_size", "generations", "max_new_tokens", "max_turns",
+                "trl_micro_batch"):
+        if settings.get(key, 1) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {settings[key]}")
-    settings = {**settings, "max_tool_calls": settings["max_turns"],
+    settings = {"trl_micro_batch": TRL_MICRO_BATCH, **settings, "max_tool_calls": settings["max_turns"],
                 "max_completion_tokens": (settings["max_turns"] + 1) * settings["max_new_tokens"]}
     with tempfile.TemporaryDirectory(prefix="rollforge-bench-learning-") as scratch:
         spec = {"model": model, "warmup": warmup, "settings": settings, "scratch": scratch}

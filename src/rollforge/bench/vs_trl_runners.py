@@ -6,7 +6,8 @@ docstring for the settings and ``vs_trl_workloads`` for what they train on).
 Where a step's time goes, per side (seconds; ``other`` is the step minus the two):
 
 - TRL: ``generation`` is ``_generate`` (prompt tokenizing, ``model.generate``, tool calls);
-  ``update`` is ``training_step`` less its ``_prepare_inputs`` (the loss forward and backward) plus
+  ``update`` is ``training_step`` (summed over the step's micro-batches) less its ``_prepare_inputs``
+  (the loss forwards and backwards) plus
   what follows up to ``on_step_end`` (gradient clipping, optimizer and scheduler steps);
   ``other`` is mostly ``_prepare_inputs`` less ``_generate`` (rewards, advantages, padding).
 - rollforge: ``generation`` is ``time/rollout`` (generation, environment steps, rewards,
@@ -22,11 +23,15 @@ rollforge's ``max_seq_len`` less the prompt); rollforge takes ``max_turns`` (def
 ``max_tool_calls + 1``) and a per-turn ``max_new_tokens`` (default the budget) where they are given.
 Both sample from the full softmax at temperature 1 (no top-p, top-k, min-p or repetition penalty;
 each run records its ``sampling``), and TRL lists the tools in rollforge's (the class's) order.
+``trl_micro_batch`` (default all ``n`` completions): TRL's completions per loss forward
+(``per_device_train_batch_size``; ``gradient_accumulation_steps`` makes up ``n``, still one
+generation and one optimizer step per step), as rollforge's update splits by ``micro_batch_tokens``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -121,9 +126,10 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     model = AutoModelForCausalLM.from_pretrained(workload.model_dir, dtype=torch.float32)
     clock = _trl_clock(turns, after_step)
     n = s["batch_size"] * s["generations"]
+    micro = math.gcd(n, s.get("trl_micro_batch", n))  # one generation of n, then n // micro loss forwards
     config = GRPOConfig(
-        output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=n,
-        gradient_accumulation_steps=1, num_generations=s["generations"], max_completion_length=s["max_completion_tokens"],
+        output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=micro,
+        gradient_accumulation_steps=n // micro, num_generations=s["generations"], max_completion_length=s["max_completion_tokens"],
         max_tool_calling_iterations=s["max_tool_calls"] if workload.multi_turn else None,
         learning_rate=s["lr"], lr_scheduler_type="constant",
         warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
@@ -193,19 +199,19 @@ def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
             self.phases: list[dict[str, float]] = []
             self.logs: list[dict[str, float]] = []
             self.context_tokens: list[int] = []
-            self.spent = {"generate": 0.0, "prepare": 0.0}
+            self.spent = {"generate": 0.0, "prepare": 0.0, "train": 0.0}
 
         def on_step_begin(self, args, state, control, **kwargs):
             if turns is not None:
                 turns.wait(turns.trl_turn)
             self.began = time.perf_counter()
-            self.spent = {"generate": 0.0, "prepare": 0.0}
+            self.spent = {"generate": 0.0, "prepare": 0.0, "train": 0.0}
             self.context_tokens.append(0)
 
         def on_step_end(self, args, state, control, **kwargs):
             ended = time.perf_counter()
             step = ended - self.began
-            update = self.trained - self.training_began - self.spent["prepare"] + (ended - self.trained)
+            update = self.spent["train"] - self.spent["prepare"] + (ended - self.trained)
             self.step_seconds.append(step)
             self.phases.append({"generation": self.spent["generate"], "update": update,
                                 "other": step - self.spent["generate"] - update})
@@ -224,12 +230,13 @@ def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
             generate, prepare, training_step = trainer._generate, trainer._prepare_inputs, trainer.training_step
             single_turn = trainer._generate_single_turn
 
-            def timed_training_step(*args, **kwargs):
-                self.training_began = time.perf_counter()
+            def timed_training_step(*args, **kwargs):  # once per micro-batch
+                began = time.perf_counter()
                 try:
                     return training_step(*args, **kwargs)
                 finally:
                     self.trained = time.perf_counter()
+                    self.spent["train"] += self.trained - began
 
             def counted_single_turn(prompt_ids, *args, **kwargs):
                 self.context_tokens[-1] += sum(len(ids) for ids in prompt_ids)
