@@ -17,7 +17,8 @@ that failed, and ``require`` (an optional import that raises ``MissingDependency
     ├── InvariantError (AssertionError)  a trajectory broke an internal invariant: a rollforge bug
     ├── CheckpointError              a training checkpoint is missing, incomplete or unreadable
     ├── WireError                    a request the OpenAI-compatible gateway cannot serve (an HTTP status)
-    └── OtherSideFailed              a comparison benchmark's waiting trainer, when the other one failed
+    ├── OtherSideFailed              a comparison benchmark's waiting trainer, when the other one failed
+    └── SideFailed                   a comparison benchmark's side, run in a process of its own, failed
     ArgumentMismatch (Exception)     internal to tool-argument validation, collected into ToolArgumentError
     BadJSON (ValueError)             internal to tool-call parsing: model output that is not strict JSON
 
@@ -154,3 +155,8 @@ def require(package: str, extra: str, feature: str):
 class OtherSideFailed(RollforgeError):
     """Raised by the side of ``bench vs-trl`` that was waiting when the other one failed (the other's
     error is the one to show)."""
+
+
+class SideFailed(RollforgeError):
+    """A side of ``bench learning`` (a process of its own) failed: the message names the side and
+    the child's one-line error, or the signal that killed it."""

@@ -48,7 +48,7 @@ SMALL: dict[str, tuple[str, tuple[str, ...], tuple]] = {
     "scale": ("--episodes 20 --turns 2 --latency 0.01", ("memory_per_episode_kb", "wall_seconds", "executor"), ()),
     "fuzz": ("--calls 60", ("failed_episodes", "invariant_violations", "failures_by_kind"), ()),
     "gateway": ("--sessions 2 --turns 2 --latency 0.01", ("ratio_gateway_to_direct", "sessions_token_exact"), ()),
-    "learning": (f"--model {TINY} --steps 2 --batch-size 1 --generations 2 --max-completion-tokens 16 --eval-every 1 "
+    "learning": (f"--model {TINY} --steps 2 --batch-size 1 --generations 2 --max-new-tokens 8 --eval-every 1 "
                  "--eval-episodes 2", ("held_out_curves", "ratio_time_to_target", "settings"), (slow, needs_trl)),
     "gpu": ("--quick --device cpu --sections fsdp2 --out {tmp}/gpu-report.json", ("report", "device", "models"), (slow,)),
 }

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
-from rollforge.bench.learning import curve, time_to_target_ratio
+from rollforge.bench.learning import curve, preset, time_to_target_ratio
 
 
 def test_curve_sums_the_step_times_up_to_each_evaluated_step():
@@ -32,14 +33,19 @@ def test_ratio_time_to_target_is_rollforge_seconds_over_trls_to_reach_trls_final
         None, "TRL ends at held-out reward 0.2, no higher than the warm-up's 0.2: no target")
 
 
+needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
-def test_learning_bench_runs_both_trainers_end_to_end(tiny_model_dir, tmp_path, capsys):
+@needs_trl
+def test_learning_bench_runs_each_side_in_its_own_process_end_to_end(tiny_model_dir, tmp_path, capsys):
+    from rollforge.bench.learning import SAMPLING
     from rollforge.cli.main import main
 
     out = tmp_path / "out"
     code = main(["bench", "learning", "--model", str(tiny_model_dir), "--steps", "2", "--batch-size", "1",
-                 "--generations", "2", "--max-completion-tokens", "16", "--eval-every", "1", "--eval-episodes", "2",
+                 "--generations", "2", "--max-new-tokens", "8", "--eval-every", "1", "--eval-episodes", "2",
+                 "--trl-micro-batch", "1",  # TRL: one generation of 2, two loss forwards
                  "--out", str(out)])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
@@ -54,9 +60,61 @@ def test_learning_bench_runs_both_trainers_end_to_end(tiny_model_dir, tmp_path, 
         assert 0 < points[1]["seconds"] < points[2]["seconds"] == result[side]["train_seconds"]
         assert all(0.0 <= p["reward"] <= 1.0 for p in points)
         assert len(result[side]["train_reward_per_step"]) == 2
+        assert result[side]["sampling"] == SAMPLING  # what each trainer generated with
+    assert result["trl"]["prompt_tokens"] == result["rollforge"]["prompt_tokens"]  # the same tools, in the same order
+    assert set(result["max_rss_mb"]) == {"warmup", "rollforge", "trl"}
+    assert all(0 < mb < 8192 for mb in result["max_rss_mb"].values())
     settings = result["settings"]
     assert (settings["completions_per_step"], settings["eval_every"], settings["eval_episodes"]) == (2, 1, 2)
+    assert (settings["max_turns"], settings["max_tool_calls"], settings["max_completion_tokens"]) == (2, 2, 24)
+    assert settings["operations"] == ["plus", "times"] and settings["lr"] == preset()["lr"]
     assert settings["workload"] == "calculator" and settings["warmup"].startswith("built")
+
+
+@pytest.mark.slow
+@needs_trl
+def test_a_sides_failure_is_one_line_naming_the_side(tmp_path, capsys):
+    from rollforge.cli.main import main
+
+    (tmp_path / "not-a-model").mkdir()
+    code = main(["bench", "learning", "--warmup", str(tmp_path / "not-a-model"), "--steps", "1"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert lines[-1] == (f"rollforge: error: bench learning: the warmup side failed: ConfigError: --warmup must be a "
+                         f"model directory (with config.json), got {tmp_path / 'not-a-model'}")
+
+
+def test_a_side_killed_by_a_signal_is_named_with_the_signal(tmp_path, monkeypatch):
+    from rollforge.bench import learning_sides
+    from rollforge.errors import SideFailed
+
+    # what the kernel does to a process out of memory; the child writes no result
+    monkeypatch.setattr(learning_sides, "CHILD", (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+    with pytest.raises(SideFailed) as failed:
+        learning_sides.spawn("trl", {}, tmp_path)
+    assert str(failed.value) == ("bench learning: the trl side was killed by SIGKILL (perhaps out of memory) "
+                                 "before writing its result")
+
+
+def test_trl_plays_the_bundled_class_and_calls_after_answer_change_nothing(tmp_path):
+    from transformers.utils import get_json_schema
+
+    from rollforge.bench.vs_trl_workloads import EPISODE_OVER, calculator
+    from rollforge.envs.library.calculator import build
+    from rollforge.envs.tools import class_tools
+
+    workload = calculator(tmp_path, rows=4)
+    row = workload.rows[0]
+    bundled = build().factory[row["environment"]]()  # what rollforge plays this row with
+    env = workload.trl_environment_factory()
+    assert type(env).__mro__[1].__qualname__ == type(bundled).__qualname__ == "CalculatorEnv_add_multiply"
+    for name in ("add", "multiply", "answer"):  # the same tools, so both trainers render the same prompt
+        assert get_json_schema(getattr(env, name)) == class_tools(type(bundled))[name].schema()
+    env.reset(**{k: v for k, v in row.items() if k != "prompt"})
+    assert env.answer(row["result"] + 1) == "Recorded." and env.done
+    # TRL's extra turn (or a second call in the same message): refused, the reward stays the answered one
+    assert env.answer(row["result"]) == EPISODE_OVER and env.add(1, 2) == EPISODE_OVER
+    assert env.get_reward() == 0.0
 
 
 def test_when_trl_fails_first_its_error_is_raised_not_the_waiting_sides(monkeypatch, tmp_path):

@@ -1,217 +1,122 @@
 """``rollforge bench learning``: held-out reward per step and per wall second, rollforge vs TRL.
 
 Both trainers start from the same warm-up checkpoint and train on the ``calculator`` workload of
-``vs_trl_workloads`` (its environment class is TRL's ``environment_factory`` and rollforge's
-environment, unchanged) with the settings of ``vs_trl`` (same completions per step, token limits,
-DAPO/token loss, lr, optimizer; strictly alternating steps in one process, see ``vs_trl_runners``).
+``vs_trl_workloads`` (the bundled two-turn environment on the quickstart's operations; its class is
+TRL's ``environment_factory``) with the settings of ``vs_trl`` (same completions per step, token
+limits, DAPO/token loss, optimizer) and the quickstart's GRPO preset (``presets/quickstart.yaml``:
+batch size, group size, lr, per-turn tokens, turns, dtype, operations; flags override).
 
+- One process per side (``learning_sides``), one after the other: the warm-up, then rollforge, then
+  TRL, each loading the checkpoint afresh; each reports its peak memory (``max_rss_mb``).
 - The warm-up: rollforge's SFT on the calculator expert's demonstrations with the quickstart's
-  warm-up preset (``presets/quickstart_warmup.yaml``), built once per run; or ``--warmup DIR``.
-  The model directory both trainers load carries TRL's Qwen2.5 chat template (``templated``): TRL
-  parses tool calls only for templates it knows, and SmolLM2's ChatML template renders no tools.
+  warm-up preset (``presets/quickstart_warmup.yaml``); or ``--warmup DIR``. The model directory
+  both trainers load carries TRL's Qwen2.5 chat template: TRL parses tool calls only for templates
+  it knows, and SmolLM2's ChatML template renders no tools.
+- Limits: rollforge runs the preset's ``max_turns`` (compute, then answer) with its per-turn
+  ``max_new_tokens``; TRL may run as many tool calls (``max_tool_calling_iterations``). An episode's
+  token budget on both sides (TRL's ``max_completion_length``, rollforge's ``max_seq_len`` less the
+  prompt) is ``max_new_tokens`` per generated turn, TRL's extra turn included: ``(max_turns + 1) *
+  max_new_tokens``. Both sample the full softmax at temperature 1 (``settings.sampling``).
 - Held-out reward: the same ``eval_episodes`` calculator questions (a seed no training row uses),
   answered greedily, scored by rollforge's evaluator (``aevaluate``) on both sides: on rollforge's
   own backend, and on an HF backend over TRL's model. Every ``eval_every`` steps and after the last,
-  on that side's turn and outside its step clock; step 0 (the warm-up) is evaluated once for both.
+  outside the step clock; step 0 (the warm-up) is evaluated once, for both.
 - Wall time of a curve point: the sum of that side's step times up to it (model loading and
   evaluation excluded). ``ratio_time_to_target``: rollforge's wall time to first reach the held-out
   reward TRL ends with, over TRL's; None when rollforge never reaches it or TRL ends no higher than
   where it started (``ratio_note`` says which).
 
-Defaults, sized for about 15 minutes on 2 idle CPU cores (the warm-up a few of them): SmolLM2-135M,
-6 GRPO steps of 2 prompts x 4 completions per side, 64 completion tokens, one tool call, lr 3e-5,
-16 held-out questions every 2 steps.
+Defaults, sized for at most 20 minutes on 2 idle CPU cores: SmolLM2-135M, the preset's batch size,
+group size, lr, tokens per turn, turns and dtype (as written: 4 prompts x 8 completions, 2e-5, 48,
+2, float32 on CPU; bfloat16 would mean autocast on both sides); 4 GRPO steps per side, 16 held-out questions
+every 2 steps; TRL's loss forwards 8 completions at a time (``--trl-micro-batch``), about
+rollforge's 4096-token micro-batches.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .vs_trl_workloads import CALCULATOR_ENV, DEFAULTS, calculator
 
-HELD_OUT_SEED = 1_000_003  # the held-out questions' seed, offset from the training rows' seed
+#: Both sides sample the full softmax at temperature 1 (``vs_trl_runners`` sets and records it).
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}
+STEPS, EVAL_EVERY, EVAL_EPISODES = 4, 2, 16
+#: TRL's completions per loss forward (about rollforge's 4096-token micro-batches here): all 32 at
+#: once would hold some 20k tokens' activations; one generation and one optimizer step per step still.
+TRL_MICRO_BATCH = 8
+
+
+def preset() -> dict[str, Any]:
+    """The settings this bench takes from the quickstart's GRPO preset."""
+    from ..train.config import load_config
+    from ..train.quickstart import PRESETS
+
+    config = load_config(PRESETS / "quickstart.yaml")
+    calculator = next((e for e in config.environments if e.name == "calculator"), None)
+    return {
+        "batch_size": config.algorithm.batch_size, "generations": config.algorithm.group_size, "lr": config.optim.lr,
+        "max_new_tokens": config.rollout.max_new_tokens, "max_turns": config.rollout.max_turns,
+        "dtype": "bfloat16" if config.model.dtype == "bfloat16" else "float32",  # auto: float32 on CPU
+        "operations": list((calculator.options if calculator else {}).get("operations", ["plus", "times"])),
+    }
 
 
 def add_arguments(parser: Any) -> None:
-    d = DEFAULTS["calculator"]
     parser.add_argument("--model", default="smollm2-135m", help="base model the warm-up starts from (default smollm2-135m)")
     parser.add_argument("--warmup", default=None, metavar="DIR",
                         help="an existing warm-up checkpoint's model dir (e.g. runs/quickstart/warmup/checkpoints/"
                              "step-N/model) instead of building one")
-    parser.add_argument("--steps", type=int, default=d["steps"], help=f"GRPO steps per side (default {d['steps']})")
-    parser.add_argument("--batch-size", type=int, default=d["batch_size"], help=f"prompts per step (default {d['batch_size']})")
-    parser.add_argument("--generations", type=int, default=d["generations"], help=f"completions per prompt (default {d['generations']})")
-    parser.add_argument("--max-completion-tokens", type=int, default=d["max_completion_tokens"],
-                        help=f"default {d['max_completion_tokens']}")
-    parser.add_argument("--lr", type=float, default=d["lr"], help=f"default {d['lr']}")
-    parser.add_argument("--eval-every", type=int, default=2, help="steps between held-out evaluations (default 2)")
-    parser.add_argument("--eval-episodes", type=int, default=16, help="held-out questions (default 16)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps per side (default {STEPS})")
+    for flag, what in (("--batch-size", "prompts per step"), ("--generations", "completions per prompt"),
+                       ("--max-new-tokens", "tokens per turn")):
+        parser.add_argument(flag, type=int, default=None, help=f"{what} (default: the quickstart preset's)")
+    parser.add_argument("--lr", type=float, default=None, help="default: the quickstart preset's")
+    parser.add_argument("--trl-micro-batch", type=int, default=TRL_MICRO_BATCH,
+                        help=f"TRL's completions per loss forward (default {TRL_MICRO_BATCH}; a divisor of the step's)")
+    parser.add_argument("--eval-every", type=int, default=EVAL_EVERY,
+                        help=f"steps between held-out evaluations (default {EVAL_EVERY})")
+    parser.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES, help=f"held-out questions (default {EVAL_EPISODES})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for result.json and learning_curves.png")
 
 
 def main(args: Any) -> dict[str, Any]:
-    settings = {
-        "steps": args.steps, "batch_size": args.batch_size, "generations": args.generations,
-        "max_completion_tokens": args.max_completion_tokens, "max_tool_calls": DEFAULTS["calculator"]["max_tool_calls"],
-        "lr": args.lr, "seed": args.seed, "rollforge_mode": "async",
-        "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
-    }
+    given = {"batch_size": args.batch_size, "generations": args.generations, "max_new_tokens": args.max_new_tokens,
+             "lr": args.lr}
+    settings = {**preset(), **{k: v for k, v in given.items() if v is not None}, "steps": args.steps, "seed": args.seed,
+                "rollforge_mode": "async", "trl_micro_batch": args.trl_micro_batch, "eval_every": args.eval_every, "eval_episodes": args.eval_episodes}
     return run(args.model, settings, warmup=args.warmup, out=args.out)
 
 
 def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: str | None = None) -> dict[str, Any]:
+    """Warm-up, rollforge, TRL, each in its own process (``learning_sides.spawn``); the report."""
+    from .learning_sides import spawn
     from .vs_trl import _check_trl
-    from .vs_trl_runners import run_alternating
 
     _check_trl()
-    for key in ("steps", "eval_every", "eval_episodes"):
-        if settings[key] < 1:
+    for key in ("steps", "eval_every", "eval_episodes", "batch_size", "generations", "max_new_tokens", "max_turns",
+                "trl_micro_batch"):
+        if settings.get(key, 1) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {settings[key]}")
+    settings = {"trl_micro_batch": TRL_MICRO_BATCH, **settings, "max_tool_calls": settings["max_turns"],
+                "max_completion_tokens": (settings["max_turns"] + 1) * settings["max_new_tokens"]}
     with tempfile.TemporaryDirectory(prefix="rollforge-bench-learning-") as scratch:
-        started = time.perf_counter()
-        model_dir = templated(Path(warmup) if warmup else warm_up(model, Path(scratch), settings["seed"]),
-                              Path(scratch) / "model")
-        warmup_seconds = time.perf_counter() - started
-        workload = calculator(model_dir, seed=settings["seed"])
-        held_out = HeldOut(model_dir, settings)
-        start_reward = _progress("warm-up", 0, held_out.score_model(_load(model_dir)))
-        points: dict[str, dict[int, float]] = {"trl": {0: start_reward}, "rollforge": {0: start_reward}}
-        trl_run, rollforge_run = run_alternating(workload, settings, Path(scratch) / "runs", held_out.hooks(points))
-    result = report(settings, {"trl": trl_run, "rollforge": rollforge_run}, points)
-    result["settings"].update(model=model, warmup=warmup or "built: SFT on calculator expert demonstrations "
-                              "(presets/quickstart_warmup.yaml)", warmup_seconds=round(warmup_seconds, 1))
+        spec = {"model": model, "warmup": warmup, "settings": settings, "scratch": scratch}
+        start = spawn("warmup", spec, Path(scratch))
+        spec["model_dir"] = start["model_dir"]
+        sides = {side: spawn(side, spec, Path(scratch)) for side in ("rollforge", "trl")}
+    points = {side: {0: start["reward"], **{int(k): v for k, v in sides[side]["points"].items()}} for side in sides}
+    result = report(settings, {side: sides[side]["run"] for side in ("trl", "rollforge")}, points)
+    result["max_rss_mb"] = {side: done["max_rss_mb"] for side, done in (("warmup", start), *sides.items())}
+    result["settings"].update(model=model, warmup_seconds=start["seconds"], warmup=warmup or "built: SFT on "
+                              "calculator expert demonstrations (presets/quickstart_warmup.yaml)")
     if out is not None:
         write(Path(out), result)
     return result
-
-
-# -- the warm-up checkpoint ------------------------------------------------------------------------
-
-
-def warm_up(model: str, scratch: Path, seed: int) -> Path:
-    """The quickstart's warm-up (SFT on expert demonstrations) of ``model``, rendered with the
-    template both trainers will use; the final checkpoint's model directory."""
-    from ..models import resolve_model
-    from ..train import checkpoint as ckpt
-    from ..train.quickstart import PRESETS
-    from ..train.sft import sft
-    from ..train.sft_config import load_sft_config
-
-    base = templated(resolve_model(model), scratch / "base")
-    config = load_sft_config(PRESETS / "quickstart_warmup.yaml", [f"seed={seed}"])
-    config = config.model_copy(update={"out": str(scratch / "warmup"),
-                                       "model": config.model.model_copy(update={"name": str(base), "backend": "hf"})})
-    with contextlib.redirect_stdout(sys.stderr):  # stdout is for the JSON
-        sft(config, console=False)
-    return ckpt.latest_checkpoint(scratch / "warmup" / "checkpoints") / "model"
-
-
-def templated(source: Path, target: Path) -> Path:
-    """``source``'s model with TRL's Qwen2.5 chat template (ChatML, like SmolLM2's, plus tools):
-    the tokenizer saved again, every other file linked."""
-    from transformers import AutoTokenizer
-
-    from .vs_trl_env import QWEN25_TEMPLATE
-
-    if not (source / "config.json").is_file():
-        raise ConfigError(f"--warmup must be a model directory (with config.json), got {source}")
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    tokenizer.chat_template = QWEN25_TEMPLATE
-    target.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(target)
-    for path in source.iterdir():
-        if path.is_file() and not (target / path.name).exists() and not path.name.startswith("chat_template"):
-            (target / path.name).symlink_to(path.resolve())
-    return target
-
-
-def _load(model_dir: Path) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-
-
-# -- held-out evaluation ---------------------------------------------------------------------------
-
-
-class HeldOut:
-    """Greedy episodes on the held-out questions, scored by rollforge's evaluator for both sides."""
-
-    def __init__(self, model_dir: Path, settings: dict[str, Any]):
-        from dataclasses import replace
-
-        from ..chat.render import ChatRenderer
-        from ..envs.library.calculator import samples
-        from ..models import load_tokenizer
-        from ..rollout.config import RolloutConfig
-        from ..train.environments import build_environments
-        from ..train.config import EnvConfig
-
-        self.model_dir, self.settings = model_dir, settings
-        self.samples = [replace(s, row={k: v for k, v in s.row.items() if k != "environment"})  # one class, all tools
-                        for s in samples(settings["eval_episodes"], HELD_OUT_SEED + settings["seed"])]
-        self.tokenizer = load_tokenizer(model_dir)
-        self.renderer = ChatRenderer(self.tokenizer)
-        self.task_to_env = build_environments([EnvConfig(name=CALCULATOR_ENV, task_name="calculator")])
-        self.greedy = RolloutConfig(max_turns=settings["max_tool_calls"] + 1, max_new_tokens=settings["max_completion_tokens"],
-                                    max_seq_len=1024, greedy=True, seed=settings["seed"],
-                                    concurrency=settings["eval_episodes"])
-
-    async def score(self, backend: Any) -> float:
-        from ..train.evaluate import aevaluate
-
-        result = await aevaluate(self.samples, self.task_to_env, backend, self.renderer, self.greedy)
-        return round(result.mean_reward, 4)
-
-    def score_model(self, model: Any) -> float:
-        """On an HF backend over ``model`` (TRL's, or the warm-up's), in this thread."""
-        from ..backends.config import BackendConfig
-        from ..backends.opening import open_backend
-        from ..workers import run_sync
-
-        config = BackendConfig(kind="hf", model=str(self.model_dir), concurrency=len(self.samples), seed=self.settings["seed"])
-
-        async def score() -> float:
-            async with open_backend(config, hf_model=model, tokenizer=self.tokenizer) as backend:
-                return await self.score(backend)
-
-        was_training = model.training
-        model.eval()
-        try:
-            return run_sync(score())
-        finally:
-            model.train(was_training)
-
-    def due(self, step: int) -> bool:
-        return step % self.settings["eval_every"] == 0 or step == self.settings["steps"]
-
-    def hooks(self, points: dict[str, dict[int, float]]) -> dict[str, Any]:
-        """Each side's ``after_step`` for ``run_alternating``: the held-out reward into ``points``."""
-
-        def trl(step: int, model: Any) -> None:
-            if self.due(step):
-                points["trl"][step] = _progress("trl", step, self.score_model(model))
-
-        async def rollforge(step: int, model: Any, backend: Any) -> None:
-            if self.due(step):
-                points["rollforge"][step] = _progress("rollforge", step, await self.score(backend))
-
-        return {"trl": trl, "rollforge": rollforge}
-
-
-def _progress(side: str, step: int, reward: float) -> float:
-    """A line on stderr per held-out evaluation (a long run shows its curves as they grow)."""
-    print(f"bench learning: {side} step {step}: held-out reward {reward}", file=sys.stderr, flush=True)
-    return reward
 
 
 # -- the report ------------------------------------------------------------------------------------
@@ -225,7 +130,7 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
         "ratio_time_to_target": ratio,
         "ratio_note": note,
         "held_out_curves": curves,
-        "settings": {**settings, "workload": "calculator",
+        "settings": {**settings, "workload": "calculator", "sampling": SAMPLING,
                      "completions_per_step": settings["batch_size"] * settings["generations"]},
     }
     for side, run in runs.items():
@@ -233,14 +138,18 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
         result[side] = {
             "held_out_start": first, "held_out_end": last, "held_out_gain_per_step": round((last - first) / settings["steps"], 4),
             "train_seconds": round(sum(run["step_seconds"]), 2), "seconds_per_step": round(sum(run["step_seconds"]) / settings["steps"], 3),
-            "train_reward_per_step": run["rewards"],
+            "train_reward_per_step": run["rewards"], "sampling": run["configuration"]["sampling"],
+            "prompt_tokens": run["prompt_tokens"],  # the first row's prompt, tools included, as that side renders it
         }
     result["notes"] = [
         "wall seconds = the sum of that side's step times (generation, rewards, loss, optimizer; rollforge also "
         "its weight sync); model loading and held-out evaluation are outside them",
-        "TRL ignores the environment's `done`: after the tool result it generates one more assistant turn (trained "
-        "on, within max_completion_tokens); rollforge ends the episode at the call. The reward is the same "
-        "(the value the one executed call returned)",
+        "TRL ignores the environment's `done`: it runs every tool call of a message, and after the last tool "
+        "result it generates one more assistant turn (trained on, within max_completion_tokens); rollforge ends "
+        "the episode at `answer`. TRL runs the class through `honoring_done` (every tool answers 'the episode is "
+        "over' once done, changing nothing), so get_reward, and the reward, is what rollforge's episode gives",
+        "one process per side, one after the other (warm-up, rollforge, TRL): load on the machine may differ "
+        "between them; max_rss_mb is each process's peak resident memory",
     ]
     return result
 

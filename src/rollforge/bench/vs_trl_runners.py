@@ -6,7 +6,8 @@ docstring for the settings and ``vs_trl_workloads`` for what they train on).
 Where a step's time goes, per side (seconds; ``other`` is the step minus the two):
 
 - TRL: ``generation`` is ``_generate`` (prompt tokenizing, ``model.generate``, tool calls);
-  ``update`` is ``training_step`` less its ``_prepare_inputs`` (the loss forward and backward) plus
+  ``update`` is ``training_step`` (summed over the step's micro-batches) less its ``_prepare_inputs``
+  (the loss forwards and backwards) plus
   what follows up to ``on_step_end`` (gradient clipping, optimizer and scheduler steps);
   ``other`` is mostly ``_prepare_inputs`` less ``_generate`` (rewards, advantages, padding).
 - rollforge: ``generation`` is ``time/rollout`` (generation, environment steps, rewards,
@@ -17,11 +18,20 @@ Where a step's time goes, per side (seconds; ``other`` is the step minus the two
 Each side's configuration comes from the settings: TRL generates with ``model.generate`` or, with
 ``trl_vllm``, a colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``); rollforge with the
 ``backend`` given (``hf`` or in-process ``vllm``), synchronously or ``max_staleness`` versions ahead.
+``max_completion_tokens`` is an episode's token budget on both sides (TRL's ``max_completion_length``;
+rollforge's ``max_seq_len`` less the prompt); rollforge takes ``max_turns`` (default
+``max_tool_calls + 1``) and a per-turn ``max_new_tokens`` (default the budget) where they are given.
+Both sample from the full softmax at temperature 1 (no top-p, top-k, min-p or repetition penalty;
+each run records its ``sampling``), and TRL lists the tools in rollforge's (the class's) order.
+``trl_micro_batch`` (default all ``n`` completions): TRL's completions per loss forward
+(``per_device_train_batch_size``; ``gradient_accumulation_steps`` makes up ``n``, still one
+generation and one optimizer step per step), as rollforge's update splits by ``micro_batch_tokens``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -116,14 +126,15 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     model = AutoModelForCausalLM.from_pretrained(workload.model_dir, dtype=torch.float32)
     clock = _trl_clock(turns, after_step)
     n = s["batch_size"] * s["generations"]
+    micro = math.gcd(n, s.get("trl_micro_batch", n))  # one generation of n, then n // micro loss forwards
     config = GRPOConfig(
-        output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=n,
-        gradient_accumulation_steps=1, num_generations=s["generations"], max_completion_length=s["max_completion_tokens"],
+        output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=micro,
+        gradient_accumulation_steps=n // micro, num_generations=s["generations"], max_completion_length=s["max_completion_tokens"],
         max_tool_calling_iterations=s["max_tool_calls"] if workload.multi_turn else None,
         learning_rate=s["lr"], lr_scheduler_type="constant",
         warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
         epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0,
-        bf16=cuda and s.get("dtype") == "bfloat16", fp16=False, use_cpu=not cuda, gradient_checkpointing=False, logging_steps=1, report_to="none",
+        bf16=s.get("dtype") == "bfloat16", fp16=False, use_cpu=not cuda, gradient_checkpointing=False, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
         **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if s.get("trl_vllm") else {}),
     )
@@ -132,6 +143,8 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
         reward_funcs=workload.trl_reward_funcs or None, environment_factory=workload.trl_environment_factory,
         callbacks=[clock],
     )
+    if workload.multi_turn:
+        _in_workload_order(trainer, workload)
     tools = trainer._env_tools[None] if workload.multi_turn else None
     prompt = tokenizer.apply_chat_template(workload.rows[0]["prompt"], tools=tools, add_generation_prompt=True)
     clock.instrument(trainer)
@@ -154,8 +167,24 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     return {
         "step_seconds": clock.step_seconds, "steps": steps, "rewards": [round(x["reward"], 4) for x in steps],
         "run_seconds": run_seconds, "prompt_tokens": len(_ids(prompt)),
-        "configuration": {"generation": "vllm colocate" if trainer.use_vllm else "model.generate"},
+        "configuration": {"generation": "vllm colocate" if trainer.use_vllm else "model.generate",
+                          "sampling": _sampling(trainer.generation_config if not trainer.use_vllm else config)},
     }
+
+
+def _in_workload_order(trainer: Any, workload: Workload) -> None:
+    """TRL lists an environment's tools alphabetically; rollforge in the class's order. TRL gets
+    rollforge's order, so that both render the same prompt (the one a warm-up was trained on)."""
+    from ..envs.tools import class_tools
+
+    order = [name for factory in workload.tools for name in class_tools(factory)]
+    for key, tools in trainer._env_tools.items():
+        trainer._env_tools[key] = sorted(tools, key=lambda t: order.index(t.__name__) if t.__name__ in order else len(order))
+
+
+def _sampling(config: Any) -> dict[str, Any]:
+    """The sampling settings a side generates with (TRL's ``GenerationConfig``, rollforge's rollout config)."""
+    return {key: getattr(config, key, None) for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
 
 
 def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
@@ -170,19 +199,19 @@ def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
             self.phases: list[dict[str, float]] = []
             self.logs: list[dict[str, float]] = []
             self.context_tokens: list[int] = []
-            self.spent = {"generate": 0.0, "prepare": 0.0}
+            self.spent = {"generate": 0.0, "prepare": 0.0, "train": 0.0}
 
         def on_step_begin(self, args, state, control, **kwargs):
             if turns is not None:
                 turns.wait(turns.trl_turn)
             self.began = time.perf_counter()
-            self.spent = {"generate": 0.0, "prepare": 0.0}
+            self.spent = {"generate": 0.0, "prepare": 0.0, "train": 0.0}
             self.context_tokens.append(0)
 
         def on_step_end(self, args, state, control, **kwargs):
             ended = time.perf_counter()
             step = ended - self.began
-            update = self.trained - self.training_began - self.spent["prepare"] + (ended - self.trained)
+            update = self.spent["train"] - self.spent["prepare"] + (ended - self.trained)
             self.step_seconds.append(step)
             self.phases.append({"generation": self.spent["generate"], "update": update,
                                 "other": step - self.spent["generate"] - update})
@@ -201,12 +230,13 @@ def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
             generate, prepare, training_step = trainer._generate, trainer._prepare_inputs, trainer.training_step
             single_turn = trainer._generate_single_turn
 
-            def timed_training_step(*args, **kwargs):
-                self.training_began = time.perf_counter()
+            def timed_training_step(*args, **kwargs):  # once per micro-batch
+                began = time.perf_counter()
                 try:
                     return training_step(*args, **kwargs)
                 finally:
                     self.trained = time.perf_counter()
+                    self.spent["train"] += self.trained - began
 
             def counted_single_turn(prompt_ids, *args, **kwargs):
                 self.context_tokens[-1] += sum(len(ids) for ids in prompt_ids)
@@ -277,7 +307,8 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
         "step_seconds": [m["time/step"] for m in result.history], "steps": steps,
         "rewards": [round(x["reward"], 4) for x in steps], "run_seconds": run_seconds, "prompt_tokens": lengths[0],
         "configuration": {"backend": config.model.backend,  # as the trainer ran: its metrics name the staleness
-                          "max_staleness": result.history[-1].get("async/max_staleness", 0)},
+                          "max_staleness": result.history[-1].get("async/max_staleness", 0),
+                          "sampling": {**_sampling(config.rollout), "min_p": None, "repetition_penalty": 1.0}},
     }
 
 
@@ -301,9 +332,9 @@ def _rollforge_config(workload: Workload, s: dict[str, Any], out: Path, max_seq_
             "max_grad_norm": 1.0,
         },
         rollout={
-            "mode": s.get("rollforge_mode", "async"), "max_turns": s["max_tool_calls"] + 1,
-            "max_new_tokens": s["max_completion_tokens"], "max_seq_len": max_seq_len,
-            "temperature": 1.0, "concurrency": n, "seed": s["seed"],
+            "mode": s.get("rollforge_mode", "async"), "max_turns": s.get("max_turns", s["max_tool_calls"] + 1),
+            "max_new_tokens": s.get("max_new_tokens", s["max_completion_tokens"]), "max_seq_len": max_seq_len,
+            "temperature": 1.0, "top_p": 1.0, "top_k": 0, "concurrency": n, "seed": s["seed"],
         },
     )
 

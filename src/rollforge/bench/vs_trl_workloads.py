@@ -5,11 +5,14 @@
   function, rollforge its bundled ``arithmetic`` environment; both score with the same
   ``score_answer`` (1 when the last number in the reply is the sum). No tools, one turn.
 - ``calculator`` (``rollforge bench learning``'s): a warmed-up SmolLM2 checkpoint plays the
-  bundled ``calculator`` environment, whose class (``Calculator``: with the ``Args:`` docstrings TRL
-  needs) TRL runs as its ``environment_factory`` and rollforge runs unchanged (one tool call,
-  rewarded by the environment's ``get_reward``). The model
-  directory must carry TRL's Qwen2.5 template (``learning.templated``): TRL parses tool calls only
-  for templates it knows.
+  bundled two-turn ``calculator`` environment on the quickstart's operations (``plus``, ``times``:
+  tools ``add``, ``multiply``, ``answer``). Rollforge runs the bundled environment unchanged (the
+  rows' ``environment`` column picks its class); TRL runs that same class as its
+  ``environment_factory``, through ``honoring_done``: TRL ignores ``done`` (it runs every call of a
+  message and generates one more turn after the last tool result), so the adapter makes every tool
+  after ``answer`` return ``EPISODE_OVER`` and change nothing, and the reward (``get_reward``) is
+  the one rollforge would give. The model directory must carry TRL's Qwen2.5 template
+  (``learning_sides.templated``): TRL parses tool calls only for templates it knows.
 - ``guess-number``: the warmed-up 0.9M-parameter tool-caller of ``vs_trl_setup`` playing
   ``vs_trl_env.GuessNumber`` through TRL's ``environment_factory`` (multi-turn, tool calls): fast,
   for tests and for comparing the frameworks' per-turn overhead.
@@ -20,17 +23,18 @@ alternation) is the same for both and lives in ``vs_trl_runners``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..envs.library.arithmetic import samples as arithmetic_samples
 from ..envs.library.arithmetic import score_answer
-from ..envs.library.calculator import CalculatorEnv
+from ..envs.library.calculator import build as build_calculator
 from ..envs.library.calculator import samples as calculator_samples
+from ..envs.tools import class_tools
 from .vs_trl_env import MAX_TOOL_CALLS, GuessNumber, prompt_rows
 
-CALCULATOR_ENV = "rollforge.bench.vs_trl_workloads:Calculator"
 GUESS_NUMBER_ENV = "rollforge.bench.vs_trl_env:GuessNumber"
 
 
@@ -54,8 +58,6 @@ class Workload:
 DEFAULTS = {
     "arithmetic": {"batch_size": 2, "generations": 4, "max_completion_tokens": 32, "max_tool_calls": 0,
                    "lr": 1e-6, "steps": 6},
-    "calculator": {"batch_size": 2, "generations": 4, "max_completion_tokens": 64, "max_tool_calls": 1,
-                   "lr": 3e-5, "steps": 6},
     "guess-number": {"batch_size": 4, "generations": 4, "max_completion_tokens": 128,
                      "max_tool_calls": MAX_TOOL_CALLS, "lr": 5e-4, "steps": 8},
 }
@@ -85,46 +87,37 @@ def message_rows(samples: list[Any]) -> list[dict[str, Any]]:
     return [{"prompt": [{"role": m.role, "content": m.content} for m in s.prompt], **s.row} for s in samples]
 
 
-class Calculator(CalculatorEnv):
-    """``calculator``'s environment with an ``Args:`` section in each tool's docstring, which TRL
-    needs (transformers' ``get_json_schema`` refuses a tool whose arguments are undescribed) and which
-    ``calculator.CalculatorEnv`` lacks; both trainers run this class, so both render the same tools."""
-
-    def add(self, a: int, b: int) -> str:
-        """Return a + b.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        return super().add(a, b)
-
-    def subtract(self, a: int, b: int) -> str:
-        """Return a - b.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        return super().subtract(a, b)
-
-    def multiply(self, a: int, b: int) -> str:
-        """Return a * b.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        return super().multiply(a, b)
+#: What a tool returns on TRL's side once the episode is done (``honoring_done``).
+EPISODE_OVER = "Error: the episode is over."
 
 
-def calculator(model_dir: Path, rows: int = 64, seed: int = 0) -> Workload:
+def honoring_done(cls: type) -> type:
+    """``cls`` with every tool answering ``EPISODE_OVER`` (and changing nothing) once ``done``, as
+    rollforge's episode ends there: TRL runs ``cls`` and ignores ``done``. The tools keep their
+    names, signatures, docstrings and argument annotations, so both trainers render the same tools."""
+
+    def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def tool(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return EPISODE_OVER if self.done else method(self, *args, **kwargs)
+
+        # transformers' get_json_schema refuses an annotated receiver (calculator's ``self:
+        # _Calculator``) and renders a return type, which rollforge's schemas leave out
+        tool.__annotations__ = {k: v for k, v in method.__annotations__.items() if k not in ("self", "return")}
+        return tool
+
+    tools = {name: guarded(getattr(cls, name)) for name in class_tools(cls)}
+    return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__doc__": cls.__doc__, **tools})
+
+
+def calculator(model_dir: Path, operations: Sequence[str] = ("plus", "times"), rows: int = 64, seed: int = 0) -> Workload:
     """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template."""
+    samples = calculator_samples(rows, seed, operations=list(operations))
+    environment = build_calculator().factory[samples[0].row["environment"]]  # the class these rows route to
     return Workload(
-        name="calculator", model_dir=Path(model_dir),
-        rows=[{k: v for k, v in row.items() if k != "environment"} for row in message_rows(calculator_samples(rows, seed))],
-        rollforge_environment={"name": CALCULATOR_ENV, "task_name": "calculator"},
-        trl_environment_factory=Calculator, tools=(Calculator,), defaults=DEFAULTS["calculator"],
+        name="calculator", model_dir=Path(model_dir), rows=message_rows(samples),
+        rollforge_environment={"name": "calculator"},
+        trl_environment_factory=honoring_done(environment), tools=(environment,),
     )
 
 
