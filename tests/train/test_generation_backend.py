@@ -24,6 +24,15 @@ def test_a_local_hf_run_shares_the_trained_model():
     assert shared_model(config, model) is model
 
 
+def test_generation_dtype_sets_the_backends_precision_apart_from_the_updates():
+    both = ModelConfig(name="m", dtype="bfloat16")
+    assert backend_config(both, ROLLOUT, RAY, "local", 0, False).options == {"compute_dtype": torch.bfloat16}
+    apart = ModelConfig(name="m", dtype="bfloat16", generation_dtype="float32")
+    assert backend_config(apart, ROLLOUT, RAY, "local", 0, False).options == {"compute_dtype": torch.float32}
+    vllm = ModelConfig(name="m", backend="vllm", generation_dtype="bfloat16")
+    assert backend_config(vllm, ROLLOUT, RAY, "local", 0, False).options["dtype"] == "bfloat16"
+
+
 def test_vllm_with_lora_loads_adapters_and_ray_runs_the_replicas():
     vllm = ModelConfig(name="m", backend="vllm", device="cpu")
     assert backend_config(vllm, ROLLOUT, RAY, "local", 0, lora_enabled=True).options == {"dtype": "float32", "enable_lora": True}

@@ -4,7 +4,7 @@
 ``ray`` (replicas and what each reserves) and the run's ``executor``, ``seed`` and LoRA switch into
 the ``BackendConfig`` that ``cluster.generation.open_generation`` opens:
 
-- the engine computes in the trainer's precision (``compute_dtype``: autocast for ``hf``, the
+- the engine computes in ``model.generation_dtype`` (default: the trainer's precision; autocast for ``hf``, the
   engine's dtype for ``vllm``), a colocated vLLM gets its sleep mode and memory share (``vllm``
   section), and a vLLM backend of a LoRA run loads each synced adapter as an adapter
   (``enable_lora``) instead of merging it;
@@ -22,7 +22,7 @@ from ..backends.config import BackendConfig
 from ..cluster.config import RayConfig
 from ..rollout.config import RolloutConfig
 from .config import ModelConfig, VLLMConfig
-from .policy import compute_dtype
+from .policy import generation_dtype
 
 
 def backend_config(
@@ -31,7 +31,7 @@ def backend_config(
 ) -> BackendConfig:
     """The training run's backend (see the module docstring)."""
     kind = model.backend
-    dtype = compute_dtype(model)
+    dtype = generation_dtype(model)
     options: dict[str, Any] = {}
     if kind == "hf":
         options = {"compute_dtype": dtype}

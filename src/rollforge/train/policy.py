@@ -27,6 +27,13 @@ def compute_dtype(model: ModelConfig) -> torch.dtype:
     return resolve_dtype(model.dtype, resolve_device(model.device))
 
 
+def generation_dtype(model: ModelConfig) -> torch.dtype:
+    """The precision the generation backend computes in (``model.generation_dtype``; auto: ``compute_dtype``)."""
+    if model.generation_dtype == "auto":
+        return compute_dtype(model)
+    return resolve_dtype(model.generation_dtype, resolve_device(model.device))
+
+
 def load_policy(spec: ModelConfig, lora: LoraConfig) -> tuple[Any, Any]:
     """``(model, tokenizer)``: the model on ``spec.device`` in eval mode (the update switches
     modes), trainable parameters float32 and requiring grad, wrapped with a LoRA adapter when

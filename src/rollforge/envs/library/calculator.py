@@ -91,7 +91,7 @@ class _Calculator:
 
 
 def _operand_tool(name: str, symbol: str):
-    def tool(self: _Calculator, a: int, b: int) -> str:
+    def tool(self, a: int, b: int) -> str:  # no annotation on self: transformers' get_json_schema would ask its docstring for it
         return self._compute(_APPLY[name](a, b))
 
     tool.__name__ = tool.__qualname__ = name
