@@ -161,5 +161,8 @@ def test_balanced_questions_give_every_operation_and_tool_pair_equally_often():
         chosen = Counter((s.row["op"], parser.parse(calculator.expert(list(s.prompt), parser))[0].name) for s in questions)
         assert chosen == {(op, tool): 8 for op in ("plus", "times") for tool in ("add", "multiply")}
         assert questions == calculator.samples(32, seed, operations=["plus", "times"], balanced=True)
+    blocks = calculator.samples(40, 5, operations=["plus", "times"], balanced=True)
+    for start in range(0, 40, 4):  # every aligned block of 4 asks each operation twice
+        assert Counter(s.row["op"] for s in blocks[start:start + 4]) == {"plus": 2, "times": 2}
     three = Counter(s.row["op"] for s in calculator.samples(9, 0, balanced=True))
     assert three == {"plus": 3, "minus": 3, "times": 3}

@@ -13,7 +13,8 @@ from rollforge.train.sft_config import load_sft_config
 def test_quickstart_runs_warmup_then_grpo_from_its_weights(tiny_model_dir, tmp_path):
     out = tmp_path / "qs"
     config = load_config(PRESETS / "quickstart.yaml", [f"out={out}", f"model.name={tiny_model_dir}", "steps=2",
-                                                      "eval_episodes=6", "rollout.max_new_tokens=8"])
+                                                      "eval_episodes=6", "rollout.max_new_tokens=8",
+                                                      "algorithm.batch_size=2", "algorithm.group_size=2"])
     warmup = load_sft_config(PRESETS / "quickstart_warmup.yaml", ["max_steps=3", "batch_size=2"])
     result = quickstart(config, warmup)
 

@@ -168,9 +168,10 @@ def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = (
     """``n`` questions, the operation uniform over ``operations``, operands of ``digits`` digits.
 
     Only the tools of ``operations`` are offered (``("plus", "times")``: add or multiply, a binary choice).
-    ``balanced`` (for warm-up demonstrations): every operation is asked equally often and, on each,
-    the expert calls every offered tool equally often (as near as ``n`` allows), so that a warm-up
-    on the expert's demonstrations learns no preference between the tools.
+    ``balanced``: every operation is asked equally often and, on each, the expert calls every
+    offered tool equally often, in every consecutive block of (operations x tools) questions. For
+    warm-up demonstrations, a warm-up then learns no preference between the tools; for GRPO prompts
+    read in order (``data.shuffle: false``), every batch of an even size asks both kinds equally.
     """
     if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
         raise ConfigError(f"calculator digits must be a positive int, got {digits!r}")
@@ -193,8 +194,13 @@ def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = (
 
 
 def _balanced_kinds(n: int, words: Sequence[str], tools: Sequence[str], rng: random.Random) -> list[tuple[str, str]]:
-    """``n`` (operation, tool the expert calls) pairs, every pair equally often, in a seeded order."""
+    """``n`` (operation, tool the expert calls) pairs: each consecutive block of ``len(words) *
+    len(tools)`` holds every pair once, in a seeded order (so unshuffled batches of a multiple of
+    ``len(words)`` are balanced too)."""
     pairs = [(word, tool) for word in words for tool in tools]
-    kinds = [pairs[i % len(pairs)] for i in range(n)]
-    rng.shuffle(kinds)
-    return kinds
+    kinds: list[tuple[str, str]] = []
+    while len(kinds) < n:
+        block = list(pairs)
+        rng.shuffle(block)
+        kinds += block
+    return kinds[:n]
