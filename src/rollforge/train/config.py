@@ -37,10 +37,8 @@ class ModelConfig(_Section):
     state stay float32 (master weights); with bfloat16 the update's forward passes run under
     ``torch.autocast``. Frozen weights (the KL reference, a LoRA base) are stored in this dtype."""
     generation_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Precision the backend generates in: ``auto`` is ``dtype``'s. On a CPU without bfloat16 matrix
-    units (AMX), decoding small batches is faster in float32 while the update is faster in bfloat16
-    (measured 0.28 vs 0.67 s per decode step of 32 rows, SmolLM2-135M): ``dtype: bfloat16`` with
-    ``generation_dtype: float32``. The importance ratios then also absorb the precision difference."""
+    """The backend's precision (``auto``: ``dtype``'s). On a CPU without AMX, decode is faster in
+    float32 and the update in bfloat16: ``dtype: bfloat16``, ``generation_dtype: float32``."""
     backend: Literal["hf", "vllm", "openai"] = "hf"
     """Generation backend. ``hf`` generates with the trained model object itself (no sync needed);
     the others receive the new weights after every update."""
