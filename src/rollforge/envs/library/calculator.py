@@ -180,9 +180,10 @@ def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = (
     system = Message("system", system_prompt(tools))
     low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
     rng = random.Random(seed)
-    kinds = _balanced_kinds(n, words, tools, rng) if balanced else [(rng.choice(words), None) for _ in range(n)]
+    kinds = _balanced_kinds(n, words, tools, rng) if balanced else None
     out = []
-    for word, tool in kinds:
+    for i in range(n):  # unbalanced: drawn one question at a time, so samples(k) starts samples(n)
+        word, tool = kinds[i] if kinds else (rng.choice(words), None)
         while True:
             a, b = rng.randint(low, high), rng.randint(low, high)
             question = f"What is {a} {word} {b}?"
