@@ -37,8 +37,8 @@ class ModelConfig(_Section):
     state stay float32 (master weights); with bfloat16 the update's forward passes run under
     ``torch.autocast``. Frozen weights (the KL reference, a LoRA base) are stored in this dtype."""
     generation_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """The backend's precision (``auto``: ``dtype``'s). On a CPU without AMX, decode is faster in
-    float32 and the update in bfloat16: ``dtype: bfloat16``, ``generation_dtype: float32``."""
+    """The backend's precision (``auto``: ``dtype``'s; CPU decode is faster in float32). A quickstart
+    with a bfloat16 update and float32 generation broke its tool-call format in 2 of 2 runs."""
     backend: Literal["hf", "vllm", "openai"] = "hf"
     """Generation backend. ``hf`` generates with the trained model object itself (no sync needed);
     the others receive the new weights after every update."""
