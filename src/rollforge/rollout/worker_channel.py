@@ -44,25 +44,38 @@ def dumps(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+class IterationBatch:
+    """Items added during one event-loop iteration, handed together to ``flush`` at its end."""
+
+    def __init__(self, flush: Callable[[list], None]):
+        self._flush, self._items = flush, []
+
+    def add(self, item: Any) -> None:
+        if not self._items:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._items.append(item)
+
+    def flush(self) -> None:
+        items, self._items = self._items, []
+        self._flush(items)
+
+
 class Channel:
     """Pickled messages both ways over one stream socket; ``send`` never blocks (see the module
     docstring) and the messages of one loop iteration go out as one frame."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._reader, self._writer = reader, writer
-        self._outbox: list = []
+        self._outbox = IterationBatch(self._write)
 
     @classmethod
     async def open(cls, sock: socket.socket) -> "Channel":
         return cls(*await asyncio.open_connection(sock=sock))
 
     def send(self, message: tuple) -> None:
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append(message)
+        self._outbox.add(message)
 
-    def _flush(self) -> None:
-        messages, self._outbox = self._outbox, []
+    def _write(self, messages: list) -> None:
         if not self._writer.is_closing():
             data = dumps(messages)
             self._writer.write(_FRAME.pack(len(data)) + data)
@@ -78,7 +91,7 @@ class Channel:
     async def close(self) -> None:
         """Send what is queued and close; returns once the transport has written everything (a
         process that exits right after must not cut its last frame off), or after ``_CLOSE_WAIT``."""
-        self._flush()
+        self._outbox.flush()
         self._writer.close()
         with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
             await asyncio.wait_for(self._writer.wait_closed(), _CLOSE_WAIT)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -29,7 +30,7 @@ from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..types import Completion, Trajectory
 from .engine import arollout
-from .worker_channel import Channel, Shard, dumps, portable_error
+from .worker_channel import Channel, IterationBatch, Shard, dumps, portable_error
 
 logger = logging.getLogger(__name__)
 #: Seconds a worker whose parent has gone waits for its episodes to unwind before it exits anyway.
@@ -141,26 +142,20 @@ async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Fut
             backend.answer(request, completion, error)
 
 
-class _Finished:
+class _Finished(IterationBatch):
     """Trajectories that ended in one loop iteration, sent as one ``episodes`` message at its end:
     one pickle for all of them (shared memo, one call)."""
 
     def __init__(self, channel: Channel):
-        self._channel = channel
-        self._trajectories: list[Trajectory] = []
+        super().__init__(functools.partial(_send_episodes, channel))
 
-    def add(self, trajectory: Trajectory) -> None:
-        if not self._trajectories:
-            asyncio.get_running_loop().call_soon(self._send)
-        self._trajectories.append(trajectory)
 
-    def _send(self) -> None:
-        trajectories, self._trajectories = self._trajectories, []
-        try:
-            blob = dumps(trajectories)
-        except Exception:  # one that does not pickle costs the others nothing
-            blob = dumps([portable for trajectory in trajectories if (portable := _portable(trajectory))])
-        self._channel.send(("episodes", blob))
+def _send_episodes(channel: Channel, trajectories: list[Trajectory]) -> None:
+    try:
+        blob = dumps(trajectories)
+    except Exception:  # one that does not pickle costs the others nothing
+        blob = dumps([portable for trajectory in trajectories if (portable := _portable(trajectory))])
+    channel.send(("episodes", blob))
 
 
 def _portable(trajectory: Trajectory) -> Trajectory | None:
