@@ -276,9 +276,13 @@ def test_best_reports_both_ratios_and_every_candidate(tmp_path):
     result = vs_trl.run(workload, settings)
     assert result["ratio_step_time"] > 0 and result["ratio_step_time_best"] > 0
     candidates = result["candidates"]
-    assert candidates["rollforge-hf-async1"]["configuration"] == {"backend": "hf", "max_staleness": 1}
-    assert candidates["rollforge-hf-sync"]["configuration"] == {"backend": "hf", "max_staleness": 0}
-    assert candidates["trl-hf"]["configuration"] == {"generation": "model.generate"}
+    configurations = {name: dict(c["configuration"]) for name, c in candidates.items()}
+    sampling = {name: c.pop("sampling") for name, c in configurations.items()}
+    assert configurations["rollforge-hf-async1"] == {"backend": "hf", "max_staleness": 1}
+    assert configurations["rollforge-hf-sync"] == {"backend": "hf", "max_staleness": 0}
+    assert configurations["trl-hf"] == {"generation": "model.generate"}
+    # both sides sample the same distribution: the full softmax at the workload's temperature
+    assert sampling["trl-hf"] == sampling["rollforge-hf-sync"] == sampling["rollforge-hf-async1"]
     for candidate in candidates.values():
         assert len(candidate["step_seconds"]) == 2 and set(candidate["phases_seconds_per_step"]) == set(vs_trl.PHASES)
     assert result["best_trl"]["candidate"] == "trl-hf"
