@@ -96,18 +96,18 @@ def test_a_side_killed_by_a_signal_is_named_with_the_signal(tmp_path, monkeypatc
                                  "before writing its result")
 
 
-def test_trl_plays_the_bundled_class_and_calls_after_answer_change_nothing(tmp_path):
+def test_trl_plays_the_bundled_class_unchanged_and_calls_after_answer_change_nothing(tmp_path):
     from transformers.utils import get_json_schema
 
-    from rollforge.bench.vs_trl_workloads import EPISODE_OVER, calculator
-    from rollforge.envs.library.calculator import build
+    from rollforge.bench.vs_trl_workloads import calculator
+    from rollforge.envs.library.calculator import EPISODE_OVER, build
     from rollforge.envs.tools import class_tools
 
     workload = calculator(tmp_path, rows=4)
     row = workload.rows[0]
     bundled = build().factory[row["environment"]]()  # what rollforge plays this row with
     env = workload.trl_environment_factory()
-    assert type(env).__mro__[1].__qualname__ == type(bundled).__qualname__ == "CalculatorEnv_add_multiply"
+    assert type(env).__qualname__ == type(bundled).__qualname__ == "CalculatorEnv_add_multiply"  # the class itself, no adapter
     for name in ("add", "multiply", "answer"):  # the same tools, so both trainers render the same prompt
         assert get_json_schema(getattr(env, name)) == class_tools(type(bundled))[name].schema()
     env.reset(**{k: v for k, v in row.items() if k != "prompt"})

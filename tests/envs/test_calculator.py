@@ -51,6 +51,15 @@ def test_one_computation_then_the_answer_ends_the_episode_and_is_graded():
     assert env.get_reward() == 1.0  # a right guess without computing counts: the reward is the answer
 
 
+def test_after_the_answer_every_tool_refuses_and_changes_nothing():
+    """TRL ignores ``done`` (every call of a message runs, then one more turn): the class itself holds the episode."""
+    env = CalculatorEnv()
+    env.reset(result=7)
+    assert env.answer(8) == "Recorded." and env.done
+    assert env.answer(7) == env.add(3, 4) == env.multiply(1, 7) == calculator.EPISODE_OVER
+    assert env.get_reward() == 0.0  # the first answer stands
+
+
 def compute_then_answer(tool: str, a: int, b: int):
     """A policy: ``tool(a, b)``, then ``answer`` with the value it returned."""
     return lambda last: call(tool, a=a, b=b) if "?" in last else call("answer", value=int(last))

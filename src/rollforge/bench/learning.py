@@ -146,8 +146,8 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
         "its weight sync); model loading and held-out evaluation are outside them",
         "TRL ignores the environment's `done`: it runs every tool call of a message, and after the last tool "
         "result it generates one more assistant turn (trained on, within max_completion_tokens); rollforge ends "
-        "the episode at `answer`. TRL runs the class through `honoring_done` (every tool answers 'the episode is "
-        "over' once done, changing nothing), so get_reward, and the reward, is what rollforge's episode gives",
+        "the episode at `answer`. The class answers every call after `answer` with 'the episode is over' and "
+        "changes nothing, so get_reward, and the reward, is what rollforge's episode gives",
         "one process per side, one after the other (warm-up, rollforge, TRL): load on the machine may differ "
         "between them; max_rss_mb is each process's peak resident memory",
     ]

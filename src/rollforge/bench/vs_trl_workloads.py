@@ -8,10 +8,9 @@
   bundled two-turn ``calculator`` environment on the quickstart's operations (``plus``, ``times``:
   tools ``add``, ``multiply``, ``answer``). Rollforge runs the bundled environment unchanged (the
   rows' ``environment`` column picks its class); TRL runs that same class as its
-  ``environment_factory``, through ``honoring_done``: TRL ignores ``done`` (it runs every call of a
-  message and generates one more turn after the last tool result), so the adapter makes every tool
-  after ``answer`` return ``EPISODE_OVER`` and change nothing, and the reward (``get_reward``) is
-  the one rollforge would give. The model directory must carry TRL's Qwen2.5 template
+  ``environment_factory``. TRL ignores ``done`` (it runs every call of a message and generates one
+  more turn after the last tool result); the class itself refuses every call after ``answer``
+  (``calculator.EPISODE_OVER``), so the reward (``get_reward``) is the one rollforge gives. The model directory must carry TRL's Qwen2.5 template
   (``learning_sides.templated``): TRL parses tool calls only for templates it knows.
 - ``guess-number``: the warmed-up 0.9M-parameter tool-caller of ``vs_trl_setup`` playing
   ``vs_trl_env.GuessNumber`` through TRL's ``environment_factory`` (multi-turn, tool calls): fast,
@@ -23,7 +22,6 @@ alternation) is the same for both and lives in ``vs_trl_runners``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -32,7 +30,6 @@ from ..envs.library.arithmetic import samples as arithmetic_samples
 from ..envs.library.arithmetic import score_answer
 from ..envs.library.calculator import build as build_calculator
 from ..envs.library.calculator import samples as calculator_samples
-from ..envs.tools import class_tools
 from .vs_trl_env import MAX_TOOL_CALLS, GuessNumber, prompt_rows
 
 GUESS_NUMBER_ENV = "rollforge.bench.vs_trl_env:GuessNumber"
@@ -87,29 +84,6 @@ def message_rows(samples: list[Any]) -> list[dict[str, Any]]:
     return [{"prompt": [{"role": m.role, "content": m.content} for m in s.prompt], **s.row} for s in samples]
 
 
-#: What a tool returns on TRL's side once the episode is done (``honoring_done``).
-EPISODE_OVER = "Error: the episode is over."
-
-
-def honoring_done(cls: type) -> type:
-    """``cls`` with every tool answering ``EPISODE_OVER`` (and changing nothing) once ``done``, as
-    rollforge's episode ends there: TRL runs ``cls`` and ignores ``done``. The tools keep their
-    names, signatures, docstrings and argument annotations, so both trainers render the same tools."""
-
-    def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        def tool(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return EPISODE_OVER if self.done else method(self, *args, **kwargs)
-
-        # transformers' get_json_schema refuses an annotated receiver (calculator's ``self:
-        # _Calculator``) and renders a return type, which rollforge's schemas leave out
-        tool.__annotations__ = {k: v for k, v in method.__annotations__.items() if k not in ("self", "return")}
-        return tool
-
-    tools = {name: guarded(getattr(cls, name)) for name in class_tools(cls)}
-    return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__doc__": cls.__doc__, **tools})
-
-
 def calculator(model_dir: Path, operations: Sequence[str] = ("plus", "times"), rows: int = 64, seed: int = 0) -> Workload:
     """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template."""
     samples = calculator_samples(rows, seed, operations=list(operations))
@@ -117,7 +91,7 @@ def calculator(model_dir: Path, operations: Sequence[str] = ("plus", "times"), r
     return Workload(
         name="calculator", model_dir=Path(model_dir), rows=message_rows(samples),
         rollforge_environment={"name": "calculator"},
-        trl_environment_factory=honoring_done(environment), tools=(environment,),
+        trl_environment_factory=environment, tools=(environment,),
     )
 
 

@@ -6,7 +6,10 @@ small model computes in its head). The operation tools are ``add``, ``subtract``
 each returning ``a <op> b``; one computation per question (a second call gets an error and changes
 nothing). Then the model gives its result with ``answer(value)``, which ends the episode: reward
 1.0 when the answered value is the question's result, else 0.0 (also when the model answers in
-text, or guesses without computing). The row columns are ``a``, ``b``, ``op``, ``result`` and
+text, or guesses without computing). Once answered, every tool returns ``EPISODE_OVER`` and changes
+nothing, so a framework that ignores ``done`` (TRL runs every call of a message and one more turn)
+scores what rollforge scores. The tools carry no return annotation (rollforge's schemas have none;
+transformers' ``get_json_schema`` would render one), so TRL and rollforge render the same tools. The row columns are ``a``, ``b``, ``op``, ``result`` and
 ``environment``.
 
 ``samples(..., operations=("plus", "times"))`` asks only those operations and offers only their
@@ -43,6 +46,8 @@ _QUESTION = re.compile(r"What is (\d+) (plus|minus|times) (\d+)\?")
 _OFFERED = re.compile(r"\b(add|subtract|multiply)\b")
 #: What a second computation returns (the first one stands).
 ONE_COMPUTATION = "Error: one computation per question; give your result with answer."
+#: What every tool returns once the episode is over (``answer`` was called).
+EPISODE_OVER = "Error: the episode is over."
 
 
 def system_prompt(tools: Sequence[str]) -> str:
@@ -71,17 +76,21 @@ class _Calculator:
         return None
 
     def _compute(self, value: int) -> str:
+        if self.done:
+            return EPISODE_OVER
         if self._computed is not None:
             return ONE_COMPUTATION
         self._computed = value
         return str(value)
 
-    def answer(self, value: int) -> str:
+    def answer(self, value: int):
         """Give the final result; this ends the episode.
 
         Args:
             value: The result of the computation.
         """
+        if self.done:
+            return EPISODE_OVER
         self._answered = value
         self.done = True
         return "Recorded."
@@ -91,7 +100,7 @@ class _Calculator:
 
 
 def _operand_tool(name: str, symbol: str):
-    def tool(self, a: int, b: int) -> str:  # no annotation on self: transformers' get_json_schema would ask its docstring for it
+    def tool(self, a: int, b: int):  # no annotation on self or return: transformers' get_json_schema would render them
         return self._compute(_APPLY[name](a, b))
 
     tool.__name__ = tool.__qualname__ = name
