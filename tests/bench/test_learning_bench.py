@@ -107,7 +107,7 @@ def test_trl_plays_the_bundled_class_unchanged_and_calls_after_answer_change_not
     row = workload.rows[0]
     bundled = build().factory[row["environment"]]()  # what rollforge plays this row with
     env = workload.trl_environment_factory()
-    assert type(env).__qualname__ == type(bundled).__qualname__ == "CalculatorEnv_add_multiply"  # the class itself, no adapter
+    assert type(env) is type(bundled) and type(env).__qualname__ == "CalculatorEnv_add_multiply"  # the class itself, no adapter
     for name in ("add", "multiply", "answer"):  # the same tools, so both trainers render the same prompt
         assert get_json_schema(getattr(env, name)) == class_tools(type(bundled))[name].schema()
     env.reset(**{k: v for k, v in row.items() if k != "prompt"})

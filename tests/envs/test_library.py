@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import re
 import subprocess
 import sys
@@ -36,6 +37,13 @@ def test_every_spec_builds_an_environment(name):
     spec = spec_or_skip(name)
     assert isinstance(spec, EnvSpec) and spec.name == name and spec.description
     assert isinstance(build_or_skip(spec), Environment)
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
+def test_every_bundled_environment_crosses_to_a_worker_process(name):
+    """Engine workers and Ray actors receive environments pickled (classes by reference)."""
+    environment = build_or_skip(spec_or_skip(name))
+    assert type(pickle.loads(pickle.dumps(environment))) is type(environment)
 
 
 def spec_or_skip(name: str) -> EnvSpec:

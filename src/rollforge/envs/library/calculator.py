@@ -125,7 +125,9 @@ def _tool_set(tools: Sequence[str]) -> str:
 
 
 def _classes() -> dict[str, type]:
-    """A class for every non-empty set of tools, in the order ``add``, ``subtract``, ``multiply``."""
+    """A class for every non-empty set of tools, in the order ``add``, ``subtract``, ``multiply``
+    (built once, below, as attributes of this module: pickle finds them by name, so an environment
+    crosses to engine worker processes)."""
     names = list(_APPLY)
     out = {}
     for mask in range(1, 2 ** len(names)):
@@ -134,6 +136,11 @@ def _classes() -> dict[str, type]:
             f"CalculatorEnv_{'_'.join(tools)}", (_Calculator,), {"__module__": __name__, **{t: _TOOLS[t] for t in tools}})
         out[_tool_set(tools)] = cls
     return out
+
+
+#: The classes by tool set (the row's ``environment`` column), each also a module attribute.
+CLASSES = _classes()
+globals().update({cls.__name__: cls for cls in CLASSES.values()})
 
 
 def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
@@ -162,7 +169,7 @@ def expert_tool(question: str, offered: Sequence[str]) -> str:
 def build() -> Environment:
     from ..factory import FactoryEnvironment
 
-    return FactoryEnvironment(_classes())
+    return FactoryEnvironment(dict(CLASSES))
 
 
 def _check_operations(operations: object) -> tuple[str, ...]:
