@@ -95,12 +95,9 @@ def test_a_worker_killed_between_rollouts_is_started_again(tiny_model_dir, caplo
 
 
 def _exited(pid: int) -> bool:
-    """Gone, or a zombie (it is one until the pool reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    """Exited and ready to be reaped, left for the pool to reap (a killed process's zombie may not be
+    reapable yet while its other threads exit)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def test_a_rollout_that_raises_closes_the_pool_and_a_later_one_is_refused(tiny_model_dir):
@@ -148,6 +145,19 @@ def test_a_pool_refuses_in_one_line_what_it_was_not_opened_for(tiny_model_dir):
             assert "\n" not in str(caught.value) and words in str(caught.value), caught.value
         result = rollout(samples, dict(envs), backend, renderer, _config(engine_workers=2), workers=pool)
         assert result.metrics["errors"] == {}  # a refusal leaves the pool open
+
+
+def test_a_pool_serves_one_rollout_at_a_time(tiny_model_dir):
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 4)
+
+    async def two_at_once():
+        async with EngineWorkers(2, envs, backend, renderer) as pool:
+            return await asyncio.gather(*(arollout(samples, envs, backend, renderer, _config(), workers=pool)
+                                          for _ in range(2)), return_exceptions=True)
+
+    first, second = asyncio.run(two_at_once())
+    assert first.metrics["errors"] == {} and len(first.trajectories) == 4  # the refusal left it running
+    assert isinstance(second, ConfigError) and "one rollout at a time" in str(second) and "\n" not in str(second)
 
 
 @pytest.mark.parametrize("count", [0, 1.5, True])

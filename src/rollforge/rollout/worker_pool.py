@@ -22,7 +22,7 @@ Design:
 - A worker that died (in a rollout: only its unfinished episodes fail; or between rollouts) is
   started again, logged, when the next rollout begins; the others keep running. A rollout that
   raises or is cancelled (Ctrl-C) closes the pool: every worker is terminated, and a later rollout
-  on it is refused in one line.
+  on it is refused in one line. One rollout at a time: a second one while the first runs is refused.
 - ``close()`` closes the sockets: each worker exits when it sees its socket close; one still
   running ``_EXIT_GRACE`` seconds later is terminated, then killed. A parent that vanishes closes
   them too.
@@ -73,7 +73,7 @@ class EngineWorkers:
         self._served = (dict(task_to_env), backend, renderer)
         self._setup = _setup_payload(task_to_env, backend, renderer, count)  # a refusal before any process
         self._workers: list[PoolWorker] = []
-        self._closed = False
+        self._closed = self._busy = False
         self.setups_sent = 0  # one per worker started: a rollout sends only its shard
 
     @property
@@ -119,6 +119,9 @@ class EngineWorkers:
         if self._closed or not self._workers:
             raise ConfigError("these EngineWorkers are not open (closed, never opened, or a rollout on them raised "
                               "or was cancelled); open a new pool")
+        if self._busy:
+            raise ConfigError("these EngineWorkers are serving another rollout; a pool serves one rollout at a time "
+                              "(await it first, or open a pool for each)")
         if engine_workers not in (1, self.count):
             raise ConfigError(f"engine_workers={engine_workers} but the pool given (workers=) has {self.count} "
                               f"workers; leave engine_workers at 1 or set it to {self.count}")
@@ -136,7 +139,7 @@ class EngineWorkers:
         """The first ``count`` workers (dead ones started again first), each with a channel on this
         event loop, for one rollout; if the rollout raises or is cancelled, the pool is closed."""
         channels: list[Channel] = []
-        failed = True
+        failed, self._busy = True, True
         try:
             await self._revive(self._workers[:count])
             for worker in self._workers[:count]:
@@ -149,6 +152,7 @@ class EngineWorkers:
                     await channel.close()
             for worker in self._workers[:count]:
                 worker.rollouts += 1
+            self._busy = False
             if failed:
                 await self.aclose()
 
