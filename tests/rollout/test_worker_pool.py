@@ -145,6 +145,8 @@ def test_a_pool_refuses_in_one_line_what_it_was_not_opened_for(tiny_model_dir):
             assert "\n" not in str(caught.value) and words in str(caught.value), caught.value
         result = rollout(samples, dict(envs), backend, renderer, _config(engine_workers=2), workers=pool)
         assert result.metrics["errors"] == {}  # a refusal leaves the pool open
+        with pytest.raises(ConfigError, match="opened already"):
+            pool.__enter__()
 
 
 def test_a_pool_serves_one_rollout_at_a_time(tiny_model_dir):

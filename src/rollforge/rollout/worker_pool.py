@@ -87,6 +87,8 @@ class EngineWorkers:
 
     async def open(self) -> "EngineWorkers":
         """Start every worker and wait until each is ready."""
+        if self._workers or self._closed:
+            raise ConfigError("these EngineWorkers were opened already; a pool is opened once (open a new one)")
         self._workers = [_spawn(number) for number in range(self.count)]
         try:
             await asyncio.gather(*(self._set_up(worker) for worker in self._workers))
