@@ -35,6 +35,8 @@ def test_scale_reports_memory_and_time_and_wraps_the_environment(tiny_model_dir)
     assert 0 < before <= peak
     assert result["memory_per_episode_kb"] == pytest.approx((peak - before) * 1024 / 300, abs=0.5)
     assert result["tracemalloc_peak_kb_per_episode"] > 0
+    assert result["engine_workers"] == 1 and result["worker_start_seconds"] == 0.0
+    assert result["worker_start_cpu_seconds"] == [] and result["worker_cpu_seconds"] == 0.0
 
 
 def test_status_fields_are_read_in_kilobytes():

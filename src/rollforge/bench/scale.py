@@ -25,19 +25,23 @@ private local Ray instance): the same episodes, with every reset, step and finis
 another process. ``peak_rss_mb`` is then the driver's; ``actor_peak_rss_mb`` lists the actors'.
 
 ``--engine-workers N`` spreads the episodes over N engine processes (``rollout/engine_workers.py``;
-generation, the scripted backend, stays in this one). Their start (a fresh interpreter each,
-importing rollforge and transformers) is inside ``wall_seconds``; ``cpu_seconds`` is then this
-process's and ``worker_cpu_seconds`` the workers', of which ``worker_start_cpu_seconds`` (one per
-worker) went to starting (interpreter, imports, unpickling the shard) before the first episode;
-``peak_rss_mb`` is this process's only.
+generation, the scripted backend, is reopened in each), on a pool started before the clock starts
+(``EngineWorkers``, as a training run keeps one for all its steps): ``wall_seconds`` is the warm
+pool's rollout, and ``worker_start_seconds`` the wall time the pool took to start (a fresh
+interpreter per worker, importing rollforge and transformers, unpickling the environments and
+tokenizer), ``worker_start_cpu_seconds`` each worker's CPU seconds for it. ``cpu_seconds`` is
+this process's; ``worker_cpu_seconds`` the workers' own, their start included; ``peak_rss_mb`` is
+this process's only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import gc
+import os
 import re
-import resource
 import time
 import tracemalloc
 from typing import Any, Callable
@@ -49,6 +53,7 @@ from ..errors import ConfigError
 from ..envs.factory import FactoryEnvironment
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
+from ..rollout.worker_pool import EngineWorkers
 from ..types import Sample
 from .overhead import AsyncNotebook, _reply, _tokenizer
 
@@ -58,10 +63,11 @@ def _status_kb(field: str, pid: int | str = "self") -> int:
         return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this process's finished children (the engine workers)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) a live process has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _reset_peak() -> bool:
@@ -79,32 +85,51 @@ def run(
 ) -> dict[str, Any]:
     renderer = ChatRenderer(_tokenizer(tokenizer_dir))
     env: Environment = FactoryEnvironment(AsyncNotebook, run_in_thread=False)
-    if wrap_environment is not None:
-        env = wrap_environment(env)
+    task_to_env = {"notes": env if wrap_environment is None else wrap_environment(env)}
     config = RolloutConfig(max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64,
                            engine_workers=engine_workers)
+    # the tokenizer, not the renderer: it pickles, so engine workers reopen the backend themselves
+    backend = ScriptedBackend(_reply, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=latency)
 
-    def rollout():
-        # the tokenizer, not the renderer: it pickles, so engine workers reopen the backend themselves
-        backend = ScriptedBackend(_reply, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+    def rollout(pool: EngineWorkers | None):
         samples = [Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)]
-        return asyncio.run(arollout(samples, {"notes": env}, backend, renderer, config))
+        return asyncio.run(arollout(samples, task_to_env, backend, renderer, config, workers=pool))
 
+    with contextlib.ExitStack() as stack:
+        started = time.perf_counter()
+        pool = stack.enter_context(EngineWorkers(engine_workers, task_to_env, backend, renderer)) if engine_workers > 1 else None
+        start_seconds = time.perf_counter() - started
+        out = _timed(functools.partial(rollout, pool), episodes, turns, latency, pool)
+        out["worker_start_seconds"] = round(start_seconds, 3) if pool is not None else 0.0
+        out["worker_start_cpu_seconds"] = [round(cpu, 3) for cpu in pool.start_cpu_seconds] if pool is not None else []
+        if trace:
+            gc.collect()
+            tracemalloc.start()
+            try:
+                rollout(pool)
+                out["tracemalloc_peak_kb_per_episode"] = round(tracemalloc.get_traced_memory()[1] / 1024 / episodes, 2)
+            finally:
+                tracemalloc.stop()
+    return out
+
+
+def _timed(rollout: Callable[[], Any], episodes: int, turns: int, latency: float, pool: EngineWorkers | None) -> dict[str, Any]:
+    """One rollout, measured: memory, wall and CPU time (this process's, and the workers' since their start)."""
     gc.collect()
     rss_before = _status_kb("VmRSS")
     peak_reset = _reset_peak()
-    started, cpu_started, workers_started = time.perf_counter(), time.process_time(), _children_cpu()
+    started, cpu_started = time.perf_counter(), time.process_time()
     result = rollout()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    workers_cpu = _children_cpu() - workers_started
+    workers_cpu = sum(_cpu_seconds(pid) for pid in pool.pids) if pool is not None else 0.0
     peak = _status_kb("VmHWM")
     bound = turns * latency
     done_turns = result.metrics["total_turns"]
-    out = {
+    return {
         "benchmark": "scale",
         "episodes": episodes,
         "concurrency": episodes,
-        "engine_workers": engine_workers,
+        "engine_workers": 1 if pool is None else pool.count,
         "turns_per_episode": turns,
         "backend_latency_s": latency,
         "rss_before_mb": round(rss_before / 1024, 1),
@@ -117,22 +142,10 @@ def run(
         "engine_ms_per_turn": round(1000 * (wall - bound) / max(done_turns, 1), 4),
         "cpu_seconds": round(cpu, 3),
         "worker_cpu_seconds": round(workers_cpu, 3),
-        "worker_start_cpu_seconds": [
-            round(cpu, 3) for cpu in result.metrics.get("engine_worker_start_cpu_seconds", ()) if cpu is not None],
         "turns_completed": done_turns,
         "errors": result.metrics["errors"],
         "tool_failures": result.metrics["failures"],
     }
-    if trace:
-        del result
-        gc.collect()
-        tracemalloc.start()
-        try:
-            rollout()
-            out["tracemalloc_peak_kb_per_episode"] = round(tracemalloc.get_traced_memory()[1] / 1024 / episodes, 2)
-        finally:
-            tracemalloc.stop()
-    return out
 
 
 def run_on_ray(episodes: int, turns: int, latency: float, actors: int, tokenizer_dir: str | None = None) -> dict[str, Any]:

@@ -20,8 +20,8 @@ offers them).
 environments connect there and check the server's capacity for real); after ``prepare``, an
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
 Results come back in input order. The engine does not know what a tool is. With
-``engine_workers > 1`` the checked rollout runs in that many worker processes instead
-(``engine_workers.py``), each an ``arollout`` of its share of the samples.
+``engine_workers > 1``, or a pool of worker processes (``workers=``, ``worker_pool.py``), the checked
+rollout runs in worker processes instead (``engine_workers.py``), each an ``arollout`` of its share.
 
 Failures inside an episode are recorded on its trajectory. An episode that ends in an
 infrastructure failure (``Trajectory.outcome``: backend error, environment raised or hung) is run
@@ -42,7 +42,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
@@ -55,6 +55,9 @@ from .config import RolloutConfig
 from .episode import EpisodeContext, Gate, OpenGate, run_episode
 from .metrics import rollout_metrics
 
+if TYPE_CHECKING:
+    from .worker_pool import EngineWorkers
+
 logger = logging.getLogger(__name__)
 
 
@@ -64,10 +67,8 @@ class RolloutResult:
     metrics: dict[str, Any]
 
     def __repr__(self) -> str:  # short: asyncio and loggers repr results, and trajectories are big
-        return (
-            f"RolloutResult({len(self.trajectories)} trajectories, "
-            f"mean_total_reward={self.metrics.get('mean_total_reward')})"
-        )
+        return (f"RolloutResult({len(self.trajectories)} trajectories, "
+                f"mean_total_reward={self.metrics.get('mean_total_reward')})")
 
 
 class LockstepGate:
@@ -114,10 +115,12 @@ async def arollout(
     *,
     on_episode: Callable[[Trajectory], None] | None = None,
     session: RolloutSession | None = None,
+    workers: EngineWorkers | None = None,
 ) -> RolloutResult:
     """Run every sample to the end of its episode and return trajectories in input order.
     ``session`` (``open_session``): the environments are already prepared and the episodes of
-    every rollout sharing it count against one concurrency limit (overlapping rollouts)."""
+    every rollout sharing it count against one concurrency limit (overlapping rollouts). ``workers``
+    (``EngineWorkers``): worker processes already started, for the episodes' engine work."""
     config = config or RolloutConfig()
     samples = list(samples)
     _check_tasks(samples, task_to_env)
@@ -131,8 +134,8 @@ async def arollout(
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
             renderer.check_template(prompt, (), parser)
-    if config.engine_workers > 1:
-        return await _in_workers(samples, task_to_env, backend, renderer, config, on_episode, session)
+    if config.engine_workers > 1 or workers is not None:
+        return await _in_workers(samples, task_to_env, backend, renderer, config, on_episode, session, workers)
     ctx = EpisodeContext(backend, renderer, parser, config)
     results: list[Trajectory | None] = [None] * len(samples)
     async with _prepared(task_to_env, needed) if session is None else contextlib.nullcontext():
@@ -150,17 +153,16 @@ async def arollout(
     return RolloutResult(trajectories, metrics)
 
 
-async def _in_workers(samples, task_to_env, backend, renderer, config: RolloutConfig, on_episode, session) -> RolloutResult:
-    """The checked rollout spread over ``config.engine_workers`` processes (``engine_workers.py``)."""
+async def _in_workers(samples, task_to_env, backend, renderer, config: RolloutConfig, on_episode, session,
+                      workers) -> RolloutResult:
+    """The checked rollout spread over worker processes (``engine_workers.py``)."""
     if session is not None:
-        raise ConfigError(
-            f"engine_workers={config.engine_workers} cannot share a session's prepared environments with "
-            "other rollouts (asynchronous training); set engine_workers=1 there"
-        )
+        raise ConfigError(f"engine workers (engine_workers={config.engine_workers}) cannot share a session's "
+                          "prepared environments with other rollouts (asynchronous training); set engine_workers=1 there")
     from .engine_workers import run_in_workers
 
     with _quiet_collector():  # this process holds every trajectory coming back
-        return RolloutResult(*await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode))
+        return RolloutResult(*await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode, workers))
 
 
 _COLLECTOR = {"users": 0, "thresholds": (0, 0, 0)}
@@ -290,10 +292,8 @@ def _check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environmen
         raise ConfigError("no samples to roll out: expected at least one Sample")
     unknown = sorted({s.task_name for s in samples} - set(task_to_env))
     if unknown:
-        raise ConfigError(
-            f"unknown task name(s) {unknown}: no environment is registered for them; "
-            f"task_to_env has {sorted(task_to_env)}"
-        )
+        raise ConfigError(f"unknown task name(s) {unknown}: no environment is registered for them; "
+                          f"task_to_env has {sorted(task_to_env)}")
 
 
 def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: int, setting: str,

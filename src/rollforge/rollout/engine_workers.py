@@ -9,14 +9,18 @@ here; not multiprocessing's spawn, which re-runs the caller's script). Its start
 1.5 s of CPU (measured on the shared 2-core machine): 0.3 s for the interpreter and rollforge (the
 worker's own modules import no transformers, torch or numpy), then 1.0-1.3 s for transformers,
 which unpickling the renderer's tokenizer imports (transformers 5 scans its model files and the
-installed packages' metadata on import). That, not the engine, bounds small speedups.
+installed packages' metadata on import). So workers live in a pool (``worker_pool.py``,
+``EngineWorkers``) that starts them once and serves many rollouts: ``arollout(..., workers=pool)``
+(a training run opens one for all its steps); without one, the rollout opens a pool for itself
+and closes it at its end.
 
 Design:
 
-- What crosses is pickled: each worker gets its shard of samples, ``task_to_env`` (environment
-  classes and factories by reference: they must be importable from a module, not defined in the
-  script that runs or inside a function), the renderer's tokenizer and family,
-  and the config with ``first_index`` moved to the shard's start. Episode indices, hence sampling
+- What crosses is pickled: each worker gets, once per pool, ``task_to_env`` (environment classes
+  and factories by reference: they must be importable from a module, not defined in the script
+  that runs or inside a function), the renderer's tokenizer and family and how it generates; then,
+  per rollout, its shard of samples and the config with ``first_index`` moved to the shard's start.
+  Episode indices, hence sampling
   seeds and tool-call ids, are the global ones: a deterministic backend produces the same
   trajectories with any number of workers. ``concurrency`` is divided among the workers (the
   shares sum to it), so environments that cap their sessions see the same total.
@@ -33,17 +37,17 @@ Design:
   iteration in one pickle (one call and a shared memo: cheaper to write and read than one pickle
   each); ``on_episode`` runs here, in order of arrival, and the result holds them in input
   order; metrics are computed once over all of them (``abandoned_worker_calls`` summed over the
-  workers). ``engine_worker_start_cpu_seconds`` lists each worker's CPU seconds before its first
-  episode (interpreter, imports, unpickling its shard; None for one that never got there): the
-  fixed price of a worker, which a rollout must outweigh to gain from it.
+  workers). ``engine_worker_start_cpu_seconds`` lists each worker's CPU seconds before it was ready
+  (interpreter, imports, unpickling the pool's setup) for the first rollout it serves, None for a
+  later one: the fixed price of a worker, which a pool pays once.
 - Failures: a worker that dies (its socket closes) fails only its unfinished episodes, each
   recorded as an ``env_error`` (an infrastructure failure) naming the worker and its exit code; the
-  others run on. Not bounded: a worker whose event loop itself blocks forever (a sync tool run on
-  the loop) holds the rollout, as it would in one process. An error
-  that a one-process rollout would raise (a rollforge bug, a refused configuration) is raised
-  here and stops every worker. Workers ignore SIGINT: Ctrl-C cancels the rollout here, which
-  terminates every worker (bounded waits, then SIGKILL); a worker whose parent vanished stops on
-  its own when the socket closes.
+  others run on, and the pool starts it again for the next rollout. Not bounded: a worker whose
+  event loop itself blocks forever (a sync tool run on the loop) holds the rollout, as it would in
+  one process. An error that a one-process rollout would raise (a rollforge bug, a refused
+  configuration) is raised here and stops every worker (the pool is closed). Workers ignore
+  SIGINT: Ctrl-C cancels the rollout here, which terminates every worker of the pool (bounded
+  waits, then SIGKILL); a worker whose parent vanished stops on its own when the socket closes.
 
 On a cluster (N nodes x M workers) the same shape holds one level up: a driver splits the batch
 into N contiguous node shards with ``first_index`` at each shard's start (the same seeds); each
@@ -55,47 +59,42 @@ engine CPU grows with N x M. Only trajectories travel back to the driver.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import pickle
-import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..backends.base import CURRENT_EPISODE, Backend
 from ..boundary import boundary
-from ..errors import ConfigError
 from ..types import Failure, Sample, Trajectory
 from .config import RolloutConfig
 from .metrics import rollout_metrics
-from .worker_channel import Channel, Shard, dumps, portable_error
+from .worker_channel import Channel, Shard, portable_error
+from .worker_pool import EngineWorkers, PoolWorker, pickled, stop
 
 logger = logging.getLogger(__name__)
-#: Seconds a worker may take to exit after its last message, and after SIGTERM, before SIGKILL.
-_EXIT_GRACE = 5.0
-
-@dataclass
-class _Worker:
-    number: int
-    start: int  # the shard: samples[start:stop]
-    stop: int
-    process: Any
-    channel: Channel | None = None
-    abandoned_calls: int = 0
-    start_cpu: float | None = None  # CPU seconds it took to get to its first episode
 
 
 async def run_in_workers(
     samples: Sequence[Sample], task_to_env: Mapping[str, Any], backend: Backend, renderer: Any,
-    config: RolloutConfig, on_episode: Callable[[Trajectory], None] | None,
+    config: RolloutConfig, on_episode: Callable[[Trajectory], None] | None, workers: EngineWorkers | None = None,
 ) -> tuple[tuple[Trajectory, ...], dict[str, Any]]:
-    """Run ``samples`` on ``config.engine_workers`` worker processes (see the module docstring);
-    the caller has checked the inputs. Returns the trajectories in input order and the metrics."""
-    shards = _shards(len(samples), config.engine_workers, config.concurrency)
-    payloads = [_payload(samples, task_to_env, backend, renderer, config, *shard) for shard in shards]  # refusals first
+    """Run ``samples`` on the pool ``workers``, or on ``config.engine_workers`` processes started
+    for this rollout alone (see the module docstring); the caller has checked the inputs. Returns
+    the trajectories in input order and the metrics."""
+    if workers is not None:
+        workers.check(task_to_env, backend, renderer, config.engine_workers)
+        return await _run(workers, samples, backend, config, on_episode, time.perf_counter())
+    started = time.perf_counter()
+    count = len(_shards(len(samples), config.engine_workers, config.concurrency))
+    async with EngineWorkers(count, task_to_env, backend, renderer) as workers:
+        return await _run(workers, samples, backend, config, on_episode, started)
+
+
+async def _run(pool: EngineWorkers, samples: Sequence[Sample], backend: Backend, config: RolloutConfig,
+               on_episode: Callable[[Trajectory], None] | None, started: float):
+    shards = _shards(len(samples), pool.count, config.concurrency)
+    payloads = [_payload(samples, config, *shard) for shard in shards]  # refusals first
     results: list[Trajectory | None] = [None] * len(samples)
     callback_errors = 0
 
@@ -110,26 +109,31 @@ async def run_in_workers(
                 logger.warning("on_episode raised for episode %d (the rollout goes on): %s: %s",
                                trajectory.index, type(exc).__name__, exc)
 
-    started = time.perf_counter()
-    workers = [_spawn(n, start, stop) for n, (start, stop, _) in enumerate(shards)]
-    try:
-        for (worker, (child_end, parent_end)), payload in zip(workers, payloads):
-            child_end.close()
-            worker.channel = await Channel.open(parent_end)
-            worker.channel.send(("shard", payload))
-        await _gather(*(_drive(worker, backend, config, deliver) for worker, _ in workers))
-    finally:
-        await _stop([worker for worker, _ in workers])
-    for worker, _ in workers:
-        for position in range(worker.start, worker.stop):
+    async with pool.lease(len(shards)) as leased:
+        drives = [_Drive(worker, channel, start, stop) for (worker, channel), (start, stop, _) in zip(leased, shards)]
+        for drive, payload in zip(drives, payloads):
+            drive.channel.send(("shard", payload))
+        await _gather(*(_drive(drive, backend, config, deliver) for drive in drives))
+    for drive in drives:
+        for position in range(drive.start, drive.stop):
             if results[position] is None:
-                deliver(position, _lost(samples[position], config.first_index + position, worker))
+                deliver(position, _lost(samples[position], config.first_index + position, drive.worker))
     trajectories = tuple(results)  # type: ignore[arg-type]
     metrics = rollout_metrics(trajectories, time.perf_counter() - started)
     metrics["on_episode_errors"] = callback_errors
-    metrics["abandoned_worker_calls"] = sum(worker.abandoned_calls for worker, _ in workers)
-    metrics["engine_worker_start_cpu_seconds"] = [worker.start_cpu for worker, _ in workers]
+    metrics["abandoned_worker_calls"] = sum(drive.abandoned_calls for drive in drives)
+    metrics["engine_worker_start_cpu_seconds"] = [drive.start_cpu for drive in drives]
     return trajectories, metrics
+
+
+class _Drive:
+    """One worker's part of one rollout: its shard ``samples[start:stop]``, and what it reported."""
+
+    def __init__(self, worker: PoolWorker, channel: Channel, start: int, stop: int):
+        self.worker, self.channel, self.start, self.stop = worker, channel, start, stop
+        self.abandoned_calls = 0
+        # the worker's start, for the first rollout it serves (a pool's later rollouts: None)
+        self.start_cpu = worker.start_cpu if worker.rollouts == 0 else None
 
 
 def _shards(count: int, workers: int, concurrency: int) -> list[tuple[int, int, int]]:
@@ -140,63 +144,29 @@ def _shards(count: int, workers: int, concurrency: int) -> list[tuple[int, int, 
     return [(bounds[k], bounds[k + 1], concurrency // n + (k < concurrency % n)) for k in range(n)]
 
 
-def _payload(samples, task_to_env, backend, renderer, config, start: int, stop: int, concurrency: int) -> bytes:
-    family = renderer.family
-    keep_reasoning = bool(family.keep_reasoning) and renderer.template_kwargs == {
-        **family.template_kwargs, **family.keep_reasoning}
+def _payload(samples, config: RolloutConfig, start: int, stop: int, concurrency: int) -> bytes:
     shard_config = config.model_copy(update={
         "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1,
         "check_template": False})  # checked here already
-    shard = Shard(samples[start:stop], task_to_env, renderer.tokenizer, family, keep_reasoning, shard_config,
-                   backend.accepts_images, _opener(backend))
-    try:
-        return dumps(shard)
-    except Exception as exc:
-        raise ConfigError(
-            f"engine_workers={config.engine_workers} sends the samples, environments and tokenizer to worker "
-            f"processes, but they do not pickle ({type(exc).__name__}: {exc}); define environment classes at "
-            "a module's top level, or set engine_workers=1"
-        ) from None
+    return pickled(Shard(samples[start:stop], shard_config), f"engine_workers={config.engine_workers}")
 
 
-def _opener(backend: Backend) -> Callable[[], Backend] | None:
-    """The backend's reopener when it pickles; otherwise workers send their requests here."""
-    opener = backend.reopener()
-    if opener is not None:
-        try:
-            dumps(opener)
-        except Exception as exc:
-            logger.warning("%s cannot be reopened in the engine workers (%s: %s); their requests come to "
-                           "this process instead", type(backend).__name__, type(exc).__name__, exc)
-            return None
-    return opener
-
-
-def _spawn(number: int, start: int, stop: int) -> tuple[_Worker, tuple[socket.socket, socket.socket]]:
-    """A fresh interpreter (not a fork, and not multiprocessing's spawn, which re-runs the
-    caller's script), given this one's import path."""
-    child_end, parent_end = socket.socketpair()
-    code = (f"import sys; sys.path[:0] = {sys.path!r}; "
-            f"from rollforge.rollout.worker_process import worker_main; worker_main({child_end.fileno()})")
-    process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_end.fileno(),))
-    return _Worker(number, start, stop, process), (child_end, parent_end)
-
-
-async def _drive(worker: _Worker, backend: Backend, config: RolloutConfig, deliver) -> None:
+async def _drive(drive: _Drive, backend: Backend, config: RolloutConfig, deliver) -> None:
     """Serve one worker's generation requests and collect its trajectories until it is done or gone."""
     requests: dict[int, asyncio.Task] = {}
     episodes: dict[int, _Episode] = {}  # the worker's live episodes, as CURRENT_EPISODE objects here
     try:
         while True:
             try:
-                messages = await worker.channel.receive()
-            except EOFError:
-                return  # died: its unfinished episodes are recorded as lost
+                messages = await drive.channel.receive()
+            except EOFError:  # died: its unfinished episodes are recorded as lost (with its exit code)
+                await stop([drive.worker])
+                return
             for kind, *rest in messages:
                 if kind == "generate":
                     request, episode, *call = rest
                     episode = None if episode is None else episodes.setdefault(episode, _Episode())
-                    task = requests[request] = asyncio.ensure_future(_answer(worker.channel, backend, request, episode, *call))
+                    task = requests[request] = asyncio.ensure_future(_answer(drive.channel, backend, request, episode, *call))
                     task.add_done_callback(lambda _, request=request: requests.pop(request, None))
                 elif kind == "cancel" and rest[0] in requests:
                     requests[rest[0]].cancel()
@@ -206,7 +176,7 @@ async def _drive(worker: _Worker, backend: Backend, config: RolloutConfig, deliv
                     for trajectory in pickle.loads(rest[0]):
                         deliver(trajectory.index - config.first_index, trajectory)
                 elif kind == "done":
-                    worker.abandoned_calls, worker.start_cpu = rest
+                    drive.abandoned_calls = rest[0]
                     return
                 elif kind == "raised":
                     raise rest[0]
@@ -247,24 +217,7 @@ async def _gather(*coroutines) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _stop(workers: list[_Worker]) -> None:
-    """Every worker gone: those still running after a grace period are terminated, then killed."""
-    for worker in workers:
-        if worker.channel is not None:
-            with contextlib.suppress(Exception):
-                await worker.channel.close()
-    for signal_them in (None, "terminate", "kill"):
-        running = [w.process for w in workers if w.process.poll() is None]
-        if not running:
-            return
-        for process in running if signal_them else ():
-            getattr(process, signal_them)()
-        deadline = time.monotonic() + _EXIT_GRACE
-        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-
-
-def _lost(sample: Sample, index: int, worker: _Worker) -> Trajectory:
+def _lost(sample: Sample, index: int, worker: PoolWorker) -> Trajectory:
     """The episode of a worker that died before it ended: an infrastructure failure."""
     code = worker.process.returncode
     return Trajectory(

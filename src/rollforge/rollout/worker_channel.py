@@ -1,5 +1,6 @@
-"""The wire between the rollout's process and its engine workers (``engine_workers.py``): pickled
-messages over one stream socket, and what travels on it.
+"""The wire between the rollout's process and its engine workers (``engine_workers.py``,
+``worker_pool.py``): pickled messages over one stream socket, and what travels on it (a worker's
+``Setup`` once, then one ``Shard`` per rollout).
 
 Length-prefixed frames of pickled message lists; the messages of one loop iteration go out as one
 frame. Both ends write through asyncio transports, which buffer and never block, so two ends
@@ -98,18 +99,24 @@ class Channel:
 
 
 @dataclass(frozen=True)
-class Shard:
-    """What one worker runs: its samples (``config.first_index`` at the first), the environments,
-    the renderer's tokenizer and family, and how it generates."""
+class Setup:
+    """What a worker keeps for its life (``worker_pool.py``): the environments, the renderer's
+    tokenizer and family, and how it generates."""
 
-    samples: Sequence[Sample]
     task_to_env: Mapping[str, Any]
     tokenizer: Any
     family: Any
     keep_reasoning: bool
-    config: RolloutConfig
     accepts_images: bool
     opener: Callable[[], Backend] | None  # the backend's reopener, else requests come to the parent
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one rollout sends a worker: its samples, and the config (``first_index`` at the first)."""
+
+    samples: Sequence[Sample]
+    config: RolloutConfig
 
 
 def portable_error(exc: BaseException) -> BaseException:

@@ -1,5 +1,6 @@
-"""One engine worker process (``engine_workers.py``): runs its shard with ``arollout`` on its own
-event loop and sends the trajectories back as their episodes end (those that end in one loop
+"""One engine worker process (``engine_workers.py``, ``worker_pool.py``): loads the pool's setup
+once (environments, tokenizer, backend), then runs each rollout's shard with ``arollout`` on its
+own event loop and sends the trajectories back as their episodes end (those that end in one loop
 iteration in one pickle).
 
 It generates with its own copy of the backend when the backend has a ``reopener``, else through
@@ -30,7 +31,7 @@ from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..types import Completion, Trajectory
 from .engine import arollout
-from .worker_channel import Channel, IterationBatch, Shard, dumps, portable_error
+from .worker_channel import Channel, IterationBatch, Setup, Shard, dumps, portable_error
 
 logger = logging.getLogger(__name__)
 #: Seconds a worker whose parent has gone waits for its episodes to unwind before it exits anyway.
@@ -48,6 +49,7 @@ class _ProxyBackend(Backend):
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
         self._episodes: dict[int, int] = {}  # id(CURRENT_EPISODE object) -> its number
+        self.active = False  # a rollout runs: between rollouts a worker sends nothing
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, images: Any = None) -> Completion:
         request = next(self._ids)
@@ -77,6 +79,8 @@ class _ProxyBackend(Backend):
 
     def _ended(self, key: int, number: int) -> None:
         del self._episodes[key]
+        if not self.active:  # collected between rollouts: the parent's episodes ended with them
+            return
         with contextlib.suppress(RuntimeError):  # collected after the loop closed: nothing to tell
             self._channel.send(("ended", number))
 
@@ -87,7 +91,7 @@ class _ProxyBackend(Backend):
 
 
 def worker_main(fd: int) -> None:
-    """A worker process's entry point: serve the rollout that arrives on socket ``fd``."""
+    """A worker process's entry point: serve the pool on socket ``fd`` until it closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops its workers
     asyncio.run(_serve(socket.socket(fileno=fd)))
     # everything is sent and the environments released (see the module docstring)
@@ -99,47 +103,84 @@ def worker_main(fd: int) -> None:
 async def _serve(sock: socket.socket) -> None:
     channel = await Channel.open(sock)
     try:
-        (_, payload), = await channel.receive()
-        shard: Shard = pickle.loads(payload)
-    except Exception as exc:
-        channel.send(("raised", ConfigError(
-            f"an engine worker could not load the rollout ({type(exc).__name__}: {exc}); environment "
-            "classes and factories must be importable: define them in a module, not in the script that runs")))
-        await channel.close()
-        return
-    proxy = _ProxyBackend(channel, shard.accepts_images)
-    backend = proxy if shard.opener is None else shard.opener()
-    finished = _Finished(channel)
-    started = resource.getrusage(resource.RUSAGE_SELF)  # the interpreter, imports, shard and renderer
-    rolling = asyncio.ensure_future(arollout(
-        shard.samples, shard.task_to_env, backend,
-        ChatRenderer(shard.tokenizer, shard.family, keep_reasoning=shard.keep_reasoning), shard.config,
-        on_episode=finished.add,
-    ))
-    listening = asyncio.ensure_future(_listen(channel, proxy, rolling))
-    try:
-        result = await rolling
-        channel.send(("done", result.metrics["abandoned_worker_calls"], started.ru_utime + started.ru_stime))
-    except asyncio.CancelledError:
-        return  # the parent has gone
-    except BaseException as exc:  # what a one-process rollout would raise: raised in the parent
-        channel.send(("raised", portable_error(exc)))
+        worker = await _Worker.set_up(channel)
+        if worker is not None:
+            await worker.serve()
     finally:
-        listening.cancel()
-        await backend.close()
         await channel.close()
 
 
-async def _listen(channel: Channel, backend: _ProxyBackend, rolling: asyncio.Future) -> None:
-    while True:
+def _unpickled(payload: bytes, what: str) -> Any:
+    try:
+        return pickle.loads(payload)
+    except Exception as exc:
+        raise ConfigError(
+            f"an engine worker could not load {what} ({type(exc).__name__}: {exc}); environment classes "
+            "and factories must be importable: define them in a module, not in the script that runs") from None
+
+
+class _Worker:
+    """A worker's life: its setup once (the pool's), then rollouts one at a time, until its socket
+    closes. Its backend (the proxy, or its own copy) and renderer serve every rollout."""
+
+    def __init__(self, channel: Channel, setup: Setup):
+        self.channel, self.task_to_env = channel, setup.task_to_env
+        self.proxy = _ProxyBackend(channel, setup.accepts_images)
+        self.backend = self.proxy if setup.opener is None else setup.opener()
+        self.renderer = ChatRenderer(setup.tokenizer, setup.family, keep_reasoning=setup.keep_reasoning)
+        self.rolling: asyncio.Future | None = None
+
+    @classmethod
+    async def set_up(cls, channel: Channel) -> "_Worker | None":
+        """The worker once its setup has arrived and loaded (``ready`` sent, with the CPU seconds
+        its start took), or None (the reason sent as ``raised``)."""
         try:
-            messages = await channel.receive()
-        except EOFError:  # the parent has gone: stop, and exit even if the episodes do not unwind
-            rolling.cancel()
-            asyncio.get_running_loop().call_later(_EXIT_GRACE, os._exit, 1)
-            return
-        for _, request, completion, error in messages:
-            backend.answer(request, completion, error)
+            (_, payload), = await channel.receive()
+            worker = cls(channel, _unpickled(payload, "the environments and tokenizer"))
+        except EOFError:
+            return None
+        except Exception as exc:
+            channel.send(("raised", portable_error(exc)))
+            return None
+        started = resource.getrusage(resource.RUSAGE_SELF)  # the interpreter, imports, setup and renderer
+        channel.send(("ready", started.ru_utime + started.ru_stime))
+        return worker
+
+    async def serve(self) -> None:
+        try:
+            while True:
+                try:
+                    messages = await self.channel.receive()
+                except EOFError:  # the pool closed, or the parent has gone: stop, even if episodes do not unwind
+                    if self.rolling is not None:
+                        self.rolling.cancel()
+                        asyncio.get_running_loop().call_later(_EXIT_GRACE, os._exit, 1)
+                        await asyncio.gather(self.rolling, return_exceptions=True)
+                    return
+                for kind, *rest in messages:
+                    if kind == "shard":
+                        self.rolling = asyncio.ensure_future(self._roll(rest[0]))
+                    else:  # a completion
+                        self.proxy.answer(*rest)
+        finally:
+            await self.backend.close()
+
+    async def _roll(self, payload: bytes) -> None:
+        """One rollout's shard; ``done`` (or ``raised``) is its last message: nothing is sent
+        between rollouts."""
+        finished = _Finished(self.channel)
+        self.proxy.active = True
+        try:
+            shard: Shard = _unpickled(payload, "the rollout's samples")
+            result = await arollout(shard.samples, self.task_to_env, self.backend, self.renderer, shard.config,
+                                    on_episode=finished.add)
+            self.channel.send(("done", result.metrics["abandoned_worker_calls"]))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # what a one-process rollout would raise: raised in the parent
+            self.channel.send(("raised", portable_error(exc)))
+        finally:
+            self.proxy.active, self.rolling = False, None
 
 
 class _Finished(IterationBatch):
