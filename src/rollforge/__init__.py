@@ -39,6 +39,7 @@ from .types import Completion, Failure, Message, Sample, Segment, ToolCall, Traj
 
 _LAZY = {
     "AgentEnvironment": ("rollforge.gateway", "AgentEnvironment"),
+    "EngineWorkers": ("rollforge.rollout.worker_pool", "EngineWorkers"),
     "HFBackend": ("rollforge.backends.hf", "HFBackend"),
     "load_model": ("rollforge.models", "load_model"),
     "load_tokenizer": ("rollforge.models", "load_tokenizer"),
@@ -51,7 +52,7 @@ _LAZY = {
 
 __all__ = [
     "AgentEnvironment", "Backend", "BackendConfig", "BackendError", "BaseSession", "ChatRenderer", "CheckReport",
-    "CheckpointError", "Completion", "ConfigError", "ENV_NAMES", "EnvSession", "EnvSpec",
+    "CheckpointError", "Completion", "ConfigError", "ENV_NAMES", "EngineWorkers", "EnvSession", "EnvSpec",
     "Environment", "EnvironmentError_", "FactoryEnvironment", "Failure", "Family",
     "GeneratingEnvironment", "HFBackend", "InvariantError", "Message", "MissingDependency",
     "ModelError", "OpenAICompatBackend", "OpenEnvEnvironment", "Reset", "RollforgeError",
