@@ -171,7 +171,8 @@ def test_a_bad_worker_count_is_one_line(tiny_model_dir, count):
 
 
 def test_a_training_run_starts_its_engine_workers_once(tiny_model_dir, tmp_path, monkeypatch):
-    """Synchronous GRPO with ``rollout.engine_workers=2``: one pool for every step's rollout."""
+    """Synchronous GRPO with ``rollout.engine_workers=2``: one pool for every step's rollout and
+    every held-out evaluation (before, during, after)."""
     import json
 
     from rollforge.testing import first_character_rows
@@ -194,10 +195,11 @@ def test_a_training_run_starts_its_engine_workers_once(tiny_model_dir, tmp_path,
         f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=2", f"data.path={data}",
         "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
         "algorithm.batch_size=2", "algorithm.group_size=2", "rollout.max_new_tokens=2", "rollout.max_turns=1",
-        "rollout.engine_workers=2", "checkpoint_every=0",
+        "rollout.engine_workers=2", "checkpoint_every=0", "eval_episodes=4", "eval_every=1",
     ])
     result = train(config, console=False)
-    assert len(spawned) == 2  # for two steps of two workers each
+    assert len(spawned) == 2  # for two steps and three evaluations, two workers each
+    assert set(result.evaluations) == {"before", "step-1", "after"}  # the last step's is "after"
     assert [m["step"] for m in result.history] == [1, 2]
     assert all(m["rollout/episodes"] == 4 for m in result.history)
     assert _children() == before

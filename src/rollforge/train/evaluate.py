@@ -55,14 +55,16 @@ async def aevaluate(
     *,
     samples_per_prompt: int = 1,
     success_threshold: float = 1.0,
+    workers: Any = None,
 ) -> EvalResult:
+    """``workers``: an open ``EngineWorkers`` pool to run the episodes on (``arollout``)."""
     n = samples_per_prompt
     if n < 1:
         raise ConfigError(f"samples_per_prompt must be >= 1, got {n}")
     if config.greedy and n > 1:
         raise ConfigError(f"greedy evaluation gives the same answer every time; use samples_per_prompt=1, not {n}")
     samples = [s for s in prompts for _ in range(n)]
-    result = await arollout(samples, task_to_env, backend, renderer, config)
+    result = await arollout(samples, task_to_env, backend, renderer, config, workers=workers)
     trajectories = result.trajectories
     rewards = [t.total_reward for t in trajectories]
     passes: dict[int, float] = {}

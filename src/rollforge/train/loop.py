@@ -20,37 +20,31 @@ uninterrupted run's requests and ranks sample what one process would.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any, Callable
 
 from ..rollout.engine import arollout
-from ..rollout.worker_pool import EngineWorkers
 from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config
 
 
 async def train_sync(run: Run, on_step: Callable[..., Any] | None = None) -> int:
     """Steps ``run.start + 1 .. config.steps``, each rolled out, then learned from; returns the last
-    step done. ``on_step(step, metrics, model, backend)`` runs after each step's weight sync. With
-    ``rollout.engine_workers`` > 1 the worker processes are started once, for every step."""
+    step done. ``on_step(step, metrics, model, backend)`` runs after each step's weight sync."""
     step = run.start
-    count = run.config.rollout.engine_workers
-    pool = EngineWorkers(count, run.task_to_env, run.backend, run.renderer) if count > 1 else contextlib.nullcontext()
-    async with pool as workers:
-        for step in range(run.start + 1, run.config.steps + 1):
-            await after_step(on_step, step, await train_step(run, step, workers), run, run.backend)
-            if evaluation_due(run, step):
-                await evaluate(run, f"step-{step}", step)
+    for step in range(run.start + 1, run.config.steps + 1):
+        await after_step(on_step, step, await train_step(run, step), run, run.backend)
+        if evaluation_due(run, step):
+            await evaluate(run, f"step-{step}", step)
     return step
 
 
-async def train_step(run: Run, step: int, workers: EngineWorkers | None = None) -> dict[str, Any] | None:
-    """One synchronous step on this rank: its groups of the global batch -> rollout (on ``workers``,
-    the run's engine worker processes, if any) -> ``learn`` (rank 0 returns the global batch's
-    metrics; other ranks return None)."""
+async def train_step(run: Run, step: int) -> dict[str, Any] | None:
+    """One synchronous step on this rank: its groups of the global batch -> rollout (on the run's
+    engine worker processes, ``run.workers``, if any) -> ``learn`` (rank 0 returns the global
+    batch's metrics; other ranks return None)."""
     began = time.perf_counter()
     samples = run.ranks.share(draw(run), run.config.algorithm.group_size)
     result = await arollout(samples, run.task_to_env, run.backend, run.renderer, rollout_config(run, step, len(samples)),
-                            workers=workers)
+                            workers=run.workers)
     rolled = time.perf_counter()
     return await learn(run, step, samples, result, {"rollout": rolled - began}, push=lambda: push_weights(run))

@@ -33,6 +33,7 @@ from ..chat.render import ChatRenderer
 from ..cluster.executor import placed
 from ..cluster.generation import open_generation
 from ..models import resolve_device
+from ..rollout.worker_pool import EngineWorkers
 from ..files import read_json, write_json
 from ..seeds import mix
 from ..types import Sample
@@ -83,6 +84,7 @@ class Run:
     start: int  # the last step already done (a resumed run's checkpoint)
     eval_prompts: list[Sample] = field(default_factory=list)
     evaluations: dict[str, Any] = field(default_factory=dict)
+    workers: EngineWorkers | None = None  # engine worker processes started once (rollout.engine_workers > 1, synchronous)
 
     @property
     def out(self) -> Path:
@@ -244,6 +246,9 @@ async def open_run(
             # a resumed, adapter-wrapped or sharded policy differs from what the engine loaded, and a
             # server may have loaded other weights than model.name (e.g. a warm-up's checkpoint)
             await push_weights(run)
+        if config.rollout.engine_workers > 1 and not config.algorithm.max_staleness:  # every rollout and evaluation
+            run.workers = await stack.enter_async_context(
+                EngineWorkers(config.rollout.engine_workers, task_to_env, backend, run.renderer))
         _read_evaluations(run, dataset, given)
         yield run
 
@@ -324,7 +329,7 @@ async def evaluate(run: Run, when: str, version: int) -> None:
     with the weight version they ran on (the number of updates behind it)."""
     if run.ranks.main:
         greedy = run.config.rollout.model_copy(update={"greedy": True, "seed": run.config.seed})
-        result = await aevaluate(run.eval_prompts, run.task_to_env, run.backend, run.renderer, greedy)
+        result = await aevaluate(run.eval_prompts, run.task_to_env, run.backend, run.renderer, greedy, workers=run.workers)
         run.evaluations[when] = {**result.to_json(), "weight_version": version}
         write_json(run.out / "eval.json", run.evaluations)
     run.ranks.barrier()
