@@ -299,3 +299,35 @@ def test_an_sft_config_that_is_not_yaml_is_one_line(tmp_path, capsys):
     assert main(["sft", str(config)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is not valid YAML" in err and "line" in err
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_unshuffled_epochs_keep_a_balanced_sources_blocks_in_every_batch(tiny_model_dir, tmp_path, monkeypatch, shuffle):
+    """``shuffle: false`` reads the demonstrations in order: calculator's balanced blocks of 4 (each
+    (question kind, tool) pair once) are then the batches, so no step leans toward one tool."""
+    import re
+
+    from rollforge.train import sft as sft_module
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    batches: list[list[tuple[str, str]]] = []
+    kinds: list[tuple[str, str]] = []
+
+    def recording(model, optimizer, batch, **kwargs):
+        for example in batch:
+            text = tokenizer.decode(example.ids)
+            question = re.search(r"\d+ (plus|times) \d+", text)  # the tool called after it
+            kinds.append((question.group(1), re.search(r'"name": "(add|multiply)"', text[question.end():]).group(1)))
+        batches.append(kinds[-len(batch):])
+        return sft_update(model, optimizer, batch, **kwargs)
+
+    monkeypatch.setattr(sft_module, "sft_update", recording)
+    config = load_sft_config(overrides=[
+        f"model.name={tiny_model_dir}", f"out={tmp_path / 'sft'}", "batch_size=4", "epochs=2", f"shuffle={str(shuffle).lower()}",
+        "sources=[{kind: expert, env: calculator, episodes: 16, min_reward: null, options: {operations: [plus, times], balanced: true}}]",
+        "rollout.max_turns=2", "rollout.max_new_tokens=48", "rollout.max_seq_len=1024",
+    ])
+    sft(config, console=False)
+    every_pair = sorted((op, tool) for op in ("plus", "times") for tool in ("add", "multiply"))
+    assert len(batches) == 8
+    assert all(sorted(batch) == every_pair for batch in batches) is not shuffle

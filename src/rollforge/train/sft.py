@@ -244,7 +244,8 @@ class _Trainer:
         config = self.config
         for epoch in range(config.epochs):
             order = list(range(len(examples)))
-            random.Random(f"{config.seed}:{phase}:{epoch}").shuffle(order)
+            if config.shuffle:
+                random.Random(f"{config.seed}:{phase}:{epoch}").shuffle(order)
             for start in range(0, len(order), config.batch_size):
                 if step >= self.total:
                     return step

@@ -88,6 +88,9 @@ class SFTConfig(_Section):
     """Examples per optimizer step."""
     epochs: int = Field(1, ge=1)
     """Passes over each phase's examples (the sources, then each rollout round)."""
+    shuffle: bool = True
+    """Each epoch in a seeded random order; False: in the examples' order (the sources' order, so a
+    source built in balanced blocks, such as calculator's ``balanced: true``, gives balanced batches)."""
     max_steps: int | None = Field(None, ge=1)
     """Stop after this many optimizer steps in all (None: every epoch of every phase)."""
     checkpoint_every: int = Field(0, ge=0)
