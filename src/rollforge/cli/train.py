@@ -32,7 +32,7 @@ def add_parser(commands: Any) -> None:
                        help="rendezvous of a several-node run (with --nnodes > 1), as torchrun's --rdzv-endpoint")
     train.set_defaults(run=_train)
 
-    quick = commands.add_parser("quickstart", help="SmolLM2-135M on CPU: SFT warm-up on expert echo tool calls, then GRPO on arithmetic + echo (~13 min, shared 2 cores)")
+    quick = commands.add_parser("quickstart", help="SmolLM2-135M on CPU: SFT warm-up on calculator tool-call demonstrations, then GRPO that learns which tool each question needs")
     quick.add_argument("--out", type=Path, default=Path("runs/quickstart"))
     quick.add_argument("--steps", type=int, default=None)
     quick.add_argument("--model", default=None, help="model directory or alias (default smollm2-135m)")
