@@ -77,11 +77,28 @@ def test_a_sides_failure_is_one_line_naming_the_side(tmp_path, capsys):
     from rollforge.cli.main import main
 
     (tmp_path / "not-a-model").mkdir()
-    code = main(["bench", "learning", "--warmup", str(tmp_path / "not-a-model"), "--steps", "1"])
+    code = main(["bench", "learning", "--model", str(tmp_path / "not-a-model"), "--steps", "1"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert lines[-1] == (f"rollforge: error: bench learning: the warmup side failed: ConfigError: --warmup must be a "
-                         f"model directory (with config.json), got {tmp_path / 'not-a-model'}")
+    assert lines[-1].startswith("rollforge: error: bench learning: the warmup side failed: ")
+    assert str(tmp_path / "not-a-model") in lines[-1]
+
+
+@pytest.mark.slow
+@needs_trl
+def test_a_warmup_trained_under_another_template_is_refused_in_one_line(tiny_model_dir, tmp_path, capsys):
+    """The quickstart's warm-up renders SmolLM2's template with rollforge's tool prompt; under the
+    bench's Qwen2.5 template its calls do not parse (it scored 0.0): refused before any side starts."""
+    from rollforge.bench.learning_sides import check_warmup, templated
+    from rollforge.cli.main import main
+
+    code = main(["bench", "learning", "--warmup", str(tiny_model_dir), "--steps", "1"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"rollforge: error: --warmup {tiny_model_dir} was trained under another chat template than bench learning "
+        "renders (TRL's Qwen2.5, which TRL parses tool calls from): use a warm-up that bench learning built "
+        "(omit --warmup), not the quickstart's")
+    check_warmup(templated(tiny_model_dir, tmp_path / "templated"))  # the bench's own template passes
 
 
 def test_a_side_killed_by_a_signal_is_named_with_the_signal(tmp_path, monkeypatch):

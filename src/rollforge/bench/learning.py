@@ -9,7 +9,8 @@ batch size, group size, lr, per-turn tokens, turns, dtype, operations; flags ove
 - One process per side (``learning_sides``), one after the other: the warm-up, then rollforge, then
   TRL, each loading the checkpoint afresh; each reports its peak memory (``max_rss_mb``).
 - The warm-up: rollforge's SFT on the calculator expert's demonstrations with the quickstart's
-  warm-up preset (``presets/quickstart_warmup.yaml``); or ``--warmup DIR``. The model directory
+  warm-up preset (``presets/quickstart_warmup.yaml``); or ``--warmup DIR`` made under the same
+  template (``check_warmup``: the quickstart's own warm-up is refused). The model directory
   both trainers load carries TRL's Qwen2.5 chat template: TRL parses tool calls only for templates
   it knows, and SmolLM2's ChatML template renders no tools.
 - Limits: rollforge runs the preset's ``max_turns`` (compute, then answer) with its per-turn
@@ -68,8 +69,8 @@ def preset() -> dict[str, Any]:
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--model", default="smollm2-135m", help="base model the warm-up starts from (default smollm2-135m)")
     parser.add_argument("--warmup", default=None, metavar="DIR",
-                        help="an existing warm-up checkpoint's model dir (e.g. runs/quickstart/warmup/checkpoints/"
-                             "step-N/model) instead of building one")
+                        help="a warm-up checkpoint's model dir made under the bench's chat template (TRL's "
+                             "Qwen2.5; the quickstart's is refused) instead of building one")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps per side (default {STEPS})")
     for flag, what in (("--batch-size", "prompts per step"), ("--generations", "completions per prompt"),
                        ("--max-new-tokens", "tokens per turn")):
@@ -94,10 +95,12 @@ def main(args: Any) -> dict[str, Any]:
 
 def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: str | None = None) -> dict[str, Any]:
     """Warm-up, rollforge, TRL, each in its own process (``learning_sides.spawn``); the report."""
-    from .learning_sides import spawn
+    from .learning_sides import check_warmup, spawn
     from .vs_trl import _check_trl
 
     _check_trl()
+    if warmup is not None:
+        check_warmup(Path(warmup))
     for key in ("steps", "eval_every", "eval_episodes", "batch_size", "generations", "max_new_tokens", "max_turns",
                 "trl_micro_batch"):
         if settings.get(key, 1) < 1:

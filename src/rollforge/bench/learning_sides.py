@@ -128,6 +128,24 @@ def warm_up(model: str, scratch: Path, settings: dict[str, Any]) -> Path:
     return ckpt.latest_checkpoint(scratch / "warmup" / "checkpoints") / "model"
 
 
+def check_warmup(model_dir: Path) -> None:
+    """Refuse a ``--warmup`` checkpoint trained under another chat template than the one both sides
+    render (TRL's Qwen2.5): its tool calls would not parse there (a quickstart warm-up, trained on
+    SmolLM2's template with rollforge's tool prompt, scored 0.0 and wrote invalid JSON in 42 of 64 turns)."""
+    from .vs_trl_env import QWEN25_TEMPLATE
+
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(f"--warmup must be a model directory (with config.json), got {model_dir}")
+    jinja, config = model_dir / "chat_template.jinja", model_dir / "tokenizer_config.json"
+    template = jinja.read_text() if jinja.is_file() else (
+        json.loads(config.read_text()).get("chat_template") if config.is_file() else None)
+    if template != QWEN25_TEMPLATE:
+        raise ConfigError(
+            f"--warmup {model_dir} was trained under another chat template than bench learning renders "
+            "(TRL's Qwen2.5, which TRL parses tool calls from): use a warm-up that bench learning built "
+            "(omit --warmup), not the quickstart's")
+
+
 def templated(source: Path, target: Path) -> Path:
     """``source``'s model with TRL's Qwen2.5 chat template (ChatML, like SmolLM2's, plus tools):
     the tokenizer saved again, every other file linked."""
