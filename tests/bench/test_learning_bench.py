@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +112,38 @@ def test_a_side_killed_by_a_signal_is_named_with_the_signal(tmp_path, monkeypatc
         learning_sides.spawn("trl", {}, tmp_path)
     assert str(failed.value) == ("bench learning: the trl side was killed by SIGKILL (perhaps out of memory) "
                                  "before writing its result")
+
+
+def test_a_side_ends_when_its_parent_is_killed(tmp_path):
+    """``kill PID`` of bench learning reaches only the parent: the running side must not live on
+    (it held 13 GB for TRL's). The side sleeps 30 s; it must be gone within 10 s of the parent."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    if not Path("/proc/self/stat").is_file():
+        pytest.skip("reads /proc (Linux)")
+    child = ("import os, sys, time; from rollforge.bench.learning_sides import PARENT, die_with_parent; "
+             "die_with_parent(int(os.environ[PARENT])); open(sys.argv[3] + '.pid', 'w').write(str(os.getpid())); time.sleep(30)")
+    parent = ("import sys; from pathlib import Path; from rollforge.bench import learning_sides as sides; "
+              f"sides.CHILD = (sys.executable, '-c', {child!r}); sides.spawn('trl', {{}}, Path(sys.argv[1]))")
+    proc = subprocess.Popen([sys.executable, "-c", parent, str(tmp_path)])
+    pid_file = tmp_path / "trl.result.json.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    side = int(pid_file.read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{side}/stat")
+        if not stat.is_file() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":  # gone, or dead and unreaped
+            return
+        time.sleep(0.1)
+    os.kill(side, signal.SIGKILL)
+    pytest.fail("the side outlived its parent by 10 s")
 
 
 def test_trl_plays_the_bundled_class_unchanged_and_calls_after_answer_change_nothing(tmp_path):

@@ -8,7 +8,14 @@ from rollforge import ChatRenderer, HFBackend, RolloutConfig, rollout
 from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import UpdateRow, pack_micro_batches, policy_update, sequence_logprobs, sequences
+from rollforge.train.update import (
+    Reference,
+    UpdateRow,
+    pack_micro_batches,
+    policy_update,
+    sequence_logprobs,
+    sequences,
+)
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +181,57 @@ def test_the_update_builds_every_tensor_on_the_models_device(tiny_model_dir):
         assert all(isinstance(v, (int, float)) for v in vars(stats).values())
         assert stats.policy_tokens == 10 and stats.clip_fraction > 0
     assert results[0].loss == pytest.approx(results[1].loss, abs=1e-6)
+
+
+def test_rows_without_advantage_are_not_forwarded_and_change_no_gradient(rolled):
+    """A group whose rewards are all equal has zero advantage: its loss and gradient are exactly 0,
+    so it is left out of the forward passes; the gradient is the one of the rows that carry signal."""
+    model, tokenizer, trajectories = rolled
+    episodes, _ = sequences(trajectories)
+    weights = TokenMean().weights([e.mask for e in episodes])
+    advantages = torch.tensor([0.0, 0.0, 0.0, -1.0, 0.5, 0.5])  # group 1 silent, group 2 not
+    grads, stats = [], []
+    for rows in (range(6), range(3, 6)):
+        captured = []
+
+        class Capture(torch.optim.SGD):
+            def step(self, closure=None):
+                captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
+
+        stats.append(policy_update(model, Capture(model.parameters(), lr=0.0), [episodes[i] for i in rows],
+                                   advantages[list(rows)], [weights[i] for i in rows], ClippedPolicyLoss(),
+                                   micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id, group_size=3))
+        grads.append(captured)
+    assert stats[0].tokens == stats[1].tokens == sum(e.ids.numel() for e in episodes[3:]) - 2 * episodes[3].prompt_length
+    assert stats[0].policy_tokens == stats[1].policy_tokens
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_a_batch_without_any_advantage_leaves_the_weights_and_the_optimizer_as_they_are(tiny_model_dir, rolled):
+    """AdamW would still move the weights on a step of zero gradients (its momentum): a batch with no
+    learning signal takes no optimizer step. With a KL term the rows do carry a gradient and train."""
+    _, tokenizer, trajectories = rolled
+    model, _ = load_model(tiny_model_dir)
+    episodes, _ = sequences(trajectories)
+    weights = TokenMean().weights([e.mask for e in episodes])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    args = dict(micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id, group_size=3, scheduler=schedule)
+    policy_update(model, optimizer, episodes, torch.linspace(-1, 1, 6), weights, ClippedPolicyLoss(), **args)
+    before = [p.detach().clone() for p in model.parameters()]
+    moments = [s["exp_avg"].clone() for s in optimizer.state.values()]
+    stats = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(), **args)
+    assert stats.micro_batches == 0 and stats.grad_norm == 0.0 and stats.policy_tokens == 0
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(torch.equal(m, s["exp_avg"]) for m, s in zip(moments, optimizer.state.values()))
+    assert schedule.last_epoch == 2  # the schedule counts the step all the same
+    for p in model.parameters():  # what a plain step of zero gradients would have done: momentum moves the weights
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    reference = Reference(load_model(tiny_model_dir)[0])
+    kl = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(kl_beta=0.1),
+                       reference=reference, **args)
+    assert kl.micro_batches == 2 and kl.grad_norm > 0

@@ -58,11 +58,13 @@ def preset() -> dict[str, Any]:
 
     config = load_config(PRESETS / "quickstart.yaml")
     calculator = next((e for e in config.environments if e.name == "calculator"), None)
+    options = calculator.options if calculator else {}
     return {
         "batch_size": config.algorithm.batch_size, "generations": config.algorithm.group_size, "lr": config.optim.lr,
         "max_new_tokens": config.rollout.max_new_tokens, "max_turns": config.rollout.max_turns,
         "dtype": "bfloat16" if config.model.dtype == "bfloat16" else "float32",  # auto: float32 on CPU
-        "operations": list((calculator.options if calculator else {}).get("operations", ["plus", "times"])),
+        "operations": list(options.get("operations", ["plus", "times"])), "balanced": bool(options.get("balanced", False)),
+        "shuffle": config.data.shuffle,
     }
 
 

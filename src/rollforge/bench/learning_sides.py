@@ -17,6 +17,7 @@ the signal that killed the child (SIGKILL is how the kernel ends a process out o
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import resource
@@ -30,7 +31,9 @@ from typing import Any
 from ..errors import ConfigError, RollforgeError, SideFailed
 from .vs_trl_workloads import calculator
 
+PR_SET_PDEATHSIG = 1
 HELD_OUT_SEED = 1_000_003  # the held-out questions' seed, offset from the training rows' seed
+PARENT = "ROLLFORGE_BENCH_PARENT"  # the parent's pid, in the child's environment
 #: The child's command line, before ``SIDE SPEC OUT``.
 CHILD = (sys.executable, "-m", __name__)
 
@@ -43,7 +46,8 @@ def spawn(side: str, spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
     spec_file, out_file = scratch / f"{side}.spec.json", scratch / f"{side}.result.json"
     spec_file.write_text(json.dumps(spec))
     source = str(Path(__file__).resolve().parents[2])  # the rollforge this parent runs
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
+           PARENT: str(os.getpid())}
     code = subprocess.run([*CHILD, side, str(spec_file), str(out_file)],
                           env=env, stdin=subprocess.DEVNULL, check=False).returncode
     written = json.loads(out_file.read_text()) if out_file.is_file() else {}
@@ -61,6 +65,7 @@ def spawn(side: str, spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     side, spec_file, out_file = argv
+    die_with_parent(int(os.environ.get(PARENT, "0")))
     os.dup2(2, 1)  # the Trainer and the SFT print logs; the parent's stdout is for its JSON
     spec = json.loads(Path(spec_file).read_text())
     try:
@@ -74,6 +79,18 @@ def main(argv: list[str]) -> int:
     result["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
     Path(out_file).write_text(json.dumps(result))
     return 0
+
+
+def die_with_parent(parent: int) -> None:
+    """End this side when the parent ends, however it ends (``kill PID`` reaches only the parent;
+    Ctrl-C reaches the whole process group): Linux's parent-death signal; elsewhere nothing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        return
+    if parent and os.getppid() != parent:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def warmup_side(spec: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +112,7 @@ def trainer_side(side: str):
         from .vs_trl_runners import run_rollforge, run_trl
 
         settings, model_dir = spec["settings"], Path(spec["model_dir"])
-        workload = calculator(model_dir, settings["operations"], seed=settings["seed"])
+        workload = calculator(model_dir, settings["operations"], seed=settings["seed"], balanced=settings.get("balanced", False))
         held_out, points = HeldOut(model_dir, settings), {}
         runner = run_rollforge if side == "rollforge" else run_trl
         result = runner(workload, settings, Path(spec["scratch"]) / side, None, held_out.hook(side, points))

@@ -135,7 +135,7 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
         warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
         epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0,
         bf16=s.get("dtype") == "bfloat16", fp16=False, use_cpu=not cuda, gradient_checkpointing=False, logging_steps=1, report_to="none",
-        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=s.get("shuffle", True),
         **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if s.get("trl_vllm") else {}),
     )
     trainer = GRPOTrainer(
@@ -321,7 +321,7 @@ def _rollforge_config(workload: Workload, s: dict[str, Any], out: Path, max_seq_
         out=str(out), steps=s["steps"], seed=s["seed"], checkpoint_every=0, save_trajectories=False,
         model={"name": str(workload.model_dir), "dtype": s.get("dtype", "float32"), "device": s.get("device", "auto"),
                "backend": s.get("backend", "hf")},
-        environments=[workload.rollforge_environment],
+        environments=[workload.rollforge_environment], data={"shuffle": s.get("shuffle", True)},
         algorithm={
             "batch_size": s["batch_size"], "group_size": s["generations"], "advantage": "grpo",
             "loss_aggregation": "token", "clip_low": 0.2, "clip_high": 0.2, "kl_beta": 0.0, "epochs_per_batch": 1,

@@ -84,9 +84,12 @@ def message_rows(samples: list[Any]) -> list[dict[str, Any]]:
     return [{"prompt": [{"role": m.role, "content": m.content} for m in s.prompt], **s.row} for s in samples]
 
 
-def calculator(model_dir: Path, operations: Sequence[str] = ("plus", "times"), rows: int = 64, seed: int = 0) -> Workload:
-    """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template."""
-    samples = calculator_samples(rows, seed, operations=list(operations))
+def calculator(model_dir: Path, operations: Sequence[str] = ("plus", "times"), rows: int = 64, seed: int = 0,
+               balanced: bool = False) -> Workload:
+    """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template;
+    ``balanced``: the quickstart's prompts (``calculator.samples``), each block of four asking both
+    operations with both tools' operands."""
+    samples = calculator_samples(rows, seed, operations=list(operations), balanced=balanced)
     environment = build_calculator().factory[samples[0].row["environment"]]  # the class these rows route to
     return Workload(
         name="calculator", model_dir=Path(model_dir), rows=message_rows(samples),

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -285,7 +286,11 @@ def policy_update(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = _Totals()
-    batches = plan_micro_batches(episodes, group_size, micro_batch_tokens)
+    silent = silent_rows(advantages, loss_fn, reference)
+    batches = [MicroBatch(rows, b.prefix) for b in plan_micro_batches(episodes, group_size, micro_batch_tokens)
+               if (rows := [i for i in b.rows if i not in silent])]
+    if ranks.most(len(batches)) == 0:  # no rank has a token to learn from: the weights stay as they are
+        return totals.stats(skip_step(optimizer, scheduler, model), micro_batches=0)
     for _ in range(ranks.most(len(batches)) - len(batches)):
         _empty_pass(model, pad_id, device)
     for batch in batches:
@@ -309,6 +314,27 @@ def policy_update(
         totals.add(parts, forwarded=int(attention.sum()) - (len(rows) - 1) * batch.prefix)
     grad_norm = optimizer_step(model, optimizer, max_grad_norm, scheduler)
     return totals.stats(grad_norm, micro_batches=len(batches))
+
+
+def silent_rows(advantages: torch.Tensor, loss_fn: Any, reference: Any) -> set[int]:
+    """Rows whose loss and gradient are exactly zero: no advantage on any token and no KL term
+    (a GRPO group whose rewards are all equal). They are not forwarded."""
+    if reference is not None or getattr(loss_fn, "kl_beta", 0.0) > 0:
+        return set()
+    flat = advantages.reshape(len(advantages), -1)
+    return {int(i) for i in torch.nonzero(~flat.ne(0).any(dim=1)).flatten()}
+
+
+def skip_step(optimizer: Any, scheduler: Any, model: Any) -> float:
+    """A batch with no learning signal: no optimizer step, so AdamW's momentum does not move the
+    weights either (a step of zero gradients would); the schedule still advances. Gradient norm 0."""
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            scheduler.step()
+    model.eval()
+    return 0.0
 
 
 @dataclass
