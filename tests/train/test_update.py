@@ -8,10 +8,10 @@ from rollforge import ChatRenderer, HFBackend, RolloutConfig, rollout
 from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
+from rollforge.train.micro_batches import pack_micro_batches
 from rollforge.train.update import (
     Reference,
     UpdateRow,
-    pack_micro_batches,
     policy_update,
     sequence_logprobs,
     sequences,

@@ -6,6 +6,9 @@ TRL's ``environment_factory``) with the settings of ``vs_trl`` (same completions
 limits, DAPO/token loss, optimizer) and the quickstart's GRPO preset (``presets/quickstart.yaml``:
 batch size, group size, lr, per-turn tokens, turns, dtype, operations; flags override).
 
+- Prompts: the preset's (``balanced``: every block of four questions asks both operations, with
+  operands that make each tool the right one once), read in order on both sides (``data.shuffle``
+  false; TRL's ``shuffle_dataset=False``), so that step s trains on the same questions on both.
 - One process per side (``learning_sides``), one after the other: the warm-up, then rollforge, then
   TRL, each loading the checkpoint afresh; each reports its peak memory (``max_rss_mb``).
 - The warm-up: rollforge's SFT on the calculator expert's demonstrations with the quickstart's

@@ -48,7 +48,8 @@ from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
     select_trajectories, trajectory_examples,
 )
-from .update import UpdateRow, collate, mixed_precision, optimizer_step, plan_micro_batches, sequence_logprobs
+from .micro_batches import plan_micro_batches
+from .update import UpdateRow, collate, mixed_precision, optimizer_step, sequence_logprobs
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from ..types import Segment, Trajectory
 from .corrections import Proximal
 from .distributed import Ranks, is_sharded
 from .losses import ClippedPolicyLoss, LossParts
+from .micro_batches import plan_micro_batches, silent_rows
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,6 @@ def sequences(trajectories: Sequence[Trajectory]) -> tuple[list[UpdateRow], list
 
 
 @dataclass(frozen=True)
-class MicroBatch:
-    rows: list[int]  # episode indices
-    prefix: int = 0  # length of a prompt all rows share, computed once (0: none)
-
-
-@dataclass(frozen=True)
 class UpdateStats:
     loss: float
     policy_loss: float
@@ -94,51 +89,6 @@ class UpdateStats:
     policy_tokens: int
     behaviour_weight_mean: float = 1.0  # mean over policy tokens of the off-policy correction's factor
     off_policy_tokens: int = 0  # policy tokens the correction truncated (decoupled) or masked (masked)
-
-
-def plan_micro_batches(episodes: Sequence[UpdateRow], group_size: int, micro_batch_tokens: int) -> list[MicroBatch]:
-    """Groups (``group_size`` consecutive episodes of one prompt) whose prompt tokens are identical
-    share one forward pass of that prompt: the group's rows run as a batch on top of its cached
-    keys and values (gradients flow back through them), so a prompt is computed once instead of
-    ``group_size`` times. A group too large for the budget is split into row chunks (each computes
-    the prompt once). Without groups, episodes are packed by length."""
-    if group_size < 2:
-        return [MicroBatch(rows) for rows in pack_micro_batches([e.ids.numel() for e in episodes], micro_batch_tokens)]
-    out = []
-    for start in range(0, len(episodes), group_size):
-        members = list(range(start, min(start + group_size, len(episodes))))
-        prefix = shared_prefix([episodes[i] for i in members])
-        chunk: list[int] = []
-        for i in sorted(members, key=lambda i: -episodes[i].ids.numel()):
-            longest = episodes[chunk[0]].ids.numel() if chunk else episodes[i].ids.numel()
-            if chunk and prefix + (len(chunk) + 1) * (longest - prefix) > micro_batch_tokens:
-                out.append(MicroBatch(chunk, prefix))
-                chunk = []
-            chunk.append(i)
-        out.append(MicroBatch(chunk, prefix))
-    return out
-
-
-def shared_prefix(episodes: Sequence[UpdateRow]) -> int:
-    """The prompt length when every episode starts with the same prompt ids and continues past it
-    (at least one token each); else 0."""
-    length = min(e.prompt_length for e in episodes)
-    first = episodes[0].ids[:length]
-    if length < 1 or any(e.ids.numel() <= length or not torch.equal(e.ids[:length], first) for e in episodes):
-        return 0
-    return length
-
-
-def pack_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[list[int]]:
-    """Indices grouped so that rows x longest row <= micro_batch_tokens (longest first)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= micro_batch_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
 
 
 def sequence_logprobs(
@@ -287,8 +237,7 @@ def policy_update(
     optimizer.zero_grad(set_to_none=True)
     totals = _Totals()
     silent = silent_rows(advantages, loss_fn, reference)
-    batches = [MicroBatch(rows, b.prefix) for b in plan_micro_batches(episodes, group_size, micro_batch_tokens)
-               if (rows := [i for i in b.rows if i not in silent])]
+    batches = plan_micro_batches(episodes, group_size, micro_batch_tokens, skip=silent)
     if ranks.most(len(batches)) == 0:  # no rank has a token to learn from: the weights stay as they are
         return totals.stats(skip_step(optimizer, scheduler, model), micro_batches=0)
     for _ in range(ranks.most(len(batches)) - len(batches)):
@@ -314,15 +263,6 @@ def policy_update(
         totals.add(parts, forwarded=int(attention.sum()) - (len(rows) - 1) * batch.prefix)
     grad_norm = optimizer_step(model, optimizer, max_grad_norm, scheduler)
     return totals.stats(grad_norm, micro_batches=len(batches))
-
-
-def silent_rows(advantages: torch.Tensor, loss_fn: Any, reference: Any) -> set[int]:
-    """Rows whose loss and gradient are exactly zero: no advantage on any token and no KL term
-    (a GRPO group whose rewards are all equal). They are not forwarded."""
-    if reference is not None or getattr(loss_fn, "kl_beta", 0.0) > 0:
-        return set()
-    flat = advantages.reshape(len(advantages), -1)
-    return {int(i) for i in torch.nonzero(~flat.ne(0).any(dim=1)).flatten()}
 
 
 def skip_step(optimizer: Any, scheduler: Any, model: Any) -> float:

@@ -1,0 +1,75 @@
+"""How one update's episodes (``update.UpdateRow``s: ``ids``, ``prompt_length``) are cut into
+micro-batches, and which of them need no forward pass at all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Collection, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: list[int]  # episode indices
+    prefix: int = 0  # length of a prompt all rows share, computed once (0: none)
+
+
+def plan_micro_batches(episodes: Sequence[Any], group_size: int, micro_batch_tokens: int,
+                       skip: Collection[int] = ()) -> list[MicroBatch]:
+    """Groups (``group_size`` consecutive episodes of one prompt) whose prompt tokens are identical
+    share one forward pass of that prompt: the group's rows run as a batch on top of its cached
+    keys and values (gradients flow back through them), so a prompt is computed once instead of
+    ``group_size`` times. A group too large for the budget is split into row chunks (each computes
+    the prompt once). Without groups, episodes are packed by length. The rows in ``skip`` are left
+    out (``silent_rows``)."""
+    if group_size < 2:
+        kept = [i for i in range(len(episodes)) if i not in skip]
+        return [MicroBatch([kept[j] for j in rows])
+                for rows in pack_micro_batches([episodes[i].ids.numel() for i in kept], micro_batch_tokens)]
+    out = []
+    for start in range(0, len(episodes), group_size):
+        members = [i for i in range(start, min(start + group_size, len(episodes))) if i not in skip]
+        if not members:
+            continue
+        prefix = shared_prefix([episodes[i] for i in members])
+        chunk: list[int] = []
+        for i in sorted(members, key=lambda i: -episodes[i].ids.numel()):
+            longest = episodes[chunk[0]].ids.numel() if chunk else episodes[i].ids.numel()
+            if chunk and prefix + (len(chunk) + 1) * (longest - prefix) > micro_batch_tokens:
+                out.append(MicroBatch(chunk, prefix))
+                chunk = []
+            chunk.append(i)
+        out.append(MicroBatch(chunk, prefix))
+    return out
+
+
+def shared_prefix(episodes: Sequence[Any]) -> int:
+    """The prompt length when every episode starts with the same prompt ids and continues past it
+    (at least one token each); else 0."""
+    length = min(e.prompt_length for e in episodes)
+    first = episodes[0].ids[:length]
+    if length < 1 or any(e.ids.numel() <= length or not torch.equal(e.ids[:length], first) for e in episodes):
+        return 0
+    return length
+
+
+def pack_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[list[int]]:
+    """Indices grouped so that rows x longest row <= micro_batch_tokens (longest first)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= micro_batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def silent_rows(advantages: torch.Tensor, loss_fn: Any, reference: Any) -> set[int]:
+    """Rows whose loss and gradient are exactly zero: no advantage on any token and no KL term
+    (a GRPO group whose rewards are all equal). They are not forwarded."""
+    if reference is not None or getattr(loss_fn, "kl_beta", 0.0) > 0:
+        return set()
+    flat = advantages.reshape(len(advantages), -1)
+    return {int(i) for i in torch.nonzero(~flat.ne(0).any(dim=1)).flatten()}
