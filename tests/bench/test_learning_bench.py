@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollforge.bench.learning import curve, preset, time_to_target_ratio
+from rollforge.bench.learning import curve, preset, time_to_target_bound, time_to_target_ratio
 
 
 def test_curve_sums_the_step_times_up_to_each_evaluated_step():
@@ -32,6 +32,10 @@ def test_ratio_time_to_target_is_rollforge_seconds_over_trls_to_reach_trls_final
     flat = [{"step": 0, "seconds": 0.0, "reward": 0.2}, {"step": 2, "seconds": 20.0, "reward": 0.2}]
     assert time_to_target_ratio(ours, flat) == (
         None, "TRL ends at held-out reward 0.2, no higher than the warm-up's 0.2: no target")
+    assert time_to_target_bound(ours, flat) == 0.8  # rollforge reached its 0.6 at 16 s; TRL not in 20 s
+    assert time_to_target_bound(ours, trl) == 0.4  # TRL's best, 0.5, is below rollforge's 0.6: 16 s / 40 s
+    assert time_to_target_bound(ours, [*trl[:2], {"step": 4, "seconds": 40.0, "reward": 0.6}]) is None  # TRL got there
+    assert time_to_target_bound(flat, trl) is None  # rollforge gained nothing: no bound
 
 
 needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
@@ -62,6 +66,9 @@ def test_learning_bench_runs_each_side_in_its_own_process_end_to_end(tiny_model_
         assert all(0.0 <= p["reward"] <= 1.0 for p in points)
         assert len(result[side]["train_reward_per_step"]) == 2
         assert result[side]["sampling"] == SAMPLING  # what each trainer generated with
+        phases = result[side]["phases_per_step"]
+        assert set(phases) == {"generation", "update", "other"} and phases["generation"] > 0 and phases["update"] > 0
+        assert result[side]["generated_tokens_per_step"] > 0
     assert result["trl"]["prompt_tokens"] == result["rollforge"]["prompt_tokens"]  # the same tools, in the same order
     assert set(result["max_rss_mb"]) == {"warmup", "rollforge", "trl"}
     assert all(0 < mb < 8192 for mb in result["max_rss_mb"].values())
@@ -70,6 +77,7 @@ def test_learning_bench_runs_each_side_in_its_own_process_end_to_end(tiny_model_
     assert (settings["max_turns"], settings["max_tool_calls"], settings["max_completion_tokens"]) == (2, 2, 24)
     assert settings["operations"] == ["plus", "times"] and settings["lr"] == preset()["lr"]
     assert settings["workload"] == "calculator" and settings["warmup"].startswith("built")
+    assert (settings["balanced"], settings["shuffle"]) == (True, False)  # the quickstart's prompts, in order
 
 
 @pytest.mark.slow

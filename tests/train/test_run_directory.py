@@ -172,6 +172,26 @@ def test_a_checkpoint_that_finds_the_disk_full_is_one_line_and_leaves_the_previo
     assert ckpt.load_newest(root)[0].step == 1
 
 
+def test_one_process_checkpoints_whatever_process_group_state_another_library_left(pieces, tmp_path, monkeypatch):
+    """`vs-trl --best` failed at its final run's checkpoint: an in-process vLLM engine of an earlier
+    candidate had created a process group and tore it down meanwhile, so DCP saw one at its start
+    and found no default group at its first collective. One process writes and reads alone."""
+    import sys
+
+    import torch.distributed as dist
+
+    def ghost_group() -> bool:  # DCP sees a group at its start; there is none by its first collective
+        return sys._getframe(1).f_globals.get("__name__", "").startswith("torch.distributed.checkpoint")
+
+    root = tmp_path / "checkpoints"
+    monkeypatch.setattr(dist, "is_initialized", ghost_group)
+    ckpt.save_checkpoint(root, 1, *pieces, {"cursor": 4}, keep=2)
+    model, _, optimizer, scheduler = pieces
+    loaded, _ = ckpt.load_newest(root)
+    ckpt.restore(loaded, model, optimizer, scheduler)
+    assert loaded.step == 1
+
+
 def test_a_checkpoint_failure_with_space_left_is_not_called_a_full_disk(pieces, tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
 
@@ -188,7 +208,7 @@ def test_a_checkpoint_failure_with_space_left_is_not_called_a_full_disk(pieces, 
 def test_an_optimizer_shard_that_finds_the_disk_full_is_a_checkpoint_error(pieces, tmp_path, monkeypatch):
     from torch.distributed.checkpoint.api import CheckpointException
 
-    def full(state, directory):  # DCP collects each rank's failure, with its errno
+    def full(state, directory, alone):  # DCP collects each rank's failure, with its errno
         raise CheckpointException("write", {0: (OSError(errno.ENOSPC, "No space left on device"), traceback.StackSummary())})
 
     monkeypatch.setattr(ckpt, "_dcp_save", full)

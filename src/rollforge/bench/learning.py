@@ -28,7 +28,9 @@ batch size, group size, lr, per-turn tokens, turns, dtype, operations; flags ove
 - Wall time of a curve point: the sum of that side's step times up to it (model loading and
   evaluation excluded). ``ratio_time_to_target``: rollforge's wall time to first reach the held-out
   reward TRL ends with, over TRL's; None when rollforge never reaches it or TRL ends no higher than
-  where it started (``ratio_note`` says which).
+  where it started (``ratio_note`` says which). ``ratio_time_to_target_below``: when TRL never
+  reaches the reward rollforge ends with, rollforge's time to reach it over TRL's whole run, a bound
+  the ratio is under (TRL may reach it later); else None.
 
 Defaults, sized for at most 20 minutes on 2 idle CPU cores: SmolLM2-135M, the preset's batch size,
 group size, lr, tokens per turn, turns and dtype (as written: 4 prompts x 8 completions, 2e-5, 48,
@@ -137,6 +139,7 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
         "benchmark": "learning",
         "ratio_time_to_target": ratio,
         "ratio_note": note,
+        "ratio_time_to_target_below": time_to_target_bound(curves["rollforge"], curves["trl"]),
         "held_out_curves": curves,
         "settings": {**settings, "workload": "calculator", "sampling": SAMPLING,
                      "completions_per_step": settings["batch_size"] * settings["generations"]},
@@ -146,6 +149,8 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
         result[side] = {
             "held_out_start": first, "held_out_end": last, "held_out_gain_per_step": round((last - first) / settings["steps"], 4),
             "train_seconds": round(sum(run["step_seconds"]), 2), "seconds_per_step": round(sum(run["step_seconds"]) / settings["steps"], 3),
+            "phases_per_step": mean_phases(run["steps"]),
+            "generated_tokens_per_step": round(sum(x["generated_tokens"] for x in run["steps"]) / len(run["steps"]), 1),
             "train_reward_per_step": run["rewards"], "sampling": run["configuration"]["sampling"],
             "prompt_tokens": run["prompt_tokens"],  # the first row's prompt, tools included, as that side renders it
         }
@@ -160,6 +165,11 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
         "between them; max_rss_mb is each process's peak resident memory",
     ]
     return result
+
+
+def mean_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds per step in generation (with the environment), update and other (``vs_trl_runners``)."""
+    return {key: round(sum(x["phases"][key] for x in steps) / len(steps), 2) for key in steps[0]["phases"]}
 
 
 def curve(step_seconds: list[float], points: dict[int, float]) -> list[dict[str, float]]:
@@ -179,6 +189,15 @@ def time_to_target_ratio(rollforge: list[dict[str, float]], trl: list[dict[str, 
     if ours is None:
         return None, f"rollforge did not reach TRL's final held-out reward {target} (it ended at {rollforge[-1]['reward']})"
     return round(ours / theirs, 4), f"target: TRL's final held-out reward {target}; rollforge {ours}s, TRL {theirs}s"
+
+
+def time_to_target_bound(rollforge: list[dict[str, float]], trl: list[dict[str, float]]) -> float | None:
+    """When TRL never reaches the held-out reward rollforge ends with (above where both started),
+    the ratio is below rollforge's time to reach it over TRL's whole run: that bound; else None."""
+    target = rollforge[-1]["reward"]
+    if target <= rollforge[0]["reward"] or max(p["reward"] for p in trl) >= target or not trl[-1]["seconds"]:
+        return None
+    return round(time_to_target(rollforge, target) / trl[-1]["seconds"], 4)
 
 
 def write(out: Path, result: dict[str, Any]) -> None:

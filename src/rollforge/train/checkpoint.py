@@ -48,7 +48,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from ..files import atomic_write
-from .distributed import Ranks, load_full_state_dict
+from .distributed import Ranks, is_sharded, load_full_state_dict
 from .logbook import out_of_space, read_metrics
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def _write(tmp: Path, final: Path, step: int, model: Any, tokenizer: Any, optimi
             tokenizer.save_pretrained(tmp / "model")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save({"python": random.getstate(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
-    _dcp_save(optimizer_state(model, optimizer), tmp / "optimizer")
+    _dcp_save(optimizer_state(model, optimizer), tmp / "optimizer", alone=not ranks.distributed)
     with ranks.together(f"writing checkpoint {str(final)!r}"):
         if ranks.main:
             files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -140,11 +140,13 @@ def _single_process_is_fine():
         yield
 
 
-def _dcp_save(state: dict[str, Any], directory: Path) -> None:
+def _dcp_save(state: dict[str, Any], directory: Path, alone: bool) -> None:
+    """``alone``: one process holds the whole state; DCP then touches no process group, whatever
+    group another library (an in-process vLLM engine) created, left behind or tears down meanwhile."""
     import torch.distributed.checkpoint as dcp
 
     with _single_process_is_fine():
-        dcp.save({"optimizer": state}, checkpoint_id=directory)
+        dcp.save({"optimizer": state}, checkpoint_id=directory, no_dist=alone)
 
 
 def remove_orphans(root: Path) -> list[str]:
@@ -252,7 +254,7 @@ def restore(loaded: Loaded, model: Any, optimizer: Any, scheduler: Any) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         state = optimizer_state(model, optimizer)
-        _dcp_load(state, loaded.optimizer, loaded.path)
+        _dcp_load(state, loaded.optimizer, loaded.path, alone=not is_sharded(model))
         set_optimizer_state_dict(model, optimizer, state)
     else:  # optimizer.pt of checkpoints written before the sharded format
         optimizer.load_state_dict(loaded.optimizer)
@@ -261,12 +263,13 @@ def restore(loaded: Loaded, model: Any, optimizer: Any, scheduler: Any) -> None:
     torch.set_rng_state(loaded.rng["torch"])
 
 
-def _dcp_load(state: dict[str, Any], directory: Path, checkpoint: Path) -> None:
+def _dcp_load(state: dict[str, Any], directory: Path, checkpoint: Path, alone: bool) -> None:
+    """``alone``: the model is not sharded, so every process reads the whole state by itself."""
     import torch.distributed.checkpoint as dcp
 
     try:
         with _single_process_is_fine():
-            dcp.load({"optimizer": state}, checkpoint_id=directory)
+            dcp.load({"optimizer": state}, checkpoint_id=directory, no_dist=alone)
     except Exception as exc:  # DCP raises its own kinds (CheckpointException, RuntimeError) for damaged files
         raise CheckpointError(f"{checkpoint.name}/optimizer cannot be read: {type(exc).__name__}: {exc}") from None
 
