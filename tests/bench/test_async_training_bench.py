@@ -20,12 +20,15 @@ def test_async_training_bench_reports_each_staleness():
     assert len({run["mean_reward"] for run in runs.values()}) == 1
 
 
-def test_auto_latency_equals_a_steps_local_work():
-    """The engine and the update share one interpreter: overlap hides only the remote wait behind
-    the local work (the update, and generating's own CPU at zero latency), best when the two are
-    equal. A latency of the update time alone left the engine's CPU out (best ratio 0.65, not 0.5)."""
+def test_auto_latency_makes_generation_take_the_updates_time():
+    """Generation is not the latency: the engine's own CPU comes on top, and 64 episodes at a
+    concurrency of 32 wait for two requests in turn. Worked by hand: at zero latency generation
+    takes 0.05 s and the update 0.25 s; at latency 0.25 generation takes 0.55 s, so 2 s per second
+    of latency, and (0.25 - 0.05) / 2 = 0.1 s of latency makes generation take 0.25 s."""
     from rollforge.bench.async_training import balanced_latency
 
-    steps = [{"time/rollout": g, "time/score": 0.01, "time/update": u, "time/sync": 0.0}
-             for g, u in ((0.20, 0.24), (0.22, 0.25), (0.21, 0.23))]
-    assert round(balanced_latency(steps), 6) == 0.47  # median update 0.25 + 0.01 scoring, median engine CPU 0.21
+    def steps(*generation):
+        return [{"time/rollout": g, "time/score": 0.01, "time/update": 0.24, "time/sync": 0.0} for g in generation]
+
+    assert round(balanced_latency(steps(0.04, 0.05, 0.06), steps(0.54, 0.55, 0.56), 0.25), 6) == 0.1
+    assert balanced_latency(steps(0.3, 0.3), steps(0.8, 0.8), 0.25) == 0.0  # generation alone outlasts the update

@@ -6,14 +6,13 @@ each request sleeps ``latency x u`` seconds, u drawn in [0.5, 1] from the reques
 answers a letter drawn from the seed (so rewards vary within groups) followed by some 30 tokens
 of text (so the updates have tokens to train on). The
 updates are real: the tiny test model (``rollforge.testing``) trained with GRPO on FirstCharacter.
-``--latency auto`` first times three synchronous steps at zero latency (the median of the last two)
-and sets the latency to the local work of a step: the update (with scoring and the weight push) plus
-what generating costs with no latency (the engine's own CPU: rendering, parsing, bookkeeping of 64
-episodes, about 0.2 s here). The engine and the update share one interpreter, so overlap can hide
-only the remote wait L behind the local work W: a step takes at best max(L, W) against L + W
-synchronously, and the ratio is at best 1/2, when L = W. (Until 2026-11-26 the latency was the update
-time alone, leaving out the engine's CPU E: the best ratio was then (U + E) / (2U + E), 0.61-0.66
-here, above the 0.6 target by construction.)
+``--latency auto`` sets the latency at which generating a batch takes as long as updating on it,
+the case where overlap helps most. Generation time is not the latency: the engine adds its own CPU,
+and 64 episodes at the default concurrency of 32 wait for two requests in turn. So it times three
+synchronous steps at zero latency (generation g0, update u: medians of the last two) and three at
+latency u (g1), takes the generation time per second of latency, c = (g1 - g0) / u, and sets the
+latency to (u - g0) / c. (Until 2026-11-26 the latency was u itself: generation then took about
+twice the update, and the ratio could not go below about 0.65.)
 
 Per run (same seed, same prompts, same requests):
 
@@ -33,8 +32,8 @@ update share the interpreter lock and the cores), so each is measured in its own
 ``async_to_sync_bound`` divides k = 1's wall time by the bound computed from k = 0's undisturbed
 times instead.
 
-``ratio_async_to_sync`` = wall(k=1) / wall(k=0) (target <= 0.6 when the remote wait equals the
-local work, best 0.5); ``ratio_k2_to_sync`` the same for k = 2.
+``ratio_async_to_sync`` = wall(k=1) / wall(k=0) (target <= 0.6 when generation and update take
+about equal time); ``ratio_k2_to_sync`` the same for k = 2.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ LETTERS = "aB3xY7kQ9z"  # digits, capitals and lower case: rewards vary within a
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=24, help="training steps per run (default 24)")
     parser.add_argument("--latency", default="auto",
-                        help="seconds per generation request at u=1, or 'auto' (a step's local work: the update plus the engine's CPU)")
+                        help="seconds per generation request at u=1, or 'auto' (a batch generates in about its update's time)")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step (default 8)")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per prompt (default 8)")
 
@@ -71,8 +70,9 @@ async def _main(args: Any) -> dict[str, Any]:
         data = root / "prompts.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in first_character_rows(64)))
         if args.latency == "auto":
-            calibration = await _run(root, model, data, args, k=0, steps=3, latency=0.0)
-            latency = balanced_latency(calibration[1:])  # the first step warms up
+            zero = (await _run(root, model, data, args, k=0, steps=3, latency=0.0))[1:]  # the first step warms up
+            probe = statistics.median(_update_seconds(m) for m in zero)
+            latency = balanced_latency(zero, (await _run(root, model, data, args, k=0, steps=3, latency=probe))[1:], probe)
         else:
             latency = float(args.latency)
         runs = {k: _summary(await _run(root, model, data, args, k=k, steps=args.steps, latency=latency), k)
@@ -132,10 +132,13 @@ def remote_backend(model: Path, latency: float):
                   end_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
 
 
-def balanced_latency(history: list[dict[str, Any]]) -> float:
-    """The latency equal to a step's local work, from steps run at zero latency: the median update
-    plus the median generation (the engine's CPU alone, there being no wait)."""
-    return statistics.median(_update_seconds(m) for m in history) + statistics.median(_generation_seconds(m) for m in history)
+def balanced_latency(zero: list[dict[str, Any]], probed: list[dict[str, Any]], probe: float) -> float:
+    """The latency at which a batch generates in about its update's time, from synchronous steps at
+    zero latency and at latency ``probe``: generation grows by c seconds per second of latency."""
+    g0, g1 = (statistics.median(_generation_seconds(m) for m in steps) for steps in (zero, probed))
+    update = statistics.median(_update_seconds(m) for m in zero)
+    per_second = (g1 - g0) / probe if probe > 0 and g1 > g0 else 1.0
+    return max(0.0, (update - g0) / per_second)
 
 
 def _update_seconds(m: dict[str, Any]) -> float:
