@@ -12,7 +12,7 @@ import pytest
 
 from rollforge.envs.base import Environment, Step
 from rollforge.envs.library import ENV_NAMES, EnvSpec, get_env_spec
-from rollforge.envs.library import arithmetic, catch, guess_number, wordle
+from rollforge.envs.library import arithmetic, guess_number, wordle
 from rollforge.envs.library.catch import CatchEnv
 from rollforge.envs.library.echo import EchoEnv
 from rollforge.envs.library.wordle import WordleEnv, score_guess

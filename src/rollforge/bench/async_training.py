@@ -96,7 +96,7 @@ async def _run(root: Path, model: Path, data: Path, args: Any, *, k: int, steps:
     from ..train.launch import atrain
 
     config = load_config(overrides=[
-        f"model.name={model}", f"out={root / f'run_{k}_{steps}'}", f"steps={steps}", f"data.path={data}",
+        f"model.name={model}", f"out={root / f'run_{k}_{steps}_{latency:.6f}'}", f"steps={steps}", f"data.path={data}",
         "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
         f"algorithm.batch_size={args.batch_size}", f"algorithm.group_size={args.group_size}",
         "rollout.max_new_tokens=48", "rollout.max_turns=1", "optim.lr=1e-3", "checkpoint_every=0",
