@@ -192,6 +192,7 @@ def test_a_fresh_run_pushes_its_weights_to_a_server_that_loaded_others(vllm_serv
         "model.served_model_name=smollm2", f"out={tmp_path / 'run'}", "steps=1", "checkpoint_every=0",
         "environments=[{name: arithmetic}]", "algorithm.batch_size=2", "algorithm.group_size=2",
         "rollout.max_new_tokens=8", "rollout.max_turns=1", "optim.lr=1e-9", "save_trajectories=false",
+        "algorithm.kl_beta=0.001",  # a KL term: every rollout is forwarded, even in a group of equal rewards
     ])
     backend = client(vllm_server)
     try:

@@ -235,3 +235,6 @@ def test_a_batch_without_any_advantage_leaves_the_weights_and_the_optimizer_as_t
     kl = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(kl_beta=0.1),
                        reference=reference, **args)
     assert kl.micro_batches == 2 and kl.grad_norm > 0
+    every = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(),
+                          skip_zero_advantage=False, **args)  # algorithm.skip_zero_advantage: false
+    assert every.micro_batches == 2 and every.policy_tokens == sum(int(e.mask.sum()) for e in episodes)

@@ -109,7 +109,8 @@ def _settings(where: Any, s: dict[str, Any]) -> dict[str, Any]:
     """``vs_trl_runners``'s settings for one GRPO run on ``where`` (bfloat16 autocast on CUDA)."""
     return {"steps": s["grpo_steps"], "batch_size": s["batch_size"], "generations": s["generations"],
             "max_completion_tokens": s["max_new_tokens"], "max_tool_calls": 0, "lr": 1e-6, "seed": s["seed"],
-            "rollforge_mode": "async", "device": where.type, "dtype": "bfloat16" if where.type == "cuda" else "float32"}
+            "rollforge_mode": "async", "device": where.type, "dtype": "bfloat16" if where.type == "cuda" else "float32",
+            "skip_zero_advantage": False}  # a random model's rewards are all 0: the update is what is timed
 
 
 def grpo(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:

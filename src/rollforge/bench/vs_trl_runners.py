@@ -325,7 +325,7 @@ def _rollforge_config(workload: Workload, s: dict[str, Any], out: Path, max_seq_
         algorithm={
             "batch_size": s["batch_size"], "group_size": s["generations"], "advantage": "grpo",
             "loss_aggregation": "token", "clip_low": 0.2, "clip_high": 0.2, "kl_beta": 0.0, "epochs_per_batch": 1,
-            "max_staleness": s.get("max_staleness", 0),
+            "max_staleness": s.get("max_staleness", 0), "skip_zero_advantage": s.get("skip_zero_advantage", True),
         },
         optim={
             "lr": s["lr"], "betas": [0.9, 0.999], "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0,

@@ -1,10 +1,7 @@
 """Training settings: one closed, typed, documented tree, loaded from YAML and overridable with
-``--set section.key=value``.
-
-Every section forbids unknown keys; a misspelled key is a ``ConfigError`` that names the nearest
-valid key. Each field is documented by the docstring under it (``rollforge train --help-config``
-prints them).
-"""
+``--set section.key=value``. Every section forbids unknown keys; a misspelled key is a
+``ConfigError`` that names the nearest valid key. Each field is documented by the docstring under
+it (``rollforge train --help-config`` prints them)."""
 
 from __future__ import annotations
 
@@ -144,6 +141,8 @@ class AlgorithmConfig(_Section):
     """Importance ratios above 1 + clip_high are clipped (raise it for DAPO's clip-higher)."""
     kl_beta: float = Field(0.0, ge=0)
     """Weight of the k3 KL estimate to the reference (initial) model; 0 loads no reference."""
+    skip_zero_advantage: bool = True
+    """Do not forward rollouts of zero advantage (no KL term), nor step on a batch of only those."""
     epochs_per_batch: int = Field(1, ge=1)
     """Optimizer steps on each rollout batch (ratios use the generation logprobs throughout)."""
     env_reward_weight: float = 1.0

@@ -138,6 +138,7 @@ async def learn(
             micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
             max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared,
             compute_dtype=run.dtype, ranks=ranks, scheduler=run.scheduler, proximal=proximal,
+            skip_zero_advantage=algo.skip_zero_advantage,
         )
     updated = time.perf_counter()
     await push()

@@ -220,6 +220,7 @@ def policy_update(
     ranks: Ranks = Ranks(),
     scheduler: Any = None,
     proximal: Proximal | None = None,
+    skip_zero_advantage: bool = True,
 ) -> UpdateStats:
     """Accumulate the loss over micro-batches and take one optimizer step. ``group_size``: episodes
     come in groups of that many rollouts of one prompt (their shared prompt is computed once).
@@ -228,15 +229,14 @@ def policy_update(
     ``compute_dtype``: precision of the forward passes (bfloat16: under ``torch.autocast``).
     With several ``ranks`` (a sharded model) every rank runs as many micro-batches as the busiest
     one (each FSDP forward and backward is a collective); ``weights`` must be normalised over the
-    global batch."""
+    global batch. ``skip_zero_advantage``: leave out ``silent_rows``; no optimizer step without others."""
     if loss_fn.needs_proximal and (proximal is None or len(proximal) != len(episodes)):
         raise ValueError(f"{type(loss_fn).__name__} needs proximal=Proximal({len(episodes)}) (one per batch, "
                          f"shared by its epochs), got {proximal!r}")
     device = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals = _Totals()
-    silent = silent_rows(advantages, loss_fn, reference)
+    totals, silent = _Totals(), (silent_rows(advantages, loss_fn, reference) if skip_zero_advantage else ())
     batches = plan_micro_batches(episodes, group_size, micro_batch_tokens, skip=silent)
     if ranks.most(len(batches)) == 0:  # no rank has a token to learn from: the weights stay as they are
         return totals.stats(skip_step(optimizer, scheduler, model), micro_batches=0)
