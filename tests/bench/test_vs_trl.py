@@ -292,3 +292,28 @@ def test_best_reports_both_ratios_and_every_candidate(tmp_path):
     assert result["best_rollforge"]["timed_steps"] == 1 and result["best_rollforge"]["configuration"] == candidates[chosen]["configuration"]
     assert result["ratio_step_time_best"] == pytest.approx(
         result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], abs=1e-3)
+
+
+def test_a_candidate_that_sets_torchrun_variables_leaves_the_process_as_it_was(tmp_path, monkeypatch):
+    """TRL's colocated vLLM sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the process; after
+    `vs-trl --best`, every later `train()` in it took itself for a torchrun rank (CI: Ray training
+    ran in-process and alone). Each candidate's changes to os.environ are undone."""
+    import os
+
+    from rollforge.bench import vs_trl_best
+
+    for key in ("WORLD_SIZE", "RANK", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+
+    def runner(workload, settings, folder):
+        os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_PORT="29500")
+        if settings.get("trl_vllm"):
+            raise RuntimeError("weight_loader")  # a candidate that fails after setting them
+        return {}
+
+    monkeypatch.setattr(vs_trl_best, "RUNNERS", {"trl": runner, "rollforge": runner})
+    summary = {"configuration": {}, "seconds_per_step": 1.0, "phases_seconds_per_step": {}, "step_seconds": [1.0]}
+    result = vs_trl_best.best(None, {"candidates": ("rollforge-hf-sync", "trl-hf", "trl-vllm-colocate"), "best_steps": 2},
+                              tmp_path, lambda runs: summary)
+    assert result["ratio_step_time_best"] == 1.0 and "error" in result["candidates"]["trl-vllm-colocate"]
+    assert not {"WORLD_SIZE", "RANK", "MASTER_PORT"} & set(os.environ)

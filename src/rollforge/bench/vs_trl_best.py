@@ -15,8 +15,10 @@ measurement, not the minimum of noisy candidates).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import ConfigError
 from .vs_trl_runners import run_rollforge, run_trl
@@ -55,7 +57,8 @@ def best(workload: Workload, settings: dict[str, Any], folder: Path,
     for name in settings["candidates"]:
         side, changes = CANDIDATES[name]
         try:
-            run = RUNNERS[side](workload, {**settings, **changes, "steps": settings["best_steps"]}, folder / name)
+            with environ_restored():
+                run = RUNNERS[side](workload, {**settings, **changes, "steps": settings["best_steps"]}, folder / name)
         except Exception as exc:  # an unavailable configuration is a finding, not the end of the benchmark
             candidates[name] = {"side": side, "error": _one_line(exc)}
             continue
@@ -73,11 +76,26 @@ def best(workload: Workload, settings: dict[str, Any], folder: Path,
             return result
         chosen[side] = min(timed, key=timed.__getitem__)
     for side, name in chosen.items():
-        run = RUNNERS[side](workload, {**settings, **CANDIDATES[name][1]}, folder / f"best-{name}")
+        with environ_restored():
+            run = RUNNERS[side](workload, {**settings, **CANDIDATES[name][1]}, folder / f"best-{name}")
         result[f"best_{side}"] = {"candidate": name, **summarize([run])}
     result["ratio_step_time_best"] = round(
         result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], 4)
     return result
+
+
+@contextlib.contextmanager
+def environ_restored() -> Iterator[None]:
+    """``os.environ`` as it was, after a candidate: TRL's colocated vLLM sets ``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in the process, after which every later
+    ``train()`` in it took itself for a torchrun rank (Ray training ran in-process, alone)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 def _one_line(exc: BaseException) -> str:
