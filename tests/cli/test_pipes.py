@@ -21,3 +21,26 @@ def test_a_closed_pipe_ends_the_command_quietly():
     finally:
         os.close(write)
     assert (done.returncode, done.stderr.decode()) == (141, "")
+
+
+def test_vllm_logs_go_to_stderr_so_stdout_stays_the_commands_output(monkeypatch, capsys):
+    """`vs-trl --best` printed vLLM's `ERROR ... AsyncLLM output_handler failed` on stdout before its
+    JSON (vLLM logs to stdout by default): the JSON did not parse. The CLI sends vLLM's logs, in this
+    process and in its engine processes, to stderr."""
+    import logging
+    import os
+
+    from rollforge.cli.main import main
+
+    monkeypatch.delenv("VLLM_LOGGING_STREAM", raising=False)
+    vllm_logger = logging.getLogger("vllm")
+    handler = logging.StreamHandler(sys.stdout)  # as vLLM configures itself on import
+    vllm_logger.addHandler(handler)
+    try:
+        assert main(["bench", "no-such-benchmark"]) == 2
+        vllm_logger.error("AsyncLLM output_handler failed")
+        out, err = capsys.readouterr()
+        assert "output_handler" not in out and "output_handler" in err
+        assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"  # for vLLM imported later, and its engine processes
+    finally:
+        vllm_logger.removeHandler(handler)

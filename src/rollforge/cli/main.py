@@ -57,7 +57,18 @@ class _Warnings(logging.Handler):
         print(f"rollforge: {record.levelname.lower()}: {_one_line(record.getMessage())}", file=sys.stderr)
 
 
+def _library_logs_to_stderr() -> None:
+    """stdout carries the command's output (a benchmark's JSON); vLLM logs to stdout by default:
+    in its engine processes and in this one, whether imported later or already."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    for handler in logging.getLogger("vllm").handlers:
+        if type(handler) is logging.StreamHandler and handler.stream is not sys.stderr:
+            with handler.lock:  # not setStream: it flushes the old stream, which may be closed
+                handler.stream = sys.stderr
+
+
 def main(argv: list[str] | None = None) -> int:
+    _library_logs_to_stderr()
     package_logger = logging.getLogger("rollforge")
     if not any(isinstance(h, _Warnings) for h in package_logger.handlers):
         package_logger.addHandler(_Warnings(logging.WARNING))
