@@ -238,9 +238,9 @@ def policy_update(
     optimizer.zero_grad(set_to_none=True)
     totals, silent = _Totals(), (silent_rows(advantages, loss_fn, reference) if skip_zero_advantage else ())
     batches = plan_micro_batches(episodes, group_size, micro_batch_tokens, skip=silent)
-    if ranks.most(len(batches)) == 0:  # no rank has a token to learn from: the weights stay as they are
+    if (busiest := ranks.most(len(batches))) == 0:  # no rank has a token to learn from: weights stay
         return totals.stats(skip_step(optimizer, scheduler, model), micro_batches=0)
-    for _ in range(ranks.most(len(batches)) - len(batches)):
+    for _ in range(busiest - len(batches)):
         _empty_pass(model, pad_id, device)
     for batch in batches:
         rows = batch.rows
