@@ -109,25 +109,56 @@ def sequence_logprobs(
     if rows.numel() == 0:
         return out
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    picked = ids[rows, cols + 1]
     if _plain_lm_head(base):
         if is_sharded(model):  # one decoder pass, so every rank's FSDP collectives line up
-            logits = _sharded_forward(model)(ids, attention, rows, cols, 0)
+            out[rows, cols + 1] = _sharded_forward(model)(ids, attention, rows, cols, picked, 0)
         else:
-            logits = _head_logits(model, ids, attention, rows, cols, prefix)
-    else:
-        first = int(cols.min())
-        keep = length - first
-        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
-        logits = logits[rows, cols - first].float()  # (N, V)
-    picked = ids[rows, cols + 1]
-    out[rows, cols + 1] = logits.gather(-1, picked[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            out[rows, cols + 1] = _head_logprobs(model, ids, attention, rows, cols, picked, prefix)
+        return out
+    first = int(cols.min())
+    keep = length - first
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
+    out[rows, cols + 1] = _picked_logprobs(logits[rows, cols - first], picked)
     return out
 
 
-def _head_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                 prefix: int) -> torch.Tensor:
-    """(N, V) logits at the positions (rows, cols) only: the decoder over every token (the shared
-    ``prefix`` once), then the head on the hidden states that predict a target."""
+#: Logits (tokens x vocabulary) the head computes at once before it goes chunk by chunk, and the
+#: size of a chunk; each chunk is recomputed in the backward pass. A 16k-token pack of a 152k-id
+#: vocabulary would hold 10 GiB of float32 logits and as much again for their gradient: on an H100
+#: a Qwen3-0.6B pack ran out of memory there (2026-11-26); in chunks of 2**30 logits it ran at 36% MFU.
+LOGIT_BUDGET, LOGIT_CHUNK = 2**30, 2**28
+
+
+def _picked_logprobs(logits: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """(N,) float32 log-softmax of the (N, V) ``logits`` at the ids ``picked``."""
+    logits = logits.float()
+    return logits.gather(-1, picked[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _head_and_logprobs(head: Any, hidden: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    return _picked_logprobs(head(hidden), picked)
+
+
+def _target_logprobs(head: Any, hidden: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """(N,) logprobs of ``picked`` under ``head`` applied to the (N, H) ``hidden``; past
+    ``LOGIT_BUDGET`` logits, ``LOGIT_CHUNK`` at a time (chunks recomputed in the backward pass)."""
+    weight = getattr(head, "weight", None)
+    if weight is None or hidden.shape[0] * weight.shape[0] <= LOGIT_BUDGET:
+        return _head_and_logprobs(head, hidden, picked)
+    step = max(1, LOGIT_CHUNK // weight.shape[0])
+    from torch.utils.checkpoint import checkpoint
+
+    chunks = zip(hidden.split(step), picked.split(step))
+    if not torch.is_grad_enabled():
+        return torch.cat([_head_and_logprobs(head, h, p) for h, p in chunks])
+    return torch.cat([checkpoint(_head_and_logprobs, head, h, p, use_reentrant=False) for h, p in chunks])
+
+
+def _head_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                   picked: torch.Tensor, prefix: int) -> torch.Tensor:
+    """(N,) logprobs of the ids ``picked`` at the positions (rows, cols) only: the decoder over every
+    token (the shared ``prefix`` once), then the head on the hidden states that predict a target."""
     batch = ids.shape[0]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder = base.get_decoder()
@@ -137,23 +168,23 @@ def _head_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, rows: t
         hidden = torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
     else:
         hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
-    return base.get_output_embeddings()(hidden[rows, cols]).float()
+    return _target_logprobs(base.get_output_embeddings(), hidden[rows, cols], picked)
 
 
-#: The name under which a sharded model runs ``_head_logits`` as an FSDP forward of its root (the
+#: The name under which a sharded model runs ``_head_logprobs`` as an FSDP forward of its root (the
 #: root gathers its own weights, the embeddings and the head, and reduces their gradients).
-SHARDED_FORWARD = "rollforge_head_logits"
+SHARDED_FORWARD = "rollforge_head_logprobs"
 
 
 def _sharded_forward(model: Any) -> Any:
-    """``_head_logits`` as a forward of the FSDP root ``model``, registered on its first use (so
+    """``_head_logprobs`` as a forward of the FSDP root ``model``, registered on its first use (so
     whoever shards the model, ``distributed.shard``, needs to know nothing of the update)."""
     if not hasattr(model, SHARDED_FORWARD):
         import types
 
         from torch.distributed.fsdp import register_fsdp_forward_method
 
-        setattr(model, SHARDED_FORWARD, types.MethodType(_head_logits, model))
+        setattr(model, SHARDED_FORWARD, types.MethodType(_head_logprobs, model))
         register_fsdp_forward_method(model, SHARDED_FORWARD)
     return getattr(model, SHARDED_FORWARD)
 
