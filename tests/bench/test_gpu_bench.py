@@ -24,6 +24,7 @@ def _bench(tmp_path: Path, *flags: str) -> tuple[dict, dict]:
     seeds torch); its printed summary and its report."""
     out = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # the bench's own choice, unless the user made one
     done = subprocess.run([sys.executable, "-m", "rollforge", "bench", "gpu", "--quick", "--out", str(out),
                            "--scratch", str(tmp_path / "scratch"), *flags],
                           capture_output=True, text=True, timeout=900, env=env, check=False)
@@ -50,6 +51,7 @@ def test_quick_run_on_cpu_reports_every_section(tmp_path):
     assert fsdp["status"] == "ok" and (fsdp["backend"], fsdp["world_size"]) == ("gloo", 1)
     assert fsdp["resumed_step"] == 1 and fsdp["resumed_weights_match"] and fsdp["next_loss_matches"]
     assert report["environment"]["device"] == "cpu" and report["environment"]["peak_bf16_flops_per_s"] is None
+    assert report["environment"]["cuda_alloc_conf"] == "expandable_segments:True"  # set before CUDA starts
     assert printed["models"]["tiny"]["train_throughput"] == "skipped: no CUDA device"
     assert printed["models"]["tiny"]["fsdp2"] == "ok next_loss_matches=True"
 

@@ -185,6 +185,9 @@ class OptimConfig(_Section):
     """Clip the global gradient norm; None: no clipping."""
     micro_batch_tokens: int = Field(4096, ge=1)
     """Padded tokens per forward/backward pass; the batch is accumulated over as many passes as needed."""
+    share_prompts: bool | Literal["auto"] = "auto"
+    """Run a GRPO group's rows behind one pass of their shared prompt. ``auto``: on a CPU only (on an
+    H100 that update took 2.9 s, padded rows 1.05 s; see ``micro_batches.shares_prompts``)."""
 
 
 class TrainConfig(_Section):
@@ -342,16 +345,9 @@ def _check_keys(model: type[BaseModel], data: Any, where: tuple[str, ...]) -> No
             hint = f"; did you mean {'.'.join((*where, near[0]))!r}?" if near else ""
             valid = ", ".join(fields)
             raise ConfigError(f"unknown config key {'.'.join((*where, str(key)))!r}{hint} (valid here: {valid})")
-        annotation = fields[key].annotation
-        inner = _section_type(annotation)
-        if inner is not None:
+        for inner in _section_types(fields[key].annotation)[:1]:
             for item in value if isinstance(value, list) else [value]:
                 _check_keys(inner, item, (*where, key))
-
-
-def _section_type(annotation: Any) -> type[BaseModel] | None:
-    kinds = _section_types(annotation)
-    return kinds[0] if kinds else None
 
 
 def _section_types(annotation: Any) -> list[type[BaseModel]]:

@@ -44,6 +44,12 @@ def plan_micro_batches(episodes: Sequence[Any], group_size: int, micro_batch_tok
     return out
 
 
+def shares_prompts(setting: bool | str, device: Any) -> bool:
+    """Whether the update runs groups behind their shared prompt (``optim.share_prompts`` on
+    ``device``): ``auto`` on a CPU only, where it saves compute; on CUDA padded rows ran faster."""
+    return device.type == "cpu" if setting == "auto" else bool(setting)
+
+
 def shared_prefix(episodes: Sequence[Any]) -> int:
     """The prompt length when every episode starts with the same prompt ids and continues past it
     (at least one token each); else 0."""

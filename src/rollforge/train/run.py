@@ -50,6 +50,7 @@ from .evaluate import aevaluate
 from .generation_backend import backend_config, shared_model
 from .logbook import Logbook
 from .losses import ClippedPolicyLoss, get_aggregation
+from .micro_batches import shares_prompts
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .rewards import RewardFunction, compute_rewards, load_reward_functions
 from .sources import read_inputs
@@ -129,7 +130,9 @@ async def learn(
     if oldest is not None:
         masks, stale = fresh_masks(masks, owners, trajectories, oldest)
     weights = run.aggregation.weights(masks, ranks.total)  # normalised over the global batch
-    shared = algo.group_size if len(episodes) == len(trajectories) else 1  # segments: no shared prompts
+    sharing = len(episodes) == len(trajectories)  # segments of rewritten histories share no prompt
+    sharing = sharing and shares_prompts(config.optim.share_prompts, next(run.model.parameters()).device)
+    shared = algo.group_size if sharing else 1
     await run.sync.release()  # a colocated engine frees its memory for the update
     proximal = Proximal(len(episodes))  # the weights before this update's logprobs, for a correction that needs them
     for _ in range(algo.epochs_per_batch):
