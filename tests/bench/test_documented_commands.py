@@ -50,7 +50,7 @@ SMALL: dict[str, tuple[str, tuple[str, ...], tuple]] = {
     "gateway": ("--sessions 2 --turns 2 --latency 0.01", ("ratio_gateway_to_direct", "sessions_token_exact"), ()),
     "learning": (f"--model {TINY} --steps 2 --batch-size 1 --generations 2 --max-new-tokens 8 --eval-every 1 "
                  "--eval-episodes 2", ("held_out_curves", "ratio_time_to_target", "settings"), (slow, needs_trl)),
-    "gpu": ("--quick --device cpu --sections fsdp2 --out {tmp}/gpu-report.json", ("report", "device", "models"), (slow,)),
+    "gpu": ("--quick --models tiny --device cpu --sections fsdp2 --out {tmp}/gpu-report.json", ("report", "device", "models"), (slow,)),
 }
 
 
