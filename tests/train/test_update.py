@@ -275,6 +275,15 @@ def test_a_batch_without_any_advantage_leaves_the_weights_and_the_optimizer_as_t
     every = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(),
                           skip_zero_advantage=False, **args)  # algorithm.skip_zero_advantage: false
     assert every.micro_batches == 2 and every.policy_tokens == sum(int(e.mask.sum()) for e in episodes)
+    # No token in the loss (every episode failed or too stale): nothing forwarded and no step, KL
+    # term or not (``silent_rows`` knows these rows; the update has no second check of its own).
+    before = [p.detach().clone() for p in model.parameters()]
+    none = [torch.zeros_like(w) for w in weights]
+    for loss, ref in ((ClippedPolicyLoss(), None), (ClippedPolicyLoss(kl_beta=0.1), reference)):
+        stats = policy_update(model, optimizer, episodes, torch.linspace(-1, 1, 6), none, loss, reference=ref,
+                              skip_zero_advantage=False, **args)
+        assert stats.micro_batches == 0 and stats.grad_norm == 0.0
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 
 def test_groups_share_their_prompt_on_a_cpu_and_run_as_padded_rows_on_cuda_unless_told():

@@ -72,10 +72,13 @@ def pack_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[
     return batches
 
 
-def silent_rows(advantages: torch.Tensor, loss_fn: Any, reference: Any) -> set[int]:
-    """Rows whose loss and gradient are exactly zero: no advantage on any token and no KL term
-    (a GRPO group whose rewards are all equal). They are not forwarded."""
-    if reference is not None or getattr(loss_fn, "kl_beta", 0.0) > 0:
-        return set()
+def silent_rows(advantages: torch.Tensor, weights: Sequence[torch.Tensor], loss_fn: Any, reference: Any,
+                zero_advantage: bool = True) -> set[int]:
+    """Rows whose loss and gradient are exactly zero, which are not forwarded: rows with no token in
+    the loss (every weight 0: a failed or stale episode), and, with ``zero_advantage`` and no KL
+    term, rows with no advantage on any token (a GRPO group whose rewards are all equal)."""
+    silent = {i for i, w in enumerate(weights) if not bool(w.any())}
+    if not zero_advantage or reference is not None or getattr(loss_fn, "kl_beta", 0.0) > 0:
+        return silent
     flat = advantages.reshape(len(advantages), -1)
-    return {int(i) for i in torch.nonzero(~flat.ne(0).any(dim=1)).flatten()}
+    return silent | {int(i) for i in torch.nonzero(~flat.ne(0).any(dim=1)).flatten()}

@@ -260,14 +260,15 @@ def policy_update(
     ``compute_dtype``: precision of the forward passes (bfloat16: under ``torch.autocast``).
     With several ``ranks`` (a sharded model) every rank runs as many micro-batches as the busiest
     one (each FSDP forward and backward is a collective); ``weights`` must be normalised over the
-    global batch. ``skip_zero_advantage``: leave out ``silent_rows``; no optimizer step without others."""
+    global batch. Rows without a gradient are not forwarded (``silent_rows``; those without advantage
+    only with ``skip_zero_advantage``), and without other rows no optimizer step is taken."""
     if loss_fn.needs_proximal and (proximal is None or len(proximal) != len(episodes)):
         raise ValueError(f"{type(loss_fn).__name__} needs proximal=Proximal({len(episodes)}) (one per batch, "
                          f"shared by its epochs), got {proximal!r}")
     device = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals, silent = _Totals(), (silent_rows(advantages, loss_fn, reference) if skip_zero_advantage else ())
+    totals, silent = _Totals(), silent_rows(advantages, weights, loss_fn, reference, skip_zero_advantage)
     batches = plan_micro_batches(episodes, group_size, micro_batch_tokens, skip=silent)
     if (busiest := ranks.most(len(batches))) == 0:  # no rank has a token to learn from: weights stay
         return totals.stats(skip_step(optimizer, scheduler, model), micro_batches=0)
@@ -275,10 +276,6 @@ def policy_update(
         _empty_pass(model, pad_id, device)
     for batch in batches:
         rows = batch.rows
-        if not any(float(weights[i].abs().sum()) for i in rows):  # nothing to learn from these rows
-            if ranks.distributed:
-                _empty_pass(model, pad_id, device)  # still one pass: the other ranks' collectives wait for it
-            continue
         ids, attention, old, w = collate([episodes[i] for i in rows], [weights[i] for i in rows], pad_id, device)
         with mixed_precision(device, compute_dtype):
             ref = None
