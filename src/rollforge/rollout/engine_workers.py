@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -69,7 +68,7 @@ from ..boundary import boundary
 from ..types import Failure, Sample, Trajectory
 from .config import RolloutConfig
 from .metrics import rollout_metrics
-from .worker_channel import Channel, Shard, portable_error
+from .worker_channel import Channel, Shard, loads, portable_error
 from .worker_pool import EngineWorkers, PoolWorker, pickled, stop
 
 logger = logging.getLogger(__name__)
@@ -173,7 +172,7 @@ async def _drive(drive: _Drive, backend: Backend, config: RolloutConfig, deliver
                 elif kind == "ended":
                     episodes.pop(rest[0], None)
                 elif kind == "episodes":
-                    for trajectory in pickle.loads(rest[0]):
+                    for trajectory in loads(rest[0]):
                         deliver(trajectory.index - config.first_index, trajectory)
                 elif kind == "done":
                     drive.abandoned_calls = rest[0]

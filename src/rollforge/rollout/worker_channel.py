@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copyreg
+import gc
 import io
 import pickle
 import socket
@@ -43,6 +44,19 @@ def dumps(obj: Any) -> bytes:
     pickler.dispatch_table = _DISPATCH
     pickler.dump(obj)
     return buffer.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    """Unpickle with the cyclic collector paused: what travels (trajectories, samples) holds no
+    cycles, and the collections its many new objects would trigger walk everything alive (5,000
+    trajectories held: 55 us to load one with the collector on, 37 with it paused)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return pickle.loads(data)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class IterationBatch:
@@ -85,7 +99,7 @@ class Channel:
         """The next batch of messages; ``EOFError`` once the other end has gone."""
         try:
             size = _FRAME.unpack(await self._reader.readexactly(_FRAME.size))[0]
-            return pickle.loads(await self._reader.readexactly(size))
+            return loads(await self._reader.readexactly(size))
         except (asyncio.IncompleteReadError, ConnectionError):
             raise EOFError from None
 

@@ -17,7 +17,6 @@ import functools
 import itertools
 import logging
 import os
-import pickle
 import resource
 import signal
 import socket
@@ -31,7 +30,7 @@ from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..types import Completion, Trajectory
 from .engine import arollout
-from .worker_channel import Channel, IterationBatch, Setup, Shard, dumps, portable_error
+from .worker_channel import Channel, IterationBatch, Setup, Shard, dumps, loads, portable_error
 
 logger = logging.getLogger(__name__)
 #: Seconds a worker whose parent has gone waits for its episodes to unwind before it exits anyway.
@@ -112,7 +111,7 @@ async def _serve(sock: socket.socket) -> None:
 
 def _unpickled(payload: bytes, what: str) -> Any:
     try:
-        return pickle.loads(payload)
+        return loads(payload)
     except Exception as exc:
         raise ConfigError(
             f"an engine worker could not load {what} ({type(exc).__name__}: {exc}); environment classes "
