@@ -420,3 +420,16 @@ def test_what_arrives_is_unpickled_with_the_collector_paused_and_left_as_it_was(
     finally:
         (gc.enable if was else gc.disable)()
     assert _CollectorWitness.seen == [False, False]
+
+
+def test_a_workers_shard_runs_without_the_checks_its_rollouts_process_ran_for_the_whole_batch(tiny_model_dir, monkeypatch):
+    # A worker used to check its shard's prompt lengths again: ~0.1 s of CPU per worker at 5,000 episodes.
+    from rollforge.rollout import checks, engine
+
+    samples, envs, backend, renderer = _setup(tiny_model_dir, 2)
+    calls = []
+    monkeypatch.setattr(checks, "check_prompt_lengths", lambda *args: calls.append(len(args[0])))
+    result = asyncio.run(engine.run_checked(samples, envs, backend, renderer, _config()))
+    assert calls == [] and [t.turns for t in result.trajectories] == [3, 3]
+    asyncio.run(arollout(samples, envs, backend, renderer, _config()))
+    assert calls == [2]  # arollout checks, once for its batch

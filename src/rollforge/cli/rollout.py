@@ -108,7 +108,7 @@ def run(args: Any) -> int:
 
     from ..backends.config import BackendConfig
     from ..models import load_tokenizer
-    from ..rollout.engine import check_prompt_lengths
+    from ..rollout.checks import check_prompt_lengths
 
     backend_config = BackendConfig(
         kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,

@@ -21,7 +21,8 @@ environments connect there and check the server's capacity for real); after ``pr
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
 Results come back in input order. The engine does not know what a tool is. With
 ``engine_workers > 1``, or a pool of worker processes (``workers=``, ``worker_pool.py``), the checked
-rollout runs in worker processes instead (``engine_workers.py``), each an ``arollout`` of its share.
+rollout runs in worker processes instead (``engine_workers.py``), each its share through ``run_checked``
+(the checks, ``checks.py``, ran here for the whole batch).
 
 Failures inside an episode are recorded on its trajectory. An episode that ends in an
 infrastructure failure (``Trajectory.outcome``: backend error, environment raised or hung) is run
@@ -40,17 +41,16 @@ import contextlib
 import gc
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..envs.base import Environment, GeneratingEnvironment
-from ..envs.factory import check_routes
-from ..errors import ConfigError, TemplateError
+from ..errors import ConfigError
 from ..types import Sample, Trajectory
 from ..workers import ENVIRONMENT_WORKERS, run_sync
+from .checks import check_backend_takes_images, check_capacity, check_rollout, sessions_needed
 from .config import RolloutConfig
 from .episode import EpisodeContext, Gate, OpenGate, run_episode
 from .metrics import rollout_metrics
@@ -123,23 +123,23 @@ async def arollout(
     (``EngineWorkers``): worker processes already started, for the episodes' engine work."""
     config = config or RolloutConfig()
     samples = list(samples)
-    _check_tasks(samples, task_to_env)
-    _check_contracts(task_to_env, backend)
-    check_routes(samples, task_to_env)
-    needed = _sessions_needed(samples, task_to_env, config)
-    if session is None:
-        _check_capacity(task_to_env, needed, f"concurrency={config.concurrency}, {len(samples)} samples")
-    parser = renderer.parser(config.tool_parser)
-    check_prompt_lengths(samples, renderer, config.max_seq_len, "max_seq_len", task_to_env, parser)
-    if config.check_template:  # tools are checked when an environment first offers them
-        for prompt in {s.task_name: s.prompt for s in samples}.values():
-            renderer.check_template(prompt, (), parser)
+    check_rollout(samples, task_to_env, backend, renderer, config, capacity=session is None)
     if config.engine_workers > 1 or workers is not None:
         return await _in_workers(samples, task_to_env, backend, renderer, config, on_episode, session, workers)
-    ctx = EpisodeContext(backend, renderer, parser, config)
+    return await run_checked(samples, task_to_env, backend, renderer, config, on_episode=on_episode, session=session)
+
+
+async def run_checked(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend,
+                      renderer: ChatRenderer, config: RolloutConfig, *,
+                      on_episode: Callable[[Trajectory], None] | None = None,
+                      session: RolloutSession | None = None) -> RolloutResult:
+    """``arollout``'s episodes in this process, for inputs ``check_rollout`` has passed (an engine
+    worker's shard: its rollout's process checked the whole batch)."""
+    ctx = EpisodeContext(backend, renderer, renderer.parser(config.tool_parser), config)
     results: list[Trajectory | None] = [None] * len(samples)
+    needed = sessions_needed(samples, task_to_env, config)
     async with _prepared(task_to_env, needed) if session is None else contextlib.nullcontext():
-        _check_backend_takes_images(samples, task_to_env, backend)
+        check_backend_takes_images(samples, task_to_env, backend)
         started = time.perf_counter()
         with _quiet_collector():
             callback_errors = await _schedule(samples, task_to_env, ctx, results, on_episode,
@@ -203,7 +203,7 @@ async def open_session(task_to_env: Mapping[str, Environment], concurrency: int)
     """Prepare every environment of ``task_to_env`` for ``concurrency`` sessions (its capacity
     checked) and release them on exit; pass the session to each ``arollout``."""
     needed = {id(env): concurrency for env in task_to_env.values()}
-    _check_capacity(task_to_env, needed, f"concurrency={concurrency}, shared by overlapping rollouts")
+    check_capacity(task_to_env, needed, f"concurrency={concurrency}, shared by overlapping rollouts")
     async with _prepared(task_to_env, needed):
         yield RolloutSession(asyncio.Semaphore(concurrency))
 
@@ -287,58 +287,6 @@ def rollout(*args: Any, **kwargs: Any) -> RolloutResult:
     return run_sync(arollout(*args, **kwargs))
 
 
-def _check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
-    if not samples:
-        raise ConfigError("no samples to roll out: expected at least one Sample")
-    unknown = sorted({s.task_name for s in samples} - set(task_to_env))
-    if unknown:
-        raise ConfigError(f"unknown task name(s) {unknown}: no environment is registered for them; "
-                          f"task_to_env has {sorted(task_to_env)}")
-
-
-def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: int, setting: str,
-                         task_to_env: Mapping[str, Environment] | None = None, parser: Any = None) -> None:
-    """Refuse prompts that leave no room to generate under ``max_seq_len`` (``setting`` names the
-    option to raise), measured as the episode will render them: with ``task_to_env`` and
-    ``parser``, with the tools each environment offers (``Environment.offered_tools``; in the
-    system prompt when the template renders no tools). Prompts are counted from 1. Not measured:
-    prompts the template cannot render (their episodes record a ``template_error``, as a rollout
-    without ``check_template`` does) and those of environments that run their own episodes
-    (``GeneratingEnvironment``), which write their own prompts."""
-    lengths: dict[tuple, tuple[int, Any]] = {}  # the tools are kept: their id is part of the key
-    too_long = []
-    for n, sample in enumerate(samples, 1):
-        env = task_to_env[sample.task_name] if task_to_env is not None else None
-        if isinstance(env, GeneratingEnvironment):
-            continue
-        tools = (env.offered_tools(sample) if env is not None else None) or ()
-        key = (tuple((m.role, m.content, m.name) for m in sample.prompt), id(tools))
-        if key not in lengths:
-            try:
-                if tools:
-                    ids = renderer.prompt_ids(*renderer.with_tool_prompt(sample.prompt, tools, parser))
-                else:
-                    ids = renderer.prompt_ids(sample.prompt)
-            except TemplateError:  # left to its episode, where it is the policy's template_error
-                ids = []
-            lengths[key] = (len(ids) + len(renderer.generation_prompt), tools)
-        if lengths[key][0] >= max_seq_len:
-            too_long.append((n, lengths[key][0], bool(tools)))
-    if too_long:
-        n, length, with_tools = too_long[0]
-        others = f" (and {len(too_long) - 1} more prompts)" if len(too_long) > 1 else ""
-        raise ConfigError(
-            f"{setting}={max_seq_len} leaves no room to generate: prompt {n} is already {length} tokens"
-            f"{' with the description of its tools' if with_tools else ''}{others}; raise {setting} or shorten the prompts"
-        )
-
-
-def _sessions_needed(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig) -> dict[int, int]:
-    """Per environment object (by id): how many of its sessions may run at once."""
-    counts = Counter(id(task_to_env[s.task_name]) for s in samples)
-    return {env_id: min(count, config.concurrency) for env_id, count in counts.items()}
-
-
 @contextlib.asynccontextmanager
 async def _prepared(task_to_env: Mapping[str, Environment], needed: Mapping[int, int]):
     """``Environment.prepare(sessions)`` for each environment (by id) in ``needed`` (connect, read
@@ -353,48 +301,3 @@ async def _prepared(task_to_env: Mapping[str, Environment], needed: Mapping[int,
         yield
 
 
-def _check_backend_takes_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend) -> None:
-    """An environment that declares ``produces_images`` needs a backend with ``accepts_images``."""
-    if backend.accepts_images:
-        return
-    for task in sorted({s.task_name for s in samples}):
-        if task_to_env[task].produces_images:
-            raise ConfigError(
-                f"the environment for task {task!r} may return images (produces_images=True) but the "
-                f"backend {type(backend).__name__} is text-only (accepts_images=False); use a backend for "
-                "a vision-language model, or an environment that returns text"
-            )
-
-
-def _check_capacity(task_to_env: Mapping[str, Environment], needed: Mapping[int, int], why: str) -> None:
-    """Environments that cap their sessions (remote servers) must allow as many as ``needed`` (by
-    environment id) says can run at once (``why``: what sets that, for the message); tasks that
-    share one environment object share its sessions."""
-    tasks: dict[int, list[str]] = {}
-    for name, env in task_to_env.items():
-        tasks.setdefault(id(env), []).append(name)
-    for env_id, sessions in needed.items():
-        task = tasks[env_id][0] if len(tasks[env_id]) == 1 else tasks[env_id]
-        limit = task_to_env[tasks[env_id][0]].max_sessions
-        if limit is not None and limit < sessions:
-            raise ConfigError(
-                f"environment for task {task!r} allows {limit} concurrent sessions but the rollout "
-                f"needs {sessions} ({why}); lower the concurrency or raise the environment's "
-                "max_concurrent_envs / max_sessions"
-            )
-
-
-def _check_contracts(task_to_env: Mapping[str, Environment], backend: Backend) -> None:
-    """The engine asks environments and backends only what their base classes declare."""
-    for task, env in task_to_env.items():
-        if not isinstance(env, Environment):
-            raise ConfigError(
-                f"the environment for task {task!r} is a {type(env).__name__}, not a rollforge Environment; "
-                "wrap an environment class with FactoryEnvironment, a step-style object with "
-                "StepwiseEnvironment, or subclass rollforge.envs.base.Environment"
-            )
-    if not isinstance(backend, Backend):
-        raise ConfigError(
-            f"the backend is a {type(backend).__name__}, not a rollforge Backend; subclass "
-            "rollforge.backends.base.Backend (generate(prompt_ids, params) -> Completion)"
-        )

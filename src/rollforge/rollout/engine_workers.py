@@ -2,12 +2,13 @@
 
 One Python event loop does every episode's engine work (render, parse, tools, bookkeeping) on one
 core: about 8,000 turns per second. ``RolloutConfig.engine_workers = N`` (``--engine-workers N``)
-splits the samples into ``N`` contiguous shards, each run by ``arollout`` in its own process
-(``worker_process.py``), behind the same ``rollout()`` / ``arollout()``. A worker is a fresh
-interpreter given this one's import path (not a fork: the caller's threads and event loop stay
-here; not multiprocessing's spawn, which re-runs the caller's script). Its start costs about
-1.5 s of CPU (measured on the shared 2-core machine): 0.3 s for the interpreter and rollforge (the
-worker's own modules import no transformers, torch or numpy), then 1.0-1.3 s for transformers,
+splits the samples into ``N`` contiguous shards, each run in its own process (``worker_process.py``,
+through ``engine.run_checked``: the checks ran here, once for the batch), behind the same
+``rollout()`` / ``arollout()``. A worker is a fresh interpreter given this one's import path
+(not a fork: the caller's threads and event loop stay here; not multiprocessing's spawn, which
+re-runs the caller's script). Its start costs about 1.5 s of CPU (measured on the shared 2-core
+machine): 0.3 s for the interpreter and rollforge (the worker's own modules import no
+transformers, torch or numpy), then 1.0-1.3 s for transformers,
 which unpickling the renderer's tokenizer imports (transformers 5 scans its model files and the
 installed packages' metadata on import). So workers live in a pool (``worker_pool.py``,
 ``EngineWorkers``) that starts them once and serves many rollouts: ``arollout(..., workers=pool)``
@@ -145,8 +146,7 @@ def _shards(count: int, workers: int, concurrency: int) -> list[tuple[int, int, 
 
 def _payload(samples, config: RolloutConfig, start: int, stop: int, concurrency: int) -> bytes:
     shard_config = config.model_copy(update={
-        "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1,
-        "check_template": False})  # checked here already
+        "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1})
     return pickled(Shard(samples[start:stop], shard_config), f"engine_workers={config.engine_workers}")
 
 

@@ -1,5 +1,5 @@
 """One engine worker process (``engine_workers.py``, ``worker_pool.py``): loads the pool's setup
-once (environments, tokenizer, backend), then runs each rollout's shard with ``arollout`` on its
+once (environments, tokenizer, backend), then runs each rollout's shard with ``run_checked`` on its
 own event loop and sends the trajectories back as their episodes end (those that end in one loop
 iteration in one pickle).
 
@@ -29,7 +29,7 @@ from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..types import Completion, Trajectory
-from .engine import arollout
+from .engine import run_checked
 from .worker_channel import Channel, IterationBatch, Setup, Shard, dumps, loads, portable_error
 
 logger = logging.getLogger(__name__)
@@ -171,8 +171,8 @@ class _Worker:
         self.proxy.active = True
         try:
             shard: Shard = _unpickled(payload, "the rollout's samples")
-            result = await arollout(shard.samples, self.task_to_env, self.backend, self.renderer, shard.config,
-                                    on_episode=finished.add)
+            result = await run_checked(shard.samples, self.task_to_env, self.backend, self.renderer, shard.config,
+                                       on_episode=finished.add)  # the rollout's process checked them
             self.channel.send(("done", result.metrics["abandoned_worker_calls"]))
         except asyncio.CancelledError:
             raise

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..envs.adapters import nemo_gym_wire
 from ..envs.library import get_env_spec
 from ..errors import ConfigError, InvariantError
-from ..rollout.engine import check_prompt_lengths  # noqa: F401  (re-exported: the CLI and training call it early)
+from ..rollout.checks import check_prompt_lengths  # noqa: F401  (re-exported: the CLI and training call it early)
 from ..types import Message, Sample
 from .config import EnvConfig
 

@@ -1,0 +1,134 @@
+"""The checks a rollout runs on its inputs before anything is generated (``engine.arollout``;
+``check_prompt_lengths`` also runs early in the CLI and in training, before the model loads).
+An engine worker runs its shard unchecked (``engine.run_checked``): its rollout's process checked
+the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+from ..backends.base import Backend
+from ..chat.render import ChatRenderer
+from ..envs.base import Environment, GeneratingEnvironment
+from ..envs.factory import check_routes
+from ..errors import ConfigError, TemplateError
+from ..types import Sample
+from .config import RolloutConfig
+
+
+def check_rollout(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend,
+                  renderer: ChatRenderer, config: RolloutConfig, capacity: bool = True) -> None:
+    """Every check of ``arollout``'s inputs (see ``engine``'s docstring), one ``ConfigError`` for the
+    first that fails; ``capacity``: also environments' session limits (not for a shared session)."""
+    check_tasks(samples, task_to_env)
+    check_contracts(task_to_env, backend)
+    check_routes(samples, task_to_env)
+    if capacity:
+        check_capacity(task_to_env, sessions_needed(samples, task_to_env, config),
+                       f"concurrency={config.concurrency}, {len(samples)} samples")
+    parser = renderer.parser(config.tool_parser)
+    check_prompt_lengths(samples, renderer, config.max_seq_len, "max_seq_len", task_to_env, parser)
+    if config.check_template:  # tools are checked when an environment first offers them
+        for prompt in {s.task_name: s.prompt for s in samples}.values():
+            renderer.check_template(prompt, (), parser)
+
+
+def check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
+    if not samples:
+        raise ConfigError("no samples to roll out: expected at least one Sample")
+    unknown = sorted({s.task_name for s in samples} - set(task_to_env))
+    if unknown:
+        raise ConfigError(f"unknown task name(s) {unknown}: no environment is registered for them; "
+                          f"task_to_env has {sorted(task_to_env)}")
+
+
+def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: int, setting: str,
+                         task_to_env: Mapping[str, Environment] | None = None, parser: Any = None) -> None:
+    """Refuse prompts that leave no room to generate under ``max_seq_len`` (``setting`` names the
+    option to raise), measured as the episode will render them: with ``task_to_env`` and
+    ``parser``, with the tools each environment offers (``Environment.offered_tools``; in the
+    system prompt when the template renders no tools). Prompts are counted from 1. Not measured:
+    prompts the template cannot render (their episodes record a ``template_error``, as a rollout
+    without ``check_template`` does) and those of environments that run their own episodes
+    (``GeneratingEnvironment``), which write their own prompts."""
+    lengths: dict[tuple, tuple[int, Any]] = {}  # the tools are kept: their id is part of the key
+    too_long = []
+    for n, sample in enumerate(samples, 1):
+        env = task_to_env[sample.task_name] if task_to_env is not None else None
+        if isinstance(env, GeneratingEnvironment):
+            continue
+        tools = (env.offered_tools(sample) if env is not None else None) or ()
+        key = (tuple((m.role, m.content, m.name) for m in sample.prompt), id(tools))
+        if key not in lengths:
+            try:
+                if tools:
+                    ids = renderer.prompt_ids(*renderer.with_tool_prompt(sample.prompt, tools, parser))
+                else:
+                    ids = renderer.prompt_ids(sample.prompt)
+            except TemplateError:  # left to its episode, where it is the policy's template_error
+                ids = []
+            lengths[key] = (len(ids) + len(renderer.generation_prompt), tools)
+        if lengths[key][0] >= max_seq_len:
+            too_long.append((n, lengths[key][0], bool(tools)))
+    if too_long:
+        n, length, with_tools = too_long[0]
+        others = f" (and {len(too_long) - 1} more prompts)" if len(too_long) > 1 else ""
+        raise ConfigError(
+            f"{setting}={max_seq_len} leaves no room to generate: prompt {n} is already {length} tokens"
+            f"{' with the description of its tools' if with_tools else ''}{others}; raise {setting} or shorten the prompts"
+        )
+
+
+def sessions_needed(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig) -> dict[int, int]:
+    """Per environment object (by id): how many of its sessions may run at once."""
+    counts = Counter(id(task_to_env[s.task_name]) for s in samples)
+    return {env_id: min(count, config.concurrency) for env_id, count in counts.items()}
+
+
+def check_backend_takes_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend) -> None:
+    """An environment that declares ``produces_images`` needs a backend with ``accepts_images``."""
+    if backend.accepts_images:
+        return
+    for task in sorted({s.task_name for s in samples}):
+        if task_to_env[task].produces_images:
+            raise ConfigError(
+                f"the environment for task {task!r} may return images (produces_images=True) but the "
+                f"backend {type(backend).__name__} is text-only (accepts_images=False); use a backend for "
+                "a vision-language model, or an environment that returns text"
+            )
+
+
+def check_capacity(task_to_env: Mapping[str, Environment], needed: Mapping[int, int], why: str) -> None:
+    """Environments that cap their sessions (remote servers) must allow as many as ``needed`` (by
+    environment id) says can run at once (``why``: what sets that, for the message); tasks that
+    share one environment object share its sessions."""
+    tasks: dict[int, list[str]] = {}
+    for name, env in task_to_env.items():
+        tasks.setdefault(id(env), []).append(name)
+    for env_id, sessions in needed.items():
+        task = tasks[env_id][0] if len(tasks[env_id]) == 1 else tasks[env_id]
+        limit = task_to_env[tasks[env_id][0]].max_sessions
+        if limit is not None and limit < sessions:
+            raise ConfigError(
+                f"environment for task {task!r} allows {limit} concurrent sessions but the rollout "
+                f"needs {sessions} ({why}); lower the concurrency or raise the environment's "
+                "max_concurrent_envs / max_sessions"
+            )
+
+
+def check_contracts(task_to_env: Mapping[str, Environment], backend: Backend) -> None:
+    """The engine asks environments and backends only what their base classes declare."""
+    for task, env in task_to_env.items():
+        if not isinstance(env, Environment):
+            raise ConfigError(
+                f"the environment for task {task!r} is a {type(env).__name__}, not a rollforge Environment; "
+                "wrap an environment class with FactoryEnvironment, a step-style object with "
+                "StepwiseEnvironment, or subclass rollforge.envs.base.Environment"
+            )
+    if not isinstance(backend, Backend):
+        raise ConfigError(
+            f"the backend is a {type(backend).__name__}, not a rollforge Backend; subclass "
+            "rollforge.backends.base.Backend (generate(prompt_ids, params) -> Completion)"
+        )
