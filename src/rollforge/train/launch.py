@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from ..backends.base import Backend
 from ..cluster.trainers import train_on_ray
 from ..envs.base import GeneratingEnvironment
+from ..errors import ConfigError
 from ..workers import run_sync
 from .config import TrainConfig
 from .environments import build_environments, named_environments
@@ -90,9 +91,13 @@ async def atrain(
 
 
 def _started_by_torchrun() -> bool:
-    """Whether torchrun started this process as one of its ranks: it trains here, where
-    ``inputs.check_ranks`` refuses Ray training workers on top (one launcher, not both)."""
-    return "WORLD_SIZE" in os.environ
+    """Whether torchrun started this process as one of several ranks (``WORLD_SIZE`` > 1): it
+    trains here, where ``inputs.check_ranks`` refuses Ray training workers on top (one launcher, not
+    both). A ``WORLD_SIZE`` of 1 (a job scheduler's, another library's) is a process alone."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.strip().isdigit():
+        raise ConfigError(f"WORLD_SIZE={world!r} in the environment: expected a whole number of ranks (torchrun sets it)")
+    return int(world) > 1
 
 
 def _pooled_environments(config: TrainConfig, environments: Any) -> int:
