@@ -32,3 +32,18 @@ def ray_session():
     ray = ensure_ray(num_cpus=2, object_store_mb=96)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def ray_cpus_free(ray_session):
+    """A check that every actor a run started is gone: both CPUs of ``ray_session`` free again
+    within ``within`` seconds (Ray releases a killed actor's CPUs shortly after, not at once)."""
+    import time
+
+    def check(within: float = 30.0) -> None:
+        deadline = time.monotonic() + within
+        while ray_session.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray_session.available_resources().get("CPU") == 2, ray_session.available_resources()
+
+    return check

@@ -45,7 +45,7 @@ def test_what_can_never_fit_fails_at_once_naming_numbers_and_knobs(ray_session):
 
 
 @pytest.mark.slow
-def test_laptop_command_succeeds_with_defaults(ray_session, smollm2_dir, tmp_path):
+def test_laptop_command_succeeds_with_defaults(ray_cpus_free, smollm2_dir, tmp_path):
     """The README's first Ray command, with no reservation flags, on the 2-CPU loopback instance."""
     out = tmp_path / "ray"
     args = ["rollout", "--model", str(smollm2_dir), "--executor", "ray", "--env", "arithmetic", "--env", "catch",
@@ -57,7 +57,7 @@ def test_laptop_command_succeeds_with_defaults(ray_session, smollm2_dir, tmp_pat
     renderer = ChatRenderer(load_tokenizer(str(smollm2_dir)))
     for record in records:
         assert token_fidelity_gap(from_record(record), renderer) is None
-    assert ray_session.available_resources().get("CPU") == 2  # every actor stopped and released its share
+    ray_cpus_free()  # every actor stopped and released its share (asserted at once, it failed once: 1.5 of 2)
 
 
 def test_agent_programs_stay_on_the_driver_beside_pooled_environments(ray_session):

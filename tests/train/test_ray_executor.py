@@ -100,7 +100,7 @@ def _laptop_config(tiny_model_dir, tmp_path, *sets: str) -> list[str]:
     return ["train", str(config), "--set", "executor=ray", "--set", "ray.training_workers=2", *sets]
 
 
-def test_readme_ray_training_line_runs_with_the_defaults_on_two_cpus(ray_session, tiny_model_dir, tmp_path, capsys):
+def test_readme_ray_training_line_runs_with_the_defaults_on_two_cpus(ray_session, ray_cpus_free, tiny_model_dir, tmp_path, capsys):
     """Two workers, each with two environment actors, on the 2-CPU loopback instance: every
     reservation unset, so all six share the two CPUs (they used to wait 120 s for CPUs the
     workers held)."""
@@ -111,20 +111,10 @@ def test_readme_ray_training_line_runs_with_the_defaults_on_two_cpus(ray_session
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [(m["step"], m["ranks"]) for m in metrics] == [(1, 2)]
     assert not [k for m in metrics for k in m if k.startswith("rollout/errors/")]
-    _all_cpus_free_again(ray_session)
+    ray_cpus_free()
 
 
-def _all_cpus_free_again(ray, within: float = 30.0) -> None:
-    """Every actor a run started is gone (Ray releases a killed actor's CPUs shortly after)."""
-    import time
-
-    deadline = time.monotonic() + within
-    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU") == 2, ray.available_resources()
-
-
-def test_ray_training_that_cannot_fit_is_one_line_at_once(ray_session, tiny_model_dir, tmp_path, capsys):
+def test_ray_training_that_cannot_fit_is_one_line_at_once(ray_session, ray_cpus_free, tiny_model_dir, tmp_path, capsys):
     """2 workers x 1 CPU + 2 x 2 environment actors x 0.5 CPU = 4 CPUs on a 2-CPU instance: refused
     before anything starts (it used to start, then wait 120 s and print Ray's coloured traceback)."""
     import time
@@ -144,4 +134,4 @@ def test_ray_training_that_cannot_fit_is_one_line_at_once(ray_session, tiny_mode
         "ray.env_actor_memory_mb, ray.env_actors / --env-actors"
     ]
     assert "\x1b[" not in err and "Traceback" not in err
-    _all_cpus_free_again(ray_session)
+    ray_cpus_free()
