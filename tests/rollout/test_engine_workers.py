@@ -407,6 +407,7 @@ def test_what_arrives_is_unpickled_with_the_collector_paused_and_left_as_it_was(
     from rollforge.rollout.worker_channel import dumps, loads
 
     blob = dumps([_CollectorWitness()])
+    _CollectorWitness.seen.clear()
     was = gc.isenabled()
     try:
         for state in (True, False):

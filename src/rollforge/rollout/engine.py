@@ -21,8 +21,8 @@ environments connect there and check the server's capacity for real); after ``pr
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
 Results come back in input order. The engine does not know what a tool is. With
 ``engine_workers > 1``, or a pool of worker processes (``workers=``, ``worker_pool.py``), the checked
-rollout runs in worker processes instead (``engine_workers.py``), each its share through ``run_checked``
-(the checks, ``checks.py``, ran here for the whole batch).
+rollout runs in worker processes instead (``engine_workers.py``), each running its share through
+``run_checked`` (the checks, ``checks.py``, ran here once for the whole batch).
 
 Failures inside an episode are recorded on its trajectory. An episode that ends in an
 infrastructure failure (``Trajectory.outcome``: backend error, environment raised or hung) is run
@@ -299,5 +299,3 @@ async def _prepared(task_to_env: Mapping[str, Environment], needed: Mapping[int,
             await env.prepare(sessions)
             stack.push_async_callback(env.release)
         yield
-
-

@@ -8,9 +8,9 @@ through ``engine.run_checked``: the checks ran here, once for the batch), behind
 (not a fork: the caller's threads and event loop stay here; not multiprocessing's spawn, which
 re-runs the caller's script). Its start costs about 1.5 s of CPU (measured on the shared 2-core
 machine): 0.3 s for the interpreter and rollforge (the worker's own modules import no
-transformers, torch or numpy), then 1.0-1.3 s for transformers,
-which unpickling the renderer's tokenizer imports (transformers 5 scans its model files and the
-installed packages' metadata on import). So workers live in a pool (``worker_pool.py``,
+transformers, torch or numpy), then 1.0-1.3 s for transformers, which unpickling the renderer's
+tokenizer imports (transformers 5 scans its model files and the installed packages' metadata on
+import). So workers live in a pool (``worker_pool.py``,
 ``EngineWorkers``) that starts them once and serves many rollouts: ``arollout(..., workers=pool)``
 (a training run opens one for all its steps); without one, the rollout opens a pool for itself
 and closes it at its end.

@@ -130,9 +130,9 @@ async def learn(
     if oldest is not None:
         masks, stale = fresh_masks(masks, owners, trajectories, oldest)
     weights = run.aggregation.weights(masks, ranks.total)  # normalised over the global batch
-    sharing = len(episodes) == len(trajectories)  # segments of rewritten histories share no prompt
-    sharing = sharing and shares_prompts(config.optim.share_prompts, next(run.model.parameters()).device)
-    shared = algo.group_size if sharing else 1
+    device = next(run.model.parameters()).device
+    sharing = len(episodes) == len(trajectories) and shares_prompts(config.optim.share_prompts, device)
+    shared = algo.group_size if sharing else 1  # segments of rewritten histories share no prompt
     await run.sync.release()  # a colocated engine frees its memory for the update
     proximal = Proximal(len(episodes))  # the weights before this update's logprobs, for a correction that needs them
     for _ in range(algo.epochs_per_batch):
