@@ -16,7 +16,8 @@ def make(**changes) -> Trajectory:
 
 @pytest.mark.parametrize("kind, outcome", [
     ("backend_error", "infra_failure"), ("env_error", "infra_failure"), ("env_timeout", "infra_failure"),
-    ("episode_timeout", "infra_failure"), ("template_error", "policy_failure"), ("tool_raised", "policy_failure"),
+    ("episode_timeout", "infra_failure"), ("reward_unavailable", "infra_failure"), ("template_error", "policy_failure"),
+    ("tool_raised", "policy_failure"),
 ])
 def test_an_error_is_the_infrastructures_or_the_policys(kind, outcome):
     assert make(error=Failure(kind, "x")).outcome == outcome
@@ -26,7 +27,7 @@ def test_episodes_without_an_error_completed_however_they_ended():
     assert make(terminated=True).outcome == "completed"
     assert make(truncated=True, failures=(Failure("tool_invalid_json", "x"),)).outcome == "completed"
     assert make(max_turns_reached=True).outcome == "completed"
-    assert INFRA_FAILURES == {"backend_error", "env_error", "env_timeout", "episode_timeout"}
+    assert INFRA_FAILURES == {"backend_error", "env_error", "env_timeout", "episode_timeout", "reward_unavailable"}
 
 
 def test_retries_round_trip_and_default_to_zero():

@@ -14,6 +14,7 @@ that failed, and ``require`` (an optional import that raises ``MissingDependency
     │   ├── ConnectionLost           an OpenEnv server's socket closed or could not be opened
     │   └── ActorDied                the Ray actor holding an episode's environment died
     ├── EpisodeFailed                an episode ends with a recorded ``Failure`` (raised by ``boundary.boundary``)
+    ├── RewardUnavailable            a reward service (an LLM judge) failed: the reward is unknown, never 0
     ├── InvariantError (AssertionError)  a trajectory broke an internal invariant: a rollforge bug
     ├── CheckpointError              a training checkpoint is missing, incomplete or unreadable
     ├── WireError                    a request the OpenAI-compatible gateway cannot serve (an HTTP status)
@@ -119,6 +120,13 @@ class EpisodeFailed(RollforgeError):
     def __init__(self, failure: Any):
         super().__init__(f"{failure.kind}: {failure.message}")
         self.failure = failure
+
+
+class RewardUnavailable(RollforgeError):
+    """A reward could not be computed for a reason outside the episode (a judge server timed out,
+    answered an HTTP error or a reply that does not parse): the reward is unknown, an infrastructure
+    failure (``reward_unavailable``), never 0. A reward function raises it for every episode of its
+    call, or returns instances in its list for some (as ``asyncio.gather(return_exceptions=True)``)."""
 
 
 class InvariantError(RollforgeError, AssertionError):

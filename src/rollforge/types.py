@@ -41,17 +41,21 @@ FailureKind = Literal[
     "backend_error",  # the generation backend failed this episode's request
     "template_error",  # the conversation could not be rendered into tokens
     "reward_error",  # a reward function raised (never on a trajectory: its values count as None)
+    "reward_unavailable",  # a reward service (an LLM judge) failed: the reward is unknown (``RewardUnavailable``)
 ]
 
 #: An episode's outcome (``Trajectory.outcome``): ``completed`` (no ``error``: terminated, truncated,
 #: max turns, whatever tool calls failed on the way), ``policy_failure`` (an error that is the
 #: model's own doing, e.g. ``template_error``: a conversation it steered where no template renders)
 #: or ``infra_failure`` (an error of the machinery around it: the backend failed, a connection was
-#: lost, an actor died, the environment raised or hung). Infrastructure failures are retried
-#: (``RolloutConfig.infra_retries``) and kept out of group baselines; their reward is unknown.
+#: lost, an actor died, the environment raised or hung; after the rollout, a reward judge failed).
+#: Infrastructure failures are kept out of group baselines, their reward is unknown; those of the
+#: rollout are retried (``RolloutConfig.infra_retries``).
 Outcome = Literal["completed", "policy_failure", "infra_failure"]
 #: Error kinds that are infrastructure failures; every other ``error`` kind is a policy failure.
-INFRA_FAILURES: frozenset[str] = frozenset({"backend_error", "env_error", "env_timeout", "episode_timeout"})
+INFRA_FAILURES: frozenset[str] = frozenset(
+    {"backend_error", "env_error", "env_timeout", "episode_timeout", "reward_unavailable"}
+)
 
 
 @dataclass(frozen=True)

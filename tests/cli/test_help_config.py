@@ -1,4 +1,4 @@
-"""``--help-config`` of ``train`` and ``sft`` (one printer, ``train.config.describe_config``): every
+"""``--help-config`` of ``train`` and ``sft`` (one printer, ``train.config_files.describe_config``): every
 key under its own heading, with the default it really has, list items (``sources``) included; and a
 section's own defaults survive setting one of its keys."""
 
@@ -37,7 +37,7 @@ def test_train_help_config_puts_each_key_under_its_section(capsys):
     ]
     assert under(lines, "top-level keys:") == [
         "out", "steps", "seed", "executor", "checkpoint_every", "keep_checkpoints", "save_trajectories", "eval_episodes", "eval_every"]
-    assert under(lines, "rewards[] items:") == ["rewards[].function", "rewards[].weight"]
+    assert under(lines, "rewards[] items:") == ["rewards[].function", "rewards[].weight", "rewards[].options"]
     assert all(key.startswith("rollout.") for key in under(lines, "rollout:"))
     assert "  rollout.max_turns = 4  # Assistant turns per episode" in "\n".join(lines)  # training's default, not the class's 8
 

@@ -7,7 +7,8 @@ import torch
 import yaml
 
 from rollforge.errors import ConfigError
-from rollforge.train.config import describe_config, load_config
+from rollforge.train.config import TrainConfig, load_config
+from rollforge.train.config_files import describe_config
 
 EXAMPLES = sorted(p for p in (Path(__file__).parents[2] / "examples").glob("*.yaml") if not p.name.startswith("sft_"))
 
@@ -41,7 +42,7 @@ def test_bad_values_are_named():
 
 
 def test_every_key_is_documented():
-    text = describe_config()
+    text = describe_config(TrainConfig)
     for key in ("algorithm.kl_beta", "optim.micro_batch_tokens", "lora.r", "rollout.max_turns", "data.path"):
         assert key in text
     undocumented = [line for line in text.splitlines() if "=" in line and "#" not in line]

@@ -1,5 +1,6 @@
 """The off-policy corrections (decoupled, masked) against numbers worked out by hand, their
-reduction to today's loss at zero lag, and the proximal logprobs ``policy_update`` records."""
+reduction to today's loss at zero lag, ``auto`` per staleness and backend, and the proximal
+logprobs ``policy_update`` records."""
 
 import copy
 import json
@@ -7,7 +8,7 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,18 @@ import torch
 
 from rollforge.errors import ConfigError
 from rollforge.models import load_model
-from rollforge.train.config import AlgorithmConfig
-from rollforge.train.corrections import DecoupledPolicyLoss, MaskedPolicyLoss, Proximal, policy_loss
+from rollforge.train.corrections import (
+    Correction,
+    DecoupledPolicyLoss,
+    MaskedImportance,
+    MaskedPolicyLoss,
+    Proximal,
+    TruncatedImportance,
+    resolve_correction,
+)
 from rollforge.train.distributed import Ranks
 from rollforge.train.losses import ClippedPolicyLoss, LossParts, TokenMean
+from rollforge.train.policy_losses import CISPOLoss, GSPOLoss, policy_loss
 from rollforge.train.step_metrics import merge_update_stats
 from rollforge.train.update import UpdateRow, UpdateStats, policy_update, sequence_logprobs
 
@@ -106,23 +115,55 @@ def test_without_lag_each_correction_is_exactly_todays_loss(correction):
     assert vars(today) | {"loss": None} == vars(corrected) | {"loss": None}  # same stats, kl included
 
 
-def test_policy_loss_by_name():
-    assert type(policy_loss("auto", max_staleness=0)) is ClippedPolicyLoss  # the synchronous loop: today's loss
-    assert type(policy_loss("auto", max_staleness=2)) is DecoupledPolicyLoss
-    assert type(policy_loss("none", max_staleness=2)) is ClippedPolicyLoss
-    masked = policy_loss("masked", 0.1, 0.3, 0.05, 3.0, 1)
-    assert type(masked) is MaskedPolicyLoss
-    assert (masked.clip_low, masked.clip_high, masked.kl_beta, masked.cap) == (0.1, 0.3, 0.05, 3.0)
-    algo = AlgorithmConfig(max_staleness=1)
-    built = policy_loss(algo.off_policy_correction, algo.clip_low, algo.clip_high, algo.kl_beta,
-                        algo.importance_cap, algo.max_staleness)
-    assert type(built) is DecoupledPolicyLoss and built.cap == 2.0
+def test_auto_corrects_where_the_behaviour_logprobs_are_not_the_trainers_own():
+    # the trained model generating in the synchronous loop: its logprobs are the trainer's -> none
+    assert resolve_correction("auto", 0, "hf") == "none"
+    # another engine (at staleness 0 too) or older weights -> truncated importance sampling
+    assert [resolve_correction("auto", 0, b) for b in ("vllm", "openai")] == ["decoupled", "decoupled"]
+    assert [resolve_correction("auto", 2, b) for b in ("hf", "vllm")] == ["decoupled", "decoupled"]
+    assert resolve_correction("none", 0, "vllm") == "none" and resolve_correction("masked", 0, "hf") == "masked"
     with pytest.raises(ConfigError, match=r"unknown off_policy_correction 'tis'; expected one of \['auto', "):
-        policy_loss("tis")
+        resolve_correction("tis", 0)
+
+
+def test_policy_loss_by_name():
+    assert type(policy_loss().correction) is Correction  # ppo, auto -> none at k = 0 on hf: today's loss
+    assert type(policy_loss()) is ClippedPolicyLoss and not policy_loss().needs_proximal
+    vllm = policy_loss(backend="vllm")
+    assert type(vllm.correction) is TruncatedImportance and vllm.needs_proximal and vllm.correction.cap == 2.0
+    assert type(policy_loss(max_staleness=2).correction) is TruncatedImportance
+    assert type(policy_loss(correction="none", max_staleness=2).correction) is Correction
+    masked = policy_loss("cispo", correction="masked", clip_low=0.1, clip_high=0.3, kl_beta=0.05, cap=3.0)
+    assert type(masked) is CISPOLoss and type(masked.correction) is MaskedImportance
+    assert (masked.clip_low, masked.clip_high, masked.kl_beta, masked.correction.cap) == (0.1, 0.3, 0.05, 3.0)
+    gspo = policy_loss("gspo", backend="openai")
+    assert type(gspo) is GSPOLoss and (gspo.clip_low, gspo.clip_high) == (3e-4, 4e-4)  # its own defaults
+    assert type(gspo.correction) is TruncatedImportance
+    assert type(DecoupledPolicyLoss(cap=3.0).correction) is TruncatedImportance
+    assert type(MaskedPolicyLoss().correction) is MaskedImportance
+    with pytest.raises(ConfigError, match=r"unknown policy_loss 'grpo'; expected one of \['cispo', 'gspo', 'ppo'\]"):
+        policy_loss("grpo")
+    with pytest.raises(ConfigError, match=r"unknown off_policy_correction 'tis'; expected one of \['auto', "):
+        policy_loss(correction="tis")
     with pytest.raises(ConfigError, match="importance_cap must be > 1, got 1.0"):
-        policy_loss("decoupled", cap=1.0)
+        policy_loss(correction="decoupled", cap=1.0)
     with pytest.raises(ValueError, match="needs proximal_logprobs"):
         DecoupledPolicyLoss()(LOGP, BEHAV, ADV, WEIGHTS)
+
+
+@pytest.mark.parametrize("name, backend, staleness, kind, correction", [
+    ("ppo", "hf", 0, ClippedPolicyLoss, Correction), ("gspo", "vllm", 0, GSPOLoss, TruncatedImportance),
+    ("cispo", "hf", 1, CISPOLoss, TruncatedImportance),
+])
+def test_the_runs_objective_follows_the_algorithm_section(name, backend, staleness, kind, correction):
+    from rollforge.train.config import TrainConfig
+    from rollforge.train.run import _objective  # the run's own wiring
+
+    config = TrainConfig(model={"backend": backend}, algorithm={"policy_loss": name, "max_staleness": staleness})
+    loss_fn, _ = _objective(config)
+    assert type(loss_fn) is kind and type(loss_fn.correction) is correction
+    assert (loss_fn.clip_low, loss_fn.clip_high) == kind.default_clip == (config.algorithm.clip_low,
+                                                                          config.algorithm.clip_high)
 
 
 def test_ranks_merge_the_behaviour_statistics_by_policy_tokens():
@@ -265,11 +306,20 @@ def test_none_updates_exactly_as_before(tiny_model_dir):
     twin = copy.deepcopy(model)
     proximal = Proximal(len(episodes))
     today = _update(twin, episodes, TodaysLoss(), None, 3, 40)
-    corrected = _update(model, episodes, policy_loss("auto", max_staleness=0), proximal, 3, 40)
-    assert today == corrected  # every statistic of both epochs, bit for bit
+    corrected = _update(model, episodes, policy_loss(), proximal, 3, 40)
+    unmeasured = [replace(s, mismatch_kl=0.0, mismatch_max_abs_log_ratio=0.0) for s in corrected]
+    assert today == unmeasured  # every other statistic of both epochs, bit for bit
     assert all(s.clip_fraction > 0 for s in corrected)  # ratios to the behaviour policy of 3 and 0.7
     assert [(s.behaviour_weight_mean, s.off_policy_tokens) for s in corrected] == [(1.0, 0), (1.0, 0)]
-    assert proximal.logprobs == [None] * len(episodes)  # nothing recorded for none
+    # the mismatch is measured against the recorded pre-update logprobs in both epochs: per policy
+    # token g = ln 3, ln 0.7 or 0 (``_batch``), k3 = e^g - 1 - g = 2 - ln 3, -0.3 - ln 0.7 or 0
+    shifts = [torch.tensor([3.0, 0.7, 1.0]).repeat(e.ids.numel())[: e.ids.numel()][e.mask > 0] for e in episodes]
+    weight = torch.cat(shifts)  # b = e^g
+    expected = float((weight - 1 - torch.log(weight)).mean())
+    for stats in corrected:
+        assert stats.mismatch_kl == pytest.approx(expected, abs=1e-5)
+        assert stats.mismatch_max_abs_log_ratio == pytest.approx(ln(3.0), abs=1e-5)
+    assert all(p is not None for p in proximal.logprobs)  # recorded for the mismatch, not used by the loss
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(a, b), name
     assert {f.name for f in fields(UpdateStats)} >= {"behaviour_weight_mean", "off_policy_tokens"}

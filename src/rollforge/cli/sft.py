@@ -23,7 +23,7 @@ def add_parser(commands: Any) -> None:
 
 def _run(args: Any) -> int:
     from ..errors import ConfigError
-    from ..train.config import describe_config
+    from ..train.config_files import describe_config
     from ..train.sft import sft
     from ..train.sft_config import SFTConfig, load_sft_config
 

@@ -90,11 +90,12 @@ def _load_config(path: Path, overrides: list[str], args: Any):
 
 def _train(args: Any) -> int:
     from ..errors import ConfigError
-    from ..train.config import describe_config
+    from ..train.config import TrainConfig
+    from ..train.config_files import describe_config
     from ..train.launch import train
 
     if args.help_config:
-        print(describe_config())
+        print(describe_config(TrainConfig))
         return 0
     if args.config is None:
         raise ConfigError("rollforge train needs a config file (see examples/), or --help-config")

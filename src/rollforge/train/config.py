@@ -5,18 +5,16 @@ it (``rollforge train --help-config`` prints them)."""
 
 from __future__ import annotations
 
-import difflib
 import re
-import typing
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..cluster.config import RayConfig
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig, describe_validation_error
+from .config_files import check_keys, read_config_data, with_section_defaults
 
 
 class _Section(BaseModel):
@@ -120,6 +118,10 @@ class RewardConfig(_Section):
     returning one float or None (not applicable) per sample; ``async def`` is awaited."""
     weight: float = 1.0
     """Multiplies the function's rewards in the episode total."""
+    options: dict[str, Any] | None = None
+    """Keyword arguments of ``function`` when it names a factory of the reward function (called once
+    at start; an unknown option is an error), e.g. ``rollforge.train.judge:LLMJudge`` with
+    ``{base_url, model, rubric, timeout_s, max_concurrency}``. None: ``function`` is the reward function."""
 
 
 class AlgorithmConfig(_Section):
@@ -136,13 +138,21 @@ class AlgorithmConfig(_Section):
     max_loss_tokens: int | None = Field(None, ge=1)
     """Normaliser of ``fixed`` aggregation; default: rollout max_new_tokens x max_turns."""
     clip_low: float = Field(0.2, ge=0)
-    """Importance ratios below 1 - clip_low are clipped."""
+    """Importance ratios below 1 - clip_low are clipped. Unset, ``policy_loss``'s own: ppo 0.2,
+    gspo 3e-4 (of the sequence ratio), cispo 1.0 (no lower bound)."""
     clip_high: float = Field(0.2, ge=0)
-    """Importance ratios above 1 + clip_high are clipped (raise it for DAPO's clip-higher)."""
+    """Importance ratios above 1 + clip_high are clipped (raise it for DAPO's clip-higher). Unset,
+    ``policy_loss``'s own: ppo 0.2, gspo 4e-4, cispo 3.0 (weights capped at 4)."""
     kl_beta: float = Field(0.0, ge=0)
     """Weight of the k3 KL estimate to the reference (initial) model; 0 loads no reference."""
     skip_zero_advantage: bool = True
     """Do not forward rollouts of zero advantage (no KL term), nor step on a batch of only those."""
+    dynamic_sampling: bool = False
+    """Dynamic sampling (DAPO, Yu et al. 2025): drop the groups whose known rewards are all equal and roll
+    out more prompts until batch_size groups with reward variance are kept (``train/sampling.py``)."""
+    dynamic_sampling_max_rounds: int = Field(4, ge=1)
+    """Most rollout rounds of a step with dynamic_sampling, the first included (each draws at most
+    batch_size prompts); when they are spent the step trains on the groups kept so far."""
     epochs_per_batch: int = Field(1, ge=1)
     """Optimizer steps on each rollout batch (ratios use the generation logprobs throughout)."""
     env_reward_weight: float = 1.0
@@ -162,12 +172,31 @@ class AlgorithmConfig(_Section):
     loss). ``decoupled``: clipped ratios against the proximal policy (the weights before this
     update) times the behaviour weight min(pi_prox / pi_behav, importance_cap) (AReaL).
     ``masked``: the same ratios, and tokens whose behaviour weight leaves [1/cap, cap] are dropped.
-    ``auto``: ``none`` when max_staleness is 0, else ``decoupled``."""
+    ``auto``: ``none`` when max_staleness is 0 and model.backend is ``hf`` (the trained model
+    generates), else ``decoupled`` (the logprobs of older weights or of another engine: ``vllm``,
+    ``openai``). ``mismatch/*`` metrics show the engine/trainer gap whatever the choice."""
     importance_cap: float = Field(2.0, gt=1)
     """Cap of the behaviour importance weight (``decoupled``), or the band (``masked``)."""
+    policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
+    """The policy-gradient objective (``train/policy_losses.py``). ``ppo``: PPO's clipped token ratio
+    (GRPO, DAPO). ``gspo``: one ratio per sequence, the geometric mean of its tokens', clipped per
+    sequence (Zheng et al. 2025; the paper's loss with ``loss_aggregation: sequence``). ``cispo``:
+    REINFORCE weighted by the detached, clipped token ratio, so no token loses its gradient
+    (MiniMax-M1 2025). Each brings its own clip_low/clip_high when those are unset."""
     infra_retries: int = Field(2, ge=0)
     """Times an episode that failed for infrastructure reasons (backend error, lost connection,
     hung environment) is run again before it is left out of its group's baseline."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clip_of_the_policy_loss(cls, data: Any) -> Any:
+        """clip_low/clip_high left unset take ``policy_loss``'s own (its class's ``default_clip``;
+        ppo's are the fields' defaults), so the config a run writes holds the values it ran with."""
+        clips = {"gspo": (3e-4, 4e-4), "cispo": (1.0, 3.0)}
+        if isinstance(data, dict) and data.get("policy_loss") in clips:
+            low, high = clips[data["policy_loss"]]
+            data = {"clip_low": low, "clip_high": high, **data}
+        return data
 
 
 class OptimConfig(_Section):
@@ -243,6 +272,23 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _dynamic_sampling_supported(self) -> TrainConfig:
+        """Dynamic sampling runs in the synchronous loop on one rank (torchrun ranks: ``loop.py``)."""
+        algo = self.algorithm
+        if not algo.dynamic_sampling:
+            rounds, default = algo.dynamic_sampling_max_rounds, AlgorithmConfig().dynamic_sampling_max_rounds
+            if "dynamic_sampling_max_rounds" in algo.model_fields_set and rounds != default:
+                raise ValueError(f"algorithm.dynamic_sampling_max_rounds={rounds} needs algorithm.dynamic_sampling: true")
+            return self
+        if algo.max_staleness:
+            raise ValueError(f"algorithm.dynamic_sampling with max_staleness={algo.max_staleness} is not supported "
+                             "yet: set max_staleness 0 (the synchronous loop) or dynamic_sampling false")
+        if self.executor == "ray" and self.ray.training_workers > 1:
+            raise ValueError(f"algorithm.dynamic_sampling with ray.training_workers={self.ray.training_workers} is "
+                             "not supported yet: train on one rank or set dynamic_sampling false")
+        return self
+
+    @model_validator(mode="after")
     def _colocation_consistent(self) -> TrainConfig:
         if not self.vllm.colocate:
             return self
@@ -270,126 +316,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **val
     return build_config(read_config_data(path, overrides, values))
 
 
-def read_config_data(path: str | Path | None, overrides: Sequence[str], values: dict[str, Any]) -> dict[str, Any]:
-    """The raw mapping of a YAML config file, then ``key.sub=value`` overrides, then keyword values;
-    a file or value that does not parse is a one-line ``ConfigError`` naming where."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(exc)}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(loaded).__name__}")
-        data = loaded
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} must look like section.key=value")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: the value is not valid YAML: {_yaml_problem(exc)}") from None
-        _set_path(data, key.split("."), value)
-    data.update(values)
-    return data
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """One line: what is wrong and where (1-based line and column)."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
-
-
 def build_config(data: dict[str, Any]) -> TrainConfig:
-    _check_keys(TrainConfig, data, ())
+    check_keys(TrainConfig, data, ())
     try:
         return TrainConfig(**with_section_defaults(TrainConfig, data))
     except ValidationError as exc:
         raise ConfigError(f"invalid training config: {describe_validation_error(exc)}") from None
-
-
-def with_section_defaults(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with the keys a section's own default sets (``rollout: RolloutConfig(max_turns=4)``)
-    under the user's keys of that section: setting ``rollout.max_new_tokens`` keeps ``max_turns`` 4,
-    as ``--help-config`` shows it, instead of the class's 8."""
-    out = dict(data)
-    for name, field in model.model_fields.items():
-        if isinstance(field.default, BaseModel) and isinstance(data.get(name), dict):
-            out[name] = {**field.default.model_dump(include=field.default.model_fields_set), **data[name]}
-    return out
-
-
-def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-        if not isinstance(data, dict):
-            raise ConfigError(f"cannot set {'.'.join(keys)}: {key!r} is not a section")
-    data[keys[-1]] = value
-
-
-def _check_keys(model: type[BaseModel], data: Any, where: tuple[str, ...]) -> None:
-    """Unknown keys, with the nearest valid one, before pydantic's less helpful message."""
-    if not isinstance(data, dict):
-        return
-    fields = model.model_fields
-    for key, value in data.items():
-        if key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean {'.'.join((*where, near[0]))!r}?" if near else ""
-            valid = ", ".join(fields)
-            raise ConfigError(f"unknown config key {'.'.join((*where, str(key)))!r}{hint} (valid here: {valid})")
-        for inner in _section_types(fields[key].annotation)[:1]:
-            for item in value if isinstance(value, list) else [value]:
-                _check_keys(inner, item, (*where, key))
-
-
-def _section_types(annotation: Any) -> list[type[BaseModel]]:
-    """The sections a field holds: its own type, a list's item type, or each kind of a tagged union."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [kind for arg in typing.get_args(annotation) for kind in _section_types(arg)]
-
-
-def describe_config(model: type[BaseModel] = TrainConfig) -> str:
-    """Every key with its default and documentation, one per line (``--help-config``): the
-    top-level keys under their own heading, then each section under its heading, the defaults
-    those of the section's own default (``rollout.max_turns = 4`` in training). A list's items
-    are described once (``environments[].name``), per kind when they come in kinds (``sources``);
-    ``--set`` reaches them only as a whole list."""
-    return "\n".join(_describe(model, "", None, "top-level keys:"))
-
-
-def _describe(model: type[BaseModel], prefix: str, defaults: BaseModel | None, heading: str) -> list[str]:
-    """``heading``, the keys of ``model`` (values from ``defaults`` when given), then its sections."""
-    lines, sections = [heading], []
-    for name, field in model.model_fields.items():
-        key, default = prefix + name, getattr(defaults, name) if defaults is not None else field.default
-        kinds = _section_types(field.annotation)
-        if kinds and typing.get_origin(field.annotation) is list:
-            shown = [item.model_dump(exclude_unset=True) for item in default or ()]
-            each = "has a kind and that kind's keys" if len(kinds) > 1 else "has these keys"
-            doc = " ".join((field.description or "").split())
-            sections.append([f"{key}: a list (default {shown}); each item {each}; --set {key}=[{{...}}] sets it whole"
-                             + (f"  # {doc}" if doc else "")])
-            sections += [_describe(kind, f"{key}[].", None, _item_heading(kind, key)) for kind in kinds]
-        elif kinds:
-            sections.append(_describe(kinds[0], f"{key}.", default if isinstance(default, BaseModel) else None, f"{key}:"))
-        elif not (name == "kind" and typing.get_origin(field.annotation) is Literal):  # in the item's heading
-            doc = " ".join((field.description or "").split())
-            value = "(required)" if field.is_required() else repr(default)
-            lines.append(f"  {key} = {value}" + (f"  # {doc}" if doc else ""))
-    return [*lines, *(line for section in sections for line in section)]
-
-
-def _item_heading(kind: type[BaseModel], key: str) -> str:
-    tag = kind.model_fields.get("kind")
-    if tag is None or typing.get_origin(tag.annotation) is not Literal:
-        return f"{key}[] items:"
-    return f"{key}[] items of kind {typing.get_args(tag.annotation)[0]!r}:"

@@ -15,21 +15,31 @@ statistics, infrastructure failures (a backend, connection or environment failed
 ``algorithm.infra_retries`` times, then left out of their group's baseline (advantage 0);
 truncated episodes are trained on; sampling
 seeds derive from (seed, step, episode index in the global batch), so a resumed run repeats the
-uninterrupted run's requests and ranks sample what one process would.
+uninterrupted run's requests and ranks sample what one process would. With
+``algorithm.dynamic_sampling`` (DAPO) a step keeps only groups whose rewards differ and rolls out
+more prompts, in at most ``dynamic_sampling_max_rounds`` rounds, to fill the batch (``sampling.py``;
+one rank only).
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable
 
+from ..errors import ConfigError
 from ..rollout.engine import arollout
-from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config
+from ..types import Sample
+from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
+from .sampling import Scored, fill
 
 
 async def train_sync(run: Run, on_step: Callable[..., Any] | None = None) -> int:
     """Steps ``run.start + 1 .. config.steps``, each rolled out, then learned from; returns the last
     step done. ``on_step(step, metrics, model, backend)`` runs after each step's weight sync."""
+    if run.config.algorithm.dynamic_sampling and run.ranks.distributed:
+        raise ConfigError(f"algorithm.dynamic_sampling with {run.ranks.world} ranks is not supported yet: "
+                          "train on one rank or set dynamic_sampling false")
     step = run.start
     for step in range(run.start + 1, run.config.steps + 1):
         await after_step(on_step, step, await train_step(run, step), run, run.backend)
@@ -40,11 +50,22 @@ async def train_sync(run: Run, on_step: Callable[..., Any] | None = None) -> int
 
 async def train_step(run: Run, step: int) -> dict[str, Any] | None:
     """One synchronous step on this rank: its groups of the global batch -> rollout (on the run's
-    engine worker processes, ``run.workers``, if any) -> ``learn`` (rank 0 returns the global
-    batch's metrics; other ranks return None)."""
+    engine worker processes, ``run.workers``, if any) and rewards -> ``learn`` (rank 0 returns the
+    global batch's metrics; other ranks return None). With dynamic sampling, the rollout rounds that
+    fill the batch with groups whose rewards differ (``sampling.fill``)."""
+    algo = run.config.algorithm
+    if not algo.dynamic_sampling:
+        samples = run.ranks.share(draw(run), algo.group_size)
+        return await learn(run, step, await roll(run, step, samples), {}, push=lambda: push_weights(run))
+    scored, sampling = await fill(partial(draw, run), partial(roll, run, step), batch_size=algo.batch_size,
+                                  group_size=algo.group_size, max_rounds=algo.dynamic_sampling_max_rounds)
+    return await learn(run, step, scored, {}, push=lambda: push_weights(run),
+                       extra=lambda done, dropped: sampling.metrics(algo.batch_size))
+
+
+async def roll(run: Run, step: int, samples: list[Sample], first: int = 0) -> Scored:
+    """``samples`` rolled out (their episode indices after the step's ``first`` episodes) and scored."""
     began = time.perf_counter()
-    samples = run.ranks.share(draw(run), run.config.algorithm.group_size)
-    result = await arollout(samples, run.task_to_env, run.backend, run.renderer, rollout_config(run, step, len(samples)),
-                            workers=run.workers)
-    rolled = time.perf_counter()
-    return await learn(run, step, samples, result, {"rollout": rolled - began}, push=lambda: push_weights(run))
+    result = await arollout(samples, run.task_to_env, run.backend, run.renderer,
+                            rollout_config(run, step, len(samples), first), workers=run.workers)
+    return await score(run, samples, result, {"rollout": time.perf_counter() - began})

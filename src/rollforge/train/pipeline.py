@@ -28,7 +28,8 @@ keeps rolling out while the trainer updates:
 
 Memory: a backend that generates with the trained model object (HF) gets its own copy of the
 weights, refreshed at every push, so that generation goes on while the other copy trains. Not
-supported yet: several ranks, and a colocated vLLM (it sleeps while the trainer updates).
+supported yet: several ranks, a colocated vLLM (it sleeps while the trainer updates), and dynamic
+sampling (``sampling.py``; refused by the config).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any, Callable
 
 from ..rollout.engine import arollout, open_session
 from .admission import AdmissionLedger
-from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config
+from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
 from .versions import VersionedBackend
 
 
@@ -91,7 +92,7 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
                             "async/rollout_seconds": seconds,
                             **ledger.admit(step, done.trajectories, {**dropped, **_dropped(done.trajectories, algo.group_size)})}
 
-                metrics = await learn(run, step, samples, result, {"wait": waited},
+                metrics = await learn(run, step, await score(run, samples, result), {"wait": waited},
                                       push=lambda step=step: _push(run, versions, batches, step),
                                       oldest=step - 1 - k, extra=extra, data_state=state)
                 await after_step(on_step, step, metrics, run, versions)

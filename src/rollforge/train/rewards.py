@@ -17,7 +17,13 @@ A ``RewardFunction`` adds a name and a weight; a plain function is named after i
 
 A function whose signature cannot take these arguments is a ``ConfigError`` before it is called.
 What a function raises is its own failure (``boundary.boundary("reward")``): its values count as
-None for that step and the error is reported; a bug in rollforge still propagates.
+None for that step and the error is reported; a bug in rollforge still propagates. A reward service
+that fails (an LLM judge timing out, ``judge.py``) is not the function's failure but the
+infrastructure's: ``RewardUnavailable``, raised (every episode of the call) or returned in place of
+values (those episodes), makes the episode's reward unknown, never 0 or None: ``Rewards.unavailable``,
+which ``record_unavailable`` files on the trajectories as ``reward_unavailable`` (an infrastructure
+failure, out of its group's baseline). With ``options`` (``RewardConfig``), ``function`` names a
+factory called once with them, and what it returns is the reward function.
 
 The total of an episode is ``env_weight * total_reward + sum_i w_i * f_i`` over the functions that
 apply. Per-function means skip ``None`` and are ``None`` (never NaN) when nothing applied.
@@ -29,13 +35,13 @@ import asyncio
 import inspect
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 from ..boundary import boundary, call_user
-from ..errors import ConfigError, EpisodeFailed
+from ..errors import ConfigError, EpisodeFailed, RewardUnavailable
 from ..workers import run_blocking
-from ..types import Sample, Trajectory
+from ..types import Failure, Sample, Trajectory
 from .config import RewardConfig
 from .environments import import_attribute
 
@@ -53,17 +59,45 @@ class RewardFunction:
 class Rewards:
     totals: list[float]  # one per episode
     per_function: dict[str, list[float | None]]
-    errors: dict[str, str]  # function name -> what it raised (its values count as None)
+    errors: dict[str, str]  # function name -> what it raised (its values count as None), or what it could not compute
+    #: episode position -> why its reward is unknown (a ``RewardUnavailable``); this rank's, before
+    #: ``record_unavailable`` files it on the trajectories
+    unavailable: dict[int, str] = field(default_factory=dict)
 
 
 def load_reward_functions(configs: Sequence[RewardConfig]) -> list[RewardFunction]:
     out = []
     for c in configs:
         function = import_attribute(c.function)
+        if c.options is not None:
+            function = _built(c.function, function, c.options)
+        elif inspect.isclass(function):
+            raise ConfigError(f"reward function {c.function!r} is a class; give its keyword arguments as 'options'")
         if not callable(function):
             raise ConfigError(f"reward function {c.function!r} is a {type(function).__name__}, not callable")
         out.append(RewardFunction(c.function.rpartition(":")[2], function, c.weight))
     return out
+
+
+def _built(name: str, factory: Any, options: Mapping[str, Any]) -> Any:
+    """``factory(**options)``; an option its signature does not take, or a required one missing,
+    is a ``ConfigError`` naming it (a factory's own checks raise their own)."""
+    if not callable(factory):
+        raise ConfigError(f"reward function {name!r} has options but is a {type(factory).__name__}, not a factory")
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # builtins and C callables: nothing to check
+        parameters = None
+    if parameters is not None and not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for key in options:
+            if key not in {p.name for p in named}:
+                raise ConfigError(f"reward function {name!r} has no option {key!r}; "
+                                  f"expected one of: {', '.join(p.name for p in named)}")
+        for p in named:
+            if p.default is p.empty and p.name not in options:
+                raise ConfigError(f"reward function {name!r} needs the option {p.name!r}")
+    return call_user(factory, **options)
 
 
 def as_reward_functions(functions: Sequence[RewardFunction | Callable[..., Any]]) -> list[RewardFunction]:
@@ -115,16 +149,45 @@ async def compute_rewards(
     positional = [_positional(f, arguments) for f in functions]
     results = await asyncio.gather(*(_call(f, p, arguments, len(samples)) for f, p in zip(functions, positional)))
     totals = [env_weight * t.total_reward for t in trajectories]
-    per_function, errors = {}, {}
-    for f, (values, error) in zip(functions, results):
+    per_function, errors, unavailable = {}, {}, {}
+    for f, (values, error, missing) in zip(functions, results):
         if error is not None:
             errors[f.name] = error
             logger.warning("reward function %s raised (its rewards count as None this step): %s", f.name, error)
+        if missing:
+            errors[f.name] = f"{len(missing)} of {len(values)} rewards unavailable: {next(iter(missing.values()))}"
+            logger.warning("reward function %s: %s (infrastructure failures)", f.name, errors[f.name])
+        for i, why in missing.items():
+            unavailable.setdefault(i, f"{f.name}: {why}")
         per_function[f.name] = values
         for i, v in enumerate(values):
             if v is not None:
                 totals[i] += f.weight * v
-    return Rewards(totals, per_function, errors)
+    return Rewards(totals, per_function, errors, unavailable)
+
+
+_ENDINGS = {"terminated": "terminated", "truncated": "been truncated", "max_turns_reached": "run out of turns"}
+
+
+def record_unavailable(trajectories: Sequence[Trajectory], rewards: Rewards) -> list[Trajectory]:
+    """The trajectories, those whose reward is unavailable (``Rewards.unavailable``) with that filed
+    as their ``error`` (``reward_unavailable``: an infrastructure failure, so training leaves them out
+    of their group's baseline and their tokens out of the loss). An earlier infrastructure failure
+    stands; a policy failure's error, or how the episode ended, is named in the new message (a
+    trajectory with an error has no other ending)."""
+    out = list(trajectories)
+    for i, why in rewards.unavailable.items():
+        t = out[i]
+        if t.outcome == "infra_failure":
+            continue
+        ending = next((text for name, text in _ENDINGS.items() if getattr(t, name)), None)
+        if t.error is not None:
+            why = f"{why} (after {t.error.kind}: {t.error.message})"
+        elif ending is not None:
+            why = f"{why} (the episode had {ending})"
+        out[i] = replace(t, error=Failure("reward_unavailable", why), terminated=False, truncated=False,
+                         max_turns_reached=False)
+    return out
 
 
 def _positional(f: RewardFunction, arguments: dict[str, Any]) -> bool:
@@ -152,41 +215,51 @@ def _positional(f: RewardFunction, arguments: dict[str, Any]) -> bool:
 
 
 async def _call(f: RewardFunction, positional: bool, arguments: dict[str, Any], n: int):
-    """(values, None), or ([None] * n, error text) when the function raised: a failing verifier
-    costs its signal for one step, not the run. A wrong return shape is a bug: ``ConfigError``."""
+    """(values, None, {}); ([None] * n, error text, {}) when the function raised: a failing verifier
+    costs its signal for one step, not the run; (values, None, {position: why}) for the rewards it
+    could not compute (``RewardUnavailable``: those values are None, the episodes infrastructure
+    failures). A wrong return shape is a bug: ``ConfigError``."""
     args: tuple[Any, ...] = ()
     if positional:
         arguments = dict(arguments)
         args = (arguments.pop("prompts"), arguments.pop("completions"))
     try:
         with boundary("reward", None):
-            if inspect.iscoroutinefunction(f.function):
-                values = await call_user(f.function, *args, **arguments)
-            else:
-                values = await run_blocking(f.function, *args, **arguments)
-                if inspect.isawaitable(values):  # a sync wrapper around a coroutine
-                    values = await values
+            try:
+                values = await _invoke(f.function, args, arguments)
+            except RewardUnavailable as unavailable:  # its reward service failed, not the function
+                values = [unavailable] * n
     except EpisodeFailed as failed:  # user code: recorded and reported, never fatal
-        return [None] * n, failed.failure.message
+        return [None] * n, failed.failure.message, {}
     values = list(values) if values is not None else None
     if values is None or len(values) != n:
         got = "None" if values is None else f"{len(values)} values"
         raise ConfigError(f"reward function {f.name!r} returned {got}; expected a list of {n} floats or None")
-    out: list[float | None] = []
-    for v in values:
-        if v is None:
-            out.append(None)
-            continue
-        try:
-            v = float(v)
-        except (TypeError, ValueError):
-            raise ConfigError(f"reward function {f.name!r} returned {v!r}; expected a float or None") from None
-        if math.isnan(v):
-            raise ConfigError(f"reward function {f.name!r} returned NaN; return None for 'does not apply'")
-        if math.isinf(v):
-            raise ConfigError(f"reward function {f.name!r} returned {v}; expected a finite float or None")
-        out.append(v)
-    return out, None
+    missing = {i: str(v) for i, v in enumerate(values) if isinstance(v, RewardUnavailable)}
+    return [None if i in missing else _checked(f, v) for i, v in enumerate(values)], None, missing
+
+
+async def _invoke(function: Callable[..., Any], args: tuple[Any, ...], arguments: dict[str, Any]) -> Any:
+    """``async def`` functions (and objects with an ``async def __call__``) run on the event loop,
+    the others on a worker thread."""
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(getattr(function, "__call__", None)):
+        return await call_user(function, *args, **arguments)
+    values = await run_blocking(function, *args, **arguments)
+    return await values if inspect.isawaitable(values) else values  # a sync wrapper around a coroutine
+
+
+def _checked(f: RewardFunction, v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"reward function {f.name!r} returned {v!r}; expected a float or None") from None
+    if math.isnan(v):
+        raise ConfigError(f"reward function {f.name!r} returned NaN; return None for 'does not apply'")
+    if math.isinf(v):
+        raise ConfigError(f"reward function {f.name!r} returned {v}; expected a finite float or None")
+    return v
 
 
 def mean_or_none(values: Sequence[float | None]) -> float | None:

@@ -1,7 +1,7 @@
 """What both training loops share: a ``Run`` (everything a step uses, set up once by ``open_run``),
-``draw`` and ``rollout_config`` (a step's prompts and rollout settings), ``learn`` (the rest of a
-step after its rollout), ``push_weights`` (the new weights to the backend) and the held-out
-evaluation before and after training.
+``draw`` and ``rollout_config`` (a step's prompts and rollout settings), ``score`` (a rollout's
+rewards), ``learn`` (the rest of a step after its scored rollout), ``push_weights`` (the new
+weights to the backend) and the held-out evaluation before and after training.
 
 The synchronous loop (``loop.py``) and the asynchronous pipeline (``pipeline.py``) both stand on
 this module and never import each other; ``launch.py`` picks one per run.
@@ -42,17 +42,19 @@ from . import checkpoint as ckpt
 from . import inputs
 from .advantages import compute_advantages
 from .config import TrainConfig
-from .corrections import Proximal, policy_loss
+from .corrections import Proximal
 from .data import PromptSource, check_prompt_lengths
 from .distributed import Ranks, refresh_copy, shard
 from .environments import named_environments
 from .evaluate import aevaluate
 from .generation_backend import backend_config, shared_model
 from .logbook import Logbook
-from .losses import ClippedPolicyLoss, get_aggregation
+from .losses import PolicyLoss, get_aggregation
 from .micro_batches import shares_prompts
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
-from .rewards import RewardFunction, compute_rewards, load_reward_functions
+from .policy_losses import policy_loss
+from .rewards import RewardFunction, compute_rewards, load_reward_functions, record_unavailable
+from .sampling import Scored, known
 from .sources import read_inputs
 from .step_metrics import RankStep, merge_ranks, step_metrics
 from .sync import PolicySync
@@ -74,7 +76,7 @@ class Run:
     scheduler: Any
     reference: Any
     dtype: torch.dtype  # the update's compute precision
-    loss_fn: ClippedPolicyLoss
+    loss_fn: PolicyLoss
     aggregation: Any
     source: PromptSource
     functions: list[RewardFunction]
@@ -92,37 +94,46 @@ class Run:
         return Path(self.config.out)
 
 
-def draw(run: Run) -> list[Sample]:
-    """The next batch: ``batch_size`` prompts, each ``group_size`` times in a row."""
+def draw(run: Run, prompts: int | None = None) -> list[Sample]:
+    """The next batch: ``prompts`` prompts (default ``batch_size``), each ``group_size`` times in a row."""
     algo = run.config.algorithm
-    return [s for s in run.source.next_batch(algo.batch_size) for _ in range(algo.group_size)]
+    count = algo.batch_size if prompts is None else prompts
+    return [s for s in run.source.next_batch(count) for _ in range(algo.group_size)]
 
 
-def rollout_config(run: Run, step: int, share: int):
+def rollout_config(run: Run, step: int, share: int, first: int = 0):
     """The step's rollout settings: its sampling seed, and this rank's episode indices (``share``
-    episodes per rank) as if the batch were whole."""
-    where = {"seed": mix(run.config.seed, step), "first_index": run.ranks.rank * share,
+    episodes per rank) as if the batch were whole, after the ``first`` episodes the step already
+    rolled out (dynamic sampling's earlier rounds): every episode of a step has its own seeds."""
+    where = {"seed": mix(run.config.seed, step), "first_index": first + run.ranks.rank * share,
              "infra_retries": run.config.algorithm.infra_retries}
     return run.config.rollout.model_copy(update=where)
 
 
+async def score(run: Run, samples: Sequence[Sample], result: Any, times: dict[str, float] | None = None) -> Scored:
+    """A rolled-out ``result`` of ``samples`` with its rewards (the environments' plus the reward
+    functions'); ``times`` (e.g. the rollout's seconds) go with it, and the scoring's own."""
+    began = time.perf_counter()
+    trajectories = tuple(result.trajectories)
+    rewards = await compute_rewards(trajectories, samples, run.functions, run.config.algorithm.env_reward_weight)
+    trajectories = tuple(record_unavailable(trajectories, rewards))  # a failed judge: an infra failure, not 0
+    return Scored(trajectories, rewards, result.metrics, {**(times or {}), "score": time.perf_counter() - began})
+
+
 async def learn(
-    run: Run, step: int, samples: list[Sample], result: Any, times: dict[str, float], *, push: Callable[[], Awaitable[Any]],
+    run: Run, step: int, scored: Scored, times: dict[str, float], *, push: Callable[[], Awaitable[Any]],
     oldest: int | None = None, extra: Callable[[Any, dict[str, int]], dict[str, Any]] | None = None,
     data_state: dict[str, int] | None = None,
 ) -> dict[str, Any] | None:
-    """The rest of a step, on a rolled-out ``result``: rewards -> advantages -> update -> ``push``
+    """The rest of a step, on a ``scored`` batch (``score``): advantages -> update -> ``push``
     (the weight sync) -> log (rank 0: the global batch's metrics; other ranks return None) ->
     checkpoint. ``oldest``: tokens generated by an older weight version are not trained (they are
     counted). ``extra(done, dropped)``: more metrics for rank 0's line. ``data_state``: the prompt
     source's position to checkpoint (default: now)."""
     config, algo, ranks = run.config, run.config.algorithm, run.ranks
     began = time.perf_counter()
-    trajectories = result.trajectories
-    rewards = await compute_rewards(trajectories, samples, run.functions, algo.env_reward_weight)
-    keep = [t.outcome != "infra_failure" for t in trajectories]  # their reward is unknown, not 0
-    advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage, keep=keep)
-    scored = time.perf_counter()
+    trajectories, rewards = scored.trajectories, scored.rewards
+    advantages = compute_advantages(rewards.totals, algo.group_size, algo.advantage, keep=known(trajectories))
 
     episodes, owners = sequences(trajectories)  # one per segment, with its episode's advantage
     masks = [e.mask if trajectories[o].error is None else torch.zeros_like(e.mask) for e, o in zip(episodes, owners)]
@@ -147,9 +158,9 @@ async def learn(
     await push()
     synced = time.perf_counter()
 
-    times = {**times, "score": scored - began, "update": updated - scored, "sync": synced - updated}
+    times = {**times, **scored.times, "update": updated - began, "sync": synced - updated}
     metrics = None
-    if (parts := ranks.gather(RankStep(trajectories, rewards, advantages, stats, result.metrics, times))) is not None:
+    if (parts := ranks.gather(RankStep(trajectories, rewards, advantages, stats, scored.rollout, times))) is not None:
         done = merge_ranks(parts)  # rank 0: the global batch
         metrics = step_metrics(step, done.trajectories, done.rewards, done.advantages, done.update, done.rollout,
                                lr=run.scheduler.get_last_lr()[0], times=done.times)
@@ -304,11 +315,13 @@ async def _open_backend(stack: contextlib.AsyncExitStack, config: TrainConfig, g
     )
 
 
-def _objective(config: TrainConfig) -> tuple[ClippedPolicyLoss, Any]:
-    """The policy loss (with its off-policy correction) and how it aggregates over tokens."""
+def _objective(config: TrainConfig) -> tuple[PolicyLoss, Any]:
+    """The policy loss (with its off-policy correction: ``auto`` corrects where generation runs on
+    older weights or another engine than the update) and how it aggregates over tokens."""
     algo = config.algorithm
-    loss_fn = policy_loss(algo.off_policy_correction, algo.clip_low, algo.clip_high, algo.kl_beta,
-                          algo.importance_cap, algo.max_staleness)
+    loss_fn = policy_loss(algo.policy_loss, correction=algo.off_policy_correction, clip_low=algo.clip_low,
+                          clip_high=algo.clip_high, kl_beta=algo.kl_beta, cap=algo.importance_cap,
+                          max_staleness=algo.max_staleness, backend=config.model.backend)
     longest = algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns
     return loss_fn, get_aggregation(algo.loss_aggregation, longest)
 

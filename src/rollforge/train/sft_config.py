@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig, describe_validation_error
-from .config import EnvConfig, LoraConfig, ModelConfig, OptimConfig, _check_keys, read_config_data, with_section_defaults
+from .config import EnvConfig, LoraConfig, ModelConfig, OptimConfig
+from .config_files import check_keys, read_config_data, with_section_defaults
 
 
 class _Section(BaseModel):
@@ -102,7 +103,7 @@ class SFTConfig(_Section):
 def load_sft_config(path: str | Path | None = None, overrides: list[str] = (), **values: Any) -> SFTConfig:
     """An ``SFTConfig`` from a YAML file, then ``key.sub=value`` overrides, then keyword values."""
     data = read_config_data(path, overrides, values)
-    _check_keys(SFTConfig, {k: v for k, v in data.items() if k != "sources"}, ())
+    check_keys(SFTConfig, {k: v for k, v in data.items() if k != "sources"}, ())
     for n, source in enumerate(data.get("sources") or []):
         _check_source(source, n)
     try:
@@ -118,4 +119,4 @@ def _check_source(source: Any, n: int) -> None:
     if not isinstance(source, dict) or source.get("kind") not in _KINDS:
         got = source.get("kind") if isinstance(source, dict) else source
         raise ConfigError(f"sources[{n}]: kind {got!r} is not one of {sorted(_KINDS)}")
-    _check_keys(_KINDS[source["kind"]], source, (f"sources[{n}]",))
+    check_keys(_KINDS[source["kind"]], source, (f"sources[{n}]",))

@@ -9,6 +9,9 @@ and ``advantage/groups``; ``infra/failed_episodes|retries|groups_shrunk|groups_l
 ``clip_fraction``, ``mean_ratio``, ``grad_norm``, ``lr``; the off-policy correction's
 ``behaviour_weight_mean`` (mean factor it put on the policy tokens' losses: 1 without one) and
 ``off_policy_tokens`` (tokens whose behaviour weight it truncated or masked, see ``corrections``);
+the engine/trainer mismatch, whatever the correction (``losses.mismatch``): ``mismatch/kl`` (mean
+over policy tokens of the k3 estimate of KL(behaviour || trainer before the update)),
+``mismatch/max_abs_log_ratio`` and ``mismatch/off_policy_share`` (off_policy_tokens / policy tokens);
 token counts and ``tokens_per_second``; ``time/*`` (rollout = generation and environments, update,
 sync, step); and the engine's rollout metrics under ``rollout/``. A mean over nothing is None, never NaN.
 """
@@ -91,6 +94,8 @@ def merge_update_stats(stats: Sequence[UpdateStats]) -> UpdateStats:
         mean_ratio=sum(s.mean_ratio * s.policy_tokens for s in stats) / n,
         behaviour_weight_mean=sum(s.behaviour_weight_mean * s.policy_tokens for s in stats) / n if tokens else 1.0,
         off_policy_tokens=sum(s.off_policy_tokens for s in stats),
+        mismatch_kl=sum(s.mismatch_kl * s.policy_tokens for s in stats) / n,
+        mismatch_max_abs_log_ratio=max(s.mismatch_max_abs_log_ratio for s in stats),
         micro_batches=sum(s.micro_batches for s in stats),
         tokens=sum(s.tokens for s in stats),
         policy_tokens=tokens,
@@ -125,8 +130,8 @@ def step_metrics(
     out["reward/errors"] = len(rewards.errors)
     values = advantages.values
     out.update({
-        "advantage/mean": float(values.mean()),
-        "advantage/abs_mean": float(values.abs().mean()),
+        "advantage/mean": float(values.mean()) if values.numel() else None,  # no episode: dynamic sampling kept none
+        "advantage/abs_mean": float(values.abs().mean()) if values.numel() else None,
         "advantage/zero_variance_groups": advantages.zero_variance_groups,
         "advantage/groups": advantages.groups,
         **infra_metrics(trajectories, advantages),
@@ -137,6 +142,7 @@ def step_metrics(
         "mean_ratio": update.mean_ratio,
         "behaviour_weight_mean": update.behaviour_weight_mean,
         "off_policy_tokens": update.off_policy_tokens,
+        **mismatch_metrics(update),
         "grad_norm": update.grad_norm,
         "lr": lr,
         "policy_tokens": update.policy_tokens,
@@ -155,6 +161,17 @@ def step_metrics(
     for kind, count in rollout.get("failures", {}).items():
         out[f"rollout/failures/{kind}"] = count
     return out
+
+
+def mismatch_metrics(update: UpdateStats) -> dict[str, float | None]:
+    """How far the behaviour logprobs (the engine's) were from the trainer's before the update, on
+    the policy tokens the update forwarded (None without any)."""
+    seen = update.policy_tokens > 0
+    return {
+        "mismatch/kl": update.mismatch_kl if seen else None,
+        "mismatch/max_abs_log_ratio": update.mismatch_max_abs_log_ratio if seen else None,
+        "mismatch/off_policy_share": update.off_policy_tokens / update.policy_tokens if seen else None,
+    }
 
 
 def infra_metrics(trajectories: Sequence[Trajectory], advantages: Advantages) -> dict[str, Any]:

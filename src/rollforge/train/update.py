@@ -22,16 +22,18 @@ first parameter) and the statistics come back as Python numbers. With a ``comput
 the weights' float32 (bfloat16), the forward passes and the loss run under ``torch.autocast`` and
 the backward pass outside it (see ``policy``).
 
-Policy lag: the ratio of ``ClippedPolicyLoss`` is taken against the generation (behaviour)
-logprobs; with asynchronous training (``max_staleness`` > 0) those come from weights up to k
-versions old, and a correction (``corrections.py``: AReaL's ``decoupled`` loss, ``masked``
-importance sampling) takes the clipped ratio against the *proximal* policy instead, the weights
-before this batch's first optimizer step, and weighs each token by the detached behaviour weight.
+Policy lag: the ratio of a policy loss (``losses``, ``policy_losses``) is taken against the
+generation (behaviour) logprobs; with asynchronous training (``max_staleness`` > 0) those come from
+weights up to k versions old (with ``vllm``/``openai``, from another engine), and a correction
+(``corrections.py``: AReaL's ``decoupled`` loss, ``masked`` importance sampling) takes the clipped
+ratio against the *proximal* policy instead, the weights before this batch's first optimizer step,
+and weighs each token by the detached behaviour weight.
 Each call takes one optimizer step after all its micro-batches, so the first epoch's forward
 passes already run the proximal weights: their detached logprobs are the proximal logprobs (no
 extra forward) and go into the ``Proximal`` the caller passes, indexed by episode; later epochs
-(``epochs_per_batch`` > 1, one call each) read them back. The ``none`` loss needs none of this and
-nothing is computed or stored for it.
+(``epochs_per_batch`` > 1, one call each) read them back. Given a ``Proximal``, every loss records
+them too (a copy to the CPU per row): the engine/trainer mismatch (``UpdateStats.mismatch_*``) is
+measured against them, so a later epoch measures the engine, not its own earlier steps.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import torch
 from ..types import Segment, Trajectory
 from .corrections import Proximal
 from .distributed import Ranks, is_sharded
-from .losses import ClippedPolicyLoss, LossParts
+from .losses import LossParts, PolicyLoss
 from .micro_batches import plan_micro_batches, silent_rows
 
 
@@ -89,6 +91,8 @@ class UpdateStats:
     policy_tokens: int
     behaviour_weight_mean: float = 1.0  # mean over policy tokens of the off-policy correction's factor
     off_policy_tokens: int = 0  # policy tokens the correction truncated (decoupled) or masked (masked)
+    mismatch_kl: float = 0.0  # mean over policy tokens of k3 KL(behaviour || trainer before the update)
+    mismatch_max_abs_log_ratio: float = 0.0  # max over policy tokens of |logp_trainer - logp_behaviour|
 
 
 def sequence_logprobs(
@@ -240,7 +244,7 @@ def policy_update(
     episodes: Sequence[UpdateRow],
     advantages: torch.Tensor,  # (N,)
     weights: Sequence[torch.Tensor],  # per episode, (T_i,)
-    loss_fn: ClippedPolicyLoss,
+    loss_fn: PolicyLoss,
     *,
     micro_batch_tokens: int,
     pad_id: int,
@@ -255,14 +259,14 @@ def policy_update(
 ) -> UpdateStats:
     """Accumulate the loss over micro-batches and take one optimizer step. ``group_size``: episodes
     come in groups of that many rollouts of one prompt (their shared prompt is computed once).
-    ``proximal``: one ``Proximal(len(episodes))`` per batch, passed to each of its epochs, for a
-    loss that ``needs_proximal`` (the first call fills it, later ones read it; ignored otherwise).
+    ``proximal``: one ``Proximal(len(episodes))`` per batch, passed to each of its epochs (the first
+    call fills it, later ones read it): a loss that ``needs_proximal`` must have it.
     ``compute_dtype``: precision of the forward passes (bfloat16: under ``torch.autocast``).
     With several ``ranks`` (a sharded model) every rank runs as many micro-batches as the busiest
     one (each FSDP forward and backward is a collective); ``weights`` must be normalised over the
     global batch. Rows without a gradient are not forwarded (``silent_rows``; those without advantage
     only with ``skip_zero_advantage``), and without other rows no optimizer step is taken."""
-    if loss_fn.needs_proximal and (proximal is None or len(proximal) != len(episodes)):
+    if (proximal is None and loss_fn.needs_proximal) or (proximal is not None and len(proximal) != len(episodes)):
         raise ValueError(f"{type(loss_fn).__name__} needs proximal=Proximal({len(episodes)}) (one per batch, "
                          f"shared by its epochs), got {proximal!r}")
     device = next(model.parameters()).device
@@ -283,9 +287,8 @@ def policy_update(
                 with torch.no_grad(), _reference_context(reference):
                     ref = sequence_logprobs(reference.model, ids, attention, w != 0, batch.prefix)
             logprobs = sequence_logprobs(model, ids, attention, w != 0, batch.prefix)
-            prox = None
-            if loss_fn.needs_proximal:
-                prox = proximal.take(rows, [episodes[i].ids.numel() for i in rows], logprobs)
+            lengths = [episodes[i].ids.numel() for i in rows]
+            prox = None if proximal is None else proximal.take(rows, lengths, logprobs)
             parts = loss_fn(logprobs, old, advantages[rows].to(device), w, ref, prox)
         parts.loss.backward()
         totals.add(parts, forwarded=int(attention.sum()) - (len(rows) - 1) * batch.prefix)
@@ -318,6 +321,8 @@ class _Totals:
     ratio: float = 0.0
     behaviour_weight: float = 0.0
     off_policy: int = 0
+    mismatch_kl: float = 0.0
+    mismatch_max: float = 0.0
 
     def add(self, parts: LossParts, forwarded: int) -> None:
         self.loss += float(parts.loss.detach())
@@ -328,6 +333,8 @@ class _Totals:
         self.ratio += parts.ratio_sum
         self.behaviour_weight += parts.behaviour_weight_sum
         self.off_policy += parts.off_policy_tokens
+        self.mismatch_kl += parts.mismatch_kl_sum
+        self.mismatch_max = max(self.mismatch_max, parts.mismatch_max_abs_log_ratio)
         self.tokens += forwarded
 
     def stats(self, grad_norm: float, micro_batches: int) -> UpdateStats:
@@ -344,6 +351,8 @@ class _Totals:
             policy_tokens=self.policy_tokens,
             behaviour_weight_mean=self.behaviour_weight / n if self.policy_tokens else 1.0,
             off_policy_tokens=self.off_policy,
+            mismatch_kl=self.mismatch_kl / n,
+            mismatch_max_abs_log_ratio=self.mismatch_max,
         )
 
 
