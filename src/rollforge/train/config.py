@@ -154,7 +154,8 @@ class AlgorithmConfig(_Section):
     """Most rollout rounds of a step with dynamic_sampling, the first included (each draws at most
     batch_size prompts); when they are spent the step trains on the groups kept so far."""
     epochs_per_batch: int = Field(1, ge=1)
-    """Optimizer steps on each rollout batch (ratios use the generation logprobs throughout)."""
+    """Optimizer steps on each rollout batch (ratios against the generation logprobs, or the
+    proximal policy under an ``off_policy_correction``)."""
     env_reward_weight: float = 1.0
     """Weight of the environments' own rewards (step rewards and ``get_reward()``)."""
     max_staleness: int = Field(0, ge=0)

@@ -32,6 +32,9 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
             f"algorithm.max_staleness={config.algorithm.max_staleness} with {ranks.world} ranks is not supported "
             "yet: train asynchronously on one rank, or set max_staleness=0"
         )
+    if config.algorithm.dynamic_sampling:
+        raise ConfigError(f"algorithm.dynamic_sampling with {ranks.world} ranks is not supported yet: "
+                          "train on one rank or set dynamic_sampling false")
     ranks.groups_per_rank(config.algorithm.batch_size)  # before the model loads
     if config.ray.training_workers > 1 and config.executor == "ray" and "RAY_TRAINING_RANK" not in os.environ:
         raise ConfigError(

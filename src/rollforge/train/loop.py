@@ -37,9 +37,6 @@ from .sampling import Scored, fill
 async def train_sync(run: Run, on_step: Callable[..., Any] | None = None) -> int:
     """Steps ``run.start + 1 .. config.steps``, each rolled out, then learned from; returns the last
     step done. ``on_step(step, metrics, model, backend)`` runs after each step's weight sync."""
-    if run.config.algorithm.dynamic_sampling and run.ranks.distributed:
-        raise ConfigError(f"algorithm.dynamic_sampling with {run.ranks.world} ranks is not supported yet: "
-                          "train on one rank or set dynamic_sampling false")
     step = run.start
     for step in range(run.start + 1, run.config.steps + 1):
         await after_step(on_step, step, await train_step(run, step), run, run.backend)
