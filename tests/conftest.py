@@ -1,4 +1,6 @@
-"""Shared fixtures: a tiny offline chat model (seconds to build) and the real SmolLM2 alias (slow)."""
+"""Shared fixtures: a tiny offline chat model (seconds to build) and the real SmolLM2 alias (slow).
+The helpers tests share (recording backend, token-exactness checks, free ports, bounded waits) are
+public in ``rollforge.testing``."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollforge.models import resolve_model
-from rollforge.testing import make_tiny_model
+from rollforge.testing import HANG_SECONDS, make_tiny_model, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -37,13 +39,10 @@ def ray_session():
 @pytest.fixture
 def ray_cpus_free(ray_session):
     """A check that every actor a run started is gone: both CPUs of ``ray_session`` free again
-    within ``within`` seconds (Ray releases a killed actor's CPUs shortly after, not at once)."""
-    import time
+    (Ray releases a killed actor's CPUs shortly after, not at once; the wait only catches a leak)."""
 
-    def check(within: float = 30.0) -> None:
-        deadline = time.monotonic() + within
-        while ray_session.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert ray_session.available_resources().get("CPU") == 2, ray_session.available_resources()
+    def check(within: float = HANG_SECONDS) -> None:
+        freed = wait_until(lambda: ray_session.available_resources().get("CPU") == 2, within, interval=0.2)
+        assert freed, ray_session.available_resources()
 
     return check

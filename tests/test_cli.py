@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 import torch
 
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.cli.main import main
+from rollforge.endings import ending_of
 from rollforge.models import load_model
-from rollforge.testing import first_character_rows
+from rollforge.testing import first_character_rows, free_port
 from rollforge.types import Failure, Message, Trajectory
 
 FIELDS = {
@@ -34,8 +34,7 @@ def from_record(record: dict) -> Trajectory:
         token_ids=tuple(record["token_ids"]), loss_mask=tuple(record["loss_mask"]),
         logprobs=tuple(record["logprobs"]), prompt_length=record["prompt_length"],
         rewards=tuple(record["rewards"]), total_reward=record["total_reward"], turns=record["turns"],
-        terminated=record["terminated"], truncated=record["truncated"],
-        max_turns_reached=record["max_turns_reached"],
+        ending=ending_of(record),
         error=Failure(**record["error"]) if record["error"] else None, tools=tuple(record["tools"]),
     )
 
@@ -160,9 +159,7 @@ def test_rollout_mistakes_are_one_line(tiny_model_dir, tmp_path, capsys):
         capsys, *model, *out, "--max-seq-len", "8")
     assert "unknown tool-call parser 'nope'" in rollout_error(capsys, *model, *out, "--tool-parser", "nope")
     assert "argument --max-turns: invalid int value: 'many'" in rollout_error(capsys, *out, "--max-turns", "many")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    url = f"http://127.0.0.1:{free_port()}"
     assert f"no OpenAI-compatible server answers at {url}" in rollout_error(
         capsys, *model, *out, "--backend", "openai", "--base-url", url)
     (tmp_path / "env.py").write_text(COUNTER)

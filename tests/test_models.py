@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import string
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 from rollforge import models
 from rollforge.errors import ConfigError, ModelError
 from rollforge.models import install_atomically, load_model, load_tokenizer, resolve_model
-from rollforge.testing import make_tiny_model
+from rollforge.testing import HANG_SECONDS, make_tiny_model
 
 CONVERSATIONS = (
     [{"role": "user", "content": "What is 2 + 2?"}],
@@ -94,15 +93,15 @@ def test_an_incomplete_cached_alias_is_reported(cache):
 
 def test_concurrent_installs_keep_one_complete_copy(tmp_path):
     target = tmp_path / "models" / "m"
-    both_building = threading.Barrier(2)
+    in_step = threading.Barrier(2, timeout=HANG_SECONDS)  # the two builds write their parts in step
     results = []
 
     def build(name):
         def write(staging):
-            both_building.wait()
+            in_step.wait()
             for part in range(3):
                 (staging / f"part{part}").write_text(name)
-                time.sleep(0.01)
+                in_step.wait()
 
         return write
 
@@ -165,12 +164,12 @@ def test_an_unloadable_directory_is_a_model_error_naming_it(tmp_path):
 # --- the tiny test model ---------------------------------------------------------------------------
 
 
-def test_the_tiny_model_builds_in_seconds_and_is_seeded(tmp_path, tiny_model_dir):
-    started = time.perf_counter()
+def test_the_tiny_model_is_tiny_and_seeded(tmp_path, tiny_model_dir):
     make_tiny_model(tmp_path / "same", seed=0)
-    assert time.perf_counter() - started < 10
     make_tiny_model(tmp_path / "other", seed=1)
     reference, _ = load_model(tiny_model_dir)
+    # 640 x 64 tied embeddings and two layers of width 64: ~115k parameters, built in well under a second
+    assert sum(p.numel() for p in reference.parameters()) < 200_000
     same, _ = load_model(tmp_path / "same")
     other, _ = load_model(tmp_path / "other")
     pairs = list(zip(reference.state_dict().values(), same.state_dict().values()))

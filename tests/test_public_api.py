@@ -19,6 +19,24 @@ def test_all_names_resolve_and_nothing_public_is_missing():
     assert public <= set(rollforge.__all__), public - set(rollforge.__all__)
 
 
+#: Exception classes a user never meets, each with where it stays: they never leave rollforge.
+INTERNAL_ERRORS = {
+    "EpisodeFailed",  # the engine catches it and files its Failure on the trajectory
+    "WireError",  # the gateway answers it as an HTTP error
+    "OtherSideFailed", "SideFailed",  # a comparison benchmark's sides, reported by `rollforge bench`
+}
+
+
+def test_every_exception_a_user_meets_is_exported():
+    from rollforge import errors
+
+    tree = {name for name, value in vars(errors).items()
+            if isinstance(value, type) and issubclass(value, errors.RollforgeError)}
+    assert INTERNAL_ERRORS <= tree
+    assert sorted(tree - INTERNAL_ERRORS - set(rollforge.__all__)) == []
+    assert {"RewardUnavailable", "SandboxUnavailable", "ToolArgumentError"} <= set(rollforge.__all__)
+
+
 def test_import_is_light():
     code = "import sys, rollforge; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -12,7 +12,7 @@ def make(**changes):
     fields = dict(
         index=3, task_name="t", messages=(Message("user", "q"), Message("assistant", "a")),
         token_ids=(1, 2, 3, 4), loss_mask=(0, 0, 1, 1), logprobs=(None, None, -0.1, -0.2), prompt_length=2,
-        rewards=(0.5, 0.25), total_reward=0.75, turns=2, terminated=True,
+        rewards=(0.5, 0.25), total_reward=0.75, turns=2, ending="terminated",
     )
     fields.update(changes)
     return Trajectory(**fields)
@@ -54,8 +54,9 @@ def test_trajectory_json_is_strict_without_nan_or_infinity():
         (dict(loss_mask=(0, 0, 2, 1)), "token 2 has mask 2"),
         (dict(rewards=(0.5,)), "2 turns, 1 rewards"),
         (dict(total_reward=1.0), "not the sum"),
-        (dict(truncated=True), "at most one"),
-        (dict(terminated=False, error=Failure("env_error", "boom"), max_turns_reached=True), "at most one"),
+        (dict(ending="done"), "ending 'done' with error None; the ending is one of terminated, truncated"),
+        (dict(ending="error"), "ending 'error' with error None"),
+        (dict(ending="max_turns_reached", error=Failure("env_error", "boom")), "'error' exactly when an error is set"),
     ],
 )
 def test_broken_invariants_are_caught(changes, message):
@@ -95,7 +96,7 @@ def test_a_trajectory_reads_back_from_its_json_segments_and_images_included():
     messages = (Message("user", "q"), Message("assistant", "a", tool_calls=(ToolCall("f", {"x": 1}, "c1"),)),
                 Message("tool", "r", name="f", images=(b"\x89PNG...",), tool_call_id="c1"), Message("assistant", "b"))
     t = make(messages=messages, token_ids=(1, 2, 3, 4, 5), loss_mask=(0, 0, 1, 0, 1),
-             logprobs=(None, None, -0.5, None, -0.25), segments=segments, error=Failure("env_error", "x"), terminated=False)
+             logprobs=(None, None, -0.5, None, -0.25), segments=segments, ending="error", error=Failure("env_error", "x"))
     record = json.loads(json.dumps(t.to_json()))
     assert record["segments"][1] == {"token_ids": [4, 5], "loss_mask": [0, 1], "logprobs": [None, -0.25],
                                      "prompt_length": 1, "messages": 4}

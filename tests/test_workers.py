@@ -1,28 +1,36 @@
-"""rollforge's own worker threads (rollforge.workers)."""
+"""rollforge's own worker threads (rollforge.workers). The tests wait on events and assert counts;
+a bounded wait (``wait_until``, ``wait_finished``) only catches a hang."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import traceback
 
 import pytest
 
+from rollforge.testing import HANG_SECONDS, wait_until
 from rollforge.workers import Workers
+
+
+def blocker(loop: asyncio.AbstractEventLoop, started: asyncio.Event, release: threading.Event):
+    """A call that tells the loop it has started on its thread, then blocks until released."""
+
+    def call() -> str:
+        loop.call_soon_threadsafe(started.set)
+        release.wait()
+        return "released"
+
+    return call
 
 
 async def test_every_waiting_call_gets_its_own_thread():
     pool = Workers("test-grow", idle_seconds=0.2)
-    barrier = threading.Barrier(40, timeout=5)  # passes only if 40 calls run at the same time
+    barrier = threading.Barrier(40, timeout=HANG_SECONDS)  # passes only if 40 calls run at the same time
 
     results = await asyncio.gather(*(pool.run(barrier.wait) for _ in range(40)))
     assert sorted(results) == list(range(40)) and pool.threads == 40
-    for _ in range(100):  # idle threads retire
-        if pool.threads == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert pool.threads == 0
+    assert await asyncio.to_thread(wait_until, lambda: pool.threads == 0)  # idle threads retire
 
 
 async def test_idle_threads_are_reused():
@@ -33,21 +41,17 @@ async def test_idle_threads_are_reused():
 
 async def test_a_cancelled_call_is_abandoned_not_joined_and_counted_until_it_ends():
     pool = Workers("test-abandon")
-    release = threading.Event()
-    call = asyncio.ensure_future(pool.run(release.wait))
-    await asyncio.sleep(0.05)
-    started = time.perf_counter()
+    started, release = asyncio.Event(), threading.Event()
+    call = asyncio.ensure_future(pool.run(blocker(asyncio.get_running_loop(), started, release)))
+    await asyncio.wait_for(started.wait(), HANG_SECONDS)
     call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
-    assert time.perf_counter() - started < 0.1 and pool.abandoned == 1
+    with pytest.raises(asyncio.CancelledError):  # returns while the call still blocks: not joined
+        await asyncio.wait_for(call, HANG_SECONDS)
+    assert not release.is_set() and pool.running == 1 and pool.abandoned == 1
     assert await pool.run(lambda: "a new thread serves the next call") == "a new thread serves the next call"
     assert pool.threads == 2
     release.set()
-    for _ in range(100):
-        if pool.abandoned == 0:
-            break
-        await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(pool.wait_finished, HANG_SECONDS) == 0
     assert pool.abandoned == 0
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("test-abandon"))
 
@@ -67,14 +71,13 @@ def test_a_result_for_a_closed_loop_is_dropped():
     release = threading.Event()
 
     async def leave_a_call_running():
-        task = asyncio.ensure_future(pool.run(release.wait))
-        await asyncio.sleep(0.05)
+        started = asyncio.Event()
+        task = asyncio.ensure_future(pool.run(blocker(asyncio.get_running_loop(), started, release)))
+        await asyncio.wait_for(started.wait(), HANG_SECONDS)
         task.cancel()
 
     asyncio.run(leave_a_call_running())  # the loop closes while the call still runs
+    assert pool.abandoned == 1
     release.set()
-    for _ in range(100):
-        if pool.abandoned == 0:
-            break
-        time.sleep(0.01)
+    assert pool.wait_finished(HANG_SECONDS) == 0
     assert pool.abandoned == 0  # the worker finished and dropped its result quietly

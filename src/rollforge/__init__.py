@@ -22,15 +22,21 @@ from .envs.factory import FactoryEnvironment
 from .envs.library import ENV_NAMES, EnvSpec, get_env_spec
 from .envs.stepwise import StepwiseEnvironment, StepwiseReturn
 from .errors import (
+    ActorDied,
     BackendError,
     CheckpointError,
     ConfigError,
+    ConnectionLost,
     EnvironmentError_,
     InvariantError,
     MissingDependency,
     ModelError,
+    RewardUnavailable,
     RollforgeError,
+    SandboxUnavailable,
+    ServerError,
     TemplateError,
+    ToolArgumentError,
 )
 from .rollout.config import RolloutConfig
 from .rollout.engine import RolloutResult, arollout, rollout
@@ -51,16 +57,17 @@ _LAZY = {
 }
 
 __all__ = [
-    "AgentEnvironment", "Backend", "BackendConfig", "BackendError", "BaseSession", "ChatRenderer", "CheckReport",
-    "CheckpointError", "Completion", "ConfigError", "ENV_NAMES", "EngineWorkers", "EnvSession", "EnvSpec",
-    "Environment", "EnvironmentError_", "FactoryEnvironment", "Failure", "Family",
-    "GeneratingEnvironment", "HFBackend", "InvariantError", "Message", "MissingDependency",
-    "ModelError", "OpenAICompatBackend", "OpenEnvEnvironment", "Reset", "RollforgeError",
-    "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "ScriptedBackend", "Segment",
-    "Step", "StepwiseEnvironment", "StepwiseReturn", "TemplateError", "TemplateReport", "ToolCall",
-    "ToolCallParser", "Trajectory", "VLLMBackend", "WeightSync", "acheck_env", "arollout",
-    "check_env", "detect_family", "get_env_spec", "get_family", "get_parser", "load_model",
-    "load_tokenizer", "open_backend", "open_generation", "rollout", "rollout_metrics", "token_fidelity_gap",
+    "ActorDied", "AgentEnvironment", "Backend", "BackendConfig", "BackendError", "BaseSession", "ChatRenderer",
+    "CheckReport", "CheckpointError", "Completion", "ConfigError", "ConnectionLost", "ENV_NAMES",
+    "EngineWorkers", "EnvSession", "EnvSpec", "Environment", "EnvironmentError_", "FactoryEnvironment",
+    "Failure", "Family", "GeneratingEnvironment", "HFBackend", "InvariantError", "Message", "MissingDependency",
+    "ModelError", "OpenAICompatBackend", "OpenEnvEnvironment", "Reset", "RewardUnavailable", "RollforgeError",
+    "RolloutConfig", "RolloutResult", "Sample", "SamplingParams", "SandboxUnavailable", "ScriptedBackend",
+    "Segment", "ServerError", "Step", "StepwiseEnvironment", "StepwiseReturn", "TemplateError",
+    "TemplateReport", "ToolArgumentError", "ToolCall", "ToolCallParser", "Trajectory", "VLLMBackend",
+    "WeightSync", "acheck_env", "arollout", "check_env", "detect_family", "get_env_spec", "get_family",
+    "get_parser", "load_model", "load_tokenizer", "open_backend", "open_generation", "rollout",
+    "rollout_metrics", "token_fidelity_gap",
 ]
 
 

@@ -1,10 +1,10 @@
 """The invariants every ``Trajectory`` holds, checked when one is built (``types.Trajectory``).
 
 Token ids, loss mask and logprobs have one entry per token; policy tokens (mask 1), and only they,
-carry a logprob; one reward per turn, summing to the total; at most one ending (terminated,
-truncated, out of turns, error); several segments laid end to end are the trajectory's tokens. A
-broken invariant is a rollforge bug (``InvariantError``). This module reads trajectories by their
-attributes and imports only ``errors``, so ``types`` can call it.
+carry a logprob; one reward per turn, summing to the total; one ending (``endings.ENDINGS``),
+``error`` exactly when a failure is recorded; several segments laid end to end are the
+trajectory's tokens. A broken invariant is a rollforge bug (``InvariantError``). This module reads trajectories by their
+attributes and imports only ``errors`` and ``endings``, so ``types`` can call it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .endings import ENDINGS
 from .errors import InvariantError
 
 
@@ -36,11 +37,10 @@ def check_trajectory(t: Any) -> None:
         raise InvariantError(f"trajectory {t.index}: {t.turns} turns, {len(t.rewards)} rewards")
     if not math.isclose(sum(t.rewards), t.total_reward, rel_tol=1e-9, abs_tol=1e-9):
         raise InvariantError(f"trajectory {t.index}: total_reward is not the sum of rewards")
-    flags = int(t.terminated) + int(t.truncated) + int(t.max_turns_reached)
-    if flags > 1 or (t.error is not None and flags):
+    if t.ending not in ENDINGS or (t.ending == "error") != (t.error is not None):
         raise InvariantError(
-            f"trajectory {t.index}: terminated={t.terminated} truncated={t.truncated} "
-            f"max_turns_reached={t.max_turns_reached} error={t.error}: at most one may hold"
+            f"trajectory {t.index}: ending {t.ending!r} with error {t.error}; the ending is one of "
+            f"{', '.join(ENDINGS)}, and 'error' exactly when an error is set"
         )
 
 

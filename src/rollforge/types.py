@@ -6,9 +6,12 @@ A ``Sample`` goes into the engine, a ``Trajectory`` comes out. Between them, bac
 Invariants a ``Trajectory`` checks on construction (a violation is a rollforge bug, raised as
 ``InvariantError``): ``token_ids``, ``loss_mask`` and ``logprobs`` have the same length; the mask is
 0/1; a token has a logprob exactly when its mask is 1 (policy tokens); ``rewards`` has one entry per
-turn and ``total_reward`` is their sum; at most one of ``terminated``/``truncated``/
-``max_turns_reached`` holds, and none holds when ``error`` is set; the ``segments`` laid end to end
-are exactly ``token_ids`` / ``loss_mask`` / ``logprobs``.
+turn and ``total_reward`` is their sum; ``ending`` is ``error`` exactly when ``error`` is set; the
+``segments`` laid end to end are exactly ``token_ids`` / ``loss_mask`` / ``logprobs``.
+
+An episode's ending is one field, ``Trajectory.ending``; ``terminated``, ``truncated``,
+``max_turns_reached`` and ``outcome`` are read from it (``endings.py`` tells the vocabulary), and
+the JSON record keeps its three flags.
 
 Segments: a chat template that rewrites history (Qwen3 and DeepSeek-R1 drop past reasoning) cannot
 be rendered by appending, so such an episode continues in a new ``Segment`` whose prompt is the
@@ -22,40 +25,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
+# The vocabulary of endings lives in ``endings``; its names are read from here too.
+from .endings import INFRA_FAILURES, Ending, FailureKind, Outcome, ending_of, outcome_of
 from .errors import InvariantError
 from .json_forms import image_json, json_float, jsonable
 from .invariants import check_segments, check_trajectory
 
 Role = Literal["system", "user", "assistant", "tool"]
-
-#: Failure kinds. The ``tool_*`` kinds are counted and reported back to the model; the episode goes on.
-#: The others end the episode and are stored as ``Trajectory.error``.
-FailureKind = Literal[
-    "tool_invalid_json",  # the model's tool call is not valid JSON / not {"name", "arguments"}
-    "tool_unknown",  # the model called a tool the environment does not have
-    "tool_bad_arguments",  # missing, extra or mistyped arguments (schema validation failed)
-    "tool_raised",  # the tool itself raised
-    "env_error",  # the environment raised outside a tool (reset, step, reward)
-    "env_timeout",  # one environment call exceeded the per-step timeout
-    "episode_timeout",  # the whole episode exceeded the per-episode timeout
-    "backend_error",  # the generation backend failed this episode's request
-    "template_error",  # the conversation could not be rendered into tokens
-    "reward_error",  # a reward function raised (never on a trajectory: its values count as None)
-    "reward_unavailable",  # a reward service (an LLM judge) failed: the reward is unknown (``RewardUnavailable``)
-]
-
-#: An episode's outcome (``Trajectory.outcome``): ``completed`` (no ``error``: terminated, truncated,
-#: max turns, whatever tool calls failed on the way), ``policy_failure`` (an error that is the
-#: model's own doing, e.g. ``template_error``: a conversation it steered where no template renders)
-#: or ``infra_failure`` (an error of the machinery around it: the backend failed, a connection was
-#: lost, an actor died, the environment raised or hung; after the rollout, a reward judge failed).
-#: Infrastructure failures are kept out of group baselines, their reward is unknown; those of the
-#: rollout are retried (``RolloutConfig.infra_retries``).
-Outcome = Literal["completed", "policy_failure", "infra_failure"]
-#: Error kinds that are infrastructure failures; every other ``error`` kind is a policy failure.
-INFRA_FAILURES: frozenset[str] = frozenset(
-    {"backend_error", "env_error", "env_timeout", "episode_timeout", "reward_unavailable"}
-)
 
 
 @dataclass(frozen=True)
@@ -267,9 +243,8 @@ class Trajectory:
     rewards: tuple[float, ...]
     total_reward: float
     turns: int
-    terminated: bool = False
-    truncated: bool = False
-    max_turns_reached: bool = False
+    #: How the episode ended (see ``Ending``); ``error`` exactly when ``error`` is set.
+    ending: Ending = "terminated"
     error: Failure | None = None
     failures: tuple[Failure, ...] = ()
     metadata: Any = None
@@ -308,13 +283,25 @@ class Trajectory:
         check_trajectory(self)
 
     def __repr__(self) -> str:
-        ending = "error" if self.error else next(
-            (name for name in ("terminated", "truncated", "max_turns_reached") if getattr(self, name)), "running"
-        )
         return (
             f"Trajectory(index={self.index}, task_name={self.task_name!r}, turns={self.turns}, "
-            f"tokens={len(self.token_ids)}, total_reward={self.total_reward}, {ending})"
+            f"tokens={len(self.token_ids)}, total_reward={self.total_reward}, {self.ending})"
         )
+
+    @property
+    def terminated(self) -> bool:
+        """The task reached an end state (natural termination)."""
+        return self.ending == "terminated"
+
+    @property
+    def truncated(self) -> bool:
+        """A limit outside the task cut the episode off (``max_seq_len``, or the environment's own)."""
+        return self.ending == "truncated"
+
+    @property
+    def max_turns_reached(self) -> bool:
+        """The rollout's turn limit ended the episode."""
+        return self.ending == "max_turns_reached"
 
     @property
     def generated_tokens(self) -> int:
@@ -322,10 +309,8 @@ class Trajectory:
 
     @property
     def outcome(self) -> Outcome:
-        """``completed``, ``policy_failure`` or ``infra_failure`` (see ``Outcome``)."""
-        if self.error is None:
-            return "completed"
-        return "infra_failure" if self.error.kind in INFRA_FAILURES else "policy_failure"
+        """``completed``, ``policy_failure`` or ``infra_failure`` (see ``endings``)."""
+        return outcome_of(self.error.kind if self.error is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         """The ``trajectories.jsonl`` record."""
@@ -383,12 +368,10 @@ class Trajectory:
             logprobs=floats(record["logprobs"]), prompt_length=record["prompt_length"],
             prompt_messages=record.get("prompt_messages"),
             rewards=floats(record["rewards"]), total_reward=floats([record["total_reward"]])[0], turns=record["turns"],
-            terminated=record["terminated"], truncated=record["truncated"],
-            max_turns_reached=record["max_turns_reached"], error=failure(record.get("error")),
+            ending=ending_of(record), error=failure(record.get("error")),  # type: ignore[arg-type]
             failures=tuple(failure(f) for f in record.get("failures") or ()), metadata=record.get("metadata"),
             tools=tuple(record.get("tools") or ()), generation_seconds=floats([record.get("generation_seconds", 0.0)])[0],
             environment_seconds=floats([record.get("environment_seconds", 0.0)])[0], segments=segments,
             versions=tuple(record.get("versions") or ()),
             retries=record.get("retries", 0),
         )
-

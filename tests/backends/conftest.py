@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout_checks import free_port
+
+from rollforge.testing import free_port
+
 
 @pytest.fixture(scope="module")
 def hf(smollm2_dir):

@@ -1,13 +1,16 @@
 """HFBackend on the tiny offline model: exactness against transformers, batching, stops, failures.
 
 The reference for greedy decoding is ``model.generate(do_sample=False)`` on one prompt (no padding);
-the reference for logprobs is a teacher-forced forward pass over prompt + completion.
+the reference for logprobs is a teacher-forced forward pass over prompt + completion. A request that
+must arrive, or be cancelled, while others generate waits for a forward pass held by ``Paused``
+instead of sleeping for a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import types
 
 import pytest
@@ -24,6 +27,7 @@ from rollforge.backends.hf import (
 )
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
+from rollforge.testing import HANG_SECONDS
 
 NEVER = (-1,)  # a stop id no model produces: generation runs to max_new_tokens
 TEXTS = (
@@ -61,6 +65,37 @@ async def backend(model, tokenizer):
     backend = HFBackend(model, tokenizer, max_wait_ms=20)
     yield backend
     await backend.close()
+
+
+class Paused:
+    """The model's forward passes, counted from 1, stop at the passes ``at`` until the test lets them
+    go on: ``await paused.reached(k)`` returns once pass ``k`` waits, ``paused.go(k)`` runs it."""
+
+    def __init__(self, monkeypatch, model, at):
+        original, self.passes = type(model).forward, 0
+        self._waiting = {k: threading.Event() for k in at}
+        self._go = {k: threading.Event() for k in at}
+
+        def forward(module, *args, **kwargs):
+            self.passes += 1
+            if self.passes in self._go:
+                self._waiting[self.passes].set()
+                self._go[self.passes].wait(HANG_SECONDS)
+            return original(module, *args, **kwargs)
+
+        monkeypatch.setattr(type(model), "forward", forward)
+
+    async def reached(self, k: int) -> None:
+        assert await asyncio.to_thread(self._waiting[k].wait, HANG_SECONDS), f"forward pass {k} never came"
+
+    def go(self, k: int) -> None:
+        self._go[k].set()
+
+
+async def settle() -> None:
+    """Let every ready task run until it waits (a number of loop passes, not a time)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
 
 
 def unstopped(max_new_tokens, temperature=0.0):
@@ -102,14 +137,16 @@ async def test_greedy_alone_equals_model_generate(backend, model, tokenizer, pro
         assert list(completion.token_ids) == greedy_reference(model, prompt, 24, tokenizer.eos_token_id)
 
 
-async def test_greedy_with_staggered_arrivals_equals_model_generate(backend, model, tokenizer, prompts):
+async def test_greedy_with_staggered_arrivals_equals_model_generate(backend, model, tokenizer, prompts, monkeypatch):
     params = SamplingParams(max_new_tokens=40, temperature=0)
-
-    async def arrive(delay, prompt):
-        await asyncio.sleep(delay)
-        return await backend.generate(prompt, params)
-
-    completions = await asyncio.gather(*(arrive(0.01 * i, p) for i, p in enumerate(prompts)))
+    paused = Paused(monkeypatch, model, at=[2 * i for i in range(1, len(prompts))])
+    requests = [asyncio.create_task(backend.generate(prompts[0], params))]
+    for i, prompt in enumerate(prompts[1:], 1):  # each arrives while the batch is generating
+        await paused.reached(2 * i)
+        requests.append(asyncio.create_task(backend.generate(prompt, params)))
+        await settle()
+        paused.go(2 * i)
+    completions = await asyncio.wait_for(asyncio.gather(*requests), HANG_SECONDS)
 
     for prompt, completion in zip(prompts, completions):
         expected = greedy_reference(model, prompt, 40, tokenizer.eos_token_id)
@@ -427,13 +464,14 @@ async def test_failing_prefill_fails_only_its_requests(backend, model, tokenizer
         return original(self, input_ids=input_ids, **kwargs)
 
     monkeypatch.setattr(type(model), "forward", forward)
+    paused = Paused(monkeypatch, model, at=[2])
     params = SamplingParams(max_new_tokens=30, temperature=0)
-
-    async def late_bad():
-        await asyncio.sleep(0.01)
-        return await backend.generate([marker, marker, 3], params)
-
-    good, bad = await asyncio.gather(backend.generate(prompts[0], params), late_bad(), return_exceptions=True)
+    good = asyncio.create_task(backend.generate(prompts[0], params))
+    await paused.reached(2)  # the good request is decoding: the bad one arrives late
+    bad = asyncio.create_task(backend.generate([marker, marker, 3], params))
+    await settle()
+    paused.go(2)
+    good, bad = await asyncio.wait_for(asyncio.gather(good, bad, return_exceptions=True), HANG_SECONDS)
     assert isinstance(bad, BackendError) and "boom in prefill" in str(bad)
     assert list(good.token_ids) == greedy_reference(model, prompts[0], 30, tokenizer.eos_token_id)
 
@@ -462,27 +500,34 @@ async def test_worker_crash_fails_pending_and_later_requests(model, tokenizer, p
         await backend.close()
 
 
-async def test_cancelled_request_leaves_the_batch(backend, model, tokenizer, prompts):
+async def test_cancelled_request_leaves_the_batch(backend, model, tokenizer, prompts, monkeypatch):
+    paused = Paused(monkeypatch, model, at=[3])
     greedy_30 = SamplingParams(max_new_tokens=30, temperature=0)
     doomed = asyncio.create_task(backend.generate(prompts[0], unstopped(200)))
     survivor = asyncio.create_task(backend.generate(prompts[1], greedy_30))
-    await asyncio.sleep(0.02)
+    await paused.reached(3)  # both are generating
     doomed.cancel()
-    completion = await survivor
+    await settle()
+    paused.go(3)
+    completion = await asyncio.wait_for(survivor, HANG_SECONDS)
     assert list(completion.token_ids) == greedy_reference(model, prompts[1], 30, tokenizer.eos_token_id)
     with pytest.raises(asyncio.CancelledError):
         await doomed
     assert backend.stats.completed == 1
 
 
-async def test_close_fails_pending_requests_and_refuses_new_ones(model, tokenizer, prompts):
+async def test_close_fails_pending_requests_and_refuses_new_ones(model, tokenizer, prompts, monkeypatch):
+    paused = Paused(monkeypatch, model, at=[2])
     backend = HFBackend(model, tokenizer)
     params = unstopped(200)
     pending = asyncio.create_task(backend.generate(prompts[0], params))
-    await asyncio.sleep(0.005)
-    await backend.close()
+    await paused.reached(2)  # generating
+    closing = asyncio.create_task(backend.close())
+    await settle()
+    paused.go(2)
+    await asyncio.wait_for(closing, HANG_SECONDS)
     with pytest.raises(BackendError, match="closed"):
-        await asyncio.wait_for(pending, 10)
+        await asyncio.wait_for(pending, HANG_SECONDS)
     with pytest.raises(BackendError, match="closed"):
         await backend.generate(prompts[0], SamplingParams(max_new_tokens=2))
     await backend.close()  # idempotent

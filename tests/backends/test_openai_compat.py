@@ -9,10 +9,11 @@ The well-behaved answer is the reply "Hi<|im_end|>" of the tiny offline model's 
 from __future__ import annotations
 
 import asyncio
-import time
+import types
 
 import pytest
 
+from rollforge.backends import openai_compat
 from rollforge.backends.base import Backend, SamplingParams, WeightSync
 from rollforge.backends.openai_compat import OpenAICompatBackend, completion_from_response
 from rollforge.chat.render import ChatRenderer
@@ -21,9 +22,8 @@ from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_tokenizer
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import HANG_SECONDS, RecordingBackend, assert_token_exact, free_port
 from rollforge.types import Sample
-
-from rollout_checks import RecordingBackend, assert_token_exact, free_port
 
 web = pytest.importorskip("aiohttp.web", reason="aiohttp serves the fake servers (installed with vllm)")
 pytest.importorskip("httpx", reason="needs the openai extra")
@@ -110,10 +110,8 @@ async def test_well_formed_answer_and_request_body(serve, reply):
 
 async def test_server_down_fails_after_bounded_retries():
     client = backend(f"http://127.0.0.1:{free_port()}")
-    started = time.monotonic()
     with pytest.raises(BackendError, match=r"failed after 3 attempts; last: ConnectError"):
-        await client.generate([1, 2], PARAMS)
-    assert time.monotonic() - started < 5
+        await asyncio.wait_for(client.generate([1, 2], PARAMS), HANG_SECONDS)
     await client.close()
 
 
@@ -181,24 +179,28 @@ async def test_malformed_responses_are_clear_errors(serve, body, reason):
 
 async def test_a_server_that_never_answers_times_out(serve):
     async def hang(body):
-        await asyncio.sleep(30)
-        return web.json_response({})
+        await asyncio.Event().wait()  # never set: only the client's request timeout ends the wait
 
-    url, _ = await serve(hang)
+    url, fake = await serve(hang)
     client = backend(url, request_timeout=0.3)
-    started = time.monotonic()
     with pytest.raises(BackendError, match=r"no response within request_timeout=0.3 s"):
-        await client.generate([1, 2], PARAMS)
-    assert time.monotonic() - started < 3
+        await asyncio.wait_for(client.generate([1, 2], PARAMS), HANG_SECONDS)
     await client.close()
+    assert len(fake.requests) == 1  # a request that timed out is not sent again
 
 
 async def test_concurrency_is_bounded(serve, reply):
-    async def slow(body):
-        await asyncio.sleep(0.05)
+    changed = asyncio.Condition()
+
+    async def held(body):
+        """Each request waits until four were in flight together (the client's limit), then all go."""
+        async with changed:
+            changed.notify_all()
+            await asyncio.wait_for(changed.wait_for(lambda: fake.max_in_flight >= 4 or len(fake.requests) == 20),
+                                   HANG_SECONDS)
         return web.json_response(ok_body(reply))
 
-    url, fake = await serve(slow)
+    url, fake = await serve(held)
     client = backend(url, max_concurrency=4)
     completions = await asyncio.gather(*(client.generate([1, i + 2], PARAMS) for i in range(20)))
     await client.close()
@@ -252,17 +254,15 @@ async def test_only_the_affected_episodes_fail(serve, tokenizer, reply, failure,
             return web.Response(text="{truncated")
         if failure == "no_ids":
             return web.json_response({"choices": [{"text": "Hi", "finish_reason": "stop"}]})
-        await asyncio.sleep(30)
-        return web.json_response({})
+        await asyncio.Event().wait()  # never answers: the request timeout fails the episode
 
     url, _ = await serve(answer)
     renderer = ChatRenderer(tokenizer)
     samples = [Sample(prompt=[{"role": "user", "content": "Tell me about the zebra." if i in (1, 4) else f"Question {i}."}])
                for i in range(6)]
     recording = RecordingBackend(backend(url, request_timeout=0.5))
-    started = time.monotonic()
-    result = await arollout(samples, {"default": _SingleTurn()}, recording, renderer, RolloutConfig(max_turns=1))
-    assert time.monotonic() - started < 10
+    result = await asyncio.wait_for(
+        arollout(samples, {"default": _SingleTurn()}, recording, renderer, RolloutConfig(max_turns=1)), HANG_SECONDS)
     await recording.inner.close()
     failed = [t for t in result.trajectories if t.error is not None]
     assert [t.index for t in failed] == [1, 4]
@@ -290,7 +290,7 @@ def test_bad_options_name_the_value(kwargs, message):
         OpenAICompatBackend(**kwargs)
 
 
-async def test_weight_sync_choreography_and_stale_policy_detection(tiny_model_dir, reply, tmp_path):
+async def test_weight_sync_choreography_and_stale_policy_detection(tiny_model_dir, reply, tmp_path, monkeypatch):
     """Against a fake dev-mode server: the calls update_weights makes, in order; the weights file
     exists when the server is told to load it; concurrent requests share one version check; a
     version changed behind the trainer's back fails requests with a clear reason."""
@@ -328,6 +328,8 @@ async def test_weight_sync_choreography_and_stale_policy_detection(tiny_model_di
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
+    now = [1000.0]  # the client's clock, moved by the test: no waiting for an interval to pass
+    monkeypatch.setattr(openai_compat, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     client = backend(f"http://127.0.0.1:{port}", weights_dir=tmp_path, version_check_interval=60)
     model = load_model(tiny_model_dir)[0]
     try:
@@ -342,14 +344,13 @@ async def test_weight_sync_choreography_and_stale_policy_detection(tiny_model_di
         await asyncio.gather(*(client.generate([1, 2], PARAMS) for _ in range(5)))
         assert calls.count("/weight_info") == 0  # checked during the sync, less than 60 s ago
 
-        client.version_check_interval = 0.01
-        await asyncio.sleep(0.02)
+        now[0] += 61  # the check interval passes on the client's clock
         calls.clear()
         await asyncio.gather(*(client.generate([1, 2], PARAMS) for _ in range(5)))
         assert calls.count("/weight_info") == 1  # five requests, one shared check
 
         state["version"] = "someone-else"
-        await asyncio.sleep(0.02)
+        now[0] += 61
         with pytest.raises(BackendError, match=r"stale policy: .* serves weight version 'someone-else'"):
             await client.generate([1, 2], PARAMS)
     finally:

@@ -13,14 +13,14 @@ import torch
 from rollforge.backends.base import SamplingParams
 from rollforge.backends.openai_compat import OpenAICompatBackend
 from rollforge.cli.rollout import split_samples
+from rollforge.endings import ending_of
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import BackendError
 from rollforge.models import load_model
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import RecordingBackend, assert_token_exact
 from rollforge.types import Message
-
-from rollout_checks import RecordingBackend, assert_token_exact
 
 pytest.importorskip("httpx", reason="needs the openai extra")
 pytestmark = pytest.mark.slow
@@ -116,8 +116,7 @@ def test_rollout_cli_with_the_openai_backend(vllm_server, smollm2_dir, renderer,
             messages=tuple(Message(m["role"], m["content"], name=m.get("name")) for m in r["messages"]),
             token_ids=tuple(r["token_ids"]), loss_mask=tuple(r["loss_mask"]), logprobs=tuple(r["logprobs"]),
             prompt_length=r["prompt_length"], rewards=tuple(r["rewards"]), total_reward=r["total_reward"],
-            turns=r["turns"], terminated=r["terminated"], truncated=r["truncated"],
-            max_turns_reached=r["max_turns_reached"],
+            turns=r["turns"], ending=ending_of(r),
         )
         assert token_fidelity_gap(trajectory, renderer) is None
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from transformers import AutoTokenizer
 
-from rollforge.backends.base import CURRENT_EPISODE, Backend, SamplingParams, WeightSync
+from rollforge.backends.base import CURRENT_EPISODE, Backend, BackendWrapper, SamplingParams, WeightSync
 from rollforge.backends.router import RouterBackend
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
@@ -197,10 +197,45 @@ async def test_a_failed_update_names_the_replica_and_refuses_mixed_weights(rende
     await router.generate([5, 6, 7], PARAMS)
 
 
-def test_without_sync_on_every_replica_the_router_has_none(renderer):
-    router = RouterBackend([SyncingReplica(renderer), Replica(renderer)])
-    assert not hasattr(router, "update_weights") and not hasattr(router, "weight_version")
+async def test_without_sync_on_every_replica_the_router_has_none(renderer):
+    syncing = SyncingReplica(renderer)
+    router = RouterBackend([syncing, Replica(renderer)], names=["east", "west"])
+    assert not router.syncs_weights and not hasattr(router, "weight_version")
     assert not isinstance(router, WeightSync)
+    with pytest.raises(BackendError, match=r"^west of this router have no weight sync"):
+        await router.update_weights(object())
+    assert syncing.models == []  # refused before any replica was touched
+
+
+class SharingReplica(SyncingReplica):
+    """A replica class whose ``share_weights`` prepares the model once for all its replicas."""
+
+    shared: list[object] = []
+
+    @staticmethod
+    def share_weights(model):
+        SharingReplica.shared.append(model)
+        return ("exported", model)
+
+
+async def test_each_distinct_share_weights_runs_once_and_feeds_its_replicas(renderer):
+    SharingReplica.shared = []
+    sharing = [SharingReplica(renderer), BackendWrapper(SharingReplica(renderer))]  # a wrapper forwards it
+    plain = SyncingReplica(renderer)  # Backend's default: the model itself
+    router = RouterBackend([*sharing, plain])
+    model = object()
+    await router.update_weights(model)
+    assert SharingReplica.shared == [model]
+    assert sharing[0].models == sharing[1].inner.models == [("exported", model)] and plain.models == [model]
+
+
+async def test_wrapped_replicas_keep_their_name_and_death(renderer):
+    inner = [Replica(renderer), Replica(renderer)]
+    inner[0].name, inner[1].name, inner[0].dead = "east", "west", "its actor was killed"
+    router = RouterBackend([BackendWrapper(r) for r in inner])
+    assert router.names == ("east", "west")
+    await router.generate([5, 6, 7], PARAMS)
+    assert router.stats()["west"]["requests"] == 1 and router.requests == [0, 1]
 
 
 def test_images_only_when_every_replica_accepts_them(renderer):

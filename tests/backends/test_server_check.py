@@ -1,6 +1,5 @@
 """The once-at-start reachability check of OpenAI-compatible servers (``check_server``)."""
 
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -10,6 +9,7 @@ from rollforge.backends.config import BackendConfig
 from rollforge.backends.openai_compat import check_server
 from rollforge.backends.opening import open_backend
 from rollforge.errors import BackendError
+from rollforge.testing import free_port
 
 
 class _NotFound(BaseHTTPRequestHandler):
@@ -22,9 +22,7 @@ class _NotFound(BaseHTTPRequestHandler):
 
 
 def test_any_answer_counts_and_silence_is_one_clear_error(tiny_model_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    down = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(BackendError, match=f"^no OpenAI-compatible server answers at {down} \\(ConnectError"):
         check_server(down, timeout=2)
     server = HTTPServer(("127.0.0.1", 0), _NotFound)

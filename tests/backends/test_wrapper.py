@@ -1,6 +1,6 @@
 """BackendWrapper forwards every member declared on ``Backend`` and ``WeightSync`` (read from the
 classes, so a member declared later fails here until it is forwarded and checked), and the wrappers
-built on it (weight versions, both recording backends) keep what the wrapped backend answers."""
+built on it (weight versions, the recording backend) keep what the wrapped backend answers."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import asyncio
 import inspect
 
 import pytest
-from rollout_checks import RecordingBackend as CheckRecording
 
 from rollforge.backends.base import Backend, BackendWrapper, SamplingParams, WeightSync
-from rollforge.bench.recording import RecordingBackend as BenchRecording
 from rollforge.errors import BackendError, ConfigError
+from rollforge.testing import RecordingBackend
 from rollforge.train.versions import VersionedBackend
 from rollforge.types import Completion
 
@@ -23,10 +22,16 @@ class Probe(Backend):
     """Answers every declared member differently from ``Backend``'s defaults and records each call."""
 
     accepts_images = True
+    name = "probe replica"
+    dead = "its actor died"
 
     def __init__(self):
         self.calls: list[tuple] = []
         self.weight_version = 7
+
+    @staticmethod
+    def share_weights(model):
+        return ("exported", model)
 
     async def generate(self, prompt_ids, params, images=None):
         self.calls.append(("generate", tuple(prompt_ids), images))
@@ -103,16 +108,19 @@ async def check_member(name: str, wrapper: Backend, probe: Probe) -> None:
     elif name == "wake_up":
         await wrapper.wake_up(["weights"])
         assert probe.calls == [("wake_up", ["weights"])]
-    else:  # a value: accepts_images, syncs_weights, supports_sleep, weight_version
+    elif name == "share_weights":  # the probe's own function: wrapped replicas still share one export
+        assert wrapper.share_weights is Probe.share_weights and wrapper.share_weights(model) == ("exported", model)
+    else:  # a value: accepts_images, dead, name, syncs_weights, supports_sleep, weight_version
         assert getattr(wrapper, name) == getattr(probe, name) != getattr(Plain(), name, None)
 
 
 def test_the_wrapper_defines_every_declared_member_itself():
     assert {"generate", "close", "shares_model", "syncs_weights", "sleep", "update_weights"} <= MEMBERS
+    assert {"name", "dead", "share_weights"} <= MEMBERS  # what a router asks of its replicas
     assert sorted(MEMBERS - set(vars(BackendWrapper))) == []  # declare it on Backend: forward it here
 
 
-@pytest.mark.parametrize("wrap", [BackendWrapper, VersionedBackend, BenchRecording, CheckRecording],
+@pytest.mark.parametrize("wrap", [BackendWrapper, VersionedBackend, RecordingBackend],
                          ids=lambda w: f"{w.__module__}.{w.__name__}")
 @pytest.mark.parametrize("name", sorted(MEMBERS))
 async def test_every_declared_member_reaches_the_wrapped_backend(wrap, name):

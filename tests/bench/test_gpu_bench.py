@@ -147,7 +147,7 @@ def test_the_tokenizer_covers_every_id_the_model_can_sample(tmp_path, monkeypatc
     # ids) with the 640-id test tokenizer failed every episode as an infrastructure failure.
     from transformers import AutoTokenizer
 
-    from rollforge.testing import _make_tokenizer
+    from rollforge.testing import make_tokenizer
 
     tiny = gpu_sections.model_spec("tiny")
     monkeypatch.setattr(gpu_sections, "model_spec", lambda name: {**tiny, "vocab_size": 700})
@@ -156,6 +156,6 @@ def test_the_tokenizer_covers_every_id_the_model_can_sample(tmp_path, monkeypatc
     assert info["tokenizer_vocab"] == len(tokenizer) == 700
     assert tokenizer.decode([640, 641, 665, 666, 699]) == "~a~b~z~ba~ch"  # letters only: the reward reads numbers
     text = "What is 3 + 4? Answer with just the number."
-    assert tokenizer.encode(text) == _make_tokenizer().encode(text)  # no merge produces the new ids
+    assert tokenizer.encode(text) == make_tokenizer().encode(text)  # no merge produces the new ids
     with pytest.raises(Exception, match="more than the model's vocab_size 600"):
         gpu_sections.pad_vocabulary(tmp_path / "tokenizer.json", 600)

@@ -19,7 +19,6 @@ import os
 import pytest
 from transformers import AutoTokenizer
 
-from rollforge.backends.base import Backend
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.chat.toolcalls import get_parser
@@ -28,6 +27,7 @@ from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import TemplateError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import RecordingBackend, assert_token_exact
 from rollforge.types import Message, Sample
 
 trl = pytest.importorskip("trl")
@@ -146,48 +146,11 @@ class Lookup:
         return f"lookup {x} gives {x * 7} (call {self.calls})"
 
 
-class Recording(Backend):
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    async def generate(self, prompt_ids, params):
-        completion = await self.inner.generate(prompt_ids, params)
-        self.calls.append((tuple(prompt_ids), completion))
-        return completion
-
-    async def close(self):
-        pass
-
-
 def rollout(renderer, env, script, prompt="What does lookup give?", max_seq_len=4096):
-    backend = Recording(ScriptedBackend(script, renderer))
+    backend = RecordingBackend(ScriptedBackend(script, renderer))
     config = RolloutConfig(max_turns=6, max_new_tokens=200, max_seq_len=max_seq_len, concurrency=1)
     result = asyncio.run(arollout([Sample(prompt=[{"role": "user", "content": prompt}])], {"default": env}, backend, renderer, config))
     return result.trajectories[0], backend.calls
-
-
-def assert_segments_exact(trajectory, calls, renderer):
-    """Each generation is kept exactly (mask 1, its logprobs) right after the ids it was asked to
-    continue, inside one segment; each segment equals the template's rendering of its messages."""
-    assert trajectory.error is None, trajectory.error
-    assert token_fidelity_gap(trajectory, renderer) is None, token_fidelity_gap(trajectory, renderer)
-    for prompt, completion in calls:
-        segment = next(s for s in trajectory.segments if s.token_ids[: len(prompt)] == prompt
-                       and s.token_ids[len(prompt): len(prompt) + len(completion.token_ids)] == completion.token_ids)
-        n, end = len(prompt), len(prompt) + len(completion.token_ids)
-        assert segment.loss_mask[n:end] == (1,) * (end - n) and segment.logprobs[n:end] == completion.logprobs
-    assert sum(trajectory.loss_mask) == sum(len(c.token_ids) for _, c in calls)
-    for segment in trajectory.segments:
-        covered = trajectory.messages[: segment.messages]
-        rendered = renderer.conversation_ids(covered, trajectory.tools)
-        ids = list(segment.token_ids)
-        if rendered[: len(ids)] == ids and len(rendered) - len(ids) <= len(renderer.closing):
-            continue
-        # It ends on a generation the template rewrites (drops its reasoning): up to that
-        # generation it is the rendering of the messages before it, with the generation prompt.
-        start = max(i for i, bit in enumerate(segment.loss_mask) if bit == 0) + 1
-        assert covered[-1].role == "assistant" and start < len(ids)
-        assert ids[:start] == renderer.conversation_ids(covered[:-1], trajectory.tools, add_generation_prompt=True)
 
 
 TOOL_CASES = ["chatml", "qwen2_5", "qwen3", "qwen3_keep_reasoning", "llama3_1", "llama3_2", "gemma2", "gemma3",
@@ -200,7 +163,7 @@ def test_a_three_turn_tool_rollout_is_token_exact_segment_by_segment(base_tokeni
     reply = CASES[name][5]
     trajectory, calls = rollout(renderer, FactoryEnvironment(Lookup), lambda r: reply(r.call + 1 if r.call < 2 else None))
     assert trajectory.terminated and trajectory.turns == 3 and trajectory.failures == ()
-    assert_segments_exact(trajectory, calls, renderer)
+    assert_token_exact([trajectory], calls, renderer)
     results = [m for m in trajectory.messages if m.role == "tool"]
     assert [m.content for m in results] == ["lookup 1 gives 7 (call 1)", "lookup 2 gives 14 (call 2)"]
     text = "".join(renderer.decode(s.token_ids) for s in trajectory.segments)
@@ -272,7 +235,7 @@ def test_templates_that_drop_past_reasoning_continue_in_segments(base_tokenizer,
 
     trajectory, calls = rollout(renderer, Game(), reply)
     assert trajectory.terminated and trajectory.turns == 3
-    assert_segments_exact(trajectory, calls, renderer)
+    assert_token_exact([trajectory], calls, renderer)
     keeps = template == "qwen3_training"
     assert len(trajectory.segments) == (1 if keeps else 3)
     if not keeps:  # each later segment's prompt is the template's rendering: past reasoning gone

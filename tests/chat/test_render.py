@@ -139,7 +139,7 @@ def test_fidelity_gap_finds_a_tampered_trajectory(renderer):
     prompt = (Message("user", "hi"),)
     generated = renderer.encode("hello") + list(renderer.stop_token_ids[:1])
     ids = renderer.prompt_ids(prompt) + renderer.generation_prompt + generated
-    fields = dict(index=0, task_name="t", prompt_length=0, rewards=(0.0,), total_reward=0.0, turns=1, terminated=True)
+    fields = dict(index=0, task_name="t", prompt_length=0, rewards=(0.0,), total_reward=0.0, turns=1, ending="terminated")
 
     def trajectory(token_ids, content):
         n = len(token_ids) - len(generated)
@@ -155,5 +155,5 @@ def test_fidelity_gap_finds_a_tampered_trajectory(renderer):
 def test_fidelity_gap_of_an_episode_that_failed_before_anything_was_rendered(renderer):
     # e.g. an agent whose first request the gateway refused: no messages, no ids, nothing to compare
     empty = Trajectory(index=0, task_name="t", messages=(), token_ids=(), loss_mask=(), logprobs=(), prompt_length=0,
-                       rewards=(), total_reward=0.0, turns=0, terminated=False, error=Failure("env_error", "refused"))
+                       rewards=(), total_reward=0.0, turns=0, ending="error", error=Failure("env_error", "refused"))
     assert token_fidelity_gap(empty, renderer) is None

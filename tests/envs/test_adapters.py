@@ -10,7 +10,6 @@ import asyncio
 import signal
 import sys
 import threading
-import time
 from collections import deque
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from rollforge.envs.adapters.math_env import MathVerifyEnv, VerifyWorker
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError, MissingDependency
+from rollforge.testing import wait_until
 from rollforge.types import Message, Sample, ToolCall
 
 
@@ -229,6 +229,18 @@ async def test_frozenlake_shortest_path_reaches_the_goal(seed):
 
 
 @needs("gymnasium")
+async def test_frozenlake_out_of_moves_is_truncated_not_terminated():
+    sample = get_env_spec("frozenlake").samples(1, 0)[0]
+    session = get_env_spec("frozenlake").build().open(sample)
+    reset = await session.reset(sample)
+    step = await session.step((*reset.prompt, Message("assistant", "", tool_calls=move("left").tool_calls * 16)))
+    assert step.truncated and not step.terminated and len(step.messages) == 16  # against the wall: gymnasium's TimeLimit
+    assert "out of steps: total reward 0." in step.messages[-1].content
+    assert await session.finish() == 0.0
+    await session.close()
+
+
+@needs("gymnasium")
 async def test_frozenlake_rejects_a_bad_direction_and_ends_in_a_hole():
     sample = get_env_spec("frozenlake").samples(1, 0)[0]
     env = get_env_spec("frozenlake").build()
@@ -300,15 +312,19 @@ async def test_math_runs_off_the_main_thread_without_alarms():
 def test_a_verification_that_hangs_is_killed_and_the_worker_restarts(monkeypatch):
     worker = VerifyWorker(timeout=0.5)
     hang = [sys.executable, "-c", "import time; time.sleep(60)"]
-    real_popen = __import__("subprocess").Popen
-    monkeypatch.setattr(
-        "rollforge.envs.adapters.math_env.subprocess.Popen",
-        lambda command, **kwargs: real_popen(hang, **kwargs),
-    )
-    started = time.monotonic()
+    real_popen, started = __import__("subprocess").Popen, []
+
+    def popen(command, **kwargs):
+        started.append(real_popen(hang, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr("rollforge.envs.adapters.math_env.subprocess.Popen", popen)
     assert worker.verify("1", "1", first_start_grace=0.0) == (False, "timeout")
-    assert time.monotonic() - started < 3 and worker._process is None  # killed, not left running
+    assert worker._process is None and len(started) == 1
+    # killed, not left running (its sleep would last a minute)
+    assert wait_until(lambda: started[0].poll() is not None) and started[0].returncode < 0
     assert worker.verify("1", "1", first_start_grace=0.0) == (False, "timeout")  # a fresh worker each time
+    assert len(started) == 2 and wait_until(lambda: started[1].poll() is not None)
     with pytest.raises(ConfigError, match="positive number of seconds, got 0"):
         VerifyWorker(timeout=0)
 

@@ -110,6 +110,20 @@ def test_the_good_session_passes():
     check_env(Env(GoodSession), samples=SAMPLES)
 
 
+class OutOfTime(GoodSession):
+    """Truncated after its first valid call (its own limit); stepping it again is a broken contract."""
+
+    async def step(self, conversation: tuple[Message, ...]) -> Step:
+        if self.calls:
+            raise RuntimeError("stepped after the episode was truncated")
+        step = await super().step(conversation)
+        return Step(messages=step.messages, failures=step.failures, truncated=self.calls == 1)
+
+
+def test_a_truncated_episode_is_over_and_not_stepped_again():
+    check_env(Env(OutOfTime), samples=SAMPLES)
+
+
 class NonFloatReward(GoodSession):
     async def step(self, conversation):
         step = await super().step(conversation)
@@ -156,6 +170,11 @@ class DuplicateTools(GoodSession):
 class IntTerminated(GoodSession):
     async def step(self, conversation):
         return Step(messages=(Message("tool", "ok"),), terminated=1)
+
+
+class IntTruncated(GoodSession):
+    async def step(self, conversation):
+        return Step(messages=(Message("tool", "ok"),), truncated=0)
 
 
 class ListMessages(GoodSession):
@@ -220,6 +239,7 @@ class SharedState(GoodSession):
         (NotAFunctionSchema, "a tool schema must be a dict with type 'function'"),
         (DuplicateTools, "tool names must be unique, ['act'] repeat"),
         (IntTerminated, "Step.terminated must be a bool, got 1"),
+        (IntTruncated, "Step.truncated must be a bool, got 0"),
         (ListMessages, "Step.messages must be a tuple of Message"),
         (RaisesOnBadCalls, "a call to an unknown tool (sample 0), which must report a failure rather than raise, "
                            "raised KeyError"),

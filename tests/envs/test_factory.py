@@ -453,6 +453,29 @@ async def test_done_stops_the_remaining_calls_and_terminates():
     assert session.handle.position == 1
 
 
+class TimedWalker(LineWalker):
+    """A LineWalker with a step limit: running out of moves is ``done`` and ``truncated``."""
+
+    def move(self, direction: Literal["left", "right"]) -> str:
+        """Move one cell.
+
+        Args:
+            direction: Which way to move.
+        """
+        text = super().move(direction)
+        if not self.done and abs(self.position) >= 2:
+            self.done = self.truncated = True
+        return text
+
+
+async def test_done_with_truncated_ends_the_episode_truncated_not_terminated():
+    session = await started(TimedWalker, {"target": 3})
+    step = await session.step(said(call("move", direction="left"), call("move", direction="left")))
+    assert step == Step(messages=(tool_message("You are at -1.", "move"), tool_message("You are at -2.", "move")),
+                        truncated=True)
+    assert step.ending == "truncated"
+
+
 async def test_nothing_runs_once_done():
     session = await started(LineWalker)
     session.handle.done = True

@@ -104,8 +104,10 @@ def resources_app(log: list) -> web.Application:
 
 
 def gymnasium_app(log: list) -> web.Application:
-    """A GymnasiumServer: guess the secret (the row's ``secret``) with the ``guess`` tool."""
+    """A GymnasiumServer: guess the secret (the row's ``secret``) with the ``guess`` tool, within the
+    row's ``max_steps`` if it has one (then ``truncated``)."""
     state: dict[str, int] = {}
+    steps: dict[str, tuple[int, int | None]] = {}  # session -> (steps taken, the limit)
 
     async def openapi(request: web.Request) -> web.Response:
         return web.json_response({"openapi": "3.1.0", "paths": {p: {"post": {}} for p in ("/reset", "/step", "/aggregate_metrics")}})
@@ -113,14 +115,16 @@ def gymnasium_app(log: list) -> web.Application:
     async def reset(request: web.Request) -> web.Response:
         body = await request.json()
         sid = uuid.uuid4().hex
-        state[sid] = body["secret"]
+        state[sid], steps[sid] = body["secret"], (0, body.get("max_steps"))
         response = web.json_response({"observation": "Guess a number from 1 to 3.", "info": {"supports_explicit_close": True}})
         response.set_cookie("session", sid)
         return response
 
     async def step(request: web.Request) -> web.Response:
         body = await request.json()
-        secret = state[request.cookies["session"]]
+        sid = request.cookies["session"]
+        secret, (taken, limit) = state[sid], steps[sid]
+        steps[sid] = (taken + 1, limit)
         log.append(("step", body["response"]["output"]))
         outputs, reward = [], 0.0
         for item in body["response"]["output"]:
@@ -130,8 +134,9 @@ def gymnasium_app(log: list) -> web.Application:
                 outputs.append({"call_id": item["call_id"], "output": json.dumps("correct" if n == secret else "wrong")})
         done = reward == 1.0
         observation = None if done or outputs else "Use the guess tool."
+        truncated = not done and limit is not None and taken + 1 >= limit
         return web.json_response({"observation": observation, "reward": reward, "terminated": done,
-                                  "truncated": False, "info": {"tool_outputs": outputs}})
+                                  "truncated": truncated, "info": {"tool_outputs": outputs}})
 
     async def close(request: web.Request) -> web.Response:
         log.append(("close", request.cookies.get("session") in state))
@@ -247,6 +252,15 @@ async def test_gymnasium_reset_step_protocol(renderer):
     assert [[o["type"] for o in output] for output in steps] == [[], ["function_call"], ["function_call"]]  # this turn's only
     assert log[-1] == ("close", True)
     assert token_fidelity_gap(trajectory, renderer) is None
+
+
+async def test_gymnasium_truncated_passes_through(renderer):
+    params = {"input": [{"role": "user", "content": "Play."}], "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])]}
+    async with serving(gymnasium_app([])) as url:
+        trajectory = await run(url, [{"responses_create_params": params, "secret": 3, "max_steps": 2}], renderer,
+                               [call("guess", n=1), call("guess", n=2), call("guess", n=3)])
+    assert trajectory.ending == "truncated" and trajectory.turns == 2 and trajectory.total_reward == 0.0
+    assert trajectory.metadata["truncated"] is True and trajectory.metadata["terminated"] is False
 
 
 async def test_unreachable_server_is_one_clear_line(renderer):

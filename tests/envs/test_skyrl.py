@@ -14,11 +14,12 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from rollforge import check_env, get_env_spec
 from rollforge.backends.scripted import ScriptedBackend
-from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.chat.render import ChatRenderer
 from rollforge.envs.adapters.skyrl_env import SkyRLEnvironment, gsm8k_rows
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import assert_replies_exact
 from rollforge.train.config import EnvConfig
 from rollforge.train.data import rows_to_samples
 from rollforge.train.environments import build_environments, task_name
@@ -40,14 +41,6 @@ def replay(renderer, replies):
     return ScriptedBackend(script, renderer, end_token_id=renderer.stop_token_ids[0])
 
 
-def assert_token_exact(trajectory, renderer, replies):
-    """The record re-renders to its own tokens, and the loss mask covers exactly the replies."""
-    assert token_fidelity_gap(trajectory, renderer) is None
-    generated = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
-    end = renderer.decode([renderer.stop_token_ids[0]])
-    assert renderer.decode(generated) == "".join(reply + end for reply in replies)
-
-
 async def test_gsm8k_multi_turn_keeps_per_turn_rewards_and_terminates(renderer):
     """The package's own gsm8k_multi_turn on a row in SkyRL's dataset shape: 0.2/5 for a formatted
     wrong answer, 0 for an unformatted one, 1.0 for the right one, which ends the episode."""
@@ -65,7 +58,7 @@ async def test_gsm8k_multi_turn_keeps_per_turn_rewards_and_terminates(renderer):
     # the environment's observations, as it wrote them, between the replies
     assert t.messages[2].role == "user" and "step-by-step reasoning" in t.messages[2].content
     assert t.messages[-1] == Message("assistant", replies[-1])
-    assert_token_exact(t, renderer, replies)
+    assert_replies_exact(t, renderer, replies)
 
 
 class Countdown(BaseTextEnv):
@@ -112,7 +105,7 @@ async def test_a_user_registered_class_runs_unchanged(renderer, countdown_id):
     assert t.messages[:2] == (Message("user", "Count down."), Message("user", "Start at 1."))
     assert [m.content for m in t.messages if m.role == "user"][2:] == ["Next: 0", "Wrong."]
     assert t.metadata == {"next": -1}
-    assert_token_exact(t, renderer, replies)
+    assert_replies_exact(t, renderer, replies)
     assert str(check_env(env, samples=[countdown_sample(3)])).startswith("check_env(SkyRLEnvironment)")
 
 
@@ -139,7 +132,7 @@ async def test_an_entry_point_names_a_class_without_registering_it(renderer, tmp
     assert t.rewards == (0.5,) and t.terminated
     # tokens stay as sampled; the rewrite SkyRL's generator would apply is kept in the metadata
     assert t.metadata == {"postprocessed_action": "0!"} and t.messages[-1] == Message("assistant", "0")
-    assert_token_exact(t, renderer, ["0"])
+    assert_replies_exact(t, renderer, ["0"])
 
 
 async def test_a_row_the_environment_refuses_fails_its_episode_in_one_line(renderer):

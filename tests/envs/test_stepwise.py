@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 from collections import namedtuple
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 from rollforge.envs.base import EnvSession, Environment, Reset, Step
 from rollforge.envs.stepwise import StepwiseEnvironment, StepwiseReturn
 from rollforge.errors import ConfigError, EnvironmentError_
+from rollforge.testing import HANG_SECONDS
 from rollforge.types import Message, Sample
 
 # NeMo-RL's EnvironmentReturn, as user code defines or imports it (note the extra `answers`).
@@ -128,7 +128,7 @@ async def test_steps_wrapped_in_wait_for_still_coalesce():
     user_env = CountingEnv()
     env = StepwiseEnvironment(user_env)
     sessions, prompts = await open_all(env, 5)
-    await asyncio.gather(*(asyncio.wait_for(s.step(reply(p, "x")), 5) for s, p in zip(sessions, prompts)))
+    await asyncio.gather(*(asyncio.wait_for(s.step(reply(p, "x")), HANG_SECONDS) for s, p in zip(sessions, prompts)))
     assert [len(b) for b in user_env.batches] == [5]
 
 
@@ -136,15 +136,23 @@ async def test_steps_far_apart_make_separate_calls():
     user_env = CountingEnv()
     env = StepwiseEnvironment(user_env)
     sessions, prompts = await open_all(env, 3)
-    first = asyncio.create_task(sessions[0].step(reply(prompts[0], "a")))
-    await asyncio.sleep(0.05)
-    rest = asyncio.gather(*(s.step(reply(p, "b")) for s, p in zip(sessions[1:], prompts[1:])))
-    await asyncio.gather(first, rest)
+    await sessions[0].step(reply(prompts[0], "a"))  # its batch is done before the others step
+    await asyncio.gather(*(s.step(reply(p, "b")) for s, p in zip(sessions[1:], prompts[1:])))
     assert [len(b) for b in user_env.batches] == [1, 2]
 
 
+async def settle() -> None:
+    """Let every ready task run until it waits (a number of loop passes, not a time)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 async def test_the_env_sees_one_call_at_a_time_and_late_arrivals_form_the_next_batch():
+    entered, release = threading.Event(), threading.Event()
+
     class Slow:
+        """Its first call holds until released; every call counts how many run at once."""
+
         def __init__(self):
             self.running = 0
             self.most_running = 0
@@ -155,7 +163,9 @@ async def test_the_env_sees_one_call_at_a_time_and_late_arrivals_form_the_next_b
             with self.lock:
                 self.running += 1
                 self.most_running = max(self.most_running, self.running)
-            time.sleep(0.1)
+            if not self.batches:
+                entered.set()
+                release.wait(HANG_SECONDS)
             with self.lock:
                 self.running -= 1
             self.batches.append(len(message_logs))
@@ -166,15 +176,17 @@ async def test_the_env_sees_one_call_at_a_time_and_late_arrivals_form_the_next_b
     env = StepwiseEnvironment(user_env)
     sessions, prompts = await open_all(env, 5)
     early = [asyncio.create_task(s.step(reply(p, "x"))) for s, p in zip(sessions[:2], prompts[:2])]
-    await asyncio.sleep(0.03)  # the first batch is now running in its thread
+    assert await asyncio.to_thread(entered.wait, HANG_SECONDS)  # the first batch is running in its thread
     late = [asyncio.create_task(s.step(reply(p, "x"))) for s, p in zip(sessions[2:], prompts[2:])]
-    await asyncio.gather(*early, *late)
+    await settle()  # the late steps are queued while it runs
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*early, *late), HANG_SECONDS)
     assert user_env.batches == [2, 3]
     assert user_env.most_running == 1
 
 
 async def test_a_hung_batch_that_every_caller_gave_up_on_does_not_block_the_next():
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     class HangsOnce:
         calls = 0
@@ -182,17 +194,21 @@ async def test_a_hung_batch_that_every_caller_gave_up_on_does_not_block_the_next
         def step(self, message_logs, metadata):
             HangsOnce.calls += 1
             if HangsOnce.calls == 1:
-                release.wait(10)
+                entered.set()
+                release.wait()  # hung until the test ends: a later batch must not wait for it
             n = len(message_logs)
             return StepwiseReturn([{"content": "."}] * n, metadata, [None] * n, [1.0] * n, [True] * n)
 
     env = StepwiseEnvironment(HangsOnce())
     sessions, prompts = await open_all(env, 2)
     try:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(sessions[0].step(reply(prompts[0], "x")), 0.05)
-        step = await asyncio.wait_for(sessions[1].step(reply(prompts[1], "x")), 2)
-        assert step.reward == 1.0
+        first = asyncio.create_task(sessions[0].step(reply(prompts[0], "x")))
+        assert await asyncio.to_thread(entered.wait, HANG_SECONDS)
+        first.cancel()  # its only caller gives up, as the engine's step timeout does
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        step = await asyncio.wait_for(sessions[1].step(reply(prompts[1], "x")), HANG_SECONDS)
+        assert step.reward == 1.0 and HangsOnce.calls == 2 and not release.is_set()
     finally:
         release.set()
 
@@ -323,6 +339,21 @@ async def test_observation_becomes_a_message(observation, terminated, expected):
     assert step.messages == expected
 
 
+async def test_truncateds_say_a_limit_ended_the_episode_and_default_to_none():
+    class OutOfTime:
+        def step(self, message_logs, metadata):  # the first sample solved it; the second ran out of time
+            return StepwiseReturn([{"content": "Solved."}, {"content": ""}], metadata, [None, None], [1.0, 0.0],
+                                  terminateds=[True, False], truncateds=[False, True])
+
+    sessions, prompts = await open_all(StepwiseEnvironment(OutOfTime()), 2)
+    steps = await asyncio.gather(*(s.step(reply(p, "x")) for s, p in zip(sessions, prompts)))
+    assert steps == [Step(messages=(Message("user", "Solved."),), reward=1.0, terminated=True),
+                     Step(messages=(), reward=0.0, truncated=True)]  # empty content on an ending step: no message
+    nemo = await open_all(StepwiseEnvironment(CountingEnv(turns=1)), 1)  # no truncateds at all
+    step = await nemo[0][0].step(reply(nemo[1][0], "x"))
+    assert step.terminated and not step.truncated
+
+
 async def test_initial_metadata_is_a_copy_so_in_place_mutation_does_not_leak():
     class Mutating:
         def step(self, message_logs, metadata):
@@ -377,18 +408,26 @@ async def test_an_exception_from_step_fails_its_batch_only():
 
 
 async def test_a_cancelled_step_does_not_disturb_its_batch():
+    entered, release, batches = asyncio.Event(), asyncio.Event(), []
+
     class Slow:
         async def step(self, message_logs, metadata):
-            await asyncio.sleep(0.2)
+            batches.append(len(message_logs))
+            entered.set()
+            await release.wait()
             n = len(message_logs)
             return StepwiseReturn([{"content": "done"}] * n, metadata, [None] * n, [1.0] * n, [True] * n)
 
     env = StepwiseEnvironment(Slow())
     sessions, prompts = await open_all(env, 2)
-    impatient = asyncio.wait_for(sessions[0].step(reply(prompts[0], "x")), 0.05)
-    patient = sessions[1].step(reply(prompts[1], "x"))
-    results = await asyncio.gather(impatient, patient, return_exceptions=True)
-    assert isinstance(results[0], asyncio.TimeoutError)
+    impatient = asyncio.create_task(sessions[0].step(reply(prompts[0], "x")))
+    patient = asyncio.create_task(sessions[1].step(reply(prompts[1], "x")))
+    await asyncio.wait_for(entered.wait(), HANG_SECONDS)
+    impatient.cancel()  # while its batch runs
+    await settle()
+    release.set()
+    results = await asyncio.wait_for(asyncio.gather(impatient, patient, return_exceptions=True), HANG_SECONDS)
+    assert batches == [2] and isinstance(results[0], asyncio.CancelledError)
     assert results[1].reward == 1.0
 
 
@@ -398,6 +437,8 @@ async def test_a_cancelled_step_does_not_disturb_its_batch():
         ("rewards", ["1"], "reward must be a number"),
         ("rewards", [math.nan], "reward must be finite"),
         ("terminateds", ["yes"], "terminated must be a bool"),
+        ("truncateds", [2], "truncated must be a bool, got 2"),
+        ("truncateds", [True, False], "returned 2 truncateds; every field needs one entry per sample"),
         ("next_stop_strings", ["</answer>"], "next_stop_strings must be a list of str or None"),
         ("observations", ["plain text"], "an observation must be a {'role', 'content'} dict"),
         ("observations", [{"role": "robot", "content": "hi"}], "observation role 'robot'"),

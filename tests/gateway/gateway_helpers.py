@@ -1,7 +1,11 @@
 """Helpers shared by the gateway tests (a module of its own: ``conftest`` names collide across
-test directories)."""
+test directories). The token-exactness checks they share with other tests are in
+``rollforge.testing``."""
 
 from __future__ import annotations
+
+from rollforge.chat.render import token_fidelity_gap
+from rollforge.testing import generated_ids
 
 ADD_TOOL = {
     "type": "function",
@@ -25,30 +29,9 @@ def reply_for(prompt: str) -> str:
     return "Hello!"
 
 
-def assert_token_exact(segment, renderer, prompt_messages: int):
-    """A recorded segment holds exactly the template's rendering of its messages (it ends on the
-    policy's own tokens: the closing text after the last reply is absent), and its prompt (mask 0)
-    is the rendering of its first ``prompt_messages`` messages with the generation prompt."""
-    expected = renderer.conversation_ids(segment.messages, segment.tools)
-    ids = list(segment.token_ids)
-    assert expected[: len(ids)] == ids, (renderer.decode(expected), renderer.decode(ids))
-    rest = expected[len(ids):]
-    assert rest == renderer.closing[len(renderer.closing) - len(rest):]
-    prompt = renderer.conversation_ids(segment.messages[:prompt_messages], segment.tools, add_generation_prompt=True)
-    assert segment.prompt_length == len(prompt) and ids[: len(prompt)] == prompt
-    assert set(segment.loss_mask[: len(prompt)]) == {0} and segment.loss_mask[len(prompt)] == 1
-
-
-def generated_ids(segment):
-    """The ids under mask 1, in order."""
-    return [t for t, bit in zip(segment.token_ids, segment.loss_mask) if bit]
-
-
 def assert_add_round_trip(trajectory, renderer):
     """An agent episode of the scripted ``add`` round trip (``reply_for``): one segment, the call,
     the tool result and the answer, token-exact, with the loss mask on exactly the two replies."""
-    from rollforge.chat.render import token_fidelity_gap
-
     end = renderer.stop_token_ids[0]
     assert trajectory.error is None and trajectory.total_reward == 1.0, trajectory.error
     assert trajectory.turns == 2 and len(trajectory.segments) == 1

@@ -7,7 +7,7 @@ import textwrap
 
 import openai
 import pytest
-from gateway_helpers import ADD_TOOL, CALL_TEXT, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT
 
 from rollforge.chat.render import token_fidelity_gap
 from rollforge.envs.factory import FactoryEnvironment
@@ -15,6 +15,7 @@ from rollforge.errors import ConfigError
 from rollforge.gateway import AgentEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import generated_ids
 from rollforge.types import Sample
 
 pytestmark = pytest.mark.timeout(180)

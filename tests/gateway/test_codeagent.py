@@ -5,7 +5,6 @@ sends its earlier turns back rewritten (a "Calling tools: [...]" text appended),
 becomes its own segment; every segment still holds what the model was shown and generated."""
 
 import pytest
-from gateway_helpers import generated_ids
 from test_smolagents import add, policy_model
 
 from rollforge.backends.scripted import ScriptedBackend
@@ -13,6 +12,7 @@ from rollforge.chat.render import token_fidelity_gap
 from rollforge.gateway import AgentEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import generated_ids
 from rollforge.types import Sample, Trajectory
 
 smolagents = pytest.importorskip("smolagents")  # the `agents` extra (scripts/install.sh installs it)

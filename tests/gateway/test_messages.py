@@ -6,7 +6,7 @@ import sys
 
 import httpx
 import pytest
-from gateway_helpers import ADD_TOOL, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL
 
 from rollforge.chat.render import token_fidelity_gap
 from rollforge.errors import WireError
@@ -14,6 +14,7 @@ from rollforge.gateway import AgentEnvironment, Gateway
 from rollforge.gateway.messages import chat_body
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import assert_segment_exact, generated_ids
 from rollforge.types import Sample
 
 anthropic = pytest.importorskip("anthropic")  # the `agents` extra (scripts/install.sh installs it)
@@ -54,7 +55,7 @@ async def test_plain_message_is_recorded_token_exactly(gateway, client, renderer
     record = gateway.close_session("m1")
     [segment] = record.segments
     assert [(m.role, m.content) for m in segment.messages[:2]] == [("system", "Be brief."), ("user", "Hi")]
-    assert_token_exact(segment, renderer, prompt_messages=2)
+    assert_segment_exact(segment, renderer, prompt_messages=2)
     assert generated_ids(segment) == generated and reply.usage.input_tokens == segment.prompt_length
 
 
@@ -91,7 +92,7 @@ async def test_tool_round_trip_is_one_token_exact_segment(gateway, client, rende
     assert trajectory.turns == 2 and token_fidelity_gap(trajectory, renderer) is None
     [segment] = gateway.close_session(session).segments
     assert [m.role for m in segment.messages][-3:] == ["assistant", "tool", "assistant"]
-    assert_token_exact(segment, renderer, prompt_messages=2)  # the fallback tool prompt is a system message
+    assert_segment_exact(segment, renderer, prompt_messages=2)  # the fallback tool prompt is a system message
 
 
 async def test_tool_choice_none_leaves_the_reply_as_text(gateway, client):

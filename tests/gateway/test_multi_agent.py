@@ -5,11 +5,12 @@ histories and every request starts a segment of its own."""
 
 import openai
 import pytest
-from gateway_helpers import ADD_TOOL, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL
 
 from rollforge.chat.render import token_fidelity_gap
 from rollforge.gateway import Gateway
 from rollforge.gateway.server import AGENT_HEADER
+from rollforge.testing import assert_segment_exact, generated_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,7 +52,7 @@ async def test_each_named_agent_gets_its_own_token_exact_segment(gateway, render
     assert [m.role for m in plan.messages] == ["system", "user", "assistant", "user", "assistant"]
     assert [m.role for m in work.messages] == ["system", "user", "assistant", "tool", "assistant"]
     for segment in record.segments:
-        assert_token_exact(segment, renderer, prompt_messages=2)
+        assert_segment_exact(segment, renderer, prompt_messages=2)
     end = renderer.stop_token_ids[0]
     assert generated_ids(plan) == (renderer.encode("Hello!") + [end]) * 2
     trajectory = record.trajectory(0, "episode", 1.0)

@@ -4,9 +4,10 @@ recorded exactly as the chat-completions path records (token-exact, the loss mas
 
 import openai
 import pytest
-from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_add_round_trip, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_add_round_trip
 
 from rollforge.gateway import Gateway
+from rollforge.testing import assert_segment_exact, generated_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,7 +36,7 @@ async def test_text_input_is_answered_and_recorded_token_exactly(gateway, render
     record = gateway.close_session("s")
     [segment] = record.segments
     assert [(m.role, m.content) for m in segment.messages] == [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!")]
-    assert_token_exact(segment, renderer, prompt_messages=2)
+    assert_segment_exact(segment, renderer, prompt_messages=2)
     assert generated_ids(segment) == generated and reply.usage.input_tokens == segment.prompt_length
 
 
@@ -61,7 +62,7 @@ async def test_function_tools_round_trip_as_items(gateway, renderer):
     [segment] = record.segments
     assert [m.role for m in segment.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert segment.messages[2].content == CALL_TEXT and segment.messages[3].tool_call_id == call.call_id
-    assert_token_exact(segment, renderer, prompt_messages=2)
+    assert_segment_exact(segment, renderer, prompt_messages=2)
     end = renderer.stop_token_ids[0]
     assert generated_ids(segment) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
 
@@ -102,7 +103,7 @@ async def test_previous_response_id_is_served_from_the_session_or_refused(gatewa
         await client(gateway, "other").responses.create(model="tiny", input="Hi", previous_response_id=first.id)
     record = gateway.close_session("chain")
     assert record.turns == 2 and len(record.segments) == 1
-    assert_token_exact(record.segments[0], renderer, prompt_messages=2)
+    assert_segment_exact(record.segments[0], renderer, prompt_messages=2)
 
 
 @pytest.mark.parametrize("fields, named", [

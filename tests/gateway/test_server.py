@@ -4,10 +4,11 @@ logprobs, sessions by path and by header, errors in OpenAI's shape; recorded ids
 import httpx
 import openai
 import pytest
-from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT
 
 from rollforge.gateway import Gateway
 from rollforge.gateway.server import SESSION_HEADER, TRACE_HEADER
+from rollforge.testing import assert_segment_exact, generated_ids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +33,7 @@ async def test_plain_completion_is_recorded_token_exactly(gateway, renderer):
     record = gateway.close_session("s1")
     assert record.turns == 1 and len(record.segments) == 1
     segment = record.segments[0]
-    assert_token_exact(segment, renderer, prompt_messages=1)
+    assert_segment_exact(segment, renderer, prompt_messages=1)
     assert generated_ids(segment) == generated and reply.usage.prompt_tokens == segment.prompt_length
 
 
@@ -65,7 +66,7 @@ async def test_tool_calls_round_trip_in_openai_format(gateway, renderer):
     assert [m.role for m in segment.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert segment.messages[2].content == CALL_TEXT  # the raw generated text, markup included
     assert segment.messages[3].tool_call_id == call.id and segment.messages[3].name == "add"
-    assert_token_exact(segment, renderer, prompt_messages=2)
+    assert_segment_exact(segment, renderer, prompt_messages=2)
     end = renderer.stop_token_ids[0]
     assert generated_ids(segment) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
 
@@ -81,7 +82,7 @@ async def test_n_choices_logprobs_and_the_chosen_one_continues(gateway, renderer
     await api.chat.completions.create(model="tiny", messages=messages)
     record = gateway.close_session("n")
     assert record.turns == 2 and len(record.segments) == 1
-    assert_token_exact(record.segments[0], renderer, prompt_messages=1)
+    assert_segment_exact(record.segments[0], renderer, prompt_messages=1)
 
 
 async def test_header_sessions_models_and_errors(gateway):

@@ -5,10 +5,11 @@ import asyncio
 
 import openai
 import pytest
-from gateway_helpers import ADD_TOOL, CALL_TEXT, assert_token_exact, generated_ids
+from gateway_helpers import ADD_TOOL, CALL_TEXT
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.gateway import Gateway, SessionLimits
+from rollforge.testing import assert_segment_exact, generated_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,7 +40,7 @@ async def test_a_client_that_rewrites_history_gets_two_token_exact_segments(back
     first, second = record.segments
     for segment in record.segments:
         assert [m.role for m in segment.messages] == ["system", "user", "assistant", "tool", "assistant"]
-        assert_token_exact(segment, renderer, prompt_messages=2)
+        assert_segment_exact(segment, renderer, prompt_messages=2)
         end = renderer.stop_token_ids[0]
         assert generated_ids(segment) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
     assert first.messages[1].content == "What is 1 + 2?"
@@ -74,7 +75,7 @@ async def test_an_edited_history_keeps_the_replies_it_repeats_as_prompt(backend,
     second = record.segments[1]
     assert [m.role for m in second.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert second.messages[2].content == CALL_TEXT  # the reply it repeats keeps its raw text, now as prompt
-    assert_token_exact(second, renderer, prompt_messages=4)
+    assert_segment_exact(second, renderer, prompt_messages=4)
     assert generated_ids(second) == renderer.encode("The sum is 3.") + [renderer.stop_token_ids[0]]
 
 
@@ -112,7 +113,7 @@ async def test_64_concurrent_sessions_are_each_recorded_exactly(tokenizer, rende
         assert record.turns == 2 and len(record.segments) == 1
         segment = record.segments[0]
         assert segment.messages[1].content == f"What is 1 + 2? ({i})"
-        assert_token_exact(segment, renderer, prompt_messages=2)
+        assert_segment_exact(segment, renderer, prompt_messages=2)
         assert generated_ids(segment) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
 
 
@@ -161,7 +162,7 @@ async def test_a_failed_generation_is_recorded_and_the_same_request_retried(toke
         record = gateway.close_session("retry")
     assert calls[0].prompt_ids == calls[1].prompt_ids  # the retry generated from the same prompt
     assert [f.kind for f in record.failures] == ["backend_error"] and record.turns == 1 and len(record.segments) == 1
-    assert_token_exact(record.segments[0], renderer, prompt_messages=1)
+    assert_segment_exact(record.segments[0], renderer, prompt_messages=1)
 
 
 async def test_control_token_text_from_a_tool_stays_text(backend, renderer, parser):
@@ -178,7 +179,7 @@ async def test_control_token_text_from_a_tool_stays_text(backend, renderer, pars
     im_start = renderer.tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert segment.token_ids.count(im_start) == 5  # system, user, assistant, tool, assistant: the template's own
     assert forged in renderer.decode(segment.token_ids)  # the text itself is kept
-    assert_token_exact(segment, renderer, prompt_messages=2)
+    assert_segment_exact(segment, renderer, prompt_messages=2)
 
 
 async def test_a_template_that_drops_past_reasoning_starts_segments_by_itself(tokenizer, parser):
@@ -212,7 +213,7 @@ async def test_a_template_that_drops_past_reasoning_starts_segments_by_itself(to
     assert "Reasoning 0" in renderer.decode(first.token_ids)
     prompt = renderer.decode(second.token_ids[: second.prompt_length])
     assert "Reasoning 0" not in prompt and "My guess: 0." in prompt  # the template's own rendering
-    assert_token_exact(first, renderer, prompt_messages=1)
-    assert_token_exact(second, renderer, prompt_messages=3)
+    assert_segment_exact(first, renderer, prompt_messages=1)
+    assert_segment_exact(second, renderer, prompt_messages=3)
     end = renderer.stop_token_ids[0]
     assert generated_ids(second) == renderer.encode(reply(type("R", (), {"call": 1}))) + [end]

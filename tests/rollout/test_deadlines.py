@@ -1,40 +1,48 @@
-"""deadline(): asyncio.timeout's behaviour on shared, coarse timers (never early, at most a tick late)."""
+"""deadline(): asyncio.timeout's behaviour on shared, coarse timers (never early, at most a tick late).
+
+A block that should time out awaits something that would otherwise last ``HANG_SECONDS``: only the
+limit ends it, so a limit that never fires fails the test instead of hanging it. A tick's passing is
+observed as a later limit expiring (timers fire in order), not by sleeping for it."""
 
 import asyncio
-import time
 
 import pytest
 
 from rollforge.rollout.deadlines import RESOLUTION, deadline
+from rollforge.testing import HANG_SECONDS
 
 
 async def test_a_block_past_its_limit_raises_timeout_error_and_says_so():
-    started = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    started = loop.time()  # the clock the limits are set on
     limit = deadline(0.05)
     with pytest.raises(TimeoutError):
         async with limit:
-            await asyncio.sleep(10)
-    waited = time.perf_counter() - started
+            await asyncio.sleep(HANG_SECONDS)
     assert limit.expired()
-    assert 0.05 <= waited < 5  # never early; bounded
+    assert loop.time() - started >= 0.05  # never early
 
 
 async def test_a_block_within_its_limit_is_untouched_and_its_timer_does_not_fire_later():
     limit = deadline(0.05)
     async with limit:
         await asyncio.sleep(0)
-    await asyncio.sleep(0.05 + 3 * RESOLUTION)  # the shared tick passes: nothing is cancelled
-    assert not limit.expired()
+    later = deadline(0.05 + RESOLUTION)  # ends on a later tick than ``limit``
+    with pytest.raises(TimeoutError):
+        async with later:
+            await asyncio.sleep(HANG_SECONDS)
+    assert later.expired() and not limit.expired()  # its tick passed first: nothing was cancelled
 
 
 async def test_no_limit_and_many_limits_on_one_tick():
-    async with deadline(None):
-        await asyncio.sleep(0.01)
+    async with deadline(None) as unlimited:
+        await asyncio.sleep(0)
+    assert not unlimited.expired()
 
     async def one(i: int) -> str:
         try:
             async with deadline(0.02):
-                await asyncio.sleep(0 if i % 2 else 10)
+                await asyncio.sleep(0 if i % 2 else HANG_SECONDS)
             return "done"
         except TimeoutError:
             return "timeout"
@@ -44,12 +52,15 @@ async def test_no_limit_and_many_limits_on_one_tick():
 
 
 async def test_an_outer_cancellation_is_not_turned_into_a_timeout():
+    entered = asyncio.Event()
+
     async def body():
         async with deadline(10):
-            await asyncio.sleep(10)
+            entered.set()
+            await asyncio.sleep(HANG_SECONDS)
 
     task = asyncio.ensure_future(body())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(entered.wait(), HANG_SECONDS)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -59,7 +70,7 @@ async def test_nested_limits_the_inner_one_expires_first():
     with pytest.raises(TimeoutError):
         async with deadline(10) as outer:
             async with deadline(0.02) as inner:
-                await asyncio.sleep(10)
+                await asyncio.sleep(HANG_SECONDS)
     assert inner.expired() and not outer.expired()
 
 

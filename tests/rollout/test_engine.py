@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -15,6 +14,7 @@ from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import HANG_SECONDS
 from rollforge.types import Message, Sample
 
 
@@ -205,15 +205,20 @@ async def test_raising_and_hanging_environments_fail_only_their_episode(renderer
     async def raising(turn, conversation):
         raise ValueError("the simulator crashed")
 
+    cancelled = []
+
     async def hanging(turn, conversation):
-        await asyncio.sleep(30)
+        try:
+            await asyncio.Event().wait()  # never set: only the step timeout ends it
+        except asyncio.CancelledError:
+            cancelled.append(turn)
+            raise
 
     samples = [Sample(prompt=prompt(i), task_name=name) for i, name in enumerate(["ok", "raise", "hang", "ok"])]
     envs = {"ok": Env(observe), "raise": Env(raising), "hang": Env(hanging)}
-    started = time.perf_counter()
-    result = await arollout(samples, envs, backend(renderer, lambda r: "fine"), renderer,
-                            RolloutConfig(step_timeout=0.5))
-    assert time.perf_counter() - started < 5
+    result = await asyncio.wait_for(arollout(samples, envs, backend(renderer, lambda r: "fine"), renderer,
+                                             RolloutConfig(step_timeout=2.0)), HANG_SECONDS)
+    assert cancelled == [1]  # the hung step was cancelled by its timeout, once
     ok, raised, hung, ok2 = result.trajectories
     assert ok.terminated and ok2.terminated and ok.error is None
     assert raised.error.kind == "env_error" and "the simulator crashed" in raised.error.message
@@ -280,7 +285,10 @@ async def test_a_session_for_overlapping_rollouts_checks_capacity_and_prepares_o
 
 
 async def test_lockstep_generates_each_turn_together_async_does_not_wait(renderer):
-    in_flight, peaks, turns = [0], [], []
+    """Episode "xxxx" has a fast environment; the others' environments step only once it has
+    finished (async) or after a number of passes of the event loop (lockstep, which would wait for
+    them forever otherwise). Lockstep still generates each turn together; async lets it run ahead."""
+    in_flight, peaks, turns, fast_done = [0], [], [], asyncio.Event()
 
     class Probe(ScriptedBackend):
         async def generate(self, prompt_ids, params):
@@ -293,20 +301,31 @@ async def test_lockstep_generates_each_turn_together_async_does_not_wait(rendere
                 in_flight[0] -= 1
 
     async def uneven(turn, conversation):
-        await asyncio.sleep(0.05 * (len(conversation[0].content) % 4))
+        fast = conversation[0].content == "xxxx"
+        if fast and turn == 3:
+            fast_done.set()
+        elif not fast:
+            for _ in range(20 * len(conversation[0].content)):  # slower, in loop passes, not seconds
+                await asyncio.sleep(0)
         return Step(messages=(Message("user", "next"),), terminated=turn == 3)
 
+    async def waits_for_the_fast_one(turn, conversation):
+        if conversation[0].content != "xxxx":
+            await fast_done.wait()
+        return await uneven(turn, conversation)
+
     samples = [Sample(prompt=[{"role": "user", "content": "x" * (i + 1)}]) for i in range(4)]
-    for mode in ("lockstep", "async"):
-        peaks.clear(), turns.clear()
+    for mode, env in (("lockstep", uneven), ("async", waits_for_the_fast_one)):
+        peaks.clear(), turns.clear(), fast_done.clear()
         probe = Probe(lambda r: "go", renderer, end_token_id=renderer.stop_token_ids[0], latency=0.01)
-        await arollout(samples, {"default": Env(uneven)}, probe, renderer, RolloutConfig(mode=mode))
+        await asyncio.wait_for(arollout(samples, {"default": Env(env)}, probe, renderer, RolloutConfig(mode=mode)),
+                               HANG_SECONDS)
         if mode == "lockstep":
             assert peaks == [1, 2, 3, 4] * 3  # all four requests of every turn are in flight together
             assert turns == sorted(turns) == [0] * 4 + [1] * 4 + [2] * 4
         else:
             assert sorted(turns) == [0] * 4 + [1] * 4 + [2] * 4
-            assert turns != sorted(turns)  # episodes with fast environments ran ahead
+            assert turns[:6] == [0, 0, 0, 0, 1, 2]  # the episode with the fast environment ran ahead
 
 
 def test_config_rejects_unknown_and_bad_values():
@@ -360,7 +379,8 @@ async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_othe
     samples = [Sample(prompt=prompt(i)) for i in range(3)]
     scripted = Uneven(slow_for_task_one, renderer, end_token_id=renderer.stop_token_ids[0])
     config = RolloutConfig(mode="lockstep", episode_timeout=1.0, step_timeout=0.5)
-    result = await arollout(samples, {"default": Env(quick)}, scripted, renderer, config)
+    result = await asyncio.wait_for(arollout(samples, {"default": Env(quick)}, scripted, renderer, config),
+                                    HANG_SECONDS)  # a barrier left waiting would hang here
     # Episode 1 needs 2 x 0.6 s of generation and times out; 0 and 2 wait for it at the barriers
     # and the first of them to time out must not cancel the barrier for the rest.
     kinds = [t.error.kind if t.error else "ok" for t in result.trajectories]

@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -24,6 +23,7 @@ from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout, rollout
+from rollforge.testing import HANG_SECONDS, until, wait_until
 from rollforge.types import Sample
 
 
@@ -69,7 +69,19 @@ class CountingScript:
         return f'<tool_call>\n{{"name": "add", "arguments": {{"amount": {amount}}}}}\n</tool_call>'
 
 
-def _setup(tiny_model_dir, episodes: int, crash_at: int | None = None, script=None, latency: float = 0.0):
+class Marks:
+    """Answers at once, after touching ``path``: a file that exists once generation has begun,
+    wherever the backend runs (it pickles: workers reopen it)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __call__(self, request) -> str:
+        open(self.path, "a").close()
+        return "Hello."
+
+
+def counting_setup(tiny_model_dir, episodes: int, crash_at: int | None = None, script=None, latency: float = 0.0):
     from transformers import AutoTokenizer  # here: worker processes import this module for Counter
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -81,11 +93,11 @@ def _setup(tiny_model_dir, episodes: int, crash_at: int | None = None, script=No
     return samples, {"count": FactoryEnvironment(Counter)}, backend, renderer
 
 
-def _config(**kwargs) -> RolloutConfig:
+def workers_config(**kwargs) -> RolloutConfig:
     return RolloutConfig(**{"max_turns": 4, "max_new_tokens": 48, "max_seq_len": 1024, "concurrency": 4, "seed": 7, **kwargs})
 
 
-def _children(me: int | None = None) -> set[int]:
+def worker_children(me: int | None = None) -> set[int]:
     """Engine worker processes whose parent is ``me`` (default: this process), zombies included (an
     unreaped worker counts)."""
     me, found = me or os.getpid(), set()
@@ -103,7 +115,7 @@ def _children(me: int | None = None) -> set[int]:
     return found
 
 
-def _fields(trajectory):
+def comparable_fields(trajectory):
     return (trajectory.index, trajectory.messages, trajectory.token_ids, trajectory.loss_mask,
             trajectory.logprobs, trajectory.rewards, trajectory.turns, trajectory.error, trajectory.failures)
 
@@ -112,32 +124,32 @@ def _fields(trajectory):
 def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model_dir, shared):
     """``reopened``: each worker opens its own copy of the scripted backend (``reopener``);
     ``shared``: behind a wrapper, which has none, the workers' requests come to the one backend."""
-    samples, envs, backend, renderer = _setup(tiny_model_dir, 10)
+    samples, envs, backend, renderer = counting_setup(tiny_model_dir, 10)
     if shared:
         backend = BackendWrapper(backend)
-    before = _children()
-    one = rollout(samples, envs, backend, renderer, _config())
+    before = worker_children()
+    one = rollout(samples, envs, backend, renderer, workers_config())
     seen = []
-    two = rollout(samples, envs, backend, renderer, _config(engine_workers=2, first_index=0),
+    two = rollout(samples, envs, backend, renderer, workers_config(engine_workers=2, first_index=0),
                   on_episode=lambda t: seen.append(t.index))
     assert [t.index for t in two.trajectories] == list(range(10))
     assert sorted(seen) == list(range(10))
-    assert [_fields(t) for t in two.trajectories] == [_fields(t) for t in one.trajectories]
+    assert [comparable_fields(t) for t in two.trajectories] == [comparable_fields(t) for t in one.trajectories]
     assert {t.turns for t in one.trajectories} == {3} and one.metrics["errors"] == {}
     assert len({t.token_ids for t in one.trajectories}) == 10  # every episode its own
     for key in ("episodes", "total_turns", "mean_total_reward", "errors", "failures", "per_task"):
         assert two.metrics[key] == one.metrics[key]
-    assert _children() == before
+    assert worker_children() == before
 
 
 def test_environments_come_back_with_their_trajectories_unless_they_do_not_pickle(tiny_model_dir):
     """Episodes that end together travel in one pickle; one whose environment does not pickle (a
     lock) comes back without it, and costs the others of its batch neither theirs nor their data."""
-    samples, _, backend, renderer = _setup(tiny_model_dir, 6)
+    samples, _, backend, renderer = counting_setup(tiny_model_dir, 6)
     envs = {"count": FactoryEnvironment(LockedCounter)}
-    one = rollout(samples, envs, backend, renderer, _config(concurrency=6))
-    two = rollout(samples, envs, backend, renderer, _config(concurrency=6, engine_workers=2))
-    assert [_fields(t) for t in two.trajectories] == [_fields(t) for t in one.trajectories]
+    one = rollout(samples, envs, backend, renderer, workers_config(concurrency=6))
+    two = rollout(samples, envs, backend, renderer, workers_config(concurrency=6, engine_workers=2))
+    assert [comparable_fields(t) for t in two.trajectories] == [comparable_fields(t) for t in one.trajectories]
     assert [t.environment is None for t in two.trajectories] == [True, False] * 3
     assert [t.environment.total for t in two.trajectories[1::2]] == [t.environment.total for t in one.trajectories[1::2]]
 
@@ -190,7 +202,7 @@ def test_a_worker_starts_without_the_heavy_packages():
 
 def test_a_router_here_keeps_each_workers_episode_on_one_replica(tiny_model_dir):
     """Requests proxied from the workers carry their episode: the router's sticky placement holds."""
-    samples, envs, backend, renderer = _setup(tiny_model_dir, 8)
+    samples, envs, backend, renderer = counting_setup(tiny_model_dir, 8)
     served: list[tuple[int, str]] = []
 
     def replica(number: int) -> ScriptedBackend:
@@ -202,7 +214,7 @@ def test_a_router_here_keeps_each_workers_episode_on_one_replica(tiny_model_dir)
         return ScriptedBackend(script, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=0.01)
 
     router = RouterBackend([replica(0), replica(1)])
-    result = rollout(samples, envs, router, renderer, _config(engine_workers=2))
+    result = rollout(samples, envs, router, renderer, workers_config(engine_workers=2))
     assert result.metrics["errors"] == {} and result.metrics["total_turns"] == 24
     replicas: dict[str, set[int]] = {}
     for number, prompt in served:
@@ -212,17 +224,17 @@ def test_a_router_here_keeps_each_workers_episode_on_one_replica(tiny_model_dir)
 
 
 def test_shards_count_on_from_first_index(tiny_model_dir):
-    samples, envs, backend, renderer = _setup(tiny_model_dir, 5)
-    one = rollout(samples, envs, backend, renderer, _config(first_index=40))
-    three = rollout(samples, envs, backend, renderer, _config(first_index=40, engine_workers=3))
+    samples, envs, backend, renderer = counting_setup(tiny_model_dir, 5)
+    one = rollout(samples, envs, backend, renderer, workers_config(first_index=40))
+    three = rollout(samples, envs, backend, renderer, workers_config(first_index=40, engine_workers=3))
     assert [t.index for t in three.trajectories] == list(range(40, 45))
-    assert [_fields(t) for t in three.trajectories] == [_fields(t) for t in one.trajectories]
+    assert [comparable_fields(t) for t in three.trajectories] == [comparable_fields(t) for t in one.trajectories]
 
 
 def test_a_dead_worker_fails_only_its_own_episodes(tiny_model_dir):
-    samples, envs, backend, renderer = _setup(tiny_model_dir, 8, crash_at=6)
-    before = _children()
-    result = rollout(samples, envs, backend, renderer, _config(engine_workers=2))
+    samples, envs, backend, renderer = counting_setup(tiny_model_dir, 8, crash_at=6)
+    before = worker_children()
+    result = rollout(samples, envs, backend, renderer, workers_config(engine_workers=2))
     first, second = result.trajectories[:4], result.trajectories[4:]
     assert [t.error for t in first] == [None] * 4 and [t.turns for t in first] == [3] * 4
     crashed = second[2]
@@ -231,38 +243,37 @@ def test_a_dead_worker_fails_only_its_own_episodes(tiny_model_dir):
     assert result.metrics["episodes"] == 8
     first_start, dead_start = result.metrics["engine_worker_start_cpu_seconds"]
     assert first_start > 0 and dead_start > 0  # both were ready (the start is reported with "ready")
-    assert _children() == before
+    assert worker_children() == before
 
 
 def test_a_bug_raised_in_a_worker_propagates_and_no_worker_is_left(tiny_model_dir):
     # itemgetter raises TypeError with no frame of anyone else's code: a rollforge bug, which a
     # one-process rollout raises too (boundary.is_own_bug)
-    samples, envs, backend, renderer = _setup(tiny_model_dir, 4, script=operator.itemgetter(5))
+    samples, envs, backend, renderer = counting_setup(tiny_model_dir, 4, script=operator.itemgetter(5))
     with pytest.raises(TypeError):
-        rollout(samples, envs, backend, renderer, _config())
-    before = _children()
+        rollout(samples, envs, backend, renderer, workers_config())
+    before = worker_children()
     with pytest.raises(TypeError):
-        rollout(samples, envs, backend, renderer, _config(engine_workers=2))
-    assert _children() == before
+        rollout(samples, envs, backend, renderer, workers_config(engine_workers=2))
+    assert worker_children() == before
 
 
-def test_cancelling_the_rollout_stops_every_worker(tiny_model_dir):
+def test_cancelling_the_rollout_stops_every_worker(tiny_model_dir, tmp_path):
     """What Ctrl-C does: ``asyncio.run`` cancels the rollout's task."""
-    samples, envs, slow, renderer = _setup(tiny_model_dir, 6, latency=30.0)
-    before = _children()
+    generating = tmp_path / "generating"
+    samples, envs, slow, renderer = counting_setup(tiny_model_dir, 6, script=Marks(generating), latency=30.0)
+    before = worker_children()
 
     async def cancelled() -> None:
-        task = asyncio.ensure_future(arollout(samples, envs, slow, renderer, _config(engine_workers=2)))
-        for _ in range(600):  # until both workers are up and waiting on generation
-            await asyncio.sleep(0.05)
-            if len(_children() - before) == 2 and len(asyncio.all_tasks()) > 4:
-                break
+        task = asyncio.ensure_future(arollout(samples, envs, slow, renderer, workers_config(engine_workers=2)))
+        # both workers are up and generation has begun (starting two interpreters takes a while)
+        assert await until(lambda: len(worker_children() - before) == 2 and generating.exists(), 4 * HANG_SECONDS)
         task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        with pytest.raises(asyncio.CancelledError):  # not the 30 s of a generation: it was stopped
+            await asyncio.wait_for(task, HANG_SECONDS)
 
-    asyncio.run(asyncio.wait_for(cancelled(), 60))
-    assert _children() == before
+    asyncio.run(cancelled())
+    assert worker_children() == before
 
 
 def _running(pid: int) -> bool:
@@ -282,23 +293,18 @@ def test_workers_stop_when_their_parent_is_killed(tiny_model_dir, tmp_path):
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "import test_engine_workers as T\n"
         "if __name__ == '__main__':\n"
-        f"    samples, envs, backend, renderer = T._setup({str(tiny_model_dir)!r}, 6, latency=60.0)\n"
-        "    T.rollout(samples, envs, backend, renderer, T._config(engine_workers=2))\n"
+        f"    samples, envs, backend, renderer = T.counting_setup({str(tiny_model_dir)!r}, 6, latency=60.0)\n"
+        "    T.rollout(samples, envs, backend, renderer, T.workers_config(engine_workers=2))\n"
     )
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while len(_children(parent.pid)) < 2 and time.monotonic() < deadline and parent.poll() is None:
-            time.sleep(0.1)
-        workers = _children(parent.pid)
+        wait_until(lambda: len(worker_children(parent.pid)) >= 2 or parent.poll() is not None, 4 * HANG_SECONDS)
+        workers = worker_children(parent.pid)
         assert len(workers) == 2
     finally:
         parent.kill()
         parent.wait()
-    deadline = time.monotonic() + 30
-    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_running(pid) for pid in workers)
+    assert wait_until(lambda: not any(_running(pid) for pid in workers))
 
 
 def test_a_closed_channel_has_written_its_last_frame():
@@ -311,10 +317,10 @@ def test_a_closed_channel_has_written_its_last_frame():
 
     channel_module = importlib.import_module("rollforge.rollout.worker_channel")
     ours, theirs = socket.socketpair()
-    received = bytearray()
+    received, closing = bytearray(), threading.Event()
 
     def read() -> None:
-        time.sleep(0.5)  # the parent is busy when the worker finishes
+        closing.wait(HANG_SECONDS)  # the parent is busy until the worker finishes
         while chunk := theirs.recv(1 << 16):
             received.extend(chunk)
 
@@ -324,6 +330,7 @@ def test_a_closed_channel_has_written_its_last_frame():
     async def send_and_close() -> None:
         channel = await channel_module.Channel.open(ours)
         channel.send(("episode", b"x" * 8_000_000))  # far more than a socket buffer holds
+        closing.set()
         await channel.close()
 
     asyncio.run(send_and_close())
@@ -340,13 +347,13 @@ def test_a_bad_engine_workers_value_is_one_line():
 
 
 def test_environments_that_do_not_pickle_are_refused_in_one_line(tiny_model_dir):
-    samples, _, backend, renderer = _setup(tiny_model_dir, 2)
+    samples, _, backend, renderer = counting_setup(tiny_model_dir, 2)
 
     class Local(Counter):  # defined in a function: a worker process cannot import it
         pass
 
     with pytest.raises(ConfigError) as caught:
-        rollout(samples, {"count": FactoryEnvironment(Local)}, backend, renderer, _config(engine_workers=2))
+        rollout(samples, {"count": FactoryEnvironment(Local)}, backend, renderer, workers_config(engine_workers=2))
     assert "\n" not in str(caught.value) and "engine_workers=2" in str(caught.value)
 
 
@@ -427,10 +434,10 @@ def test_a_workers_shard_runs_without_the_checks_its_rollouts_process_ran_for_th
     # A worker used to check its shard's prompt lengths again: ~0.1 s of CPU per worker at 5,000 episodes.
     from rollforge.rollout import checks, engine
 
-    samples, envs, backend, renderer = _setup(tiny_model_dir, 2)
+    samples, envs, backend, renderer = counting_setup(tiny_model_dir, 2)
     calls = []
     monkeypatch.setattr(checks, "check_prompt_lengths", lambda *args: calls.append(len(args[0])))
-    result = asyncio.run(engine.run_checked(samples, envs, backend, renderer, _config()))
+    result = asyncio.run(engine.run_checked(samples, envs, backend, renderer, workers_config()))
     assert calls == [] and [t.turns for t in result.trajectories] == [3, 3]
-    asyncio.run(arollout(samples, envs, backend, renderer, _config()))
+    asyncio.run(arollout(samples, envs, backend, renderer, workers_config()))
     assert calls == [2]  # arollout checks, once for its batch

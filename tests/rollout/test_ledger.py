@@ -1,6 +1,6 @@
 """The token ledger: ids, mask, logprobs and versions laid out per segment, by hand."""
 
-from rollforge.rollout.ledger import Ledger, ending_flags
+from rollforge.rollout.ledger import Ledger
 from rollforge.types import Message, Trajectory
 
 SYSTEM, USER = Message("system", "s"), Message("user", "u")
@@ -31,7 +31,7 @@ def test_a_segment_whose_messages_were_rewritten_keeps_them():
     assert (second.token_ids, second.prompt_length, second.messages, second.history) == ((1, 2, 3, 9, 9, 3, 5), 6, 5, ())
     assert fields["token_ids"] == (1, 2, 3, 4, 1, 2, 3, 9, 9, 3, 5) and fields["prompt_length"] == 3 and fields["versions"] == ()
     trajectory = Trajectory(index=0, task_name="t", messages=tuple(messages), rewards=(0.0, 1.0), total_reward=1.0, turns=2,
-                            terminated=True, **fields)
+                            ending="terminated", **fields)
     assert Trajectory.from_json(trajectory.to_json()).segments == trajectory.segments
 
 
@@ -44,7 +44,3 @@ def test_a_segment_whose_messages_are_the_conversations_first_keeps_none():
     first, _ = ledger.fields([USER, SAID, USER])["segments"]
     assert first.messages == 2 and first.history == ()
 
-
-def test_ending_flags():
-    assert ending_flags("truncated") == {"truncated": True, "max_turns_reached": False}
-    assert ending_flags("timeout") == {"truncated": False, "max_turns_reached": False}

@@ -9,7 +9,7 @@ def trajectory(index, task, rewards, ids, mask, ending, failures=(), error=None)
     return Trajectory(
         index=index, task_name=task, messages=(Message("user", "q"),), token_ids=ids, loss_mask=mask,
         logprobs=logprobs, prompt_length=2, rewards=rewards, total_reward=sum(rewards), turns=len(rewards),
-        error=error, failures=failures, **({ending: True} if ending else {}),
+        ending=ending, error=error, failures=failures,
     )
 
 
@@ -19,7 +19,7 @@ def test_metrics_by_hand():
         trajectory(1, "a", (0.0, 0.5), (1, 2, 3, 4, 5, 6), (0, 0, 1, 0, 0, 1), "max_turns_reached",
                    failures=(Failure("tool_unknown", "x"), Failure("tool_unknown", "y"))),
         trajectory(2, "b", (0.0, 0.0, 0.0), (1, 2, 3), (0, 0, 1), "truncated"),
-        trajectory(3, "b", (), (1, 2), (0, 0), None, error=Failure("env_timeout", "slow")),
+        trajectory(3, "b", (), (1, 2), (0, 0), "error", error=Failure("env_timeout", "slow")),
     ]
     m = rollout_metrics(ts, wall_seconds=2.0)
     assert m["total_turns"] == 6 and m["avg_turns_per_sample"] == 1.5 and m["max_turns_per_sample"] == 3
@@ -37,9 +37,9 @@ def test_metrics_by_hand():
 
 
 def test_failed_episodes_are_left_out_of_rewards_not_counted_as_zero():
-    failed = [trajectory(i, "a", (), (1, 2), (0, 0), None, error=Failure(kind, "x"))
+    failed = [trajectory(i, "a", (), (1, 2), (0, 0), "error", error=Failure(kind, "x"))
               for i, kind in enumerate(("backend_error", "env_error", "env_timeout"))]
-    policy = trajectory(3, "b", (), (1, 2), (0, 0), None, error=Failure("template_error", "x"))
+    policy = trajectory(3, "b", (), (1, 2), (0, 0), "error", error=Failure("template_error", "x"))
     won = trajectory(4, "b", (1.0,), (1, 2, 3), (0, 0, 1), "terminated")
     m = rollout_metrics([*failed, policy, won])
     assert m["infra_failures"] == 3 and m["rewarded_episodes"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 from transformers import AutoTokenizer
@@ -15,6 +16,7 @@ from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import RecordingBackend, assert_token_exact
 from rollforge.types import Message, Sample, Trajectory
 
 # Written here in the manner of LFM2.5's template: past reasoning is dropped only from assistant
@@ -55,23 +57,12 @@ class Game(Environment):
         return Guess()
 
 
-class Recording(ScriptedBackend):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen = []
-
-    async def generate(self, prompt_ids, params):
-        completion = await super().generate(prompt_ids, params)
-        self.seen.append((tuple(prompt_ids), completion.token_ids))
-        return completion
-
-
 async def play(renderer, reply, env=None, max_seq_len=4096):
-    backend = Recording(reply, renderer)
+    backend = RecordingBackend(ScriptedBackend(reply, renderer))
     config = RolloutConfig(max_turns=5, max_seq_len=max_seq_len, max_new_tokens=64)
     result = await arollout([Sample(prompt=[{"role": "user", "content": "Guess."}])], {"default": env or Game()},
                             backend, renderer, config)
-    return result.trajectories[0], backend.seen
+    return result.trajectories[0], backend.calls
 
 
 @pytest.mark.parametrize("think, segments", [(False, 1), (True, 3)])
@@ -80,21 +71,38 @@ async def test_a_template_that_drops_closed_reasoning_is_never_accepted_and_then
     report = renderer.check_template([Message("user", "Guess.")])
     assert not report.incremental  # the probe has closed reasoning blocks
     reply = (lambda r: f"<think>\nhm {r.call}\n</think>\n\n{r.call}") if think else (lambda r: f"{r.call}")
-    t, seen = await play(renderer, reply)
+    t, calls = await play(renderer, reply)
     assert t.terminated and t.turns == 3 and len(t.segments) == segments
-    assert token_fidelity_gap(t, renderer) is None
-    for prompt, generated in seen:  # every generation continues the ids it was given, in its segment
-        segment = next(s for s in t.segments if s.token_ids[: len(prompt)] == prompt)
-        assert segment.token_ids[len(prompt): len(prompt) + len(generated)] == generated
-        assert segment.loss_mask[len(prompt): len(prompt) + len(generated)] == (1,) * len(generated)
+    assert assert_token_exact([t], calls, renderer) == 3  # every generation continues its ids, in its segment
     for k, segment in enumerate(t.segments[1:], 1):
         prompt = renderer.decode(segment.token_ids[: segment.prompt_length])
         assert f"hm {k - 1}" not in prompt and prompt.endswith("<|im_start|>assistant\n")  # rewritten by the template
         assert list(segment.token_ids[: segment.prompt_length]) == renderer.conversation_ids(
             t.messages[: t.segments[k - 1].messages + 1], add_generation_prompt=True)
     assert t.token_ids == tuple(x for s in t.segments for x in s.token_ids)
-    assert sum(t.loss_mask) == sum(len(g) for _, g in seen) and t.prompt_length == t.segments[0].prompt_length
+    assert t.prompt_length == t.segments[0].prompt_length
     assert Trajectory.from_json(json.loads(json.dumps(t.to_json()))) == t
+
+
+class OutOfTime(Guess):
+    """``Guess``, but its last step is the environment's own limit (truncated), not a solved task."""
+
+    async def step(self, conversation):
+        step = await super().step(conversation)
+        return replace(step, terminated=False, truncated=step.terminated)
+
+
+class TimeUp(Environment):
+    def open(self, sample):
+        return OutOfTime()
+
+
+async def test_an_episode_the_environment_truncates_on_a_diverging_template_ends_truncated(tokenizer):
+    renderer = renderer_with(tokenizer, DROPS_CLOSED_THINKING)
+    t, calls = await play(renderer, lambda r: f"<think>\nhm {r.call}\n</think>\n\n{r.call}", env=TimeUp())
+    assert t.ending == "truncated" and t.turns == 3 and len(t.segments) == 3
+    assert t.messages[-1] == Message("user", "No (3).")
+    assert assert_token_exact([t], calls, renderer) == 3
 
 
 async def test_a_new_segment_that_does_not_fit_ends_the_episode_truncated(tokenizer):

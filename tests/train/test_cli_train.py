@@ -2,7 +2,6 @@
 
 import json
 import re
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -11,6 +10,7 @@ import yaml
 
 from rollforge.cli.main import main
 from rollforge.errors import ConfigError
+from rollforge.testing import free_port
 from rollforge.train.evaluate import pass_at_k
 
 
@@ -93,12 +93,6 @@ def one_line_error(capsys, argv, *expected):
     return err
 
 
-def unused_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def config_file(tiny_config, tmp_path):
     path = tmp_path / "c.yaml"
@@ -127,7 +121,7 @@ def test_train_mistakes_are_one_line(config_file, tmp_path, capsys):
     one_line_error(capsys, ["train", str(config_file), "--set", "rollout.max_seq_len=16"],
                    "rollout.max_seq_len=16 leaves no room to generate: prompt 1 is already")
 
-    url = f"http://127.0.0.1:{unused_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     one_line_error(capsys, ["train", str(config_file), "--set", "model.backend=openai", "--set", f"model.base_url={url}"],
                    f"no OpenAI-compatible server answers at {url}")
     assert not (tmp_path / "run").exists()  # every one refused before the run directory was made
@@ -190,7 +184,7 @@ def test_eval_on_an_openai_compatible_server(tiny_model_dir, tmp_path, capsys):
 
 def test_eval_against_a_server_that_is_down_is_one_line(tiny_model_dir, capsys):
     pytest.importorskip("httpx")
-    url = f"http://127.0.0.1:{unused_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     model = ["eval", "--model", str(tiny_model_dir)]
     one_line_error(capsys, [*model, "--backend", "openai", "--base-url", url],
                    f"no OpenAI-compatible server answers at {url}")

@@ -60,10 +60,9 @@ def test_two_ranks_take_the_one_rank_step_and_the_checkpoint_resumes_on_one(tiny
 
 
 def test_a_checkpoint_rank_0_cannot_write_stops_every_rank_with_the_reason(tiny_model_dir, tmp_path):
-    started = time.monotonic()
-    done = _torchrun(str(HERE / "ranks_worker.py"), str(tiny_model_dir), str(tmp_path), "rank0-write", timeout=200)
+    # a rank that waited for the process group's timeout (torch's default, 30 minutes) would run into this one
+    done = _torchrun(str(HERE / "ranks_worker.py"), str(tiny_model_dir), str(tmp_path), "rank0-write", timeout=300)
     assert done.returncode != 0
-    assert time.monotonic() - started < 180  # bounded: no rank waits for the process group's timeout
     assert "rank 0 failed while writing checkpoint" in done.stderr and "rank 1 stops with it" in done.stderr
     assert "no space left on device" in done.stderr.lower()
     assert not (tmp_path / "checkpoints" / "latest").exists()

@@ -37,7 +37,7 @@ def chat(*replies: str) -> list[list[dict]]:
 def trajectory(index: int, question: str, reply: str, **changes) -> Trajectory:
     fields = dict(index=index, task_name="qa", messages=(Message("user", question), Message("assistant", reply)),
                   token_ids=(1, 2), loss_mask=(0, 1), logprobs=(None, -0.5), prompt_length=1, rewards=(0.0,),
-                  total_reward=0.0, turns=1, terminated="error" not in changes, prompt_messages=1)
+                  total_reward=0.0, turns=1, ending="error" if "error" in changes else "terminated", prompt_messages=1)
     fields.update(changes)
     return Trajectory(**fields)
 

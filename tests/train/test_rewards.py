@@ -23,7 +23,7 @@ def _trajectory(index, task, reply, reward):
         index=index, task_name=task,
         messages=(Message("user", "q"), Message("assistant", reply)),
         token_ids=(1, 2), loss_mask=(0, 1), logprobs=(None, -0.5), prompt_length=1,
-        rewards=(reward,), total_reward=reward, turns=1, terminated=True,
+        rewards=(reward,), total_reward=reward, turns=1, ending="terminated",
     )
 
 

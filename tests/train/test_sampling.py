@@ -22,7 +22,7 @@ def episode(index: int, reward: float, error: str | None = None) -> Trajectory:
     return Trajectory(
         index=index, task_name="t", messages=(Message("user", "q"),), token_ids=(1, 2), loss_mask=(0, 1),
         logprobs=(None, -0.5), prompt_length=1, rewards=(reward,), total_reward=reward, turns=1,
-        terminated=error is None, error=Failure(error, "x") if error else None,
+        ending="error" if error else "terminated", error=Failure(error, "x") if error else None,
     )
 
 

@@ -19,7 +19,7 @@ def episode(index: int, reward: float, error: str | None = None, retries: int = 
     return Trajectory(
         index=index, task_name="t", messages=(Message("user", "q"),), token_ids=(1, 2), loss_mask=(0, 1),
         logprobs=(None, -0.5), prompt_length=1, rewards=(reward,), total_reward=reward, turns=1,
-        terminated=error is None, error=Failure(error, "x") if error else None, retries=retries,
+        ending="error" if error else "terminated", error=Failure(error, "x") if error else None, retries=retries,
     )
 
 

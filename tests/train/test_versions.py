@@ -1,5 +1,6 @@
 """Weight versions: completions stamped, updates between requests (in-flight), pinned evaluation,
-stale tokens masked."""
+stale tokens masked. Requests and episode steps hold on events the tests release; ``settle()``
+lets every ready task reach its next wait. Nothing waits for a time."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rollforge.chat.render import ChatRenderer
 from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import HANG_SECONDS
 from rollforge.train.versions import VersionedBackend, fresh_masks
 from rollforge.types import Message, Sample, Trajectory
 
@@ -23,27 +25,59 @@ def renderer(tiny_model_dir):
     return ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
-def scripted(renderer, latency=0.0):
-    return ScriptedBackend(lambda r: "ok", renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+def scripted(renderer):
+    return ScriptedBackend(lambda r: "ok", renderer, end_token_id=renderer.stop_token_ids[0])
+
+
+class Held(ScriptedBackend):
+    """Replies "ok"; its first request signals ``entered`` and runs until ``release`` is set."""
+
+    def __init__(self, renderer):
+        super().__init__(lambda r: "ok", renderer, end_token_id=renderer.stop_token_ids[0])
+        self.entered, self.release, self.requests = asyncio.Event(), asyncio.Event(), 0
+
+    async def generate(self, prompt_ids, params):
+        self.requests += 1
+        if self.requests == 1:
+            self.entered.set()
+            await self.release.wait()
+        return await super().generate(prompt_ids, params)
+
+
+async def settle() -> None:
+    """Let every ready task run until it waits (a number of loop passes, not a time)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
 
 
 class ThreeTurns(Environment):
+    """Three turns; with ``between`` and ``resume`` events, the first step signals ``between`` and
+    waits for ``resume`` (the episode stands between its first and second turn)."""
+
+    def __init__(self, between: asyncio.Event | None = None, resume: asyncio.Event | None = None):
+        self.between, self.resume = between, resume
+
     class Session(BaseSession):
-        turn = 0
+        def __init__(self, env):
+            self.env, self.turn = env, 0
 
         async def reset(self, sample):
             return Reset(prompt=sample.prompt)
 
         async def step(self, conversation):
             self.turn += 1
+            if self.turn == 1 and self.env.between is not None:
+                self.env.between.set()
+                await self.env.resume.wait()
             return Step(messages=(Message("user", f"turn {self.turn}"),), reward=0.0, terminated=self.turn == 3)
 
     def open(self, sample):
-        return self.Session()
+        return self.Session(self)
 
 
 async def test_update_waits_for_running_requests_and_holds_new_ones(renderer):
-    versions = VersionedBackend(scripted(renderer, latency=0.2))
+    held = Held(renderer)
+    versions = VersionedBackend(held)
     order = []
 
     async def push():  # the request that was running has finished by now
@@ -53,11 +87,14 @@ async def test_update_waits_for_running_requests_and_holds_new_ones(renderer):
 
     params = SamplingParams(max_new_tokens=4)
     first = asyncio.create_task(versions.generate([1, 2], params))
-    await asyncio.sleep(0.05)  # the first request is running
+    await asyncio.wait_for(held.entered.wait(), HANG_SECONDS)  # the first request is running
     update = asyncio.create_task(versions.advance(push))
-    await asyncio.sleep(0.01)
+    await settle()
     second = asyncio.create_task(versions.generate([1, 2], params))  # arrives while the update waits
-    done_first = await first
+    await settle()
+    assert not update.done() and not second.done() and held.requests == 1  # draining, holding
+    held.release.set()
+    done_first = await asyncio.wait_for(first, HANG_SECONDS)
     assert await update == 1
     done_second = await second
     assert order == [("push", True, False)]
@@ -68,7 +105,7 @@ async def test_update_waits_for_running_requests_and_holds_new_ones(renderer):
 
 async def test_running_episode_continues_under_new_weights(renderer):
     """An update between the turns of an episode: its later turns carry the new version."""
-    versions = VersionedBackend(scripted(renderer, latency=0.05))
+    versions = VersionedBackend(scripted(renderer))
     sample = Sample(prompt=({"role": "user", "content": "go"},), task_name="t")
     pushed = 0
 
@@ -76,19 +113,18 @@ async def test_running_episode_continues_under_new_weights(renderer):
         nonlocal pushed
         pushed += 1
 
-    async def update_mid_episode():
-        await asyncio.sleep(0.08)  # after the first turn's request
-        await versions.advance(push)
-
-    rollout = asyncio.create_task(arollout([sample], {"t": ThreeTurns()}, versions, renderer,
+    between, resume = asyncio.Event(), asyncio.Event()
+    rollout = asyncio.create_task(arollout([sample], {"t": ThreeTurns(between, resume)}, versions, renderer,
                                            RolloutConfig(max_turns=3)))
-    await update_mid_episode()
-    (trajectory,) = (await rollout).trajectories
+    await asyncio.wait_for(between.wait(), HANG_SECONDS)  # after the first turn's request
+    await asyncio.wait_for(versions.advance(push), HANG_SECONDS)
+    resume.set()
+    (trajectory,) = (await asyncio.wait_for(rollout, HANG_SECONDS)).trajectories
     assert pushed == 1 and trajectory.turns == 3 and trajectory.error is None
     assert len(trajectory.versions) == trajectory.generated_tokens
     turn_lengths = [len(trajectory.versions) // 3] * 3  # "ok" + end token each turn
     first_turn = trajectory.versions[: turn_lengths[0]]
-    assert set(first_turn) == {0} and trajectory.versions[-1] == 1
+    assert set(first_turn) == {0} and set(trajectory.versions[turn_lengths[0]:]) == {1}
     assert list(trajectory.versions) == sorted(trajectory.versions)  # never back in time
     assert Trajectory.from_json(trajectory.to_json()).versions == trajectory.versions
 
@@ -102,7 +138,7 @@ async def test_pinned_holds_updates_until_it_ends(renderer):
 
     async with versions.pinned() as version:
         update = asyncio.create_task(versions.advance(push))
-        await asyncio.sleep(0.05)
+        await settle()
         assert not update.done()  # the evaluation's weights stay
         completion = await versions.generate([1], SamplingParams(max_new_tokens=2))  # requests still run
         assert version == completion.version == 0
@@ -113,15 +149,18 @@ async def test_an_update_cancelled_while_draining_releases_the_held_requests(ren
     """The pipeline cancels its push on shutdown or failure; requests must not wait forever."""
     from rollforge.backends.base import SamplingParams
 
-    versions = VersionedBackend(scripted(renderer, latency=0.2))
+    held = Held(renderer)
+    versions = VersionedBackend(held)
     params = SamplingParams(max_new_tokens=4)
     first = asyncio.create_task(versions.generate([1, 2], params))
-    await asyncio.sleep(0.05)  # the first request is running
+    await asyncio.wait_for(held.entered.wait(), HANG_SECONDS)  # the first request is running
     update = asyncio.create_task(versions.advance(lambda: asyncio.sleep(0)))
-    await asyncio.sleep(0.01)  # the update waits for it
+    await settle()  # the update waits for it
+    assert not update.done()
     update.cancel()
     await asyncio.gather(update, return_exceptions=True)
-    later = await asyncio.wait_for(versions.generate([1, 2], params), timeout=5)
+    later = await asyncio.wait_for(versions.generate([1, 2], params), HANG_SECONDS)  # while the first still runs
+    held.release.set()
     assert (await first).version == later.version == 0  # nothing was applied
 
 

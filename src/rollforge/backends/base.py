@@ -13,10 +13,12 @@ Stop conditions: generation ends at the first token in ``stop_token_ids`` (kept 
 the first token whose text completes one of the ``stop`` strings (kept in the output, token-exact:
 nothing is cut from inside a token), or after ``max_new_tokens`` (finish reason ``length``).
 
-``Backend`` is a base class: everything the engine and the trainer may ask of a backend is declared
-on it with a default (``accepts_images``, ``shares_model``, ``invalidate_cache``, ``close``,
-``syncs_weights``, ``supports_sleep`` with ``sleep``/``wake_up``, ``reopener``); only ``generate`` must be written. Weight sync stays a separate optional
-protocol (``WeightSync``); ``syncs_weights`` says whether a backend implements it.
+``Backend`` is a base class: everything the engine, the trainer and a router of replicas may ask of
+a backend is declared on it with a default (``accepts_images``, ``shares_model``,
+``invalidate_cache``, ``close``, ``syncs_weights``, ``supports_sleep`` with ``sleep``/``wake_up``,
+``reopener``; a replica's ``name``, ``dead`` and ``share_weights``); only ``generate`` must be
+written. Weight sync stays a separate optional protocol (``WeightSync``); ``syncs_weights`` says
+whether a backend implements it.
 
 A backend is an async context manager, like httpx's transports: ``async with backend:`` (or
 ``async with open_backend(config) as backend:``) closes it on the way out, error or not. Whoever
@@ -83,6 +85,11 @@ class Backend(abc.ABC):
     #: engine refuses environments that declare ``produces_images`` before the rollout starts, and
     #: fails an episode that gets an image anyway.
     accepts_images: bool = False
+    #: How errors and a router's ``stats()`` call this backend (None: a router numbers its replicas).
+    name: str | None = None
+    #: Why this backend can serve no more requests (a Ray replica whose actor died), else None: a
+    #: router places no new episodes on a dead replica.
+    dead: str | None = None
 
     @abc.abstractmethod
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
@@ -117,6 +124,14 @@ class Backend(abc.ABC):
     def syncs_weights(self) -> bool:
         """Whether this backend implements the ``WeightSync`` protocol (``update_weights``)."""
         return isinstance(self, WeightSync)
+
+    @staticmethod
+    def share_weights(model: Any) -> Any:
+        """What ``update_weights`` takes in place of ``model``, prepared once for every replica that
+        has this same function (a router calls each distinct one once, off the event loop). A
+        function of the model alone, declared per class (Ray replicas export the state dict and put
+        it once in Ray's object store). The default: ``model`` itself."""
+        return model
 
     @property
     def supports_sleep(self) -> bool:
@@ -165,6 +180,14 @@ class BackendWrapper(Backend):
     def accepts_images(self) -> bool:  # type: ignore[override]
         return self.inner.accepts_images
 
+    @property
+    def name(self) -> str | None:  # type: ignore[override]
+        return self.inner.name
+
+    @property
+    def dead(self) -> str | None:  # type: ignore[override]
+        return self.inner.dead
+
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, **kwargs: Any) -> Completion:
         return await self.inner.generate(prompt_ids, params, **kwargs)
 
@@ -181,6 +204,11 @@ class BackendWrapper(Backend):
     @property
     def syncs_weights(self) -> bool:
         return self.inner.syncs_weights
+
+    @property
+    def share_weights(self) -> Callable[[Any], Any]:  # type: ignore[override]
+        """The wrapped backend's own function, so that wrapped replicas still share one export."""
+        return self.inner.share_weights
 
     @property
     def weight_version(self) -> int:

@@ -11,21 +11,21 @@ a vLLM engine or HF model on a Ray actor, ...) holding the same weights.
   cannot hold it). An object that cannot be weakly referenced is pinned in a bounded LRU dict.
 - **Placement**: a new episode (or a call outside any episode, which is not recorded) goes to the
   replica with the fewest requests in flight; ties go to the fewest live episodes, then the lowest
-  index. A replica that reports itself ``dead`` (a reason string; Ray replicas do when their actor
-  dies) gets no new episodes; the episodes already on it fail there with its own error.
+  index. A replica whose ``dead`` holds a reason (``Backend.dead``; Ray replicas set it when their
+  actor dies) gets no new episodes; the episodes already on it fail there with its own error.
 - **Counters** (for tests and metrics): ``requests``, ``episodes`` (placed, cumulative),
   ``live_episodes``, ``in_flight`` and ``failures`` per replica, as lists in replica order;
   ``stats()`` gives them by replica name.
-- **Weight sync**: only when every replica has ``update_weights`` does the router have one (and a
-  ``weight_version``, the minimum of the replicas'); otherwise it has neither, so a trainer refuses
-  it rather than train on a policy it cannot update. All replicas are updated concurrently while
-  new requests wait at the weight gate (``backends/gate.py``, holding without draining: each
-  replica finishes its requests in flight on the old weights, as the ``WeightSync`` protocol
-  requires). A replica class may offer ``share_weights(model)`` (a static method) that
-  converts the model once into what all its replicas accept in ``update_weights`` (Ray replicas:
-  the exported state dict, put once in the object store). If any replica fails, the router raises
-  ``BackendError`` naming it and refuses to generate until an update succeeds on every replica:
-  it never serves mixed weights.
+- **Weight sync**: the router ``syncs_weights`` only when every replica does (its
+  ``weight_version`` is then the minimum of the replicas'); otherwise it has no ``weight_version``
+  and ``update_weights`` refuses, so a trainer refuses the router rather than train on a policy it
+  cannot update. All replicas are updated concurrently while new requests wait at the weight gate
+  (``backends/gate.py``, holding without draining: each replica finishes its requests in flight on
+  the old weights, as the ``WeightSync`` protocol requires). Each distinct ``share_weights``
+  (``Backend.share_weights``: a function of the model declared per replica class) is called once
+  and its result handed to every replica that has it (Ray replicas: the exported state dict, put
+  once in the object store). If any replica fails, the router raises ``BackendError`` naming it and
+  refuses to generate until an update succeeds on every replica: it never serves mixed weights.
 - ``accepts_images`` only when every replica accepts images. ``close()`` closes every replica.
 """
 
@@ -45,7 +45,7 @@ from .gate import WeightGate
 
 class RouterBackend(Backend):
     """One backend over ``replicas`` (see the module docstring). ``names`` label the replicas in
-    errors and ``stats()`` (default: each replica's ``name`` attribute, else ``replica <i>``);
+    errors and ``stats()`` (default: each replica's ``name``, else ``replica <i>``);
     ``max_pinned`` bounds placements of episode objects that cannot be weakly referenced."""
 
     def __init__(self, replicas: Sequence[Backend], *, names: Sequence[str] | None = None, max_pinned: int = 65536):
@@ -57,7 +57,7 @@ class RouterBackend(Backend):
             if not isinstance(replica, Backend):
                 raise ConfigError(f"replica {i} ({type(replica).__name__}) is not a backend: it does not subclass rollforge Backend")
         if names is None:
-            names = [getattr(r, "name", None) or f"replica {i}" for i, r in enumerate(replicas)]
+            names = [r.name or f"replica {i}" for i, r in enumerate(replicas)]
         if len(names) != len(replicas):
             raise ConfigError(f"got {len(names)} names for {len(replicas)} replicas")
         if max_pinned < 1:
@@ -68,8 +68,6 @@ class RouterBackend(Backend):
         self.requests, self.episodes, self.live_episodes = [0] * n, [0] * n, [0] * n
         self.in_flight, self.failures = [0] * n, [0] * n
         self.accepts_images = all(r.accepts_images for r in self.replicas)
-        if all(r.syncs_weights for r in self.replicas):
-            self.update_weights = self._update_weights
         self._placed: dict[int, tuple[weakref.ref, int]] = {}
         self._pinned: collections.OrderedDict[int, tuple[object, int]] = collections.OrderedDict()
         self._max_pinned = max_pinned
@@ -118,31 +116,35 @@ class RouterBackend(Backend):
             for i, name in enumerate(self.names)
         }
 
-    # --- weight sync (bound as ``update_weights`` only when every replica has it) --------------
+    # --- weight sync (when every replica has it) -----------------------------------------------
+
+    @property
+    def syncs_weights(self) -> bool:
+        return all(r.syncs_weights for r in self.replicas)
 
     @property
     def weight_version(self) -> int:
-        if not hasattr(self, "update_weights"):
-            raise AttributeError("weight_version: not every replica of this router has update_weights")
-        return min(r.weight_version for r in self.replicas)
+        """The oldest replica's; absent (``AttributeError``) unless every replica syncs weights."""
+        if not self.syncs_weights:
+            raise AttributeError(f"weight_version: {self._without_sync()} of this router have no weight sync")
+        return min(r.weight_version for r in self.replicas)  # type: ignore[attr-defined]
 
-    async def _update_weights(self, model: Any) -> None:
+    async def update_weights(self, model: Any) -> None:
+        """Serve ``model``'s weights on every replica from the next request on (see the module docstring)."""
         if self._closed:
             raise BackendError("the router backend is closed")
+        if not self.syncs_weights:
+            raise BackendError(f"{self._without_sync()} of this router have no weight sync (update_weights)")
         if self._gate.updating:
             raise BackendError("update_weights is already running on this router")
         # Only hold new requests: each replica finishes its own in flight on the old weights
         # (``WeightSync``), so no replica waits for another's slowest request.
         async with self._gate.update(drain=False):
-            shared: dict[Any, Any] = {}
+            shared: dict[Any, Any] = {}  # one result per distinct share_weights
             for replica in self.replicas:
-                share = getattr(replica, "share_weights", None)
-                if callable(share) and share not in shared:
-                    shared[share] = await asyncio.to_thread(share, model)
-            updates = []
-            for replica in self.replicas:
-                share = getattr(replica, "share_weights", None)
-                updates.append(replica.update_weights(shared[share] if callable(share) else model))
+                if replica.share_weights not in shared:
+                    shared[replica.share_weights] = await asyncio.to_thread(replica.share_weights, model)
+            updates = [r.update_weights(shared[r.share_weights]) for r in self.replicas]  # type: ignore[attr-defined]
             failed = self._failed(await asyncio.gather(*updates, return_exceptions=True))
             if failed:
                 self._mixed = (
@@ -178,7 +180,7 @@ class RouterBackend(Backend):
         return index
 
     def _least_loaded(self) -> int:
-        alive = [i for i, r in enumerate(self.replicas) if not getattr(r, "dead", None)] or range(len(self.replicas))
+        alive = [i for i, r in enumerate(self.replicas) if not r.dead] or range(len(self.replicas))
         return min(alive, key=lambda i: (self.in_flight[i], self.live_episodes[i], i))
 
     def _forget(self, key: int, ref: weakref.ref) -> None:
@@ -186,6 +188,9 @@ class RouterBackend(Backend):
         if placed is not None and placed[0] is ref:
             del self._placed[key]
             self.live_episodes[placed[1]] -= 1
+
+    def _without_sync(self) -> str:
+        return ", ".join(name for name, r in zip(self.names, self.replicas) if not r.syncs_weights)
 
     def _failed(self, results: Sequence[Any]) -> str:
         """``name (Error: message); ...`` for the replicas whose result is an exception."""

@@ -37,8 +37,8 @@ from ..envs.factory import FactoryEnvironment
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..seeds import mix
+from ..testing import tokenizer_or_tiny
 from ..types import Sample, Trajectory
-from .overhead import _tokenizer
 
 CODE_LINES = (
     "import json, math",
@@ -146,7 +146,7 @@ def _once(mode: str, renderer: ChatRenderer, episodes: int, turns: int, median: 
 
 def run(episodes: int = 256, turns: int = 8, median: float = 0.2, sigma: float = 1.0, latency: float = 0.05,
         per_token_latency: float = 0.004, max_lines: int = 12, tokenizer_dir: str | None = None) -> dict[str, Any]:
-    renderer = ChatRenderer(_tokenizer(tokenizer_dir))
+    renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
     walls, results = {}, {}
     for mode in ("async", "lockstep"):
         walls[mode], results[mode] = _once(mode, renderer, episodes, turns, median, sigma, latency, per_token_latency,

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 import urllib.request
 from typing import Any
 
+from ..testing import free_port
 from ..types import Message, Sample, ToolCall
 
 
@@ -46,7 +46,7 @@ def main(args: Any) -> dict[str, Any]:
 
 
 def run(counts: list[int], *, steps: int = 4000, repeats: int = 5) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
     # twice the sessions: the client's and the bare loop's are open at the same time
@@ -139,12 +139,6 @@ async def _bare(ws_url: str, count: int, per_session: int) -> float:
         await ws.send('{"type": "close"}')
         await ws.close()
     return count * per_session / elapsed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, server: subprocess.Popen, log: Any, timeout: float = 120.0) -> None:

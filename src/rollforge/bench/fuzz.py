@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from ..envs.factory import FactoryEnvironment
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
+from ..testing import tokenizer_or_tiny
 from ..types import Sample
 
 FAMILIES = ("hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek", "harmony")
@@ -216,7 +216,7 @@ def run(calls: int = 100_000, seed: int = 0, turns: int = 8, tokenizer_dir: str 
     """Fuzz ``calls`` tool calls, split evenly over ``FAMILIES``, ``turns`` per episode."""
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < len(FAMILIES):
         raise ConfigError(f"--calls must be an integer of at least {len(FAMILIES)} (one per family), got {calls!r}")
-    renderer = ChatRenderer(_tokenizer(tokenizer_dir))
+    renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
     rng = random.Random(seed)
     shares: dict[str, int] = {}
     tally = _Tally()
@@ -302,16 +302,6 @@ def _check(trajectory: Any, family: str, expected: dict[str, Case], renderer: Ch
     gap = token_fidelity_gap(trajectory, renderer)
     if gap is not None:
         violations.append(f"{where}: token ids differ from the template's rendering: {gap[:200]}")
-
-
-def _tokenizer(directory: str | None):
-    from transformers import AutoTokenizer
-
-    if directory is None:
-        from ..testing import make_tiny_model
-
-        directory = str(make_tiny_model(tempfile.mkdtemp(prefix="rollforge-fuzz-")))
-    return AutoTokenizer.from_pretrained(directory)
 
 
 def add_arguments(parser: Any) -> None:

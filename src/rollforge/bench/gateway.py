@@ -34,8 +34,7 @@ from ..backends.scripted import ScriptedBackend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import get_parser
 from ..errors import ConfigError
-from .overhead import _tokenizer
-from .recording import RecordingBackend, Request
+from ..testing import RecordingBackend, Request, renders_its_messages, tokenizer_or_tiny
 
 NOTE_TOOL = {"type": "function", "function": {
     "name": "note", "description": "Write one note.",
@@ -61,7 +60,7 @@ def run(sessions: int = 64, turns: int = 8, latency: float = 0.5, client: str = 
 async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer_dir: str | None, api: str) -> dict[str, Any]:
     from ..gateway import Gateway, SessionLimits
 
-    renderer = ChatRenderer(_tokenizer(tokenizer_dir))
+    renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
     scripted = ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
     backend = RecordingBackend(scripted)  # the gateway sets CURRENT_EPISODE to the session
     limits = SessionLimits(max_seq_len=32768, max_new_tokens=64, max_requests=turns)
@@ -75,7 +74,7 @@ async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer
         gateway_wall, gateway_cpu = time.perf_counter() - started, time.process_time() - cpu
         await asyncio.to_thread(agents.join, 30)
         records = [gateway.close_session(f"s{i}") for i in range(sessions)]
-    exact = sum(len(r.segments) == 1 and _token_exact(r.segments[0], renderer) for r in records)
+    exact = sum(len(r.segments) == 1 and renders_its_messages(r.segments[0], renderer) for r in records)
 
     replay = backend.per_episode()
     cpu, started = time.process_time(), time.perf_counter()
@@ -187,12 +186,6 @@ async def _responses_agent(post: Any, base_url: str, turns: int) -> None:
 async def _direct(backend: ScriptedBackend, requests: list[Request]) -> None:
     for request in requests:
         await backend.generate(request.prompt_ids, request.params)
-
-
-def _token_exact(segment, renderer: ChatRenderer) -> bool:
-    expected = renderer.conversation_ids(segment.messages, segment.tools)
-    ids = list(segment.token_ids)
-    return expected[: len(ids)] == ids and len(expected) - len(ids) <= len(renderer.closing)
 
 
 def add_arguments(parser: Any) -> None:

@@ -56,10 +56,10 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from ..testing import _make_tokenizer
+    from ..testing import make_tokenizer
 
     began = time.perf_counter()
-    tokenizer = _make_tokenizer()
+    tokenizer = make_tokenizer()
     spec = model_spec(name)
     config = AutoConfig.for_model(**spec, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                   pad_token_id=tokenizer.pad_token_id)

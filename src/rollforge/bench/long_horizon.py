@@ -39,9 +39,9 @@ from ..chat.render import ChatRenderer
 from ..envs.factory import FactoryEnvironment
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
+from ..testing import make_tokenizer
 from ..types import Sample, Trajectory
 from .async_vs_lockstep import CodeRunner, bounds, code_script
-from .overhead import _tokenizer
 
 TIMED = ("check_template", "with_tool_prompt", "prompt_ids", "content_ids", "decode", "closing_ids",
          "delta_ids")
@@ -112,7 +112,7 @@ def run(episodes: int = 32, turns: int = 128, latency: float = 0.05, per_token_l
     """``tokenizer_dir``: a model directory or alias whose tokenizer and template to use (None: the
     tiny test model's)."""
     if tokenizer_dir is None:
-        tokenizer = _tokenizer(None)
+        tokenizer = make_tokenizer()
     else:
         from ..models import load_tokenizer
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ from ..chat.render import ChatRenderer
 from ..envs.factory import FactoryEnvironment
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
+from ..testing import tokenizer_or_tiny
 from ..types import Sample
 
 
@@ -71,7 +71,7 @@ def run(
     mode: str = "async",
     tokenizer_dir: str | None = None,
 ) -> dict[str, Any]:
-    renderer = ChatRenderer(_tokenizer(tokenizer_dir))
+    renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
     headline = _measure(AsyncNotebook, renderer, episodes, turns, latency, mode)
     threads = _measure(Notebook, renderer, episodes, turns, latency, mode)
     return {
@@ -103,16 +103,6 @@ def _measure(environment: type, renderer: ChatRenderer, episodes: int, turns: in
         "tool_failures": result.metrics["failures"],
         "errors": result.metrics["errors"],
     }
-
-
-def _tokenizer(directory: str | None):
-    from transformers import AutoTokenizer
-
-    if directory is None:
-        from ..testing import make_tiny_model
-
-        directory = str(make_tiny_model(tempfile.mkdtemp(prefix="rollforge-bench-")))
-    return AutoTokenizer.from_pretrained(directory)
 
 
 if __name__ == "__main__":  # pragma: no cover

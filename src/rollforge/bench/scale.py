@@ -54,8 +54,9 @@ from ..envs.factory import FactoryEnvironment
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..rollout.worker_pool import EngineWorkers
+from ..testing import tokenizer_or_tiny
 from ..types import Sample
-from .overhead import AsyncNotebook, _reply, _tokenizer
+from .overhead import AsyncNotebook, _reply
 
 
 def _status_kb(field: str, pid: int | str = "self") -> int:
@@ -83,7 +84,7 @@ def run(
     episodes: int = 10_000, turns: int = 4, latency: float = 1.0, trace: bool = False, tokenizer_dir: str | None = None,
     wrap_environment: Callable[[Environment], Environment] | None = None, engine_workers: int = 1,
 ) -> dict[str, Any]:
-    renderer = ChatRenderer(_tokenizer(tokenizer_dir))
+    renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
     env: Environment = FactoryEnvironment(AsyncNotebook, run_in_thread=False)
     task_to_env = {"notes": env if wrap_environment is None else wrap_environment(env)}
     config = RolloutConfig(max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64,

@@ -32,8 +32,8 @@ from ..envs.base import BaseSession, Environment, Reset, Step
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..types import Message, Sample
+from ..testing import RecordingBackend, Request
 from .hf_throughput import TOPICS
-from .recording import RecordingBackend, Request
 
 MORE = "Go on, in one more sentence."
 

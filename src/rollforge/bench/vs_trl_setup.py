@@ -47,7 +47,7 @@ def build_tokenizer(texts: list[str]) -> Any:
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    from ..testing import _CORPUS
+    from ..testing import CORPUS
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
@@ -59,7 +59,7 @@ def build_tokenizer(texts: list[str]) -> Any:
         vocab_size=VOCAB_SIZE - len(MARKER_TOKENS), special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    bpe.train_from_iterator([*texts, *_CORPUS.splitlines(keepends=True)], trainer)
+    bpe.train_from_iterator([*texts, *CORPUS.splitlines(keepends=True)], trainer)
     trained = json.loads(bpe.to_str())["model"]
     tokenizer = Qwen2Tokenizer(
         vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]], eos_token="<|im_end|>",

@@ -105,9 +105,9 @@ def load(model: str, tokenizer_name: str | None) -> tuple[Any, str]:
             tokenizer = load_tokenizer(tokenizer_name)
             base = tokenizer_name
         else:
-            from ..testing import _make_tokenizer
+            from ..testing import make_tokenizer
 
-            tokenizer, base = _make_tokenizer(), "rollforge's built-in test tokenizer"
+            tokenizer, base = make_tokenizer(), "rollforge's built-in test tokenizer"
         added = add_control_tokens(tokenizer, text)
         tokenizer.chat_template = text
         return tokenizer, f"{model} with {base}" + (f" (+{added} control tokens from the template)" if added else "")

@@ -10,6 +10,8 @@
   behind a router.
 - ``generate`` is one actor call; the ``Completion`` comes back pickled. Cancelling the caller (an
   episode timeout) cancels the actor's task, so the HF batch drops the row and vLLM aborts it.
+- A replica fills in the hooks ``Backend`` declares for a router: its ``name``, ``dead`` and
+  ``share_weights``.
 - Weight sync: ``share_weights(model)`` exports the state dict on the driver once
   (``weights.state_dict_for_export``: a peft model merged, tied weights once) and puts it in
   Ray's object store; a router calls it once for all its replicas and each actor fetches it. In
@@ -118,10 +120,10 @@ class RayBackendReplica(Backend):
             raise ConfigError("Ray is not initialised: call rollforge.cluster.connect.ensure_ray() first")
         self.config = config
         self.kind, self.model = config.kind, config.model
-        self.name = name or f"{config.kind} replica"
+        self.name: str | None = name or f"{config.kind} replica"
         self.close_timeout = close_timeout
         self.weight_version = 0
-        self.dead: str | None = None  # why the actor died, once it has
+        self.dead: str | None = None  # why the actor died, once it has (``Backend.dead``)
         options = {
             "num_cpus": 1.0 if config.replica_cpus is None else config.replica_cpus, "num_gpus": config.replica_gpus,
             "max_concurrency": 100_000, "max_restarts": 0, "runtime_env": worker_runtime_env(),
@@ -142,7 +144,8 @@ class RayBackendReplica(Backend):
 
     @staticmethod
     def share_weights(model: Any) -> SharedWeights:
-        """Export ``model``'s weights once for every replica (a router calls this before updating)."""
+        """Export ``model``'s weights once for every Ray replica (``Backend.share_weights``: a router
+        calls this once before updating them all)."""
         return SharedWeights(import_ray().put(state_dict_for_export(model)))
 
     async def update_weights(self, model: Any) -> None:

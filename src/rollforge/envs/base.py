@@ -35,7 +35,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 
 from ..errors import ConfigError, EnvironmentError_
 from ..types import Failure, Message, Sample, Trajectory
@@ -72,9 +72,13 @@ class Step:
     """The environment's answer to one assistant message.
 
     ``messages`` are appended to the conversation (tool results, an observation); they may be empty.
-    ``reward`` is this turn's reward. ``terminated`` ends the episode naturally. ``stop`` sets the
-    stop strings of the next turn (None keeps the current ones). ``failures`` are counted, non-fatal
-    failures of this turn (bad tool calls), already reported to the model in ``messages``.
+    ``reward`` is this turn's reward. Either flag ends the episode, as in Gymnasium:
+    ``terminated`` when the task reached an end state (solved, failed, the game is over);
+    ``truncated`` when a limit outside the task cut it off (the environment's own time or step
+    limit), so the state it stopped in is not an end state. The trajectory records which
+    (``terminated`` wins when both are set). ``stop`` sets the stop strings of the next turn (None
+    keeps the current ones). ``failures`` are counted, non-fatal failures of this turn (bad tool
+    calls), already reported to the model in ``messages``.
     """
 
     messages: tuple[Message, ...] = ()
@@ -82,11 +86,17 @@ class Step:
     terminated: bool = False
     stop: tuple[str, ...] | None = None
     failures: tuple[Failure, ...] = ()
+    truncated: bool = False
 
     def __post_init__(self) -> None:
         reward = self.reward
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise EnvironmentError_(f"Step.reward must be a finite number, got {type(reward).__name__} {reward!r}")
+
+    @property
+    def ending(self) -> Literal["terminated", "truncated"] | None:
+        """How this step ends the episode (``terminated`` before ``truncated``), None when it goes on."""
+        return "terminated" if self.terminated else "truncated" if self.truncated else None
 
 
 def is_session_limit(value: Any) -> bool:

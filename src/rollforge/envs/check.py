@@ -14,13 +14,14 @@ time (``envs/check_actions.py`` writes it). Rules, checked in this order (2 to 4
    well-formed OpenAI function schemas (``type: function``, a name, ``parameters`` an object schema
    with ``properties`` and ``required`` naming only listed properties; names unique) and whose
    ``stop`` is None or a tuple of str;
-3. ``step`` returns a ``Step``: a tuple of ``Message``, a finite float reward, a bool ``terminated``,
-   ``stop`` None or a tuple of str, ``failures`` a tuple of ``Failure``; once ``terminated`` the
-   episode is over and the checker steps no more;
+3. ``step`` returns a ``Step``: a tuple of ``Message``, a finite float reward, bools ``terminated``
+   and ``truncated``, ``stop`` None or a tuple of str, ``failures`` a tuple of ``Failure``; once
+   ``terminated`` or ``truncated`` the episode is over and the checker steps no more;
 4. ``finish`` returns a finite float; ``close`` may be called twice without raising;
 5. determinism: three sessions of the same sample given the same actions (one alone, then two at
    once, which also exercises batching and catches state shared between sessions) observe the
-   same messages, rewards, ``terminated`` flags, stop strings, metadata and final rewards;
+   same messages, rewards, endings (``terminated``/``truncated``), stop strings, metadata and
+   final rewards;
 6. invalid tool calls (unknown tool, arguments that break the schema, unparseable JSON) come back as
    a ``Step`` with a counted failure and a message telling the model, never as an exception;
 7. environments graded by hidden tests (an ``EnvSpec`` with ``best_trivial_answer``): no answer
@@ -230,7 +231,7 @@ class _Checker:
                 check_step(step, where, self.fail)
                 conversation.extend(step.messages)
                 transcript.append(("step", *_step_key(step), self.metadata(session, where)))
-                if step.terminated:
+                if step.ending:
                     break
             final = await self.call(f"finish (sample {index})", session.finish)
             check_reward(final, f"finish (sample {index})", "the final reward", self.fail)
@@ -319,7 +320,7 @@ def _step_key(step: Step) -> tuple[Any, ...]:
     return (
         _messages_key(step.messages),
         step.reward,
-        step.terminated,
+        step.ending,
         step.stop,
         tuple(f.kind for f in step.failures),
     )

@@ -75,8 +75,9 @@ def check_step(step: Any, where: str, fail: Fail) -> None:
     if not isinstance(step.messages, tuple) or not all(isinstance(m, Message) for m in step.messages):
         raise fail(f"{where}: Step.messages must be a tuple of Message, got {short(step.messages)}")
     check_reward(step.reward, where, "Step.reward", fail)
-    if not isinstance(step.terminated, bool):
-        raise fail(f"{where}: Step.terminated must be a bool, got {step.terminated!r}")
+    for flag in ("terminated", "truncated"):
+        if not isinstance(getattr(step, flag), bool):
+            raise fail(f"{where}: Step.{flag} must be a bool, got {getattr(step, flag)!r}")
     check_stop(step.stop, where, "Step.stop", fail)
     if not isinstance(step.failures, tuple) or not all(isinstance(f, Failure) for f in step.failures):
         raise fail(f"{where}: Step.failures must be a tuple of Failure, got {short(step.failures)}")

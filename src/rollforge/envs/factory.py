@@ -2,7 +2,7 @@
 
 Design: an environment class (TRL / OpenEnv style) is a plain object with a no-argument
 constructor, ``reset(**row) -> str | None``, public methods as tools (``envs/tools.py``), and
-optionally a ``done`` attribute, ``get_reward()`` and ``close()``. ``FactoryEnvironment`` holds the
+optionally ``done`` and ``truncated`` attributes, ``get_reward()`` and ``close()``. ``FactoryEnvironment`` holds the
 factory; each episode gets a ``FactorySession`` that builds its own object lazily inside ``reset``,
 so a constructor that raises fails that episode only (the engine records it) and never the batch.
 
@@ -15,7 +15,9 @@ Per episode:
 - ``step``: run the tool calls of the last assistant message in order. A bad call (unreadable,
   unknown tool, bad arguments, tool raised) becomes a tool message ``Error: ...`` plus a counted
   ``Failure``; the episode goes on. No calls means the model answered: the episode terminates.
-  Once ``obj.done`` is truthy no further call runs and the episode terminates. Step rewards are 0;
+  Once ``obj.done`` is truthy no further call runs and the episode ends: truncated when
+  ``obj.truncated`` is truthy too (a limit outside the task cut it off, as Gymnasium's
+  ``truncated``), else terminated. Step rewards are 0;
   the reward is ``get_reward()``, collected by ``finish``.
 - Sync user methods run on rollforge's worker threads (``workers.py``; ``run_in_thread=True``, the
   default) so a slow or hung environment never blocks other episodes; ``async def`` methods are
@@ -181,8 +183,11 @@ class FactorySession(BaseSession):
         return result
 
     def _done(self) -> bool:
-        flag = getattr(self._obj, "done", False)
-        return False if callable(flag) else bool(flag)  # a method named done is a tool, not the flag
+        return self._flag("done")
+
+    def _flag(self, name: str) -> bool:
+        flag = getattr(self._obj, name, False)
+        return False if callable(flag) else bool(flag)  # a method of that name is a tool, not the flag
 
     async def reset(self, sample: Sample) -> Reset:
         if self.run_in_thread and not inspect.iscoroutinefunction(self.factory):
@@ -237,7 +242,10 @@ class FactorySession(BaseSession):
                 failures.append(failure)
             if self._done():
                 break  # the remaining calls of this message are not run
-        return Step(messages=tuple(messages), terminated=self._done(), failures=tuple(failures))
+        done = self._done()
+        truncated = done and self._flag("truncated")
+        return Step(messages=tuple(messages), terminated=done and not truncated, truncated=truncated,
+                    failures=tuple(failures))
 
     async def _execute(self, call: ToolCall) -> tuple[Message, Failure | None]:
         if call.error is not None:

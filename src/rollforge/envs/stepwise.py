@@ -6,9 +6,11 @@ A user environment has one method::
 
 (``async def`` works too). Each message log is one sample's conversation as ``{"role", "content"}``
 dicts; ``metadata`` is each sample's environment info. The return holds one entry per sample:
-an observation dict, the new metadata, the next turn's stop strings, a reward and ``terminated``.
-Any object with those five attributes is accepted, so NeMo-RL's ``EnvironmentReturn`` namedtuple
-(which also carries ``answers``, and tensors for rewards and terminateds) works unchanged.
+an observation dict, the new metadata, the next turn's stop strings, a reward and ``terminated``,
+and optionally ``truncated`` (a sixth field, ``truncateds``: a limit outside the task cut the
+episode off, Gymnasium's distinction). Any object with the five attributes is accepted, so NeMo-RL's
+``EnvironmentReturn`` namedtuple (which also carries ``answers``, and tensors for rewards and
+terminateds, and has no truncateds) works unchanged.
 
 The engine steps each episode on its own, so ``StepwiseEnvironment`` *coalesces* ``step`` calls:
 the first call of a batch opens a collection window that stays open while the event loop turns
@@ -29,7 +31,7 @@ terminating step, which NeMo-RL drops), and a None entry of ``next_stop_strings`
 current stop strings (NeMo-RL's per-sample rule; its batched loop clears them instead, which is
 the same for environments that always return None). An observation's role defaults to
 ``"user"`` (NeMo-RL's ``"environment"`` role also maps to ``"user"``); an observation with empty
-content on a terminating step adds no message.
+content on a step that ends the episode adds no message.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ class StepwiseReturn:
     next_stop_strings: list[list[str] | None]
     #: This turn's reward of each sample.
     rewards: list[float]
-    #: Whether each sample's episode ended naturally.
+    #: Whether each sample's episode ended naturally (the task reached an end state).
     terminateds: list[bool]
+    #: Whether each sample's episode was cut off by a limit outside the task (None: none was).
+    truncateds: list[bool] | None = None
 
     @classmethod
     def final(cls, rewards: list[float], metadata: list[Any]) -> "StepwiseReturn":
@@ -221,36 +225,36 @@ class StepwiseEnvironment(Environment):
     # -- validation ------------------------------------------------------------------------------
 
     def _unpack(self, result: Any, n: int) -> list[_Outcome]:
-        columns: dict[str, list[Any]] = {}
         for field_name in _RETURN_FIELDS:
             if not hasattr(result, field_name):
                 raise EnvironmentError_(
                     f"{self.name}.step returned a {type(result).__name__} without "
                     f"'{field_name}'; return a StepwiseReturn({', '.join(_RETURN_FIELDS)})"
                 )
-            column = _as_list(getattr(result, field_name))
-            if column is None:
-                raise EnvironmentError_(
-                    f"{self.name}.step returned {field_name} of type "
-                    f"{type(getattr(result, field_name)).__name__}; expected a list of {n}"
-                )
-            if len(column) != n:
-                raise EnvironmentError_(
-                    f"{self.name}.step was given a batch of {n} but returned {len(column)} "
-                    f"{field_name}; every field needs one entry per sample"
-                )
-            columns[field_name] = column
-        return [self._outcome(i, *(columns[f][i] for f in _RETURN_FIELDS)) for i in range(n)]
+        columns = [self._column(getattr(result, f), f, n) for f in _RETURN_FIELDS]
+        truncateds = getattr(result, "truncateds", None)  # optional: NeMo-RL's return has none
+        columns.append([False] * n if truncateds is None else self._column(truncateds, "truncateds", n))
+        return [self._outcome(i, *(column[i] for column in columns)) for i in range(n)]
+
+    def _column(self, value: Any, field_name: str, n: int) -> list[Any]:
+        column = _as_list(value)
+        if column is None:
+            raise EnvironmentError_(
+                f"{self.name}.step returned {field_name} of type {type(value).__name__}; expected a list of {n}"
+            )
+        if len(column) != n:
+            raise EnvironmentError_(
+                f"{self.name}.step was given a batch of {n} but returned {len(column)} "
+                f"{field_name}; every field needs one entry per sample"
+            )
+        return column
 
     def _outcome(
-        self, i: int, observation: Any, metadata: Any, stop: Any, reward: Any, terminated: Any
+        self, i: int, observation: Any, metadata: Any, stop: Any, reward: Any, terminated: Any, truncated: Any
     ) -> _Outcome:
         where = f"{self.name}.step, sample {i} of the batch"
-        reward, terminated = _scalar(reward), _scalar(terminated)
-        if isinstance(terminated, bool) or (isinstance(terminated, int) and terminated in (0, 1)):
-            terminated = bool(terminated)
-        else:
-            raise EnvironmentError_(f"{where}: terminated must be a bool, got {terminated!r}")
+        reward = _scalar(reward)
+        terminated, truncated = _flag(terminated, "terminated", where), _flag(truncated, "truncated", where)
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise EnvironmentError_(f"{where}: reward must be a number, got {reward!r}")
         if not math.isfinite(reward):
@@ -263,11 +267,12 @@ class StepwiseEnvironment(Environment):
                     f"{where}: next_stop_strings must be a list of str or None, got {stop!r}"
                 )
             stop = tuple(stop)
-        message = _observation_message(observation, terminated, where)
+        message = _observation_message(observation, terminated or truncated, where)
         step = Step(
             messages=(message,) if message is not None else (),
             reward=float(reward),
             terminated=terminated,
+            truncated=truncated,
             stop=stop,
         )
         return _Outcome(step=step, metadata=metadata)
@@ -334,7 +339,15 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _observation_message(observation: Any, terminated: bool, where: str) -> Message | None:
+def _flag(value: Any, name: str, where: str) -> bool:
+    """A bool, or 0/1 as a Python, numpy or 0-d tensor number (NeMo-RL returns tensors)."""
+    value = _scalar(value)
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise EnvironmentError_(f"{where}: {name} must be a bool, got {value!r}")
+
+
+def _observation_message(observation: Any, ended: bool, where: str) -> Message | None:
     if not isinstance(observation, Mapping):
         raise EnvironmentError_(
             f"{where}: an observation must be a {{'role', 'content'}} dict, got {observation!r}"
@@ -346,7 +359,7 @@ def _observation_message(observation: Any, terminated: bool, where: str) -> Mess
         raise EnvironmentError_(
             f"{where}: observation content must be a str, got {type(content).__name__}"
         )
-    if terminated and not content:
+    if ended and not content:
         return None
     role = observation.get("role") or "user"
     if role in _USER_ALIASES:

@@ -9,10 +9,14 @@ which it keeps when they are not the first messages of the trajectory (``Segment
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
-from ..rollout.ledger import Ending, ending_flags, lay_out
+from ..rollout.ledger import lay_out
 from ..types import Failure, Message, Segment, Trajectory
+
+#: The limit that ended a session ("" while none has): ``truncated`` or ``max_turns_reached``, the
+#: trajectory's ending of that name (``endings.py``), or ``timeout`` (an ``episode_timeout`` error).
+SessionLimit = Literal["", "truncated", "max_turns_reached", "timeout"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class SessionRecord:
     segments: tuple[RecordedSegment, ...]
     turns: int
     failures: tuple[Failure, ...]
-    ending: Ending
+    ending: SessionLimit
     generation_seconds: float
 
     def trajectory(self, index: int, task_name: str, reward: float | None, error: Failure | None = None,
@@ -54,6 +58,7 @@ class SessionRecord:
         limited = self.ending in ("truncated", "max_turns_reached")
         if limited:
             error = None
+        ending = self.ending if limited else "error" if error is not None else "terminated"
         rewards = [0.0] * self.turns
         if rewards:
             rewards[-1] = float(reward or 0.0)
@@ -68,8 +73,7 @@ class SessionRecord:
             rewards=tuple(rewards),
             total_reward=float(sum(rewards)),
             turns=self.turns,
-            terminated=error is None and not limited,
-            **ending_flags(self.ending),
+            ending=ending,  # type: ignore[arg-type]
             error=error,
             failures=self.failures,
             metadata=metadata,

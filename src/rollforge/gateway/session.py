@@ -42,11 +42,11 @@ from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
 from ..errors import TemplateError, WireError
-from ..rollout.ledger import Ending, Ledger
+from ..rollout.ledger import Ledger
 from ..seeds import mix, sampling_seed
 from ..types import Completion, Failure, Message, ToolCall
 from .forcing import forced_opener
-from .record import RecordedSegment, SessionRecord, combined
+from .record import RecordedSegment, SessionLimit, SessionRecord, combined
 from .wire import ChatRequest, Choice, WireCall, WireMessage, canonical_arguments
 
 
@@ -113,7 +113,7 @@ class Session:
         self._lock = asyncio.Lock()
         self._segments: list[RecordedSegment] = []
         self._failures: list[Failure] = []
-        self._ending: Ending = ""
+        self._ending: SessionLimit = ""
         self._started: float | None = None
         self._requests = 0
         self._turns = 0

@@ -221,7 +221,7 @@ def _lost(sample: Sample, index: int, worker: PoolWorker) -> Trajectory:
     code = worker.process.returncode
     return Trajectory(
         index=index, task_name=sample.task_name, messages=(), token_ids=(), loss_mask=(), logprobs=(),
-        prompt_length=0, rewards=(), total_reward=0.0, turns=0,
+        prompt_length=0, rewards=(), total_reward=0.0, turns=0, ending="error",
         error=Failure("env_error", f"engine worker {worker.number} (pid {worker.process.pid}) died with exit "
                                    f"code {code} before this episode ended"),
     )

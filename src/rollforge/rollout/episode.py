@@ -8,8 +8,9 @@ rendered incrementally. For a chat template that rewrites history (``ChatRendere
 conversation instead: when the ids so far are a prefix of it, the rest is appended; otherwise the
 episode continues in a new segment whose prompt is that rendering (mask 0). Tool calls without an id get the family's
 deterministic one. Each turn the environment is stepped with the conversation so far; its reward
-is the turn's reward. The episode ends when the environment terminates it (natural termination),
-when an observation or generation reaches ``max_seq_len`` (the observation is cut to what fits and
+is the turn's reward. The episode ends when the environment terminates it (natural termination)
+or truncates it (``Step.truncated``: its own limit cut the task off), when an observation or
+generation reaches ``max_seq_len`` (the observation is cut to what fits and
 its message to the text the kept ids hold: truncated), after ``max_turns`` (max-turns-reached), or
 on a failure (recorded as ``error`` with its reason, keeping every token produced so far).
 Scheduling (lockstep barriers) comes in through ``Gate``.
@@ -41,11 +42,11 @@ from ..envs.base import Environment
 from ..boundary import boundary
 from ..errors import EpisodeFailed, TemplateError
 from ..seeds import sampling_seed
-from ..types import Failure, Message, Sample, ToolCall, Trajectory
+from ..types import Ending, Failure, Message, Sample, ToolCall, Trajectory
 from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
 from .deadlines import deadline
-from .ledger import Ending, Ledger, ending_flags
+from .ledger import Ledger
 
 T = TypeVar("T")
 
@@ -137,7 +138,7 @@ class _State:
     rewards: list[float] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     tools: tuple = ()  # the tool schemas the template renders
-    ending: Ending = ""  # terminated | truncated | max_turns_reached | "" (error)
+    ending: Ending | None = None  # None while the episode runs
     error: Failure | None = None
     generation_seconds: float = 0.0
     environment_seconds: float = 0.0
@@ -154,8 +155,7 @@ class _State:
             rewards=tuple(self.rewards),
             total_reward=float(sum(self.rewards)),
             turns=len(self.rewards),
-            terminated=self.ending == "terminated",
-            **ending_flags(self.ending),
+            ending=self.ending,  # type: ignore[arg-type]  # set once the episode ended
             error=self.error,
             failures=tuple(self.failures),
             metadata=session.metadata if session is not None else None,
@@ -177,11 +177,11 @@ async def run_episode(index: int, sample: Sample, env: Environment, ctx: Episode
         async with deadline(ctx.config.episode_timeout):
             await _turns(state, session, ctx, gate)
     except EpisodeFailed as failed:
-        state.error, state.ending = failed.failure, ""
+        state.error, state.ending = failed.failure, "error"
     except TimeoutError:
-        state.error, state.ending = Failure("episode_timeout", f"episode exceeded {ctx.config.episode_timeout}s"), ""
+        state.error, state.ending = Failure("episode_timeout", f"episode exceeded {ctx.config.episode_timeout}s"), "error"
     except TemplateError as exc:
-        state.error, state.ending = Failure("template_error", str(exc)), ""
+        state.error, state.ending = Failure("template_error", str(exc)), "error"
     # anything else is a bug in rollforge: it propagates (boundary.is_own_bug)
     finally:
         gate.leave()
@@ -228,7 +228,7 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
         if observation is None:  # the episode ended, or went on in a new segment
             if state.ending:
                 return
-        elif _append(state, observation, covered, step.terminated, ctx):
+        elif _append(state, observation, covered, step.ending, ctx):
             return
         pending = renderer.generation_prompt if incremental else []
         if step.stop is not None:
@@ -241,16 +241,16 @@ async def _observation(state: _State, step: Any, covered: int, generated: list[i
     """The ids to append after a turn; None when there are none to append because the episode
     ended (``state.ending`` set) or the conversation went on in a new segment."""
     renderer, tokens = ctx.renderer, state.tokens
-    if step.terminated and not step.messages:
+    if step.ending and not step.messages:
         return []  # the episode ends on the policy's own tokens
     if incremental:
         return renderer.closing_ids(generated) + await ctx.delta_ids(step.messages, state.tools)
     # the whole conversation, rendered as the template does: appended, or a new segment
-    whole = renderer.conversation_ids(state.messages, state.tools, add_generation_prompt=not step.terminated)
+    whole = renderer.conversation_ids(state.messages, state.tools, add_generation_prompt=not step.ending)
     if whole[: len(tokens.ids)] == tokens.ids:
         return whole[len(tokens.ids) :]
-    if step.terminated:  # no segment to start: the last one renders the messages before
-        state.last_covers, state.ending = covered, "terminated"
+    if step.ending:  # no segment to start: the last one renders the messages before
+        state.last_covers, state.ending = covered, step.ending
     elif len(whole) >= ctx.config.max_seq_len:
         del state.messages[covered:]  # nothing of them is in the ids
         state.ending = "truncated"
@@ -260,19 +260,20 @@ async def _observation(state: _State, step: Any, covered: int, generated: list[i
     return None
 
 
-def _append(state: _State, observation: list[int], covered: int, terminated: bool, ctx: EpisodeContext) -> bool:
-    """Append a turn's observation, cut to what fits; True when the episode ended."""
+def _append(state: _State, observation: list[int], covered: int, ended: Ending | None, ctx: EpisodeContext) -> bool:
+    """Append a turn's observation, cut to what fits; True when the episode ended (``ended``: how
+    the environment ended it, None when it goes on)."""
     tokens, limit = state.tokens, ctx.config.max_seq_len
-    if len(tokens.ids) + len(observation) >= limit and (observation or not terminated):
+    if len(tokens.ids) + len(observation) >= limit and (observation or not ended):
         kept = observation[: limit - len(tokens.ids)]
         tokens.extend(kept)
         _keep_what_fits(state, covered, kept, ctx.renderer)
         state.ending = "truncated"
         return True
     tokens.extend(observation)
-    if terminated:
-        state.ending = "terminated"
-    return terminated
+    if ended:
+        state.ending = ended
+    return ended is not None
 
 
 def _with_ids(calls: tuple[ToolCall, ...], renderer: ChatRenderer, episode: int, turn: int) -> tuple[ToolCall, ...]:
@@ -371,7 +372,7 @@ async def _close(state: _State, session: Any, ctx: EpisodeContext) -> None:
             bonus = await _env_call(state, session.finish(), "finish", ctx.config)
             state.rewards[-1] += _finite(bonus, "finish")
         except EpisodeFailed as failed:
-            state.error, state.ending = failed.failure, ""
+            state.error, state.ending = failed.failure, "error"
     try:
         await _env_call(state, session.close(), "close", ctx.config)
     except EpisodeFailed as failed:

@@ -20,17 +20,9 @@ token-exact against its own rendering (``token_fidelity_gap``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 from ..types import Message, Segment
-
-#: How an episode or session ended; "" while running or after an error.
-Ending = Literal["", "terminated", "truncated", "max_turns_reached", "timeout"]
-
-
-def ending_flags(ending: Ending) -> dict[str, bool]:
-    """The ``Trajectory`` flags of ``ending`` (``timeout`` sets none: it is an error)."""
-    return {"truncated": ending == "truncated", "max_turns_reached": ending == "max_turns_reached"}
 
 
 @dataclass

@@ -15,6 +15,7 @@ from ..cluster.config import RayConfig
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig, describe_validation_error
 from .config_files import check_keys, read_config_data, with_section_defaults
+from .trackers import TrackerName
 
 
 class _Section(BaseModel):
@@ -247,12 +248,27 @@ class TrainConfig(_Section):
     """Most recent checkpoints kept on disk."""
     save_trajectories: bool = True
     """Write each step's trajectories to ``trajectories/step-NNNNNN.jsonl``."""
+    report_to: list[TrackerName] | None = None
+    """Trackers sent the config, each step's metrics and a few completions (with save_trajectories),
+    several at once: tensorboard, wandb, trackio, mlflow (each its extra, e.g. ``rollforge[wandb]``);
+    ``[]`` or ``none``: no tracker; null: tensorboard when installed."""
     eval_episodes: int = Field(0, ge=0)
     """Greedy held-out episodes evaluated before and after training (0: none)."""
     eval_every: int = Field(0, ge=0)
     """Steps between held-out evaluations during training too (``eval.json`` key ``step-N``; 0: only
     before and after). Needs ``eval_episodes``."""
     vllm: VLLMConfig = VLLMConfig()
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _trackers_as_a_list(cls, value: Any) -> Any:
+        """``report_to: wandb`` (``--set report_to=wandb``) is ``[wandb]``, ``none`` is ``[]`` (TRL's
+        spellings); a tracker named twice would start two runs."""
+        if isinstance(value, str):
+            value = [] if value == "none" else [value]
+        if isinstance(value, list) and (twice := [v for i, v in enumerate(value) if v in value[:i]]):
+            raise ValueError(f"report_to names {twice[0]!r} twice; each tracker gets one run")
+        return value
 
     @model_validator(mode="after")
     def _settings_need_their_partners(self) -> TrainConfig:

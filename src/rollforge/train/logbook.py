@@ -1,6 +1,7 @@
 """What a training run records: ``metrics.jsonl`` (one JSON object per step, flushed as written),
-TensorBoard scalars when ``tensorboard`` is installed, one console line per step, and each step's
-trajectories under ``trajectories/step-NNNNNN.jsonl`` with their reward and advantage.
+one console line per step, each step's trajectories under ``trajectories/step-NNNNNN.jsonl`` with
+their reward and advantage, and a copy for the trackers ``report_to`` names (``trackers.py``: the
+config, each step's scalars and a few of its completions; by default TensorBoard when installed).
 
 On resume, lines of ``metrics.jsonl`` for steps after the checkpoint (written by the run that
 died) are dropped, so the file ends up with every step exactly once.
@@ -19,10 +20,12 @@ from typing import Any, Sequence
 
 from ..files import FULL_DISK, atomic_write, space_for
 from ..types import Trajectory
+from .trackers import completion_rows, open_trackers
 
 
 class Logbook:
-    def __init__(self, out: Path, total_steps: int, start_step: int = 0, console: bool = True):
+    def __init__(self, out: Path, total_steps: int, start_step: int = 0, console: bool = True,
+                 report_to: Sequence[str] | None = None, config: dict[str, Any] | None = None):
         self.out = out
         self.total_steps = total_steps
         self.console = console
@@ -30,17 +33,20 @@ class Logbook:
         self.metrics_path = out / "metrics.jsonl"
         _truncate_after(self.metrics_path, start_step)
         self._metrics = self.metrics_path.open("a")
-        self._tensorboard = _tensorboard_writer(out / "tensorboard")
+        try:
+            self.trackers = open_trackers(report_to, out, config)
+        except BaseException:
+            self._metrics.close()
+            raise
 
     def log(self, metrics: dict[str, Any]) -> None:
         with space_for(self.metrics_path):
             self._metrics.write(json.dumps(metrics) + "\n")
             self._metrics.flush()
-        if self._tensorboard is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
-                    self._tensorboard.add_scalar(key, value, metrics["step"])
-            self._tensorboard.flush()
+        self.trackers.log_metrics(metrics["step"], {
+            key: value for key, value in metrics.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"
+        })
         if self.console:
             print(console_line(metrics, self.total_steps), file=sys.stderr, flush=True)
 
@@ -52,11 +58,11 @@ class Logbook:
         path = folder / f"step-{step:06d}.jsonl"
         atomic_write(path, "".join(json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n"
                                    for t, reward, advantage in zip(trajectories, rewards, advantages)))
+        self.trackers.log_completions(step, completion_rows(step, trajectories, rewards, advantages))
 
     def close(self) -> None:
         self._metrics.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+        self.trackers.close()
 
 
 def console_line(m: dict[str, Any], total_steps: int) -> str:
@@ -116,11 +122,3 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 def _truncate_after(path: Path, step: int) -> None:
     kept = [m for m in read_metrics(path) if m.get("step", 0) <= step] if step else []
     atomic_write(path, "".join(json.dumps(m) + "\n" for m in kept))
-
-
-def _tensorboard_writer(folder: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional
-        return None
-    return SummaryWriter(str(folder))

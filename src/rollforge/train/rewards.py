@@ -180,13 +180,12 @@ def record_unavailable(trajectories: Sequence[Trajectory], rewards: Rewards) -> 
         t = out[i]
         if t.outcome == "infra_failure":
             continue
-        ending = next((text for name, text in _ENDINGS.items() if getattr(t, name)), None)
+        ending = _ENDINGS.get(t.ending)
         if t.error is not None:
             why = f"{why} (after {t.error.kind}: {t.error.message})"
         elif ending is not None:
             why = f"{why} (the episode had {ending})"
-        out[i] = replace(t, error=Failure("reward_unavailable", why), terminated=False, truncated=False,
-                         max_turns_reached=False)
+        out[i] = replace(t, ending="error", error=Failure("reward_unavailable", why))
     return out
 
 

@@ -237,6 +237,7 @@ async def open_run(
         Path(config.out).mkdir(parents=True, exist_ok=True)
         if ranks.main:
             inputs.write_config(Path(config.out), config)
+        logbook = _open_logbook(stack, config, ranks, resumed.step if resumed is not None else 0, console)
         model, generator, tokenizer = _load_policy(config, ranks, backend)
         optimizer, scheduler = make_optimizer(model, config.optim, config.steps * config.algorithm.epochs_per_batch)
         reference = make_reference(model, config.model, config.algorithm.kl_beta, config.lora.enabled)
@@ -244,7 +245,6 @@ async def open_run(
         if resumed is not None:
             ckpt.restore(resumed, model, optimizer, scheduler)
             start = resumed.step
-        logbook = _open_logbook(stack, config, ranks, start, console)
         task_to_env = stack.enter_context(placed(local_envs, config.ray if config.executor == "ray" else None))
         served = backend is None and config.model.backend == "openai"  # by a server we did not start
         if backend is None:
@@ -298,10 +298,12 @@ def _load_policy(config: TrainConfig, ranks: Ranks, backend: Backend | None) -> 
 
 def _open_logbook(stack: contextlib.AsyncExitStack, config: TrainConfig, ranks: Ranks, start: int,
                   console: bool) -> Logbook | None:
-    """Rank 0's logbook, closed with the run; the other ranks log nothing."""
+    """Rank 0's logbook, closed with the run; the other ranks log nothing. Opened before the model
+    loads: a tracker of ``report_to`` that is not installed or cannot start its run fails quickly."""
     if not ranks.main:
         return None
-    logbook = Logbook(Path(config.out), config.steps, start, console)
+    logbook = Logbook(Path(config.out), config.steps, start, console,
+                      report_to=config.report_to, config=config.model_dump(mode="json"))
     stack.callback(logbook.close)
     return logbook
 

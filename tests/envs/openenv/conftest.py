@@ -8,7 +8,6 @@ import importlib.metadata
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from transformers import AutoTokenizer
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
+from rollforge.testing import free_port
 
 
 def _openenv_problem() -> str | None:
@@ -38,12 +38,6 @@ def require_openenv() -> None:
         pytest.skip(problem)
 
 STARTUP_SECONDS = 90  # openenv's import alone takes ~5 s on a busy 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:

@@ -2,7 +2,9 @@
 
 Design: one gymnasium env per episode, made in ``reset(seed)`` with ``render_mode="ansi"``; every
 tool call is one ``env.step`` and returns the new rendering. The episode ends when gymnasium says
-``terminated`` or ``truncated`` (its ``TimeLimit``), the reward is the sum of gymnasium's rewards.
+``terminated`` or ``truncated`` (its ``TimeLimit``), and the trajectory says which: ``done`` and
+``truncated`` are the attributes ``environment_factory`` classes end an episode with. The reward is
+the sum of gymnasium's rewards.
 Two classes share that core:
 
 - ``FrozenLakeEnv``: FrozenLake-v1 on a 4x4 map generated from the seed (``generate_random_map``),
@@ -47,6 +49,7 @@ class _GymText:
         self._env: Any = None
         self.total = 0.0
         self.done = False
+        self.truncated = False  # done by a limit (gymnasium's truncated), not in an end state
 
     def _make(self, seed: int) -> Any:
         raise NotImplementedError
@@ -59,7 +62,7 @@ class _GymText:
             self._env.close()
         self._env = self._make(seed)
         self._env.reset(seed=seed)
-        self.total, self.done = 0.0, False
+        self.total, self.done, self.truncated = 0.0, False, False
         return self._render()
 
     def _apply(self, action: int) -> str:
@@ -68,9 +71,10 @@ class _GymText:
         _, reward, terminated, truncated, _ = self._env.step(action)
         self.total += float(reward)
         self.done = bool(terminated or truncated)
+        self.truncated = bool(truncated and not terminated)  # Gymnasium: terminated wins
         text = self._render()
         if self.done:
-            ending = "out of steps" if truncated and not terminated else "episode over"
+            ending = "out of steps" if self.truncated else "episode over"
             text += f"\n{ending}: total reward {self.total:g}."
         return text
 

@@ -19,7 +19,8 @@ or named:
 - ``gymnasium`` (``GymnasiumServer``, driven like ``gymnasium_agent``): ``reset`` posts the row to
   ``/reset`` (an ``observation`` becomes a user message); each assistant message is posted to
   ``/step`` as ``response``; ``info.tool_outputs`` become tool messages, an ``observation`` a user
-  message, ``reward`` the turn's reward, and ``terminated`` or ``truncated`` end the episode.
+  message, ``reward`` the turn's reward, and ``terminated`` or ``truncated`` end the episode
+  (passed through as ``Step.terminated`` / ``Step.truncated``).
   The server judges the whole response, so rollforge counts what it can see itself: a call that
   is unparseable, of a tool the row does not offer, or whose arguments break the tool's schema
   (``argument_problem``) is answered with an ``Error:`` tool message and left out of the response.
@@ -253,10 +254,11 @@ class NemoGymSession(BaseSession):
         ]
         if data.get("observation"):
             messages.append(Message("user", str(data["observation"])))
-        self._metadata = {**info, "terminated": bool(data.get("terminated")), "truncated": bool(data.get("truncated"))}
+        terminated, truncated = bool(data.get("terminated")), bool(data.get("truncated"))
+        self._metadata = {**info, "terminated": terminated, "truncated": truncated}
         reward = _number(data.get("reward", 0.0), "/step reward")
-        ended = bool(data.get("terminated") or data.get("truncated"))
-        return Step(messages=tuple(messages), reward=reward, terminated=ended, failures=tuple(f for _, f in invalid.values()))
+        return Step(messages=tuple(messages), reward=reward, terminated=terminated, truncated=truncated,
+                    failures=tuple(f for _, f in invalid.values()))
 
     async def finish(self) -> float:
         if self.env.protocol == "gymnasium":

@@ -12,7 +12,8 @@ environment), then calls ``init(prompt)`` with the prompt as OpenAI-style messag
 conversation it returns is the episode's prompt. Each ``step`` hands the text of the assistant
 message just generated to ``env.step(action)``: its ``observations`` become the messages appended,
 its ``reward`` this turn's reward (per-turn rewards are kept, never summed away) and ``done``
-terminates the episode. The last ``metadata`` is the session's ``metadata``.
+terminates the episode (SkyRL has no ``truncated``: its own turn limits are the task's rules). The
+last ``metadata`` is the session's ``metadata``.
 
 Tokens stay exactly as sampled: a ``postprocessed_action`` (SkyRL's generator re-tokenizes the
 output with it) cannot rewrite them, so it is kept in ``metadata`` (``postprocessed_action``) and

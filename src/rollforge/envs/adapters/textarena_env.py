@@ -10,7 +10,8 @@ are, so the model may think aloud around its ``[move]``.
 
 When the game ends, the step terminates with the game's reward for player 0 (textarena's
 single-player games score in [0, 1]: 1 for a win, the fraction completed otherwise) and the game's
-closing reason as the observation. The default wrappers are not used: the raw game reports only
+closing reason as the observation (textarena has no ``truncated``: a game's turn limit is one of
+its rules, and the game ends as a loss or a draw). The default wrappers are not used: the raw game reports only
 new messages, which is what a chat turn needs (the LLM observation wrapper repeats the history).
 
 textarena seeds Python's global ``random`` on reset, so every call into a game holds one lock:

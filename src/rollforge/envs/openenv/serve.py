@@ -129,10 +129,10 @@ class _ServedSessions:
         self._conversation += step.messages
         self._state.step_count += 1
         reward = float(step.reward)
-        if step.terminated:
+        if step.ending:  # OpenEnv's ``done`` is either ending
             reward += float(await self._session.finish())
             await self._end_episode()
-        return self._observation(step.messages, stop=step.stop, failures=step.failures, done=step.terminated, reward=reward)
+        return self._observation(step.messages, stop=step.stop, failures=step.failures, done=bool(step.ending), reward=reward)
 
     def _observation(self, messages, *, tools=(), stop=None, failures=(), done=False, reward=None) -> Any:
         encoded = [_message_json(m) for m in messages]

@@ -1,17 +1,22 @@
-"""A tiny, offline, seeded chat model for unit tests.
+"""A tiny, offline, seeded chat model for unit tests and quick benchmarks.
 
 ``make_tiny_model(directory)`` writes a directory that ``transformers`` loads like any checkpoint:
-a byte-level BPE tokenizer trained in-process on a short built-in English corpus (so ASCII text
-round-trips exactly through encode/decode), the ChatML special tokens and chat template of
-SmolLM2-Instruct (same behaviour: a default system prompt is injected when the conversation does not
-open with one; no tool support), and a randomly initialised two-layer ``LlamaForCausalLM`` with
+a byte-level BPE tokenizer trained in-process on a short built-in English corpus (``CORPUS``, so
+ASCII text round-trips exactly through encode/decode), the ChatML special tokens and chat template
+of SmolLM2-Instruct (same behaviour: a default system prompt is injected when the conversation does
+not open with one; no tool support), and a randomly initialised two-layer ``LlamaForCausalLM`` with
 tied embeddings. Nothing is downloaded and building takes well under a second or two; the same seed
 gives the same weights.
+
+``make_tokenizer()`` is that tokenizer alone (what a benchmark that only renders and parses needs,
+and the base other test tokenizers train on with ``CORPUS``); ``tokenizer_or_tiny(directory)`` is
+the tokenizer saved in ``directory``, or this one when none is given.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -34,7 +39,8 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-_CORPUS = """\
+#: The English text the tiny tokenizer's merges are trained on.
+CORPUS = """\
 The quick brown fox jumps over the lazy dog. A small model can still learn to count.
 What is the capital of France? The capital of France is Paris.
 Please answer the question and explain your reasoning step by step.
@@ -60,14 +66,16 @@ def make_tiny_model(directory: str | Path, seed: int = 0) -> Path:
     """Write a tiny chat model (tokenizer + random Llama weights) to ``directory``; return it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = _make_tokenizer()
+    tokenizer = make_tokenizer()
     model = _make_model(tokenizer, seed)
     tokenizer.save_pretrained(directory)
     model.save_pretrained(directory)
     return directory
 
 
-def _make_tokenizer():
+def make_tokenizer() -> Any:
+    """The tiny model's tokenizer, built in memory: 640 byte-level BPE ids trained on ``CORPUS``,
+    the ChatML special tokens at ids 0-2 and ``CHATML_TEMPLATE``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -80,7 +88,7 @@ def _make_tokenizer():
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_CORPUS.splitlines(keepends=True) * 4, trainer)
+    bpe.train_from_iterator(CORPUS.splitlines(keepends=True) * 4, trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token=IM_START,
@@ -94,7 +102,16 @@ def _make_tokenizer():
     return tokenizer
 
 
-def _make_model(tokenizer, seed: int):
+def tokenizer_or_tiny(directory: str | Path | None) -> Any:
+    """The tokenizer saved in ``directory``; the tiny model's (``make_tokenizer``) when it is None."""
+    if directory is None:
+        return make_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def _make_model(tokenizer: Any, seed: int) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -120,35 +137,3 @@ def _make_model(tokenizer, seed: int):
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model.eval()
-
-
-#: The two kinds of request of ``FirstCharacter`` and their prompts.
-FIRST_CHARACTER_KINDS = {"digit": "Reply with a digit.", "upper": "Reply with a capital letter."}
-
-
-class FirstCharacter:
-    """A single-turn, step-style task that the tiny model can learn in a few dozen GRPO steps.
-
-    The reward is 1.0 when the reply's first character is of the kind the prompt asks for (a
-    digit, or a capital letter; ``metadata["kind"]``). A random model almost never does either,
-    and a policy that ignores the prompt gets at most half: above 0.9 means it reads the prompt.
-    """
-
-    def step(self, message_logs, metadata):
-        from .envs.stepwise import StepwiseReturn
-
-        rewards = []
-        for log, info in zip(message_logs, metadata):
-            first = log[-1]["content"][:1]
-            ok = first.isdigit() if info["kind"] == "digit" else (first.isalpha() and first.isupper())
-            rewards.append(1.0 if ok else 0.0)
-        return StepwiseReturn.final(rewards, metadata)
-
-
-def first_character_rows(n: int) -> list[dict]:
-    """``n`` prompt rows for ``FirstCharacter``, alternating kinds, each with an ``id`` column."""
-    kinds = list(FIRST_CHARACTER_KINDS)
-    return [
-        {"prompt": f"{FIRST_CHARACTER_KINDS[kinds[i % 2]]} ({i})", "metadata": {"kind": kinds[i % 2]}, "id": i}
-        for i in range(n)
-    ]

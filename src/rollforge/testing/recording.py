@@ -1,9 +1,12 @@
-"""A backend that records every request, for benchmarks that replay the same work another way.
+"""A backend that records every request: what the token-exactness checks compare trajectories
+with, and what benchmarks replay the same work from another way.
 
 ``RecordingBackend`` is a ``BackendWrapper`` (``backends/base.py``): every member the engine and the
 trainer may ask of a backend is the wrapped one's; it changes only ``generate``, which keeps a
 ``Request`` (the episode it came from, the prompt ids, the parameters and the completion) per call,
-in the order the calls finished. It does not close the wrapped backend: whoever opened that closes it.
+in the order the calls finished. ``calls`` are the same requests as (prompt ids, completion) pairs,
+``per_episode()`` groups them by episode. It does not close the wrapped backend: whoever opened
+that closes it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from ..types import Completion
 
 @dataclass(frozen=True)
 class Request:
+    """One finished ``generate`` call."""
+
     episode: int  # id() of the episode's CURRENT_EPISODE object (the gateway's session): groups requests
     prompt_ids: tuple[int, ...]
     params: SamplingParams
@@ -24,6 +29,8 @@ class Request:
 
 
 class RecordingBackend(BackendWrapper):
+    """The wrapped backend, keeping every request it answered (see the module docstring)."""
+
     def __init__(self, inner: Backend):
         super().__init__(inner)
         self.requests: list[Request] = []
@@ -33,6 +40,11 @@ class RecordingBackend(BackendWrapper):
         completion = await self.inner.generate(prompt_ids, params, **kwargs)
         self.requests.append(Request(episode, tuple(prompt_ids), params, completion))
         return completion
+
+    @property
+    def calls(self) -> list[tuple[tuple[int, ...], Completion]]:
+        """Every request as (prompt ids, completion), in the order they finished."""
+        return [(request.prompt_ids, request.completion) for request in self.requests]
 
     def per_episode(self) -> list[list[Request]]:
         """The requests grouped by episode, each group in order."""

@@ -1,0 +1,64 @@
+"""Helpers for rollforge's tests and benchmarks, public and in one place.
+
+Nothing here downloads or needs a GPU. One module per concern, re-exported here:
+
+- ``tiny``: ``make_tiny_model(directory)``, a seeded offline chat model (byte-level BPE tokenizer,
+  SmolLM2's ChatML template, random two-layer Llama); ``make_tokenizer()`` its tokenizer alone.
+- ``tasks``: ``FirstCharacter``, a task the tiny model learns in a few dozen GRPO steps.
+- ``recording``: ``RecordingBackend``, a backend wrapper that keeps every request.
+- ``exactness``: the token-exactness assertions (kept generations, renderings of messages).
+- ``harness``: ``free_port()``, and ``wait_until(condition)`` / ``await until(condition)``, waits
+  bounded only against hangs.
+"""
+
+from __future__ import annotations
+
+from .exactness import (
+    assert_replies_exact,
+    assert_segment_exact,
+    assert_token_exact,
+    generated_ids,
+    renders_its_messages,
+)
+from .harness import HANG_SECONDS, free_port, until, wait_until
+from .recording import RecordingBackend, Request
+from .tasks import FIRST_CHARACTER_KINDS, FirstCharacter, first_character_rows
+from .tiny import (
+    CHATML_TEMPLATE,
+    CORPUS,
+    DEFAULT_SYSTEM_PROMPT,
+    END_OF_TEXT,
+    IM_END,
+    IM_START,
+    SPECIAL_TOKENS,
+    make_tiny_model,
+    make_tokenizer,
+    tokenizer_or_tiny,
+)
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "CORPUS",
+    "DEFAULT_SYSTEM_PROMPT",
+    "END_OF_TEXT",
+    "FIRST_CHARACTER_KINDS",
+    "FirstCharacter",
+    "HANG_SECONDS",
+    "IM_END",
+    "IM_START",
+    "RecordingBackend",
+    "Request",
+    "SPECIAL_TOKENS",
+    "assert_replies_exact",
+    "assert_segment_exact",
+    "assert_token_exact",
+    "first_character_rows",
+    "free_port",
+    "generated_ids",
+    "make_tiny_model",
+    "make_tokenizer",
+    "renders_its_messages",
+    "tokenizer_or_tiny",
+    "until",
+    "wait_until",
+]
