@@ -1,21 +1,47 @@
-"""Shared fixtures: a tiny offline chat model (seconds to build) and the real SmolLM2 alias (slow).
+"""Shared fixtures: a tiny offline chat model (seconds to build), the real SmolLM2 alias (slow), and a
+fast training config on the tiny model and the learnable FirstCharacter task (``tiny_config``: the
+library in ``tests/train``, the recipes in ``tests/recipes`` and the inputs in ``tests/inputs`` use it).
 The helpers tests share (recording backend, token-exactness checks, free ports, bounded waits) are
 public in ``rollforge.testing``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from rollforge.models import resolve_model
-from rollforge.testing import HANG_SECONDS, make_tiny_model, wait_until
+from rollforge.testing import HANG_SECONDS, first_character_rows, make_tiny_model, wait_until
+from rollforge.train.config import load_config
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a byte-level BPE tokenizer and the SmolLM2 ChatML template."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture
+def first_character_data(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in first_character_rows(64)))
+    return path
+
+
+@pytest.fixture
+def tiny_config(tiny_model_dir, tmp_path, first_character_data):
+    """``make(*overrides)``: a fast training config on the tiny model and FirstCharacter."""
+
+    def make(*overrides: str):
+        return load_config(overrides=[
+            f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=3", f"data.path={first_character_data}",
+            "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
+            "algorithm.batch_size=4", "algorithm.group_size=8", "rollout.max_new_tokens=2", "rollout.max_turns=1",
+            "optim.lr=1e-3", "checkpoint_every=0", *overrides,
+        ])
+
+    return make
 
 
 @pytest.fixture(scope="session")

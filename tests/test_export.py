@@ -11,9 +11,9 @@ from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError
 from rollforge.export import to_dataset
 from rollforge.models import load_tokenizer
+from rollforge.recipes.sft_data import expert_backend
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import rollout
-from rollforge.train.sft_data import expert_backend
 
 pytest.importorskip("datasets")
 

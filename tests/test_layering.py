@@ -44,22 +44,20 @@ FLOORS = {
     "rollforge.rollout": 5,
     "rollforge.gateway": 5,
     "rollforge.cluster": 5,
-    # training (the library: losses, update, advantages, config, data, ...)
-    "rollforge.train": 6,
-    # recipes: the loops and SFT, built from the library
-    "rollforge.train.loop": 7,
-    "rollforge.train.launch": 7,
-    "rollforge.train.pipeline": 7,
-    "rollforge.train.sft": 7,
-    "rollforge.train.quickstart": 7,
+    # run inputs: environments and prompts read once (read_inputs), their config sections, evaluation
+    "rollforge.inputs": 6,
+    # training (the library: losses, update, advantages, config, run, ...)
+    "rollforge.train": 7,
+    # recipes: the GRPO loops, launch, SFT and the quickstart, built from the library
+    "rollforge.recipes": 8,
     # top: the public API, the commands, the benchmarks, the viewer, exports, test helpers
-    "rollforge": 8,
-    "rollforge.__main__": 8,
-    "rollforge.cli": 8,
-    "rollforge.bench": 8,
-    "rollforge.view": 8,
-    "rollforge.export": 8,
-    "rollforge.testing": 8,
+    "rollforge": 9,
+    "rollforge.__main__": 9,
+    "rollforge.cli": 9,
+    "rollforge.bench": 9,
+    "rollforge.view": 9,
+    "rollforge.export": 9,
+    "rollforge.testing": 9,
 }
 
 #: Parts on one floor that must not know each other (importer package -> packages it never imports).
@@ -220,6 +218,19 @@ def test_no_import_circle_outside_type_checking():
     found = circles(import_graph())
     assert found - KNOWN_CIRCLES == set(), "new import circles"
     assert KNOWN_CIRCLES - found == set(), "gone: remove them from KNOWN_CIRCLES"
+
+
+def test_the_rollout_command_never_enters_train_nor_the_recipes():
+    """``rollforge rollout`` reads its environments and prompts in ``inputs/``: nothing it imports,
+    directly or through another module, lies in ``train/`` or ``recipes/``."""
+    graph, reached, todo = import_graph(), set(), ["rollforge.cli.rollout"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += graph[module]
+    assert "rollforge.inputs.read" in reached
+    assert sorted(m for m in reached if m.startswith(("rollforge.train", "rollforge.recipes"))) == []
 
 
 def test_opening_a_backend_loads_no_cluster_module(tiny_model_dir):

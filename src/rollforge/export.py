@@ -86,7 +86,7 @@ def _float(value: Any) -> float | None:
 
 def _records(source) -> Iterable[tuple[Any, int | None]]:
     if isinstance(source, (str, Path)):
-        from .train.sft_data import read_records
+        from .recipes.sft_data import read_records
 
         pattern = Path(source)
         if pattern.is_dir():  # a run directory

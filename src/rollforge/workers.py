@@ -13,7 +13,7 @@ hook). This pool holds by construction instead:
 - **Stuck workers are abandoned, never joined**: threads are daemons and nothing joins them; a
   caller that stops waiting (the engine's step timeout cancels it) leaves its worker to finish or
   hang on its own, counted in ``abandoned``. Its replacement is simply the next thread started.
-- **The policy update never shares them**: ``train/loop.py`` runs it on ``UPDATE_WORKERS``.
+- **The policy update never shares them**: ``train/run.py`` runs it on ``UPDATE_WORKERS``.
 - **No call is cut off inside native code at exit**: Python 3.11 ends a daemon thread that wakes
   during finalization with ``pthread_exit``, which aborts the process (SIGABRT, "terminate called
   without an active exception") when the thread is inside torch. An ``atexit`` hook therefore

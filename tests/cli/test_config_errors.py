@@ -9,9 +9,9 @@ import pytest
 
 from rollforge.cli.main import main
 from rollforge.errors import ConfigError
+from rollforge.recipes.sft_config import load_sft_config
 from rollforge.rollout.config import RolloutConfig
 from rollforge.train.config import load_config
-from rollforge.train.sft_config import load_sft_config
 
 
 def one_line_error(capsys, *argv) -> str:
@@ -98,7 +98,7 @@ def stop_at_training(monkeypatch):
     def stop(config, **kwargs):
         raise ConfigError(f"stopped before training (executor {config.executor}, ray.address {config.ray.address})")
 
-    monkeypatch.setattr("rollforge.train.launch.train", stop)
+    monkeypatch.setattr("rollforge.recipes.launch.train", stop)
 
 
 def test_train_ray_address_needs_executor_ray_from_the_flag_or_the_config(stop_at_training, tmp_path, capsys):

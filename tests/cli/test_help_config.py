@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rollforge.cli.main import main
+from rollforge.recipes.sft_config import load_sft_config
 from rollforge.train.config import load_config
-from rollforge.train.sft_config import load_sft_config
 
 
 def help_config(capsys, command: str) -> list[str]:
@@ -36,7 +36,7 @@ def test_train_help_config_puts_each_key_under_its_section(capsys):
         "rewards[] items:", "algorithm:", "optim:", "rollout:", "ray:", "vllm:",
     ]
     assert under(lines, "top-level keys:") == [
-        "out", "steps", "seed", "executor", "checkpoint_every", "keep_checkpoints", "save_trajectories", "eval_episodes", "eval_every"]
+        "out", "steps", "seed", "executor", "checkpoint_every", "keep_checkpoints", "save_trajectories", "report_to", "eval_episodes", "eval_every"]
     assert under(lines, "rewards[] items:") == ["rewards[].function", "rewards[].weight", "rewards[].options"]
     assert all(key.startswith("rollout.") for key in under(lines, "rollout:"))
     assert "  rollout.max_turns = 4  # Assistant turns per episode" in "\n".join(lines)  # training's default, not the class's 8

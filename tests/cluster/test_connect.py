@@ -22,7 +22,7 @@ def test_local_runs_do_not_import_ray():
     code = (
         "import sys\n"
         "from rollforge.cli.main import main\n"
-        "import rollforge.train.launch, rollforge.train.config, rollforge.rollout.engine\n"
+        "import rollforge.recipes.launch, rollforge.train.config, rollforge.rollout.engine\n"
         "from rollforge.train.config import load_config\n"
         "assert load_config().executor == 'local'\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from rollforge.errors import ConfigError
+from rollforge.recipes.launch import train
 from rollforge.testing import first_character_rows
 from rollforge.train.config import load_config
-from rollforge.train.launch import train
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from rollforge.envs.library import calculator, get_env_spec
 from rollforge.envs.library.calculator import CalculatorEnv
 from rollforge.errors import ConfigError
 from rollforge.models import load_tokenizer
+from rollforge.recipes.sft_data import expert_demonstrations
 from rollforge.rollout.config import RolloutConfig
-from rollforge.train.sft_data import expert_demonstrations
 from rollforge.types import Message, ToolCall
 
 from test_library import call, play

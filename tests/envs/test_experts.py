@@ -13,8 +13,8 @@ from rollforge.envs.experts import format_tool_call
 from rollforge.envs.library import guess_number, wordle
 from rollforge.errors import ConfigError
 from rollforge.models import load_tokenizer
+from rollforge.recipes.sft_data import environments_with_expert, expert_demonstrations
 from rollforge.rollout.config import RolloutConfig
-from rollforge.train.sft_data import environments_with_expert, expert_demonstrations
 from rollforge.types import Message, ToolCall
 
 

@@ -27,9 +27,9 @@ from rollforge.envs.adapters.nemo_gym import NemoGymEnvironment
 from rollforge.envs.check import acheck_env
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError
+from rollforge.inputs.data import rows_to_samples
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
-from rollforge.train.data import rows_to_samples
 from rollforge.types import Sample
 
 SYSTEM = "Find the synonyms of the term and extract their values, in order."

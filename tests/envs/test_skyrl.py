@@ -17,12 +17,12 @@ from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.envs.adapters.skyrl_env import SkyRLEnvironment, gsm8k_rows
 from rollforge.errors import ConfigError
+from rollforge.inputs.config import EnvConfig
+from rollforge.inputs.data import rows_to_samples
+from rollforge.inputs.environments import build_environments, task_name
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.testing import assert_replies_exact
-from rollforge.train.config import EnvConfig
-from rollforge.train.data import rows_to_samples
-from rollforge.train.environments import build_environments, task_name
 from rollforge.types import Message, Sample
 
 

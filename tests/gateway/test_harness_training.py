@@ -17,8 +17,8 @@ from gateway_helpers import CALL_TEXT, reply_for
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.gateway import AgentEnvironment
+from rollforge.recipes.launch import train
 from rollforge.train.config import load_config
-from rollforge.train.launch import train
 from rollforge.train.update import sequence_logprobs
 from rollforge.types import Completion, Trajectory
 

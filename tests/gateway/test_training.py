@@ -7,8 +7,8 @@ import textwrap
 import pytest
 import torch
 
+from rollforge.recipes.launch import train
 from rollforge.train.config import load_config
-from rollforge.train.launch import train
 
 AGENT_MODULE = """
 import openai

@@ -174,9 +174,9 @@ def test_a_training_run_starts_its_engine_workers_once(tiny_model_dir, tmp_path,
     every held-out evaluation (before, during, after)."""
     import json
 
+    from rollforge.recipes.launch import train
     from rollforge.testing import first_character_rows
     from rollforge.train.config import load_config
-    from rollforge.train.launch import train
 
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in first_character_rows(16)))

@@ -10,8 +10,8 @@ import yaml
 
 from rollforge.cli.main import main
 from rollforge.errors import ConfigError
+from rollforge.inputs.evaluate import pass_at_k
 from rollforge.testing import free_port
-from rollforge.train.evaluate import pass_at_k
 
 
 def test_train_from_yaml_with_overrides(tiny_config, tmp_path, capsys):
@@ -30,7 +30,7 @@ def test_train_from_yaml_with_overrides(tiny_config, tmp_path, capsys):
 
 
 def test_eval_every_evaluates_the_held_out_prompts_during_training_and_the_report_plots_them(tiny_config, tmp_path):
-    from rollforge.train.launch import train
+    from rollforge.recipes.launch import train
     from rollforge.train.report import write_report
 
     config = tiny_config().model_copy(update={"steps": 3, "eval_episodes": 2, "eval_every": 2})

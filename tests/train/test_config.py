@@ -59,7 +59,7 @@ def test_example_configs_load(path):
 def test_example_configs_train_one_step(path, tiny_model_dir, tmp_path, monkeypatch):
     """Every example runs (tiny model, one small step): environments, data files and reward
     functions named in it resolve, from the repository root as the examples say."""
-    from rollforge.train.launch import train
+    from rollforge.recipes.launch import train
 
     monkeypatch.chdir(Path(__file__).parents[2])
     config = load_config(path, [f"model.name={tiny_model_dir}", f"out={tmp_path}", "steps=1", "data.size=16",
@@ -120,7 +120,7 @@ def test_ray_keys_need_executor_ray_but_a_local_runs_saved_config_loads_again(tm
     with pytest.raises(ConfigError, match=r"ray.address='auto' needs executor: ray"):
         load_config(overrides=["executor=local", "ray.address=auto", "ray.env_actors=3"])
     assert load_config(overrides=["executor=ray", "ray.generation_replicas=2"]).ray.generation_replicas == 2
-    saved = tmp_path / "config.yaml"  # as train/inputs.py writes it: every key, the ray section's at its defaults
+    saved = tmp_path / "config.yaml"  # as train/preflight.py writes it: every key, the ray section's at its defaults
     saved.write_text(yaml.safe_dump(load_config(overrides=["steps=3"]).model_dump(mode="json")))
     assert load_config(saved).steps == 3
 

@@ -5,8 +5,8 @@ import torch
 from safetensors.torch import load_file
 
 from rollforge.models import load_model
+from rollforge.recipes.launch import train
 from rollforge.train import checkpoint as ckpt
-from rollforge.train.launch import train
 from rollforge.train.rewards import RewardFunction
 
 pytest.importorskip("peft")

@@ -1,9 +1,10 @@
-"""``rollforge.train``'s own names, as the README imports them."""
+"""``rollforge.train``'s own names, as the README imports them: the run's entry points are the
+launch recipe's (``recipes/launch.py``), the config the library's."""
 
 import rollforge.train
+from rollforge.recipes import launch
 from rollforge.train import TrainConfig, TrainResult, atrain, load_config, train
 from rollforge.train import config as config_module
-from rollforge.train import launch
 
 
 def test_the_readme_imports_work_and_are_the_loop_s_own():

@@ -322,7 +322,7 @@ def _first_code(prompts, completions, **_):
 def test_a_run_trains_with_the_chosen_loss_and_logs_the_mismatch(tiny_config, name):
     import yaml
 
-    from rollforge.train.launch import train
+    from rollforge.recipes.launch import train
     from rollforge.train.rewards import RewardFunction
 
     config = tiny_config("steps=1", f"algorithm.policy_loss={name}", "algorithm.epochs_per_batch=2", "optim.lr=1e-2")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rollforge.errors import ConfigError
-from rollforge.train.launch import train
+from rollforge.recipes.launch import train
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_executor_must_be_local_or_ray(tiny_config):
 def test_only_several_torchrun_ranks_keep_training_off_ray(monkeypatch):
     # A WORLD_SIZE of 1 (a job scheduler's, or one another library left: TRL's colocated vLLM sets
     # it) made a Ray run with training workers train here, alone.
-    from rollforge.train.launch import _started_by_torchrun
+    from rollforge.recipes.launch import _started_by_torchrun
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert not _started_by_torchrun()
@@ -76,15 +76,15 @@ def test_training_with_generation_replicas_on_ray_keeps_them_in_sync(ray_session
 
 def test_train_cli_executor_flags_become_config_overrides():
     from rollforge.cli.main import build_parser
-    from rollforge.cli.train import _overrides
+    from rollforge.cli.train import flag_overrides
     from rollforge.train.config import load_config
 
     args = build_parser().parse_args(
         ["train", "x.yaml", "--executor", "ray", "--ray-address", "ray://head:10001", "--set", "steps=2"]
     )
-    config = load_config(None, _overrides(args))
+    config = load_config(None, flag_overrides(args))
     assert (config.executor, config.ray.address, config.steps) == ("ray", "ray://head:10001", 2)
-    assert load_config(None, _overrides(build_parser().parse_args(["train", "x.yaml"]))).executor == "local"
+    assert load_config(None, flag_overrides(build_parser().parse_args(["train", "x.yaml"]))).executor == "local"
 
 
 def _laptop_config(tiny_model_dir, tmp_path, *sets: str) -> list[str]:

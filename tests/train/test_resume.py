@@ -15,8 +15,8 @@ import yaml
 
 from rollforge.cli.main import main
 from rollforge.errors import CheckpointError
+from rollforge.recipes.launch import train
 from rollforge.train import checkpoint as ckpt
-from rollforge.train.launch import train
 
 STEPS = 24
 

@@ -16,12 +16,12 @@ import yaml
 
 from rollforge.cli.main import main
 from rollforge.errors import CheckpointError, ConfigError
+from rollforge.files import write_json
+from rollforge.recipes.launch import train
 from rollforge.train import checkpoint as ckpt
 from rollforge.train.config import LoraConfig, ModelConfig, OptimConfig
 from rollforge.train.logbook import Logbook
-from rollforge.train.launch import train
 from rollforge.train.policy import load_policy, make_optimizer
-from rollforge.files import write_json
 
 
 def _steps(out):

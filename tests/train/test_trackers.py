@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollforge.errors import ConfigError, MissingDependency
-from rollforge.train.launch import train
+from rollforge.recipes.launch import train
 from rollforge.train.logbook import read_metrics
 from rollforge.train.trackers import COLUMNS, Trackers, open_trackers
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from rollforge.backends.base import SamplingParams
-from rollforge.train.config import load_config
 from rollforge.models import load_model
-from rollforge.train.launch import train
+from rollforge.recipes.launch import train
+from rollforge.train.config import load_config
 from rollforge.train.rewards import RewardFunction
 from rollforge.train.update import sequence_logprobs
 

@@ -21,9 +21,9 @@ from rollforge.cli.rollout import write_results
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError
 from rollforge.models import load_tokenizer
+from rollforge.recipes.sft_data import expert_backend
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import rollout
-from rollforge.train.sft_data import expert_backend
 from rollforge.view import render_html, write_view
 from rollforge.view.run import CHUNK, load_run, tokenizer_for
 
@@ -176,9 +176,9 @@ def test_chromium_renders_the_rollout_view(rollout_run, tiny_model_dir, tmp_path
 
 @pytest.mark.slow
 def test_chromium_renders_a_training_run_with_its_curve(tiny_model_dir, tmp_path):
+    from rollforge.recipes.launch import train
     from rollforge.testing import first_character_rows
     from rollforge.train.config import load_config
-    from rollforge.train.launch import train
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in first_character_rows(16)))

@@ -92,8 +92,8 @@ async def _main(args: Any) -> dict[str, Any]:
 
 
 async def _run(root: Path, model: Path, data: Path, args: Any, *, k: int, steps: int, latency: float) -> list[dict]:
+    from ..recipes.launch import atrain
     from ..train.config import load_config
-    from ..train.launch import atrain
 
     config = load_config(overrides=[
         f"model.name={model}", f"out={root / f'run_{k}_{steps}_{latency:.6f}'}", f"steps={steps}", f"data.path={data}",

@@ -3,8 +3,9 @@
 Both trainers start from the same warm-up checkpoint and train on the ``calculator`` workload of
 ``vs_trl_workloads`` (the bundled two-turn environment on the quickstart's operations; its class is
 TRL's ``environment_factory``) with the settings of ``vs_trl`` (same completions per step, token
-limits, DAPO/token loss, optimizer) and the quickstart's GRPO preset (``presets/quickstart.yaml``:
-batch size, group size, lr, per-turn tokens, turns, dtype, operations; flags override).
+limits, DAPO/token loss, optimizer) and the quickstart's GRPO preset
+(``recipes/presets/quickstart.yaml``: batch size, group size, lr, per-turn tokens, turns, dtype,
+operations; flags override).
 
 - Prompts: the preset's (``balanced``: every block of four questions asks both operations, with
   operands that make each tool the right one once), read in order on both sides (``data.shuffle``
@@ -12,8 +13,8 @@ batch size, group size, lr, per-turn tokens, turns, dtype, operations; flags ove
 - One process per side (``learning_sides``), one after the other: the warm-up, then rollforge, then
   TRL, each loading the checkpoint afresh; each reports its peak memory (``max_rss_mb``).
 - The warm-up: rollforge's SFT on the calculator expert's demonstrations with the quickstart's
-  warm-up preset (``presets/quickstart_warmup.yaml``); or ``--warmup DIR`` made under the same
-  template (``check_warmup``: the quickstart's own warm-up is refused). The model directory
+  warm-up preset (``recipes/presets/quickstart_warmup.yaml``); or ``--warmup DIR`` made under the
+  same template (``check_warmup``: the quickstart's own warm-up is refused). The model directory
   both trainers load carries TRL's Qwen2.5 chat template: TRL parses tool calls only for templates
   it knows, and SmolLM2's ChatML template renders no tools.
 - Limits: rollforge runs the preset's ``max_turns`` (compute, then answer) with its per-turn
@@ -58,8 +59,8 @@ TRL_MICRO_BATCH = 8
 
 def preset() -> dict[str, Any]:
     """The settings this bench takes from the quickstart's GRPO preset."""
+    from ..recipes.quickstart import PRESETS
     from ..train.config import load_config
-    from ..train.quickstart import PRESETS
 
     config = load_config(PRESETS / "quickstart.yaml")
     calculator = next((e for e in config.environments if e.name == "calculator"), None)

@@ -131,10 +131,10 @@ def warm_up(model: str, scratch: Path, settings: dict[str, Any]) -> Path:
     """The quickstart's warm-up (SFT on expert demonstrations) of ``model``, rendered with the
     template both trainers will use; the final checkpoint's model directory."""
     from ..models import resolve_model
+    from ..recipes.quickstart import PRESETS
+    from ..recipes.sft import sft
+    from ..recipes.sft_config import load_sft_config
     from ..train import checkpoint as ckpt
-    from ..train.quickstart import PRESETS
-    from ..train.sft import sft
-    from ..train.sft_config import load_sft_config
 
     base = templated(resolve_model(model), scratch / "base")
     config = load_sft_config(PRESETS / "quickstart_warmup.yaml", [f"seed={settings['seed']}"])
@@ -197,23 +197,23 @@ class HeldOut:
 
     def __init__(self, model_dir: Path, settings: dict[str, Any]):
         from ..chat.render import ChatRenderer
-        from ..envs.library.calculator import samples
+        from ..inputs.config import EnvConfig
+        from ..inputs.read import Prompts, read_inputs
         from ..models import load_tokenizer
         from ..rollout.config import RolloutConfig
-        from ..train.config import EnvConfig
-        from ..train.environments import build_environments
 
         self.model_dir, self.settings = model_dir, settings
-        self.samples = samples(settings["eval_episodes"], HELD_OUT_SEED + settings["seed"], operations=settings["operations"])
+        calculator = EnvConfig(name="calculator", options={"operations": settings["operations"]})
+        self.task_to_env, self.samples = read_inputs(
+            [calculator], Prompts(generated=settings["eval_episodes"], seed=HELD_OUT_SEED + settings["seed"]))
         self.tokenizer = load_tokenizer(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
-        self.task_to_env = build_environments([EnvConfig(name="calculator")])
         self.greedy = RolloutConfig(max_turns=settings["max_turns"], max_new_tokens=settings["max_new_tokens"],
                                     max_seq_len=1024, greedy=True, seed=settings["seed"],
                                     concurrency=settings["eval_episodes"])
 
     async def score(self, backend: Any) -> float:
-        from ..train.evaluate import aevaluate
+        from ..inputs.evaluate import aevaluate
 
         result = await aevaluate(self.samples, self.task_to_env, backend, self.renderer, self.greedy)
         return round(result.mean_reward, 4)
@@ -221,19 +221,16 @@ class HeldOut:
     def score_model(self, model: Any) -> float:
         """On an HF backend over ``model`` (TRL's, or the warm-up's), in this thread."""
         from ..backends.config import BackendConfig
-        from ..backends.opening import open_backend
+        from ..inputs.evaluate import evaluate
         from ..workers import run_sync
 
         config = BackendConfig(kind="hf", model=str(self.model_dir), concurrency=len(self.samples), seed=self.settings["seed"])
-
-        async def score() -> float:
-            async with open_backend(config, hf_model=model, tokenizer=self.tokenizer) as backend:
-                return await self.score(backend)
-
         was_training = model.training
         model.eval()
         try:
-            return run_sync(score())
+            result = run_sync(evaluate(config, self.samples, self.task_to_env, self.renderer, self.greedy,
+                                       hf_model=model))
+            return round(result.mean_reward, 4)
         finally:
             model.train(was_training)
 

@@ -274,7 +274,7 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
     from ..chat.render import ChatRenderer
     from ..envs.tools import discover_tools
     from ..models import load_tokenizer
-    from ..train.launch import train
+    from ..recipes.launch import train
     from ..types import Message
 
     tokenizer = load_tokenizer(workload.model_dir)

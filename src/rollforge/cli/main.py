@@ -21,7 +21,8 @@ import os
 import sys
 
 from ..errors import RollforgeError
-from . import bench, check_template, env, gateway, rollout, train
+from . import bench, check_template, env, gateway, quickstart, rollout, train
+from . import eval as eval_command
 from . import sft as sft_command
 from . import view as view_command
 
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(commands)
     env.add_parser(commands)
     train.add_parser(commands)
+    quickstart.add_parser(commands)
+    eval_command.add_parser(commands)
     check_template.add_parser(commands)
     gateway.add_parser(commands)
     sft_command.add_parser(commands)

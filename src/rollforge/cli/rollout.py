@@ -1,12 +1,13 @@
 """``rollforge rollout``: roll a model out on environments and write the results.
 
 ``--env`` takes what a training config's ``environments`` take: a bundled name, an OpenEnv server
-URL, ``module:attribute`` or ``file.py:Class``; ``--env`` and ``--data`` are read by training's
-reading function (``train/sources.py``), a name given twice refused as there. Prompts come from the
-bundled environments' generators, episodes split evenly over the ``--env`` environments (the
-first ones get the remainder) and interleaved, so every environment runs from the start; or from
-``--data FILE`` (rows as in training: ``prompt``, optional ``task_name``/``environment``), whose
-first ``--episodes`` rows are used (cycling through the file; all rows by default).
+URL, ``module:attribute`` or ``file.py:Class``; ``--env`` and ``--data`` are read by the function
+training reads its inputs with (``inputs/read.py``), a name given twice refused as there; nothing
+here enters ``train/``. Prompts come from the bundled environments' generators, episodes split
+evenly over the ``--env`` environments (the first ones get the remainder) and interleaved, so every
+environment runs from the start; or from ``--data FILE`` (rows as in training: ``prompt``, optional
+``task_name``/``environment``), whose first ``--episodes`` rows are used (cycling through the file;
+all rows by default).
 
 Each finished episode is appended to ``trajectories.jsonl.partial`` as it completes (nothing
 produced is lost if the run dies); at the end ``trajectories.jsonl`` is written in input order and
@@ -185,10 +186,10 @@ def environments_and_prompts(
     names: list[str], data: Path | None, episodes: int | None, seed: int,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """The samples and ``task_to_env`` of ``--env`` names and the optional ``--data`` file (see the
-    module docstring), read as training reads its sections (``train/sources.py``)."""
-    from ..train.config import EnvConfig
-    from ..train.data import even_counts
-    from ..train.sources import Prompts, read_inputs
+    module docstring), read as training reads its sections (``inputs/read.py``)."""
+    from ..inputs.config import EnvConfig
+    from ..inputs.data import even_counts
+    from ..inputs.read import Prompts, read_inputs
 
     prompts = Prompts(path=data, cycle=True, count=episodes, generated=episodes or 16, seed=seed, counts=even_counts,
                       env_flag="--env", data_flag="--data" if data is not None else "--data FILE.jsonl")
@@ -198,8 +199,8 @@ def environments_and_prompts(
 
 def split_samples(specs: list, episodes: int, seed: int) -> list[Sample]:
     """Episodes spread evenly over environments, interleaved: a0 b0 a1 b1 ..."""
-    from ..train.config import EnvConfig
-    from ..train.data import even_counts, generated_samples
+    from ..inputs.config import EnvConfig
+    from ..inputs.data import even_counts, generated_samples
 
     return generated_samples([EnvConfig(name=spec.name) for spec in specs], episodes, seed, even_counts)
 

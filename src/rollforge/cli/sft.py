@@ -1,5 +1,5 @@
 """``rollforge sft CONFIG [--from-rollouts] [--set key=value ...] [--overwrite]``: supervised
-fine-tuning on trajectories, conversations or expert demonstrations (``train/sft.py``);
+fine-tuning on trajectories, conversations or expert demonstrations (``recipes/sft.py``);
 ``--from-rollouts`` adds rejection-sampling rounds on the current model's own rollouts
 (``from_rollouts`` section). An ``out`` that holds a run already is refused unless ``--overwrite``."""
 
@@ -23,9 +23,9 @@ def add_parser(commands: Any) -> None:
 
 def _run(args: Any) -> int:
     from ..errors import ConfigError
+    from ..recipes.sft import sft
+    from ..recipes.sft_config import SFTConfig, load_sft_config
     from ..train.config_files import describe_config
-    from ..train.sft import sft
-    from ..train.sft_config import SFTConfig, load_sft_config
 
     if args.help_config:
         print(describe_config(SFTConfig))

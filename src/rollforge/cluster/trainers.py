@@ -8,9 +8,9 @@ starts reserve. Before anything starts the driver decides all of those reservati
 checks that they fit (``resources.sized_together``); the workers get the decided numbers. Each
 worker learns its rank and the rendezvous (rank 0's node address and a free port there) from the
 driver, sets the variables torchrun would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``) and calls the entry point it was handed (``train/launch.py``
-hands it one rank's run; this module imports nothing from ``train/``); torch uses as many threads
-as the worker reserved CPUs. A worker that sees GPUs sees only its own (Ray sets
+``MASTER_ADDR``, ``MASTER_PORT``) and calls the entry point it was handed (``recipes/launch.py``
+hands it one rank's run; this module imports nothing from ``train/`` or ``recipes/``); torch uses
+as many threads as the worker reserved CPUs. A worker that sees GPUs sees only its own (Ray sets
 ``CUDA_VISIBLE_DEVICES``), so its local rank is 0. The driver waits for every worker, returns rank
 0's result and removes the placement group; a worker that dies fails the run with Ray's reason, and
 a rollforge error raised in a worker (a refusal) is raised again on the driver as it is.

@@ -5,7 +5,7 @@ far (the same ``Message`` tuple the environment sees) and writes the assistant's
 text. A reply that calls a tool is written in the tool-call format of ``parser`` (a parser from
 ``rollforge.chat.toolcalls.get_parser``), so demonstrations teach the format of the model family
 being trained. Experts know nothing of tokens: the demonstrations are rolled out through the normal
-engine with a scripted backend (``rollforge.train.sft_data.expert_demonstrations``), which makes
+engine with a scripted backend (``rollforge.recipes.sft_data.expert_demonstrations``), which makes
 their token ids and loss masks exactly those of a policy rollout.
 
 ``format_tool_call`` writes one call in a parser's format; it round-trips through ``parser.parse``.

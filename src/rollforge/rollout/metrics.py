@@ -6,7 +6,7 @@ is the rollout's wall time. ``infra_retries``: reruns after infrastructure failu
 ``infra_failures``: episodes whose last run still failed that way (``Trajectory.outcome``).
 
 Rewards are those of the episodes that training learns from: an infrastructure failure's reward is
-unknown, not 0 (training drops it from its group's baseline, ``train/loop.py``), so
+unknown, not 0 (training drops it from its group's baseline, ``train/advantages.py``), so
 ``mean_total_reward``, ``max_total_reward`` and ``min_total_reward`` (and their per-task means)
 leave those episodes out; ``rewarded_episodes`` says how many count. A policy failure (the model's
 own doing, e.g. a template error) keeps its reward.

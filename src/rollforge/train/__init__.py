@@ -1,7 +1,10 @@
 """GRPO training: ``from rollforge.train import train, load_config``.
 
-The names below are imported on first use (PEP 562), so that importing a light submodule such as
-``rollforge.train.config`` does not pull in torch and the training loop.
+This package is the training library (config, rewards, advantages, losses, update, policy,
+checkpoint, ``run``: what both loops share); the loops that use it are the recipes
+(``rollforge.recipes``), and ``train``, ``atrain`` and ``TrainResult`` below are
+``recipes/launch.py``'s. The names are imported on first use (PEP 562), so that importing a light
+submodule such as ``rollforge.train.config`` does not pull in torch and the training loop.
 """
 
 from __future__ import annotations
@@ -9,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "train": ("rollforge.train.launch", "train"),
-    "atrain": ("rollforge.train.launch", "atrain"),
-    "TrainResult": ("rollforge.train.launch", "TrainResult"),
+    "train": ("rollforge.recipes.launch", "train"),
+    "atrain": ("rollforge.recipes.launch", "atrain"),
+    "TrainResult": ("rollforge.recipes.launch", "TrainResult"),
     "TrainConfig": ("rollforge.train.config", "TrainConfig"),
     "load_config": ("rollforge.train.config", "load_config"),
 }

@@ -3,7 +3,7 @@ admitted, compared by duration and by difficulty.
 
 Asynchronous systems commonly admit whichever episodes finish first and drop those that became too
 stale, which trains on fast, easy problems and starves slow, hard ones. The pipeline
-(``pipeline.py``) instead admits whole groups in the order they *started*, and starts a group only
+(``recipes/grpo_async.py``) instead admits whole groups in the order they *started*, and starts a group only
 where all its tokens can be trained within ``max_staleness`` versions: nothing is dropped for being
 slow. What can still skew a step is reported, cumulatively over the run so far:
 

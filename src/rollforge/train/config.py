@@ -1,7 +1,8 @@
 """Training settings: one closed, typed, documented tree, loaded from YAML and overridable with
 ``--set section.key=value``. Every section forbids unknown keys; a misspelled key is a
 ``ConfigError`` that names the nearest valid key. Each field is documented by the docstring under
-it (``rollforge train --help-config`` prints them)."""
+it (``rollforge train --help-config`` prints them). The ``environments`` and ``data`` sections
+(``EnvConfig``, ``DataConfig``) live with what reads them, in ``inputs/config.py``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..cluster.config import RayConfig
 from ..errors import ConfigError
+from ..inputs.config import DataConfig, EnvConfig
 from ..rollout.config import RolloutConfig, describe_validation_error
 from .config_files import check_keys, read_config_data, with_section_defaults
 from .trackers import TrackerName
@@ -87,32 +89,6 @@ class LoraConfig(_Section):
     """Module names to adapt, or ``all-linear``."""
 
 
-class EnvConfig(_Section):
-    name: str
-    """A bundled environment (``rollforge env list``), an OpenEnv server URL, or
-    ``module:attribute`` / ``file.py:attribute`` naming an environment class, a step-style object,
-    a factory or an ``Environment``."""
-    weight: float = Field(1.0, gt=0)
-    """Share of the prompts drawn from this environment's own generator (when ``data.path`` is unset)."""
-    options: dict[str, Any] = {}
-    """Keyword arguments of the bundled environment's sample generator (e.g. ``digits: 2``)."""
-    task_name: str | None = None
-    """Task name routed to this environment; default: the bundled name or the attribute's name."""
-
-
-class DataConfig(_Section):
-    path: str | None = None
-    """Prompts file (``.jsonl``/``.json``/``.parquet``) or a saved ``datasets`` directory. Columns:
-    ``prompt`` (text or a list of messages), optional ``task_name``/``environment``; the others reach
-    ``reset(**row)`` and reward functions. Unset: prompts come from the environments' generators."""
-    size: int = Field(2048, ge=1)
-    """Prompts drawn from the environments' generators (when ``path`` is unset)."""
-    system_prompt: str | None = None
-    """Prepended as a system message to prompts given as text."""
-    shuffle: bool = True
-    """Shuffle prompts every epoch (seeded by ``seed`` and the epoch)."""
-
-
 class RewardConfig(_Section):
     function: str
     """``module:function`` with the signature ``f(prompts, completions, environments, **columns)``
@@ -163,7 +139,7 @@ class AlgorithmConfig(_Section):
     """Weight versions a trained token may lag the update it is trained in. 0: the synchronous loop
     (roll out, update, push, repeat). k >= 1: generation goes on while the trainer updates, the
     backend takes new weights between requests, and a group starts only where its tokens can be
-    trained within k versions (``train/pipeline.py``)."""
+    trained within k versions (``recipes/grpo_async.py``)."""
     exact_staleness: bool = False
     """With max_staleness k >= 1: step s's whole batch generates at weight version max(start, s - 1 - k)
     (a push waits for the batches that must see the older weights): samples follow from the seeds,
@@ -290,7 +266,7 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _dynamic_sampling_supported(self) -> TrainConfig:
-        """Dynamic sampling runs in the synchronous loop on one rank (torchrun ranks: ``loop.py``)."""
+        """Dynamic sampling runs in the synchronous loop on one rank (torchrun ranks: ``recipes/grpo.py``)."""
         algo = self.algorithm
         if not algo.dynamic_sampling:
             rounds, default = algo.dynamic_sampling_max_rounds, AlgorithmConfig().dynamic_sampling_max_rounds

@@ -2,7 +2,7 @@
 mapping of a YAML file with ``--set key.sub=value`` overrides, unknown keys refused with the nearest
 valid one, a section's own defaults kept under the user's keys, and ``--help-config``'s listing of
 every key with its default and docstring. Generic over pydantic models; the trees live in
-``config.py`` and ``sft_config.py``."""
+``config.py`` and ``recipes/sft_config.py``."""
 
 from __future__ import annotations
 

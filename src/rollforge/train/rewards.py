@@ -40,10 +40,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..boundary import boundary, call_user
 from ..errors import ConfigError, EpisodeFailed, RewardUnavailable
-from ..workers import run_blocking
+from ..inputs.environments import import_attribute
 from ..types import Failure, Sample, Trajectory
+from ..workers import run_blocking
 from .config import RewardConfig
-from .environments import import_attribute
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,10 @@
 rewards), ``learn`` (the rest of a step after its scored rollout), ``push_weights`` (the new
 weights to the backend) and the held-out evaluation before and after training.
 
-The synchronous loop (``loop.py``) and the asynchronous pipeline (``pipeline.py``) both stand on
-this module and never import each other; ``launch.py`` picks one per run.
+The synchronous loop (``recipes/grpo.py``) and the asynchronous pipeline (``recipes/grpo_async.py``)
+both stand on this module and never import each other; ``recipes/launch.py`` picks one per run.
+Environments and prompts are read through ``inputs.read.read_inputs``; environment objects given to
+``train()`` replace the default environments (``given_environments``).
 
 Setup reads its inputs before the model loads, so that a refusal (a prompt too long, a server that
 does not answer, a run directory in the way) is quick. Under torchrun each rank rolls out its share
@@ -32,30 +34,31 @@ from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..cluster.executor import placed
 from ..cluster.generation import open_generation
-from ..models import resolve_device
-from ..rollout.worker_pool import EngineWorkers
 from ..files import read_json, write_json
+from ..inputs.data import PromptSource
+from ..inputs.environments import named_environments
+from ..inputs.evaluate import aevaluate
+from ..inputs.read import held_out, read_inputs, read_samples, training_prompts
+from ..models import resolve_device
+from ..rollout.checks import check_prompt_lengths
+from ..rollout.worker_pool import EngineWorkers
 from ..seeds import mix
 from ..types import Sample
 from ..workers import UPDATE_WORKERS
 from . import checkpoint as ckpt
-from . import inputs
 from .advantages import compute_advantages
 from .config import TrainConfig
 from .corrections import Proximal
-from .data import PromptSource, check_prompt_lengths
 from .distributed import Ranks, refresh_copy, shard
-from .environments import named_environments
-from .evaluate import aevaluate
 from .generation_backend import backend_config, shared_model
 from .logbook import Logbook
 from .losses import PolicyLoss, get_aggregation
 from .micro_batches import shares_prompts
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .policy_losses import policy_loss
+from .preflight import check_ranks, preflight, write_config
 from .rewards import RewardFunction, compute_rewards, load_reward_functions, record_unavailable
 from .sampling import Scored, known
-from .sources import read_inputs
 from .step_metrics import RankStep, merge_ranks, step_metrics
 from .sync import PolicySync
 from .update import policy_update, sequences
@@ -227,16 +230,14 @@ async def open_run(
 ) -> AsyncIterator[Run]:
     """Set a run up (see ``atrain`` for the arguments) and close what it opened on exit: the
     process group, environments placed on Ray, the backend, the logbook."""
-    given = named_environments(environments) if environments is not None else {}
-    if given and "environments" not in config.model_fields_set:
-        config = config.model_copy(update={"environments": []})  # the objects replace the default
+    config, given = given_environments(config, environments)
     local_envs, source, functions, resumed = _read_inputs(config, given, dataset, reward_functions, resume, overwrite)
     async with contextlib.AsyncExitStack() as stack:
         ranks = stack.enter_context(Ranks.open(resolve_device(config.model.device)))
-        inputs.check_ranks(config, ranks)
+        check_ranks(config, ranks)
         Path(config.out).mkdir(parents=True, exist_ok=True)
         if ranks.main:
-            inputs.write_config(Path(config.out), config)
+            write_config(Path(config.out), config)
         logbook = _open_logbook(stack, config, ranks, resumed.step if resumed is not None else 0, console)
         model, generator, tokenizer = _load_policy(config, ranks, backend)
         optimizer, scheduler = make_optimizer(model, config.optim, config.steps * config.algorithm.epochs_per_batch)
@@ -268,6 +269,15 @@ async def open_run(
         yield run
 
 
+def given_environments(config: TrainConfig, environments: Any) -> tuple[TrainConfig, dict[str, Any]]:
+    """The environment objects given to ``train()`` by task name, and the config the run reads them
+    with: given objects replace the default environments (not those the config sets itself)."""
+    given = named_environments(environments) if environments is not None else {}
+    if given and "environments" not in config.model_fields_set:
+        config = config.model_copy(update={"environments": []})  # the objects replace the default
+    return config, given
+
+
 def _read_inputs(
     config: TrainConfig, given: dict[str, Any], dataset: Sequence[dict[str, Any]] | None,
     reward_functions: Sequence[RewardFunction], resume: bool, overwrite: bool,
@@ -276,10 +286,10 @@ def _read_inputs(
     the checkpoint's position when resuming), the reward functions, and the checkpoint to resume."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    local_envs, prompts = read_inputs(config.environments, inputs.training_prompts(config, dataset), given)
+    local_envs, prompts = read_inputs(config.environments, training_prompts(config.data, config.seed, dataset), given)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *reward_functions]
-    resumed = inputs.preflight(config, prompts, resume, overwrite)
+    resumed = preflight(config, prompts, resume, overwrite)
     if resumed is not None:
         source.load_state(resumed.data_state)
     return local_envs, source, functions, resumed
@@ -333,7 +343,8 @@ def _read_evaluations(run: Run, dataset: Sequence[dict[str, Any]] | None, given:
     config = run.config
     run.evaluations = read_json(run.out / "eval.json")
     if config.eval_episodes:
-        run.eval_prompts = inputs.eval_prompts(config, list(run.task_to_env), dataset, given)
+        prompts = held_out(training_prompts(config.data, config.seed, dataset), config.eval_episodes)
+        run.eval_prompts = read_samples(config.environments, prompts, list(run.task_to_env), given)
         check_prompt_lengths(run.eval_prompts, run.renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
 
 

@@ -1,13 +1,13 @@
 """Where a training run runs: ``atrain`` (the run, in this process) and ``train`` (its synchronous
 façade, which may start the ranks on Ray instead).
 
-``atrain`` sets the run up (``run.open_run``), evaluates before training, runs the synchronous loop
-(``loop.py``) or, with ``algorithm.max_staleness`` >= 1, the asynchronous pipeline
-(``pipeline.py``), evaluates after, and returns a ``TrainResult``.
+``atrain`` sets the run up (``train/run.py``: ``open_run``), evaluates before training, runs the
+synchronous loop (``grpo.py``) or, with ``algorithm.max_staleness`` >= 1, the asynchronous pipeline
+(``grpo_async.py``), evaluates after, and returns a ``TrainResult``.
 
 ``train`` runs ``train_rank`` here: one process, or one of torchrun's ranks. With ``executor: ray``
 and ``ray.training_workers`` > 1 it hands ``cluster/trainers.py`` the entry point ``train_rank``
-instead, which each Ray actor calls as one rank. ``cluster/`` never imports ``train/``: it runs the
+instead, which each Ray actor calls as one rank. ``cluster/`` never imports the recipes: it runs the
 entry it is handed, so a rank cannot start ranks again and nothing has to guard against it.
 """
 
@@ -22,14 +22,14 @@ from ..backends.base import Backend
 from ..cluster.trainers import train_on_ray
 from ..envs.base import GeneratingEnvironment
 from ..errors import ConfigError
+from ..inputs.read import read_inputs, training_prompts
+from ..train.config import TrainConfig
+from ..train.logbook import read_metrics
+from ..train.rewards import RewardFunction
+from ..train.run import evaluate, given_environments, open_run
 from ..workers import run_sync
-from .config import TrainConfig
-from .environments import build_environments, named_environments
-from .logbook import read_metrics
-from .loop import train_sync
-from .pipeline import train_async
-from .rewards import RewardFunction
-from .run import evaluate, open_run
+from .grpo import train_sync
+from .grpo_async import train_async
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
     """Synchronous façade over ``atrain``; with ``executor: ray`` and ``ray.training_workers`` > 1,
     the ranks run on Ray actors (``cluster/trainers.py``) and this returns rank 0's result."""
     if config.executor == "ray" and config.ray.training_workers > 1 and not _started_by_torchrun():
-        pooled = _pooled_environments(config, kwargs.get("environments"))
+        pooled = _pooled_environments(config, kwargs.get("environments"), kwargs.get("dataset"))
         return train_on_ray(train_rank, config, kwargs, pooled_environments=pooled)
     return train_rank(config, **kwargs)
 
@@ -92,19 +92,19 @@ async def atrain(
 
 def _started_by_torchrun() -> bool:
     """Whether torchrun started this process as one of several ranks (``WORLD_SIZE`` > 1): it
-    trains here, where ``inputs.check_ranks`` refuses Ray training workers on top (one launcher, not
-    both). A ``WORLD_SIZE`` of 1 (a job scheduler's, another library's) is a process alone."""
+    trains here, where ``preflight.check_ranks`` refuses Ray training workers on top (one launcher,
+    not both). A ``WORLD_SIZE`` of 1 (a job scheduler's, another library's) is a process alone."""
     world = os.environ.get("WORLD_SIZE", "1")
     if not world.strip().isdigit():
         raise ConfigError(f"WORLD_SIZE={world!r} in the environment: expected a whole number of ranks (torchrun sets it)")
     return int(world) > 1
 
 
-def _pooled_environments(config: TrainConfig, environments: Any) -> int:
+def _pooled_environments(config: TrainConfig, environments: Any, dataset: Sequence[dict[str, Any]] | None) -> int:
     """How many environments each rank puts in actor pools (``executor.environments_on_ray``): the
-    config's and those given to ``train()``, built here as each rank builds them, less the agent
-    programs that stay on the driver. An unknown environment is refused here, before anything starts."""
-    given = named_environments(environments) if environments is not None else {}
-    configured = config.environments if not given or "environments" in config.model_fields_set else []
-    built = build_environments(configured, given)
+    config's and those given to ``train()``, read here as each rank reads them (``open_run``), less
+    the agent programs that stay on the driver. An unknown environment, or prompts that route to
+    none, is refused here, before anything starts."""
+    config, given = given_environments(config, environments)
+    built, _ = read_inputs(config.environments, training_prompts(config.data, config.seed, dataset), given)
     return len({id(env) for env in built.values() if not isinstance(env, GeneratingEnvironment)})

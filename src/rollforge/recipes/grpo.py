@@ -4,9 +4,9 @@ Each step: draw ``batch_size`` prompts, roll each out ``group_size`` times (the 
 default), score every episode (environment reward plus reward functions), turn rewards into
 group-relative advantages, take ``epochs_per_batch`` clipped policy-gradient steps whose
 importance ratios are taken against the generation logprobs (or corrected for a lag, see
-``corrections.py``), push the new weights to the backend, then log and checkpoint (``run.py``,
-which the asynchronous pipeline shares). With ``algorithm.max_staleness`` >= 1 generation runs
-ahead of the update instead (``pipeline.py``).
+``train/corrections.py``), push the new weights to the backend, then log and checkpoint
+(``train/run.py``, which the asynchronous pipeline shares). With ``algorithm.max_staleness`` >= 1
+generation runs ahead of the update instead (``grpo_async.py``).
 
 Choices made (see the modules for each): one optimizer step per rollout batch by default (fully
 on-policy, so the ratio is 1 up to engine/trainer numerics and clipping only guards drift);
@@ -17,8 +17,8 @@ truncated episodes are trained on; sampling
 seeds derive from (seed, step, episode index in the global batch), so a resumed run repeats the
 uninterrupted run's requests and ranks sample what one process would. With
 ``algorithm.dynamic_sampling`` (DAPO) a step keeps only groups whose rewards differ and rolls out
-more prompts, in at most ``dynamic_sampling_max_rounds`` rounds, to fill the batch (``sampling.py``;
-one rank only).
+more prompts, in at most ``dynamic_sampling_max_rounds`` rounds, to fill the batch
+(``train/sampling.py``; one rank only).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..rollout.engine import arollout
+from ..train.run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
+from ..train.sampling import Scored, fill
 from ..types import Sample
-from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
-from .sampling import Scored, fill
 
 
 async def train_sync(run: Run, on_step: Callable[..., Any] | None = None) -> int:

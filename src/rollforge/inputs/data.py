@@ -1,6 +1,6 @@
-"""Prompts for training: where they come from, and the seeded order in which they are drawn.
+"""Prompts: where they come from, and the seeded order in which a training run draws them.
 
-Sources (``sources.py`` picks one and reads it once): a file (``.jsonl``, ``.json``, ``.parquet``) or
+Sources (``read.py`` picks one and reads it once): a file (``.jsonl``, ``.json``, ``.parquet``) or
 a saved ``datasets`` directory, an in-memory ``datasets.Dataset`` or list of dicts, or, without
 either, the bundled environments' own sample generators, sharing their count by weight
 (``weighted_counts``) or evenly (``even_counts``). A row's ``prompt`` is text (one user message,

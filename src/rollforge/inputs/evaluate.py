@@ -4,6 +4,11 @@ Greedy evaluation (the default) runs each prompt once. Sampled evaluation runs i
 reports the unbiased pass@k estimate of Chen et al. (2021) for every k <= n: with c of n samples
 successful (total reward >= ``success_threshold``), pass@k = 1 - C(n - c, k) / C(n, k), averaged
 over prompts.
+
+``evaluate`` opens the backend a ``BackendConfig`` describes (here, or on replicas:
+``open_generation``), evaluates on it and closes it: the base model before the quickstart's warm-up,
+``rollforge eval`` and the learning benchmark's held-out questions. A run that holds its backend open
+(training's held-out evaluation) calls ``aevaluate`` on it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from ..backends.config import BackendConfig
 from ..chat.render import ChatRenderer
+from ..cluster.generation import open_generation
 from ..envs.base import Environment
 from ..errors import ConfigError
 from ..rollout.config import RolloutConfig
@@ -75,3 +82,21 @@ async def aevaluate(
     tasks = sorted({t.task_name for t in trajectories})
     per_task = {task: statistics.fmean(t.total_reward for t in trajectories if t.task_name == task) for task in tasks}
     return EvalResult(len(trajectories), statistics.fmean(rewards), passes, per_task, trajectories)
+
+
+async def evaluate(
+    generation: BackendConfig,
+    prompts: Sequence[Sample],
+    task_to_env: Mapping[str, Environment],
+    renderer: ChatRenderer,
+    config: RolloutConfig,
+    *,
+    hf_model: Any = None,
+    samples_per_prompt: int = 1,
+    success_threshold: float = 1.0,
+) -> EvalResult:
+    """``aevaluate`` on the backend ``generation`` describes, opened for it (on ``hf_model``, a loaded
+    model, when given; the renderer's tokenizer) and closed after."""
+    async with open_generation(generation, hf_model=hf_model, tokenizer=renderer.tokenizer) as backend:
+        return await aevaluate(prompts, task_to_env, backend, renderer, config, samples_per_prompt=samples_per_prompt,
+                               success_threshold=success_threshold)

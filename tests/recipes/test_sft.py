@@ -14,15 +14,15 @@ from rollforge.chat.render import ChatRenderer
 from rollforge.chat.toolcalls import get_parser
 from rollforge.envs.experts import format_tool_call
 from rollforge.envs.library import get_env_spec
+from rollforge.envs.library.words import WORDS
 from rollforge.errors import ConfigError
 from rollforge.models import load_model, load_tokenizer
+from rollforge.recipes.sft import MaskedNLLLoss, sft, sft_update
+from rollforge.recipes.sft_config import load_sft_config
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import rollout
-from rollforge.envs.library.words import WORDS
 from rollforge.types import Message, Sample
-from rollforge.train.sft import MaskedNLLLoss, sft, sft_update
-from rollforge.train.sft_config import load_sft_config
-from rollforge.train.sft_data import (
+from rollforge.recipes.sft_data import (
     Example, accepted, conversation_example, read_records, record_examples, select_trajectories,
 )
 
@@ -285,7 +285,7 @@ def test_demonstrations_that_miss_the_threshold_are_a_clear_error(tiny_model_dir
 def test_the_sft_example_config_loads():
     from pathlib import Path
 
-    from rollforge.train.sft_config import load_sft_config
+    from rollforge.recipes.sft_config import load_sft_config
 
     config = load_sft_config(Path(__file__).parents[2] / "examples" / "sft_expert.yaml")
     assert [s.kind for s in config.sources] == ["expert", "expert"] and config.from_rollouts.rounds == 1
@@ -307,7 +307,7 @@ def test_unshuffled_epochs_keep_a_balanced_sources_blocks_in_every_batch(tiny_mo
     (question kind, tool) pair once) are then the batches, so no step leans toward one tool."""
     import re
 
-    from rollforge.train import sft as sft_module
+    from rollforge.recipes import sft as sft_module
 
     tokenizer = load_tokenizer(tiny_model_dir)
     batches: list[list[tuple[str, str]]] = []

@@ -10,9 +10,9 @@ import pytest
 
 from rollforge.bench.async_training import remote_backend
 from rollforge.errors import ConfigError
+from rollforge.recipes.grpo_async import train_async
+from rollforge.recipes.launch import atrain, train
 from rollforge.train.admission import AdmissionLedger
-from rollforge.train.launch import atrain, train
-from rollforge.train.pipeline import train_async
 from rollforge.train.run import open_run
 from rollforge.types import Trajectory
 
@@ -86,7 +86,7 @@ async def test_exact_staleness_generates_each_batch_at_one_version(tiny_config, 
 
 def test_several_ranks_are_refused_with_one_line(tiny_config):
     from rollforge.train.distributed import Ranks
-    from rollforge.train.inputs import check_ranks
+    from rollforge.train.preflight import check_ranks
 
     with pytest.raises(ConfigError, match="max_staleness=1 with 2 ranks is not supported yet"):
         check_ranks(tiny_config("algorithm.max_staleness=1", "algorithm.batch_size=4"), Ranks(rank=0, world=2))

@@ -180,7 +180,7 @@ def _message(m: Message | Mapping[str, Any], parser: ToolCallParser) -> Message:
 
 def message_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a conversations file (``.jsonl``/``.json``/``.parquet``) or saved ``datasets`` directory."""
-    from .data import load_rows
+    from ..inputs.data import load_rows
 
     return load_rows(path)
 

@@ -16,9 +16,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
+from ..inputs.config import EnvConfig
 from ..rollout.config import RolloutConfig, describe_validation_error
-from .config import EnvConfig, LoraConfig, ModelConfig, OptimConfig
-from .config_files import check_keys, read_config_data, with_section_defaults
+from ..train.config import LoraConfig, ModelConfig, OptimConfig
+from ..train.config_files import check_keys, read_config_data, with_section_defaults
 
 
 class _Section(BaseModel):

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-import rollforge.train.sources as sources
+import rollforge.inputs.read as read
 from rollforge.cli.rollout import environments_and_prompts
 from rollforge.errors import ConfigError
-from rollforge.train.config import EnvConfig, TrainConfig
-from rollforge.train.data import even_counts, generated_samples, weighted_counts
-from rollforge.train.inputs import eval_prompts, training_prompts
-from rollforge.train.sources import Prompts, read_inputs
+from rollforge.inputs.config import EnvConfig
+from rollforge.inputs.data import even_counts, generated_samples, weighted_counts
+from rollforge.inputs.read import Prompts, held_out, read_inputs, read_samples, training_prompts
+from rollforge.train.config import TrainConfig
 
 
 def test_the_generators_share_by_weight_for_training_and_evenly_for_the_command():
@@ -30,11 +30,11 @@ def test_training_and_the_rollout_command_read_a_data_file_the_same_way(tmp_path
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in "abc"))
     reads = []
-    load_rows = sources.load_rows
-    monkeypatch.setattr(sources, "load_rows", lambda p: reads.append(p) or load_rows(p))
+    load_rows = read.load_rows
+    monkeypatch.setattr(read, "load_rows", lambda p: reads.append(p) or load_rows(p))
     config = TrainConfig.model_validate({"model": {"name": "m"}, "environments": [{"name": "arithmetic"}],
                                          "data": {"path": str(path)}})
-    task_to_env, samples = read_inputs(config.environments, training_prompts(config, None))
+    task_to_env, samples = read_inputs(config.environments, training_prompts(config.data, config.seed))
     assert reads == [str(path)] and list(task_to_env) == ["arithmetic"]  # the file read once
     assert [s.prompt[-1].content for s in samples] == ["a", "b", "c"]
     command, _ = environments_and_prompts(["arithmetic"], path, 5, 0)
@@ -44,10 +44,14 @@ def test_training_and_the_rollout_command_read_a_data_file_the_same_way(tmp_path
 def test_held_out_prompts_come_from_the_same_sources():
     config = TrainConfig.model_validate({"model": {"name": "m"}, "environments": [{"name": "arithmetic"}],
                                          "eval_episodes": 3, "seed": 4})
-    held_out = eval_prompts(config, ["arithmetic"], None, {})
-    assert len(held_out) == 3 and held_out != generated_samples(config.environments, 3, 4)  # another seed
-    rows = [{"prompt": p} for p in "abcd"]
-    assert [s.prompt[-1].content for s in eval_prompts(config, ["arithmetic"], rows, {})] == ["a", "b", "c"]
+    prompts = held_out(training_prompts(config.data, config.seed), config.eval_episodes)
+    samples = read_samples(config.environments, prompts, ["arithmetic"])
+    assert len(samples) == 3 and samples != generated_samples(config.environments, 3, 4)  # another seed
+    rows = held_out(training_prompts(config.data, config.seed, [{"prompt": p} for p in "abcd"]), 3)
+    assert [s.prompt[-1].content for s in read_samples(config.environments, rows, ["arithmetic"])] == ["a", "b", "c"]
+    two = [EnvConfig(name="arithmetic"), EnvConfig(name="guess_number")]
+    assert weighted_counts(two, 3) == [2, 2]  # round(1.5) each: 4 generated, the first 3 held out
+    assert len(read_samples(two, held_out(Prompts(seed=4), 3), ["arithmetic", "guess_number"])) == 3
 
 
 def test_refusals_name_the_setting_the_user_wrote(tmp_path):

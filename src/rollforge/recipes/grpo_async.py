@@ -12,9 +12,9 @@ keeps rolling out while the trainer updates:
   step s's batch (whole groups, drawn in the same order as the synchronous loop, with the same
   seeds) once the backend serves version s - 1 - k, so every token of it, generated at that
   version or later, is at most k versions old when trained. The trainer takes the batches in the
-  order they started, waiting for a slow group rather than dropping it (``admission.py``): slow,
-  hard problems are not starved. Tokens older than the bound (none, by construction) would be
-  masked out and counted (``admission/dropped/stale``).
+  order they started, waiting for a slow group rather than dropping it
+  (``train/admission.py``): slow, hard problems are not starved. Tokens older than the bound
+  (none, by construction) would be masked out and counted (``admission/dropped/stale``).
 - **Exact versions** (``algorithm.exact_staleness``). Which version a batch sees then depends on
   timing: the trainer may push newer weights while it generates. With this option step s's whole
   batch generates at version max(start, s - 1 - k), because the push that would replace that
@@ -24,12 +24,12 @@ keeps rolling out while the trainer updates:
   step s + k still overlaps step s's update.
 - **Loss.** The importance ratios are corrected for the lag (``algorithm.off_policy_correction``).
 - k = 0 makes the producer wait for each push: exactly the synchronous loop's requests and
-  updates (tested step by step); ``atrain`` runs the synchronous loop (``loop.py``) itself then.
+  updates (tested step by step); ``atrain`` runs the synchronous loop (``grpo.py``) itself then.
 
 Memory: a backend that generates with the trained model object (HF) gets its own copy of the
 weights, refreshed at every push, so that generation goes on while the other copy trains. Not
 supported yet: several ranks, a colocated vLLM (it sleeps while the trainer updates), and dynamic
-sampling (``sampling.py``; refused by the config).
+sampling (``train/sampling.py``; refused by the config).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import time
 from typing import Any, Callable
 
 from ..rollout.engine import arollout, open_session
-from .admission import AdmissionLedger
-from .run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
-from .versions import VersionedBackend
+from ..train.admission import AdmissionLedger
+from ..train.run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
+from ..train.versions import VersionedBackend
 
 
 async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> int:
@@ -127,8 +127,9 @@ def _lag(trajectories: Any, trained: int) -> dict[str, Any]:
 
 
 def _dropped(trajectories: Any, group_size: int) -> dict[str, int]:
-    """Episodes of the batch that contribute nothing, by reason (see ``admission.py``): infrastructure
-    failures (out of their group's baseline) and the members left in a group of fewer than two."""
+    """Episodes of the batch that contribute nothing, by reason (see ``train/admission.py``):
+    infrastructure failures (out of their group's baseline) and the members left in a group of fewer
+    than two."""
     infra = [t.outcome == "infra_failure" for t in trajectories]
     lost = 0
     for first in range(0, len(infra), group_size):

@@ -1,13 +1,13 @@
-"""``train/quickstart.py``: the warm-up, then GRPO from its weights, on the tiny model."""
+"""``recipes/quickstart.py``: the warm-up, then GRPO from its weights, on the tiny model."""
 
 import json
 
 import yaml
 
 from rollforge.cli.main import main
+from rollforge.recipes.quickstart import PRESETS, quickstart
+from rollforge.recipes.sft_config import load_sft_config
 from rollforge.train.config import load_config
-from rollforge.train.quickstart import PRESETS, quickstart
-from rollforge.train.sft_config import load_sft_config
 
 
 def test_quickstart_runs_warmup_then_grpo_from_its_weights(tiny_model_dir, tmp_path):

@@ -8,19 +8,26 @@ The prompts (``Prompts``) come from one place, in this order: rows in memory
 the bundled environments' own generators (each environment checked to have one before any is
 built). Rows are used once each, or cycled through to a count (the command); the generators share
 their count by weight (training) or evenly (the command). Every sample is checked against the
-environments (``check_routes``) before anything runs.
+environments (``check_routes``) before anything runs. A training run's prompts follow its ``data``
+section (``training_prompts``); its held-out prompts come from the same place (``held_out``):
+another seed of the generators, or the first rows.
+
+Every place that builds environments reads them here: ``open_run`` and ``train()``'s count of
+pooled environments, the quickstart's base evaluation, SFT's rejection sampling, ``rollforge
+rollout``, ``rollforge eval`` and the learning benchmark's held-out questions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..envs.base import Environment
 from ..errors import ConfigError
+from ..seeds import held_out_seed
 from ..types import Sample
-from .config import EnvConfig
+from .config import DataConfig, EnvConfig
 from .data import check_generators, generated_samples, load_rows, rows_to_samples, weighted_counts
 from .environments import build_environments, check_routes
 
@@ -39,6 +46,8 @@ class Prompts:
     """Rows, with ``cycle``: how many samples (None: each row once)."""
     generated: int = 16
     """How many samples the generators make."""
+    limit: int | None = None
+    """At most this many samples (held-out prompts: the first ones); None: all."""
     seed: int = 0
     system_prompt: str | None = None
     counts: Callable[[Sequence[EnvConfig], int], list[int]] = weighted_counts
@@ -66,13 +75,26 @@ def read_samples(
     """The samples alone, routed to ``tasks`` (the environments' task names)."""
     if prompts.rows is not None or prompts.path is not None:
         rows = prompts.rows if prompts.rows is not None else load_rows(prompts.path)
-        return rows_to_samples(_cycled(rows, prompts), tasks, prompts.system_prompt)
-    if given:
+        samples = rows_to_samples(_cycled(rows, prompts), tasks, prompts.system_prompt)
+    elif given:
         raise ConfigError(
             f"the environments given to train() ({', '.join(map(repr, given))}) have no prompt generator: "
             "pass dataset= or set data.path"
         )
-    return generated_samples(environments, prompts.generated, prompts.seed, prompts.counts)
+    else:
+        samples = generated_samples(environments, prompts.generated, prompts.seed, prompts.counts)
+    return samples if prompts.limit is None else samples[: prompts.limit]
+
+
+def training_prompts(data: DataConfig, seed: int, dataset: Sequence[Mapping[str, Any]] | None = None) -> Prompts:
+    """Where a training run's prompts come from: ``dataset=``, else the ``data`` section."""
+    return Prompts(rows=dataset, path=data.path, generated=data.size, seed=seed, system_prompt=data.system_prompt)
+
+
+def held_out(prompts: Prompts, episodes: int) -> Prompts:
+    """The held-out prompts beside ``prompts``: ``episodes`` from the generators under another seed,
+    or the first ``episodes`` rows."""
+    return replace(prompts, generated=episodes, seed=held_out_seed(prompts.seed), limit=episodes)
 
 
 def _cycled(rows: Sequence[Mapping[str, Any]], prompts: Prompts) -> Sequence[Mapping[str, Any]]:

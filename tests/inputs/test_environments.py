@@ -6,10 +6,12 @@ import pytest
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.envs.stepwise import StepwiseEnvironment
 from rollforge.errors import ConfigError
-from rollforge.train.config import EnvConfig, TrainConfig
-from rollforge.train.data import rows_to_samples
-from rollforge.train.environments import build_environments, check_routes, import_attribute
-from rollforge.train.launch import train
+from rollforge.inputs.config import EnvConfig
+from rollforge.inputs.data import rows_to_samples
+from rollforge.inputs.environments import build_environments, check_routes, import_attribute
+from rollforge.recipes.launch import train
+from rollforge.train.config import TrainConfig
+from rollforge.train.run import given_environments
 
 
 def test_each_kind_of_name_builds_the_right_environment(tmp_path):
@@ -130,6 +132,17 @@ def test_train_refuses_an_environment_column_without_a_factory_before_generating
         train(config.model_copy(update={"data": config.data.model_copy(update={"path": None})}),
               environments={"count": counter}, console=False)
     assert not (tmp_path / "never").exists()  # refused before anything was written or generated
+
+
+def test_given_objects_replace_the_default_environments_only():
+    """``open_run`` and ``train()``'s count of pooled environments apply one rule (``given_environments``)."""
+    default = TrainConfig()  # arithmetic, by default
+    config, given = given_environments(default, {"count": dict})
+    assert config.environments == [] and given == {"count": dict}
+    explicit = TrainConfig(environments=[EnvConfig(name="arithmetic")])
+    config, given = given_environments(explicit, dict)
+    assert [e.name for e in config.environments] == ["arithmetic"] and given == {"dict": dict}  # named after itself
+    assert given_environments(default, None) == (default, {})
 
 
 def test_check_routes_accepts_what_routes():

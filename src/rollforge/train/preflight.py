@@ -1,13 +1,13 @@
-"""What ``open_run`` checks and reads before a run starts: the ranks' constraints, a quick
-preflight (prompt lengths, the server, the checkpoint to resume), where the prompts and held-out
-prompts come from (read by ``sources.py``), and the run's ``config.yaml``."""
+"""What ``open_run`` checks before a run starts, so that a refusal is quick: the ranks'
+constraints (``check_ranks``), and, before the model loads, the prompt lengths, the server and the
+run directory (``preflight``); and the run's ``config.yaml`` (``write_config``, SFT's too). What the
+run reads (environments, prompts) is read in ``inputs/``."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -15,13 +15,11 @@ from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..files import atomic_write
 from ..models import load_tokenizer
-from ..seeds import held_out_seed
+from ..rollout.checks import check_prompt_lengths
 from ..types import Sample
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import check_prompt_lengths
 from .distributed import Ranks
-from .sources import Prompts, read_samples
 
 
 def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
@@ -69,19 +67,6 @@ def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrit
         return ckpt.resumable(Path(config.out))
     ckpt.start_fresh(Path(config.out), overwrite)
     return None
-
-
-def training_prompts(config: TrainConfig, dataset: Sequence[dict[str, Any]] | None) -> Prompts:
-    """Where a training run's prompts come from: ``dataset=``, else the data section."""
-    data = config.data
-    return Prompts(rows=dataset, path=data.path, generated=data.size, seed=config.seed, system_prompt=data.system_prompt)
-
-
-def eval_prompts(config: TrainConfig, tasks: list[str], dataset, given: dict[str, Any]) -> list[Sample]:
-    """Held-out prompts from the generators (another seed); with a dataset, its first rows."""
-    held_out = replace(training_prompts(config, dataset), generated=config.eval_episodes,
-                       seed=held_out_seed(config.seed))
-    return read_samples(config.environments, held_out, tasks, given)[: config.eval_episodes]
 
 
 def write_config(out: Path, config: Any) -> None:

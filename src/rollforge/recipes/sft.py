@@ -6,17 +6,18 @@ never prompt, template, tool or environment tokens)::
 
     loss = -(1 / N) * sum over mask-1 tokens t of log p(ids[t] | ids[:t])     N = mask-1 tokens in the batch
 
-It shares the GRPO trainer's parts: model loading, precision and LoRA (``policy``), token-budget
-micro-batches and the masked logprob pass (``update``: the vocabulary projection runs only where
-a mask-1 token is predicted), gradient accumulation with weights computed for the whole batch
-(so packing does not change the gradient), clipping, AdamW and its schedule, checkpoints
+It shares the GRPO trainer's parts (``train/``): model loading, precision and LoRA (``policy``),
+token-budget micro-batches and the masked logprob pass (``update``: the vocabulary projection runs
+only where a mask-1 token is predicted), gradient accumulation with weights computed for the whole
+batch (so packing does not change the gradient), clipping, AdamW and its schedule, checkpoints
 (``checkpoint``) and ``metrics.jsonl`` (``logbook``).
 
 Phases: the configured ``sources`` first (trajectory files filtered by ``min_reward``,
 conversations, expert demonstrations), then, with ``from_rollouts.enabled``, ``rounds`` of
 rejection sampling: roll out the current model ``samples_per_prompt`` times per prompt, keep the
-episodes with reward >= ``min_reward``, train on them (expert iteration when rounds > 1). Each
-phase is ``epochs`` passes over its examples in a seeded order, ``batch_size`` examples per step.
+episodes with reward >= ``min_reward``, train on them (expert iteration when rounds > 1); its
+environments and prompts are read as every run's are (``inputs.read.read_inputs``). Each phase is
+``epochs`` passes over its examples in a seeded order, ``batch_size`` examples per step.
 """
 
 from __future__ import annotations
@@ -33,23 +34,22 @@ import torch
 
 from ..chat.render import ChatRenderer
 from ..errors import ConfigError
+from ..inputs.read import Prompts, read_inputs
 from ..rollout.engine import arollout
 from ..seeds import held_out_seed, mix
+from ..train import checkpoint as ckpt
+from ..train.logbook import Logbook, read_metrics
+from ..train.micro_batches import plan_micro_batches
+from ..train.policy import compute_dtype, load_policy, make_optimizer
+from ..train.preflight import write_config
+from ..train.update import UpdateRow, collate, mixed_precision, optimizer_step, sequence_logprobs
 from ..types import Trajectory
 from ..workers import run_sync
-from . import checkpoint as ckpt
-from .data import generated_samples
-from .environments import build_environments
-from .logbook import Logbook, read_metrics
-from .policy import compute_dtype, load_policy, make_optimizer
-from .inputs import write_config
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
 from .sft_data import (
     Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
     select_trajectories, trajectory_examples,
 )
-from .micro_batches import plan_micro_batches
-from .update import UpdateRow, collate, mixed_precision, optimizer_step, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -214,11 +214,11 @@ async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, render
     whose total reward is >= ``min_reward`` (and that did not fail), and the round's metrics."""
     from ..backends.opening import open_backend
     from ..cluster.config import RayConfig
-    from .generation_backend import backend_config
+    from ..train.generation_backend import backend_config
 
     rollouts = config.from_rollouts
-    task_to_env = build_environments(rollouts.environments)
-    prompts = generated_samples(rollouts.environments, rollouts.prompts, held_out_seed(config.seed, phase))
+    task_to_env, prompts = read_inputs(rollouts.environments,
+                                       Prompts(generated=rollouts.prompts, seed=held_out_seed(config.seed, phase)))
     samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
     generation = backend_config(config.model, config.rollout, RayConfig(), "local", config.seed, config.lora.enabled)
     async with open_backend(generation, hf_model=model, tokenizer=tokenizer) as backend:

@@ -13,7 +13,7 @@ import pytest
 from rollforge.backends.base import CURRENT_EPISODE
 from rollforge.backends.hf import HFBackend
 from rollforge.errors import BackendError
-from rollforge.train.launch import train
+from rollforge.recipes.launch import train
 
 FAILED = 5  # episode index in each step's batch: member 5 of group 0 (group_size 8)
 

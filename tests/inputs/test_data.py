@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rollforge.errors import ConfigError
-from rollforge.train.config import EnvConfig
-from rollforge.train.data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
+from rollforge.inputs.config import EnvConfig
+from rollforge.inputs.data import PromptSource, check_prompt_lengths, generated_samples, load_rows, rows_to_samples
 from rollforge.types import Message, Sample
 
 

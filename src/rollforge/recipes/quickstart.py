@@ -5,14 +5,15 @@ signal; the warm-up teaches the call format first. Three parts, each an existing
 
 1. held-out greedy evaluation of the base model on the GRPO run's own held-out prompts
    (``eval.json`` key ``before_warmup``);
-2. the warm-up: ``sft`` (``train/sft.py``) on the warm-up config's sources, written to
+2. the warm-up: ``sft`` (``sft.py``) on the warm-up config's sources, written to
    ``OUT/warmup/`` (its ``metrics.jsonl`` and final checkpoint);
-3. GRPO: ``train`` (``train/loop.py``) with ``model.name`` set to the warm-up checkpoint's
+3. GRPO: ``train`` (``launch.py``, ``grpo.py``) with ``model.name`` set to the warm-up checkpoint's
    ``model/`` directory, written to ``OUT/``; it evaluates the same held-out prompts before
    (``before``: after the warm-up) and after (``after``) its steps.
 
 ``report.md`` then shows both phases and the held-out reward per environment at the three points.
-With ``resume``, a base evaluation already in ``eval.json`` and a finished warm-up are reused, and
+The presets (``presets/quickstart.yaml``: GRPO, ``presets/quickstart_warmup.yaml``: SFT) ship in
+the wheel. With ``resume``, a base evaluation already in ``eval.json`` and a finished warm-up are reused, and
 GRPO continues from its newest checkpoint.
 """
 
@@ -25,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ..files import read_json
+from ..train import checkpoint as ckpt
+from ..train.config import LoraConfig, TrainConfig
+from ..train.logbook import read_metrics
+from ..train.report import held_out_curve, plot_held_out, write_report
 from ..workers import run_sync
-from . import checkpoint as ckpt
-from .config import LoraConfig, TrainConfig
-from .logbook import read_metrics
-from .report import held_out_curve, plot_held_out, write_report
 from .sft_config import SFTConfig
 
 PRESETS = Path(__file__).resolve().parent / "presets"  # quickstart.yaml (GRPO), quickstart_warmup.yaml (SFT)
@@ -81,21 +82,19 @@ def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, 
 async def evaluate_base(config: TrainConfig) -> dict[str, Any]:
     """Held-out greedy evaluation of ``config.model`` as it is, on the prompts ``train`` evaluates."""
     from ..chat.render import ChatRenderer
-    from ..cluster.generation import open_generation
-    from .environments import build_environments
-    from .evaluate import aevaluate
-    from .generation_backend import backend_config, shared_model
-    from .inputs import eval_prompts
-    from .policy import load_policy
+    from ..inputs.evaluate import evaluate
+    from ..inputs.read import held_out, read_inputs, training_prompts
+    from ..train.generation_backend import backend_config, shared_model
+    from ..train.policy import load_policy
 
     model, tokenizer = load_policy(config.model, LoraConfig())
     model.requires_grad_(False)
-    task_to_env = build_environments(config.environments)
-    prompts = eval_prompts(config, list(task_to_env), None, {})
+    task_to_env, prompts = read_inputs(config.environments,
+                                       held_out(training_prompts(config.data, config.seed), config.eval_episodes))
     generation = backend_config(config.model, config.rollout, config.ray, "local", config.seed, False, config.vllm)
     greedy = config.rollout.model_copy(update={"greedy": True, "seed": config.seed})
-    async with open_generation(generation, hf_model=shared_model(generation, model), tokenizer=tokenizer) as backend:
-        result = await aevaluate(prompts, task_to_env, backend, ChatRenderer(tokenizer), greedy)
+    result = await evaluate(generation, prompts, task_to_env, ChatRenderer(tokenizer), greedy,
+                            hf_model=shared_model(generation, model))
     return result.to_json()
 
 

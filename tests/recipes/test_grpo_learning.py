@@ -7,7 +7,7 @@ differently) could fail the test; with 16, seeds 0 to 3 pass 0.9 by step 38 at t
 import json
 import statistics
 
-from rollforge.train.launch import train
+from rollforge.recipes.launch import train
 
 
 def test_tiny_model_learns_to_read_the_prompt(tiny_config):

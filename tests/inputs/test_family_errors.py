@@ -12,7 +12,7 @@ import yaml
 
 from rollforge.cli.main import main
 from rollforge.envs.adapters import unknown_item
-from rollforge.train.environments import is_bundled
+from rollforge.inputs.environments import is_bundled
 
 CASES = [
     ("gymnasium", "gymnasium:CartPole-v1", "gymnasium environment 'CartPole-v1' has no text rendering"),
