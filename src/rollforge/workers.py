@@ -224,12 +224,13 @@ def run_sync(main: Coroutine[Any, Any, T]) -> T:
 def _run_in_helper_thread(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` on a helper thread; a KeyboardInterrupt here cancels it there.
     (Waits on an Event: an interrupted ``Thread.join`` marks a running thread as stopped.)"""
-    started: queue.SimpleQueue = queue.SimpleQueue()
-    finished = threading.Event()
+    started, finished = threading.Event(), threading.Event()
+    running: list = []  # (loop, task), set by the helper thread: a Ctrl-C in this one cannot lose it
     outcome: list = []
 
     async def runner() -> T:
-        started.put((asyncio.get_running_loop(), asyncio.current_task()))
+        running.append((asyncio.get_running_loop(), asyncio.current_task()))
+        started.set()
         return await main
 
     def run() -> None:
@@ -241,12 +242,15 @@ def _run_in_helper_thread(main: Coroutine[Any, Any, T]) -> T:
             finished.set()
 
     threading.Thread(target=run, name="rollforge-run-sync", daemon=True).start()
-    loop, task = started.get()
-    try:
+    try:  # a Ctrl-C as early as while the coroutine starts cancels it too
         while not finished.wait(0.1):  # short waits, so that Ctrl-C reaches this thread
             pass
     except KeyboardInterrupt:
-        loop.call_soon_threadsafe(task.cancel)
+        while not (started.is_set() or finished.is_set()):
+            started.wait(0.1)
+        if running:
+            loop, task = running[0]
+            loop.call_soon_threadsafe(task.cancel)
         finished.wait()
         raise
     ok, value = outcome[0]

@@ -24,13 +24,18 @@ PICKED = (0, 8, 16, 24)
 
 @pytest.fixture(scope="module")
 def trackio_dir(tmp_path_factory):
-    """trackio reads TRACKIO_DIR once, as it is first imported: set before that, for this module."""
+    """trackio reads TRACKIO_DIR once, as it is first imported, and its modules copy the path
+    (``from trackio.utils import TRACKIO_DIR``). Another test of the suite may have imported it
+    already (transformers and TRL import trackio when it is installed), so the copies are set too."""
     where = tmp_path_factory.mktemp("trackio")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRACKIO_DIR", str(where))
-        import trackio.utils
+        import trackio.sqlite_storage  # noqa: F401  (every module that copies the path, loaded)
 
-        assert Path(trackio.utils.TRACKIO_DIR) == where, "trackio was imported before this module set its store"
+        for name, module in list(sys.modules.items()):
+            if (name == "trackio" or name.startswith("trackio.")) and hasattr(module, "TRACKIO_DIR"):
+                patch.setattr(module, "TRACKIO_DIR", where)
+        assert Path(sys.modules["trackio.utils"].TRACKIO_DIR) == where
         yield where
 
 
