@@ -192,12 +192,14 @@ def test_a_fresh_run_pushes_its_weights_to_a_server_that_loaded_others(vllm_serv
         "environments=[{name: arithmetic}]", "algorithm.batch_size=2", "algorithm.group_size=2",
         "rollout.max_new_tokens=8", "rollout.max_turns=1", "optim.lr=1e-9", "save_trajectories=false",
         "algorithm.kl_beta=0.001",  # a KL term: every rollout is forwarded, even in a group of equal rewards
+        "algorithm.off_policy_correction=none",  # ratios against the server's logprobs (auto: 1 by construction)
     ])
     backend = client(vllm_server)
     try:
         (metrics,) = train(config, console=False).history
         assert metrics["policy_tokens"] > 0
         assert abs(metrics["mean_ratio"] - 1) < 2e-3, metrics["mean_ratio"]
+        assert metrics["mismatch/kl"] < 1e-3, metrics["mismatch/kl"]  # unpushed weights: ~1e-2 and more
     finally:
         asyncio.run(backend.update_weights(hf[0]))  # back to the original weights for the other tests
         asyncio.run(backend.close())
