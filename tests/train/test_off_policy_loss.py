@@ -31,6 +31,8 @@ from rollforge.train.policy_losses import CISPOLoss, GSPOLoss, policy_loss
 from rollforge.train.step_metrics import merge_update_stats
 from rollforge.train.update import UpdateRow, UpdateStats, policy_update, sequence_logprobs
 
+from grouped_rows import grouped_rows
+
 ln = math.log
 
 # Two rows of three tokens, clip 0.2 / 0.2, cap 2, advantages +1 and -1, aggregation weights below
@@ -183,16 +185,7 @@ def _batch(model, groups=2, size=3):
     lengths (the planner reorders a group's rows longest first) with an environment token (mask 0)
     in the middle. Behaviour logprobs are the model's own minus ln 3 (b = 3: truncated or masked at
     cap 2), ln 0.7 or 0, cycling over the positions."""
-    g = torch.Generator().manual_seed(1)
-    episodes = []
-    for _ in range(groups):
-        prompt = torch.randint(3, 600, (7,), generator=g)
-        for member in range(size):
-            n = 4 + 3 * member if member % 2 else 12 - member
-            ids = torch.cat([prompt, torch.randint(3, 600, (n,), generator=g)])
-            mask = torch.cat([torch.zeros(7), torch.ones(n)])
-            mask[7 + n // 2] = 0
-            episodes.append(UpdateRow(ids, mask, torch.zeros(ids.numel()), prompt_length=7))
+    episodes = grouped_rows(1, groups, size)
     own = _logprobs(model, episodes)
     shifted = []
     for e, lp in zip(episodes, own):

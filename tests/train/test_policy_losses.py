@@ -17,6 +17,8 @@ from rollforge.train.policy_losses import POLICY_LOSSES, CISPOLoss, GSPOLoss, po
 from rollforge.train.step_metrics import merge_update_stats, mismatch_metrics
 from rollforge.train.update import UpdateRow, UpdateStats, policy_update, sequence_logprobs
 
+from grouped_rows import grouped_rows
+
 ln = math.log
 
 # Two sequences, behaviour logprobs 0, so log r_t = logp_t. Row 0 (A = +1): position 0 is off the
@@ -247,19 +249,13 @@ def _episodes(model, groups=2, size=3):
     environment token (mask 0) in the middle; behaviour logprobs the model's own minus ln 1.3, ln 0.8
     or 0 per member (and +-0.05 per token), so sequence ratios leave a narrow band and some behaviour
     weights (1.3) pass a cap of 1.1."""
-    g = torch.Generator().manual_seed(2)
     episodes = []
-    for _ in range(groups):
-        prompt = torch.randint(3, 600, (7,), generator=g)
-        for member in range(size):
-            n = 4 + 3 * member if member % 2 else 12 - member
-            ids = torch.cat([prompt, torch.randint(3, 600, (n,), generator=g)])
-            mask = torch.cat([torch.zeros(7), torch.ones(n)])
-            mask[7 + n // 2] = 0
-            with torch.no_grad():
-                own = sequence_logprobs(model, ids[None], torch.ones_like(ids)[None], mask[None] > 0)[0]
-            shift = ln([1.3, 0.8, 1.0][member]) + 0.05 * torch.tensor([1.0, -1.0]).repeat(ids.numel())[: ids.numel()]
-            episodes.append(UpdateRow(ids, mask, (own - shift) * mask, prompt_length=7))
+    for i, row in enumerate(grouped_rows(2, groups, size)):
+        ids, mask = row.ids, row.mask
+        with torch.no_grad():
+            own = sequence_logprobs(model, ids[None], torch.ones_like(ids)[None], mask[None] > 0)[0]
+        shift = ln([1.3, 0.8, 1.0][i % size]) + 0.05 * torch.tensor([1.0, -1.0]).repeat(ids.numel())[: ids.numel()]
+        episodes.append(UpdateRow(ids, mask, (own - shift) * mask, prompt_length=row.prompt_length))
     return episodes
 
 
