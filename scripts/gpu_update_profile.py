@@ -29,7 +29,9 @@ BUDGETS = (4096, 16384)  # micro_batch_tokens
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="qwen3-0.6b", help=f"one of {', '.join(gpu_sections.MODELS)}, tiny, or a model directory")
+    parser.add_argument(
+        "--model", default="qwen3-0.6b", help=f"one of {', '.join(gpu_sections.MODELS)}, tiny, or a model directory"
+    )
     parser.add_argument("--device", default="cuda")
     for name, default in (("groups", 8), ("group-size", 8), ("prompt", 110), ("completion", 256)):
         parser.add_argument(f"--{name}", type=int, default=default)
@@ -44,15 +46,27 @@ def main() -> None:
             gpu_sections.build_model_dir(args.model, folder, where, seed=0)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(where)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        episodes, advantages = batch(model.config.vocab_size, args.groups, args.group_size, args.prompt, args.completion)
+        episodes, advantages = batch(
+            model.config.vocab_size, args.groups, args.group_size, args.prompt, args.completion
+        )
         weights = TokenMean().weights([e.mask for e in episodes])
         for budget, group in ((b, g) for b in BUDGETS for g in (args.group_size, 1)):
+
             def update() -> tuple[float, int]:
                 began = time.perf_counter()
-                stats = policy_update(model, optimizer, episodes, advantages, weights, ClippedPolicyLoss(),
-                                      micro_batch_tokens=budget, pad_id=0, group_size=group,
-                                      compute_dtype=torch.bfloat16 if cuda else torch.float32,
-                                      skip_zero_advantage=False)
+                stats = policy_update(
+                    model,
+                    optimizer,
+                    episodes,
+                    advantages,
+                    weights,
+                    ClippedPolicyLoss(),
+                    micro_batch_tokens=budget,
+                    pad_id=0,
+                    group_size=group,
+                    compute_dtype=torch.bfloat16 if cuda else torch.float32,
+                    skip_zero_advantage=False,
+                )
                 if cuda:
                     torch.cuda.synchronize(where)
                 return time.perf_counter() - began, stats.micro_batches
@@ -62,8 +76,11 @@ def main() -> None:
             update()
             timed = [update() for _ in range(2)]
             peak = torch.cuda.max_memory_allocated(where) / 2**30 if cuda else 0.0
-            print(f"micro_batch_tokens={budget} group_size={group}: {[round(t, 3) for t, _ in timed]} s, "
-                  f"micro_batches={timed[0][1]}, peak={peak:.1f} GiB", flush=True)
+            print(
+                f"micro_batch_tokens={budget} group_size={group}: {[round(t, 3) for t, _ in timed]} s, "
+                f"micro_batches={timed[0][1]}, peak={peak:.1f} GiB",
+                flush=True,
+            )
 
 
 def batch(vocab: int, groups: int, size: int, prompt: int, completion: int) -> tuple[list[UpdateRow], torch.Tensor]:

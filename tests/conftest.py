@@ -34,12 +34,22 @@ def tiny_config(tiny_model_dir, tmp_path, first_character_data):
     """``make(*overrides)``: a fast training config on the tiny model and FirstCharacter."""
 
     def make(*overrides: str):
-        return load_config(overrides=[
-            f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=3", f"data.path={first_character_data}",
-            "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
-            "algorithm.batch_size=4", "algorithm.group_size=8", "rollout.max_new_tokens=2", "rollout.max_turns=1",
-            "optim.lr=1e-3", "checkpoint_every=0", *overrides,
-        ])
+        return load_config(
+            overrides=[
+                f"model.name={tiny_model_dir}",
+                f"out={tmp_path / 'run'}",
+                "steps=3",
+                f"data.path={first_character_data}",
+                "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
+                "algorithm.batch_size=4",
+                "algorithm.group_size=8",
+                "rollout.max_new_tokens=2",
+                "rollout.max_turns=1",
+                "optim.lr=1e-3",
+                "checkpoint_every=0",
+                *overrides,
+            ]
+        )
 
     return make
 

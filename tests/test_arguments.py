@@ -37,7 +37,8 @@ def test_hf_backend_given_a_name_or_swapped_arguments_names_what_it_expected(loa
         "load it with rollforge.load_model(name)"
     )
     assert f"model must be a loaded transformers model, got {type(tokenizer).__name__}" in _one_line_error(
-        HFBackend, tokenizer, model)
+        HFBackend, tokenizer, model
+    )
 
 
 def test_chat_renderer_given_the_pair_or_a_name(loaded):
@@ -49,7 +50,8 @@ def test_chat_renderer_given_the_pair_or_a_name(loaded):
 def test_scripted_backend_checks_its_script_and_tokenizer(loaded):
     model, tokenizer = loaded
     assert "script must be a function of a ScriptedRequest, got str 'ok'" in _one_line_error(
-        ScriptedBackend, "ok", tokenizer)
+        ScriptedBackend, "ok", tokenizer
+    )
     assert "load_model returns (model, tokenizer)" in _one_line_error(ScriptedBackend, lambda r: "ok", loaded)
 
 
@@ -57,6 +59,8 @@ def test_backends_that_load_the_model_themselves_want_a_name(loaded):
     model, _ = loaded
     assert "VLLMBackend: model is a tuple; expected a model name" in _one_line_error(VLLMBackend, loaded)
     assert "VLLMBackend: model must be a model name, hub id or directory, got LlamaForCausalLM" in _one_line_error(
-        VLLMBackend, model)
+        VLLMBackend, model
+    )
     assert "OpenAICompatBackend: model must be a model name" in _one_line_error(
-        OpenAICompatBackend, "http://127.0.0.1:9", model=model)
+        OpenAICompatBackend, "http://127.0.0.1:9", model=model
+    )

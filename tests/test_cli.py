@@ -16,32 +16,74 @@ from rollforge.testing import first_character_rows, free_port
 from rollforge.types import Failure, Message, Trajectory
 
 FIELDS = {
-    "index", "task_name", "messages", "token_ids", "loss_mask", "logprobs", "rewards", "total_reward",
-    "turns", "terminated", "truncated", "max_turns_reached", "error",
+    "index",
+    "task_name",
+    "messages",
+    "token_ids",
+    "loss_mask",
+    "logprobs",
+    "rewards",
+    "total_reward",
+    "turns",
+    "terminated",
+    "truncated",
+    "max_turns_reached",
+    "error",
 }
 SPEC_METRICS = {
-    "total_turns", "avg_turns_per_sample", "max_turns_per_sample", "natural_termination_rate",
-    "truncation_rate", "max_turns_reached_rate", "mean_total_tokens_per_sample", "mean_gen_tokens_per_sample",
-    "mean_env_tokens_per_sample", "mean_total_reward", "max_total_reward", "min_total_reward",
+    "total_turns",
+    "avg_turns_per_sample",
+    "max_turns_per_sample",
+    "natural_termination_rate",
+    "truncation_rate",
+    "max_turns_reached_rate",
+    "mean_total_tokens_per_sample",
+    "mean_gen_tokens_per_sample",
+    "mean_env_tokens_per_sample",
+    "mean_total_reward",
+    "max_total_reward",
+    "min_total_reward",
 }
 
 
 def from_record(record: dict) -> Trajectory:
     """Rebuild a Trajectory from its JSON record (which re-checks every invariant)."""
     return Trajectory(
-        index=record["index"], task_name=record["task_name"],
+        index=record["index"],
+        task_name=record["task_name"],
         messages=tuple(Message(m["role"], m["content"], name=m.get("name")) for m in record["messages"]),
-        token_ids=tuple(record["token_ids"]), loss_mask=tuple(record["loss_mask"]),
-        logprobs=tuple(record["logprobs"]), prompt_length=record["prompt_length"],
-        rewards=tuple(record["rewards"]), total_reward=record["total_reward"], turns=record["turns"],
+        token_ids=tuple(record["token_ids"]),
+        loss_mask=tuple(record["loss_mask"]),
+        logprobs=tuple(record["logprobs"]),
+        prompt_length=record["prompt_length"],
+        rewards=tuple(record["rewards"]),
+        total_reward=record["total_reward"],
+        turns=record["turns"],
         ending=ending_of(record),
-        error=Failure(**record["error"]) if record["error"] else None, tools=tuple(record["tools"]),
+        error=Failure(**record["error"]) if record["error"] else None,
+        tools=tuple(record["tools"]),
     )
 
 
 def run_rollout(model: str, out, *extra: str) -> tuple[list[dict], dict]:
-    args = ["rollout", "--model", model, "--env", "arithmetic", "--env", "catch", "--episodes", "4",
-            "--max-turns", "3", "--max-new-tokens", "40", "--out", str(out), *extra]
+    args = [
+        "rollout",
+        "--model",
+        model,
+        "--env",
+        "arithmetic",
+        "--env",
+        "catch",
+        "--episodes",
+        "4",
+        "--max-turns",
+        "3",
+        "--max-new-tokens",
+        "40",
+        "--out",
+        str(out),
+        *extra,
+    ]
     assert main(args) == 0
     records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -129,12 +171,31 @@ def test_rollout_takes_files_modules_and_a_prompts_file(tiny_model_dir, tmp_path
     rows = [{**row, "task_name": "FirstCharacter"} for row in first_character_rows(2)]
     rows += [{"prompt": "Count to three.", "environment": "Counter"}]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["rollout", "--model", str(tiny_model_dir), "--env", "rollforge.testing:FirstCharacter",
-            "--env", "cli_counter.py:Counter", "--data", "rows.jsonl", "--max-new-tokens", "3", "--out", "out"]
+    args = [
+        "rollout",
+        "--model",
+        str(tiny_model_dir),
+        "--env",
+        "rollforge.testing:FirstCharacter",
+        "--env",
+        "cli_counter.py:Counter",
+        "--data",
+        "rows.jsonl",
+        "--max-new-tokens",
+        "3",
+        "--out",
+        "out",
+    ]
     assert main([*args, "--episodes", "5"]) == 0
     records = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
     # five episodes from three rows, cycling through the file
-    assert [r["task_name"] for r in records] == ["FirstCharacter", "FirstCharacter", "Counter", "FirstCharacter", "FirstCharacter"]
+    assert [r["task_name"] for r in records] == [
+        "FirstCharacter",
+        "FirstCharacter",
+        "Counter",
+        "FirstCharacter",
+        "FirstCharacter",
+    ]
     assert all(r["error"] is None for r in records)
     assert [m["content"] for m in records[2]["messages"] if m["role"] == "user"] == ["Count to three."]
 
@@ -156,12 +217,14 @@ def test_rollout_mistakes_are_one_line(tiny_model_dir, tmp_path, capsys):
     assert "--episodes must be >= 1, got 0" in rollout_error(capsys, "--episodes", "0", *out)
     assert "max_turns" in rollout_error(capsys, *model, *out, "--max-turns", "0")
     assert "--max-seq-len=8 leaves no room to generate: prompt 1 is already" in rollout_error(
-        capsys, *model, *out, "--max-seq-len", "8")
+        capsys, *model, *out, "--max-seq-len", "8"
+    )
     assert "unknown tool-call parser 'nope'" in rollout_error(capsys, *model, *out, "--tool-parser", "nope")
     assert "argument --max-turns: invalid int value: 'many'" in rollout_error(capsys, *out, "--max-turns", "many")
     url = f"http://127.0.0.1:{free_port()}"
     assert f"no OpenAI-compatible server answers at {url}" in rollout_error(
-        capsys, *model, *out, "--backend", "openai", "--base-url", url)
+        capsys, *model, *out, "--backend", "openai", "--base-url", url
+    )
     (tmp_path / "env.py").write_text(COUNTER)
     env = ["--env", f"{tmp_path / 'env.py'}:Counter"]
     assert "has no prompt generator; give prompts with --data" in rollout_error(capsys, *model, *out, *env)

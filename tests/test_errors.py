@@ -51,8 +51,11 @@ def test_every_exception_class_of_the_package_is_defined_in_errors():
 
 
 def test_the_docstring_draws_every_class_of_the_tree():
-    classes = [v for v in vars(errors).values() if inspect.isclass(v) and issubclass(v, BaseException)
-               and v.__module__ == "rollforge.errors"]
+    classes = [
+        v
+        for v in vars(errors).values()
+        if inspect.isclass(v) and issubclass(v, BaseException) and v.__module__ == "rollforge.errors"
+    ]
     assert len(classes) >= 15
     for cls in classes:
         assert cls.__name__ in errors.__doc__, cls.__name__

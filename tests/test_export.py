@@ -25,8 +25,13 @@ def catch_run(tiny_model_dir):
     spec = get_env_spec("catch")
     from rollforge.chat.toolcalls import get_parser
 
-    result = rollout(spec.samples(3, 0), {"catch": spec.build()}, expert_backend(spec.expert, renderer, get_parser()),
-                     renderer, RolloutConfig(max_turns=6))
+    result = rollout(
+        spec.samples(3, 0),
+        {"catch": spec.build()},
+        expert_backend(spec.expert, renderer, get_parser()),
+        renderer,
+        RolloutConfig(max_turns=6),
+    )
     return result.trajectories
 
 

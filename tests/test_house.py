@@ -55,8 +55,9 @@ def _limit(key: str) -> int:
 
 
 def test_qualified_names_and_lengths_are_counted_as_house_counts():
-    tree = ast.parse("class A:\n    def f(self):\n        def g():\n            pass\n\n        return g\n"
-                     "async def h():\n    pass\n")
+    tree = ast.parse(
+        "class A:\n    def f(self):\n        def g():\n            pass\n\n        return g\nasync def h():\n    pass\n"
+    )
     assert dict(_functions(tree)) == {"A.f": 5, "A.f.g": 2, "h": 2}
 
 

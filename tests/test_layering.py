@@ -175,12 +175,20 @@ def circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 
 
 def test_the_reader_resolves_relative_imports_and_skips_type_checking():
-    source = ("from ..cluster.replicas import x\nfrom .. import cluster\nimport rollforge.cluster.connect\n"
-              "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..train import loop\n"
-              "def f():\n    from ..errors import ConfigError\n")
+    source = (
+        "from ..cluster.replicas import x\nfrom .. import cluster\nimport rollforge.cluster.connect\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..train import loop\n"
+        "def f():\n    from ..errors import ConfigError\n"
+    )
     assert imported_names(source, "rollforge.backends.sample", False) == [
-        "rollforge.cluster.replicas", "rollforge.cluster.replicas.x", "rollforge", "rollforge.cluster",
-        "rollforge.cluster.connect", "typing", "typing.TYPE_CHECKING", "rollforge.errors",
+        "rollforge.cluster.replicas",
+        "rollforge.cluster.replicas.x",
+        "rollforge",
+        "rollforge.cluster",
+        "rollforge.cluster.connect",
+        "typing",
+        "typing.TYPE_CHECKING",
+        "rollforge.errors",
         "rollforge.errors.ConfigError",
     ]
     assert imported_names("from . import base\n", "rollforge.envs", True) == ["rollforge.envs", "rollforge.envs.base"]
@@ -208,7 +216,10 @@ def test_parts_on_one_floor_that_must_not_know_each_other_do_not():
     """Not even for type checking (``backends/`` never imports ``cluster/``: Ray replicas are chosen
     above both, in ``cluster/generation.py``)."""
     crossing = {
-        (m, t) for m, targets in import_graph(type_checking=True).items() for t in targets for package, apart in APART.items()
+        (m, t)
+        for m, targets in import_graph(type_checking=True).items()
+        for t in targets
+        for package, apart in APART.items()
         if (m == package or m.startswith(package + ".")) and any(t == a or t.startswith(a + ".") for a in apart)
     }
     assert crossing == set()

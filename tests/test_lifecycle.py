@@ -31,15 +31,20 @@ def _run_script(code: str, *args: str) -> subprocess.CompletedProcess:
     """``python -c code`` with SIGINT at its default disposition, as in a terminal."""
     env = dict(os.environ, PYTHONPATH=SRC, TOKENIZERS_PARALLELISM="false")
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args], env=env, capture_output=True, text=True,
-        timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
 def test_a_script_that_never_closes_a_busy_hf_backend_exits_0(tiny_model_dir):
     # Without the exit hook the worker is inside torch when the interpreter finalizes and Python
     # ends it with pthread_exit: "terminate called without an active exception", SIGABRT.
-    done = _run_script("""
+    done = _run_script(
+        """
         import asyncio, sys, threading
         import rollforge
         from rollforge.backends.base import SamplingParams
@@ -63,7 +68,9 @@ def test_a_script_that_never_closes_a_busy_hf_backend_exits_0(tiny_model_dir):
         threading.Thread(target=in_background, daemon=True).start()
         busy.wait()
         print("leaving", flush=True)
-    """, str(tiny_model_dir))
+    """,
+        str(tiny_model_dir),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "leaving\n" and "terminate called" not in done.stderr
 

@@ -249,10 +249,15 @@ def test_auto_is_cuda_when_a_gpu_is_there_and_cpu_otherwise(monkeypatch):
 
 def test_a_device_that_is_not_there_is_a_one_line_error_naming_it(monkeypatch):
     _gpus(monkeypatch, 0)
-    with pytest.raises(ConfigError, match=r"^device 'cuda' was requested but PyTorch sees no CUDA GPU here; use device 'cpu' or 'auto'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^device 'cuda' was requested but PyTorch sees no CUDA GPU here; use device 'cpu' or 'auto'$",
+    ):
         models.resolve_device("cuda")
     _gpus(monkeypatch, 1)
-    with pytest.raises(ConfigError, match=r"^device 'cuda:7' does not exist: this machine has 1 CUDA GPU\(s\) \(cuda:0..cuda:0\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^device 'cuda:7' does not exist: this machine has 1 CUDA GPU\(s\) \(cuda:0..cuda:0\)$"
+    ):
         models.resolve_device("cuda:7")
     for garbage in ("gpu", "cuda:x", "cuda:", "mps", ""):
         with pytest.raises(ConfigError, match=r"unknown device .*; expected auto, cpu, cuda or cuda:N"):
@@ -297,7 +302,8 @@ def test_a_training_checkpoint_loads_its_model_folder_with_a_note(tiny_model_dir
         assert resolve_model(checkpoint) == checkpoint / "model"
         assert len(load_tokenizer(checkpoint)) == len(load_tokenizer(tiny_model_dir))
     assert [r.getMessage() for r in caplog.records] == [
-        f"{checkpoint} is a training checkpoint; loading its weights from {checkpoint / 'model'}"]
+        f"{checkpoint} is a training checkpoint; loading its weights from {checkpoint / 'model'}"
+    ]
 
 
 def test_a_run_directory_names_where_its_newest_weights_are(tiny_model_dir, tmp_path):
@@ -308,7 +314,8 @@ def test_a_run_directory_names_where_its_newest_weights_are(tiny_model_dir, tmp_
         load_tokenizer(run)
     assert str(caught.value) == (
         f"{str(run)!r} is a training run directory; its weights are in {run}/checkpoints/step-000010/model "
-        "(the newest checkpoint)")
+        "(the newest checkpoint)"
+    )
 
 
 def test_a_directory_without_model_files_says_what_was_expected(tmp_path):
@@ -317,4 +324,5 @@ def test_a_directory_without_model_files_says_what_was_expected(tmp_path):
         load_tokenizer(tmp_path)
     assert str(caught.value) == (
         f"model directory {str(tmp_path)!r} has no config.json; expected a model directory (config.json, "
-        "weights and tokenizer files) or a training checkpoint (RUN/checkpoints/step-N)")
+        "weights and tokenizer files) or a training checkpoint (RUN/checkpoints/step-N)"
+    )

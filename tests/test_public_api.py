@@ -13,7 +13,8 @@ def test_all_names_resolve_and_nothing_public_is_missing():
     assert len(set(rollforge.__all__)) == len(rollforge.__all__)
     assert rollforge.__all__ == sorted(rollforge.__all__)
     public = {
-        name for name, value in vars(rollforge).items()
+        name
+        for name, value in vars(rollforge).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType) and name not in ("annotations", "Any")
     }
     assert public <= set(rollforge.__all__), public - set(rollforge.__all__)
@@ -23,15 +24,19 @@ def test_all_names_resolve_and_nothing_public_is_missing():
 INTERNAL_ERRORS = {
     "EpisodeFailed",  # the engine catches it and files its Failure on the trajectory
     "WireError",  # the gateway answers it as an HTTP error
-    "OtherSideFailed", "SideFailed",  # a comparison benchmark's sides, reported by `rollforge bench`
+    "OtherSideFailed",
+    "SideFailed",  # a comparison benchmark's sides, reported by `rollforge bench`
 }
 
 
 def test_every_exception_a_user_meets_is_exported():
     from rollforge import errors
 
-    tree = {name for name, value in vars(errors).items()
-            if isinstance(value, type) and issubclass(value, errors.RollforgeError)}
+    tree = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.RollforgeError)
+    }
     assert INTERNAL_ERRORS <= tree
     assert sorted(tree - INTERNAL_ERRORS - set(rollforge.__all__)) == []
     assert {"RewardUnavailable", "SandboxUnavailable", "ToolArgumentError"} <= set(rollforge.__all__)

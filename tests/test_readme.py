@@ -72,7 +72,13 @@ def test_readme_python_runs_as_written(index, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     script = tmp_path / "example.py"
     script.write_text(blocks(README, "python")[index])
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=900, preexec_fn=_default_sigint)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        preexec_fn=_default_sigint,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip(), done.stderr[-3000:]

@@ -55,8 +55,9 @@ def renderer():
 
 
 def rollout(renderer, episodes=3, turns=2):
-    scripted = ScriptedBackend(lambda request: f"reply {request.call}", renderer.tokenizer,
-                               end_token_id=renderer.stop_token_ids[0])
+    scripted = ScriptedBackend(
+        lambda request: f"reply {request.call}", renderer.tokenizer, end_token_id=renderer.stop_token_ids[0]
+    )
     recorder = RecordingBackend(scripted)
     samples = [Sample(prompt=[{"role": "user", "content": f"Talk ({i})."}]) for i in range(episodes)]
     config = RolloutConfig(max_turns=turns, max_new_tokens=8, concurrency=episodes)
@@ -73,9 +74,14 @@ def test_the_recording_backend_keeps_every_request_with_its_episode(renderer):
     assert [len(requests) for requests in episodes] == [2, 2, 2]  # two turns each
     for first, second in episodes:
         assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids  # the same conversation, grown
-        assert second.prompt_ids[len(first.prompt_ids):][: len(first.completion.token_ids)] == first.completion.token_ids
-    calls = sorted(int(renderer.tokenizer.decode(r.completion.token_ids[:-1]).split()[-1])
-                   for requests in episodes for r in requests)
+        assert (
+            second.prompt_ids[len(first.prompt_ids) :][: len(first.completion.token_ids)] == first.completion.token_ids
+        )
+    calls = sorted(
+        int(renderer.tokenizer.decode(r.completion.token_ids[:-1]).split()[-1])
+        for requests in episodes
+        for r in requests
+    )
     assert calls == list(range(6))  # every request the backend served was recorded once
     assert recorder.calls == [(r.prompt_ids, r.completion) for r in recorder.requests]
     asyncio.run(recorder.close())

@@ -10,9 +10,17 @@ from rollforge.types import Completion, Failure, Message, Sample, Segment, ToolC
 
 def make(**changes):
     fields = dict(
-        index=3, task_name="t", messages=(Message("user", "q"), Message("assistant", "a")),
-        token_ids=(1, 2, 3, 4), loss_mask=(0, 0, 1, 1), logprobs=(None, None, -0.1, -0.2), prompt_length=2,
-        rewards=(0.5, 0.25), total_reward=0.75, turns=2, ending="terminated",
+        index=3,
+        task_name="t",
+        messages=(Message("user", "q"), Message("assistant", "a")),
+        token_ids=(1, 2, 3, 4),
+        loss_mask=(0, 0, 1, 1),
+        logprobs=(None, None, -0.1, -0.2),
+        prompt_length=2,
+        rewards=(0.5, 0.25),
+        total_reward=0.75,
+        turns=2,
+        ending="terminated",
     )
     fields.update(changes)
     return Trajectory(**fields)
@@ -80,30 +88,56 @@ def test_completion_and_sample_checks():
 def test_messages_carry_tool_calls_and_ids_in_the_openai_shape():
     call = ToolCall("move", {"to": "left"}, "abc123XYZ")
     assistant = Message("assistant", "[TOOL_CALLS] ...", tool_calls=(call, ToolCall("", {}, error="bad json")))
-    assert assistant.to_chat() == {"role": "assistant", "content": "[TOOL_CALLS] ...", "tool_calls": [
-        {"id": "abc123XYZ", "type": "function", "function": {"name": "move", "arguments": {"to": "left"}}}]}
+    assert assistant.to_chat() == {
+        "role": "assistant",
+        "content": "[TOOL_CALLS] ...",
+        "tool_calls": [
+            {"id": "abc123XYZ", "type": "function", "function": {"name": "move", "arguments": {"to": "left"}}}
+        ],
+    }
     result = Message("tool", "moved", name="move", tool_call_id="abc123XYZ")
     assert result.to_chat() == {"role": "tool", "content": "moved", "name": "move", "tool_call_id": "abc123XYZ"}
     assert Message.coerce(result.to_chat()) == result
     assert Message.coerce(assistant.to_chat()).tool_calls == (call,)  # a dataset's few-shot calls are kept
-    wire = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "move", "arguments": '{"to": "left"}'}}]}
+    wire = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "move", "arguments": '{"to": "left"}'}}],
+    }
     assert Message.coerce(wire).tool_calls == (ToolCall("move", {"to": "left"}, "c"),)
 
 
 def test_a_trajectory_reads_back_from_its_json_segments_and_images_included():
     segments = (Segment((1, 2, 3), (0, 0, 1), (None, None, -0.5), 2, 2), Segment((4, 5), (0, 1), (None, -0.25), 1, 4))
-    messages = (Message("user", "q"), Message("assistant", "a", tool_calls=(ToolCall("f", {"x": 1}, "c1"),)),
-                Message("tool", "r", name="f", images=(b"\x89PNG...",), tool_call_id="c1"), Message("assistant", "b"))
-    t = make(messages=messages, token_ids=(1, 2, 3, 4, 5), loss_mask=(0, 0, 1, 0, 1),
-             logprobs=(None, None, -0.5, None, -0.25), segments=segments, ending="error", error=Failure("env_error", "x"))
+    messages = (
+        Message("user", "q"),
+        Message("assistant", "a", tool_calls=(ToolCall("f", {"x": 1}, "c1"),)),
+        Message("tool", "r", name="f", images=(b"\x89PNG...",), tool_call_id="c1"),
+        Message("assistant", "b"),
+    )
+    t = make(
+        messages=messages,
+        token_ids=(1, 2, 3, 4, 5),
+        loss_mask=(0, 0, 1, 0, 1),
+        logprobs=(None, None, -0.5, None, -0.25),
+        segments=segments,
+        ending="error",
+        error=Failure("env_error", "x"),
+    )
     record = json.loads(json.dumps(t.to_json()))
-    assert record["segments"][1] == {"token_ids": [4, 5], "loss_mask": [0, 1], "logprobs": [None, -0.25],
-                                     "prompt_length": 1, "messages": 4}
+    assert record["segments"][1] == {
+        "token_ids": [4, 5],
+        "loss_mask": [0, 1],
+        "logprobs": [None, -0.25],
+        "prompt_length": 1,
+        "messages": 4,
+    }
     assert Trajectory.from_json(record) == t
     assert Trajectory.from_json({**record, "reward": 1.0, "advantage": 0.5}) == t  # a trainer's trajectories.jsonl
     one = make()
-    assert "segments" not in one.to_json() and one.segments == (Segment((1, 2, 3, 4), (0, 0, 1, 1), (None, None, -0.1, -0.2), 2, 2),)
+    assert "segments" not in one.to_json() and one.segments == (
+        Segment((1, 2, 3, 4), (0, 0, 1, 1), (None, None, -0.1, -0.2), 2, 2),
+    )
     assert Trajectory.from_json(json.loads(json.dumps(one.to_json()))) == one
 
 

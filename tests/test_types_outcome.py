@@ -10,17 +10,34 @@ from rollforge.types import INFRA_FAILURES, Failure, Message, Trajectory
 
 
 def make(**changes) -> Trajectory:
-    fields = dict(index=0, task_name="t", messages=(Message("user", "q"),), token_ids=(1, 2), loss_mask=(0, 1),
-                  logprobs=(None, -0.1), prompt_length=1, rewards=(1.0,), total_reward=1.0, turns=1)
+    fields = dict(
+        index=0,
+        task_name="t",
+        messages=(Message("user", "q"),),
+        token_ids=(1, 2),
+        loss_mask=(0, 1),
+        logprobs=(None, -0.1),
+        prompt_length=1,
+        rewards=(1.0,),
+        total_reward=1.0,
+        turns=1,
+    )
     fields.update(changes)
     return Trajectory(**fields)
 
 
-@pytest.mark.parametrize("kind, outcome", [
-    ("backend_error", "infra_failure"), ("env_error", "infra_failure"), ("env_timeout", "infra_failure"),
-    ("episode_timeout", "infra_failure"), ("reward_unavailable", "infra_failure"), ("template_error", "policy_failure"),
-    ("tool_raised", "policy_failure"),
-])
+@pytest.mark.parametrize(
+    "kind, outcome",
+    [
+        ("backend_error", "infra_failure"),
+        ("env_error", "infra_failure"),
+        ("env_timeout", "infra_failure"),
+        ("episode_timeout", "infra_failure"),
+        ("reward_unavailable", "infra_failure"),
+        ("template_error", "policy_failure"),
+        ("tool_raised", "policy_failure"),
+    ],
+)
 def test_an_error_is_the_infrastructures_or_the_policys(kind, outcome):
     assert make(ending="error", error=Failure(kind, "x")).outcome == outcome
 

@@ -28,7 +28,12 @@ from .errors import EpisodeFailed, InvariantError, RollforgeError
 from .types import Failure
 
 #: The failure kind each boundary files what crosses it under.
-BOUNDARY_KINDS = {"backend": "backend_error", "environment": "env_error", "tool": "tool_raised", "reward": "reward_error"}
+BOUNDARY_KINDS = {
+    "backend": "backend_error",
+    "environment": "env_error",
+    "tool": "tool_raised",
+    "reward": "reward_error",
+}
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _INSTALLED = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("purelib", "platlib")})

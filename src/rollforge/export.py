@@ -74,7 +74,12 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
         "content": m["content"],
         "name": m.get("name"),
         "tool_calls": [
-            {"name": c["name"], "arguments": json.dumps(c.get("arguments", {})), "id": c.get("id"), "error": c.get("error")}
+            {
+                "name": c["name"],
+                "arguments": json.dumps(c.get("arguments", {})),
+                "id": c.get("id"),
+                "error": c.get("error"),
+            }
             for c in m.get("tool_calls", [])
         ],
     }
@@ -106,14 +111,28 @@ def _features(datasets):
     v = datasets.Value
     call = {"name": v("string"), "arguments": v("string"), "id": v("string"), "error": v("string")}
     message = {"role": v("string"), "content": v("string"), "name": v("string"), "tool_calls": datasets.List(call)}
-    return datasets.Features({
-        "index": v("int64"), "task_name": v("string"), "step": v("int64"),
-        "messages": datasets.List(message),
-        "token_ids": datasets.List(v("int64")), "loss_mask": datasets.List(v("int8")),
-        "logprobs": datasets.List(v("float64")), "prompt_length": v("int64"),
-        "rewards": datasets.List(v("float64")), "total_reward": v("float64"),
-        "reward": v("float64"), "advantage": v("float64"), "turns": v("int64"),
-        "terminated": v("bool"), "truncated": v("bool"), "max_turns_reached": v("bool"),
-        "error_kind": v("string"), "error_message": v("string"), "failures": datasets.List(v("string")),
-        "metadata": v("string"), "tools": v("string"),
-    })
+    return datasets.Features(
+        {
+            "index": v("int64"),
+            "task_name": v("string"),
+            "step": v("int64"),
+            "messages": datasets.List(message),
+            "token_ids": datasets.List(v("int64")),
+            "loss_mask": datasets.List(v("int8")),
+            "logprobs": datasets.List(v("float64")),
+            "prompt_length": v("int64"),
+            "rewards": datasets.List(v("float64")),
+            "total_reward": v("float64"),
+            "reward": v("float64"),
+            "advantage": v("float64"),
+            "turns": v("int64"),
+            "terminated": v("bool"),
+            "truncated": v("bool"),
+            "max_turns_reached": v("bool"),
+            "error_kind": v("string"),
+            "error_message": v("string"),
+            "failures": datasets.List(v("string")),
+            "metadata": v("string"),
+            "tools": v("string"),
+        }
+    )

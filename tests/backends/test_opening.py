@@ -35,13 +35,22 @@ def test_hf_and_openai_backends_are_built(tiny_model_dir):
     finally:
         asyncio.run(hf.close())
     pytest.importorskip("httpx")
-    served = open_backend(BackendConfig(
-        kind="openai", model=str(tiny_model_dir), base_url="http://127.0.0.1:8000/v1", served_model_name="m",
-        concurrency=5, request_timeout=7.0,
-    ))
+    served = open_backend(
+        BackendConfig(
+            kind="openai",
+            model=str(tiny_model_dir),
+            base_url="http://127.0.0.1:8000/v1",
+            served_model_name="m",
+            concurrency=5,
+            request_timeout=7.0,
+        )
+    )
     assert isinstance(served, Backend)
     assert (served.base_url, served.model, served.max_concurrency, served.request_timeout) == (
-        "http://127.0.0.1:8000", "m", 5, 7.0
+        "http://127.0.0.1:8000",
+        "m",
+        5,
+        7.0,
     )
     assert set(BACKEND_KINDS) == {"hf", "vllm", "openai"}
 
@@ -70,8 +79,11 @@ def test_the_hf_backend_shares_a_given_model_and_closes_on_leaving_its_block(tin
 
 
 def test_hf_or_vllm_replicas_are_left_to_the_cluster_opener(tiny_model_dir):
-    with pytest.raises(ConfigError, match=r"^replicas=2 with the hf backend runs on Ray actors: open it with "
-                                          r"rollforge.cluster.generation.open_generation \(or set replicas=1\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^replicas=2 with the hf backend runs on Ray actors: open it with "
+        r"rollforge.cluster.generation.open_generation \(or set replicas=1\)$",
+    ):
         open_backend(BackendConfig(kind="hf", model=str(tiny_model_dir), replicas=2))
     with pytest.raises(ConfigError, match=r"open_backend takes a BackendConfig, got str"):
         open_backend("hf")
@@ -88,8 +100,15 @@ def test_several_openai_urls_give_a_router_with_one_backend_each(tiny_model_dir,
 
     urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     for base_url, replicas in ((" http://127.0.0.1:8001,http://127.0.0.1:8002/v1 ", 1), (urls, 2)):
-        config = BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=base_url, replicas=replicas,
-                               concurrency=5, seed=7, options={"weights_dir": str(tmp_path)})
+        config = BackendConfig(
+            kind="openai",
+            model=str(tiny_model_dir),
+            base_url=base_url,
+            replicas=replicas,
+            concurrency=5,
+            seed=7,
+            options={"weights_dir": str(tmp_path)},
+        )
         router = open_backend(config)
         assert isinstance(router, RouterBackend) and isinstance(router, Backend)
         assert [(r.base_url, r.max_concurrency) for r in router.replicas] == [(u, 5) for u in urls]  # per replica

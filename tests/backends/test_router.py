@@ -120,7 +120,11 @@ async def test_every_turn_stays_on_one_replica_and_simultaneous_episodes_spread_
     assert router.episodes == [4, 4, 4] and router.requests == [12, 12, 12]
     assert router.in_flight == [0, 0, 0] and router.failures == [0, 0, 0]
     assert router.stats()["replica 1"] == {
-        "requests": 12, "episodes": 4, "live_episodes": router.live_episodes[1], "in_flight": 0, "failures": 0,
+        "requests": 12,
+        "episodes": 4,
+        "live_episodes": router.live_episodes[1],
+        "in_flight": 0,
+        "failures": 0,
     }
     await asyncio.sleep(0)  # the loop drops its handle of the finished gather, which holds the episode tasks
     gc.collect()

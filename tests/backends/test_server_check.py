@@ -32,8 +32,9 @@ def test_any_answer_counts_and_silence_is_one_clear_error(tiny_model_dir):
         check_server(url + "/v1/")  # a 404 is an answer: a server is up
         open_backend(BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=url, check_reachable=True))
         with pytest.raises(BackendError, match=f"answers at {down}"):  # each replica is checked
-            open_backend(BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=f"{url},{down}",
-                                       check_reachable=True))
+            open_backend(
+                BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=f"{url},{down}", check_reachable=True)
+            )
     finally:
         server.shutdown()
         server.server_close()

@@ -31,8 +31,14 @@ def engine(smollm2_dir):
     from rollforge.backends.vllm import VLLMBackend
 
     backend = VLLMBackend(
-        smollm2_dir, seed=0, enforce_eager=True, max_num_seqs=32, max_model_len=4096, request_timeout=120,
-        enable_lora=True, max_lora_rank=8,
+        smollm2_dir,
+        seed=0,
+        enforce_eager=True,
+        max_num_seqs=32,
+        max_model_len=4096,
+        request_timeout=120,
+        enable_lora=True,
+        max_lora_rank=8,
     )
     yield backend
     asyncio.run(backend.close())
@@ -107,7 +113,9 @@ def test_bad_request_fails_alone(engine, prompt):
     async def mixed():
         params = SamplingParams(max_new_tokens=4, stop_token_ids=(-1,))
         return await asyncio.gather(
-            engine.generate(prompt, params), engine.generate([10**8], params), engine.generate([], params),
+            engine.generate(prompt, params),
+            engine.generate([10**8], params),
+            engine.generate([], params),
             return_exceptions=True,
         )
 

@@ -119,8 +119,13 @@ async def test_a_colocated_engine_sleeps_for_the_update_and_wakes_weights_first(
         engine.log.clear()
         await backend.generate([1, 2, 3], params)
         await backend.update_weights(model)  # awake: the ordinary pause, load, resume
-        assert engine.log == [("generate",), ("pause",), ("load", "rollforge_reload_weights"),
-                              ("reset_prefix_cache",), ("resume",)]
+        assert engine.log == [
+            ("generate",),
+            ("pause",),
+            ("load", "rollforge_reload_weights"),
+            ("reset_prefix_cache",),
+            ("resume",),
+        ]
     finally:
         await backend.close()
 

@@ -120,8 +120,9 @@ def test_the_wrapper_defines_every_declared_member_itself():
     assert sorted(MEMBERS - set(vars(BackendWrapper))) == []  # declare it on Backend: forward it here
 
 
-@pytest.mark.parametrize("wrap", [BackendWrapper, VersionedBackend, RecordingBackend],
-                         ids=lambda w: f"{w.__module__}.{w.__name__}")
+@pytest.mark.parametrize(
+    "wrap", [BackendWrapper, VersionedBackend, RecordingBackend], ids=lambda w: f"{w.__module__}.{w.__name__}"
+)
 @pytest.mark.parametrize("name", sorted(MEMBERS))
 async def test_every_declared_member_reaches_the_wrapped_backend(wrap, name):
     probe = Probe()

@@ -33,10 +33,26 @@ def test_critical_path_is_the_max_of_sums_and_the_barrier_the_sum_of_maxima():
 
 
 def test_async_finishes_near_the_critical_path_and_lockstep_waits_for_the_tails(tiny_model_dir):
-    result = bench.run(episodes=16, turns=3, median=0.05, sigma=1.5, latency=0.01, per_token_latency=0.0005,
-                       tokenizer_dir=str(tiny_model_dir))
-    for key in ("ratio_async_to_lockstep", "async_wall_seconds", "lockstep_wall_seconds", "critical_path_seconds",
-                "async_to_critical_path", "lockstep_bound_seconds", "tool_latency", "generation", "errors"):
+    result = bench.run(
+        episodes=16,
+        turns=3,
+        median=0.05,
+        sigma=1.5,
+        latency=0.01,
+        per_token_latency=0.0005,
+        tokenizer_dir=str(tiny_model_dir),
+    )
+    for key in (
+        "ratio_async_to_lockstep",
+        "async_wall_seconds",
+        "lockstep_wall_seconds",
+        "critical_path_seconds",
+        "async_to_critical_path",
+        "lockstep_bound_seconds",
+        "tool_latency",
+        "generation",
+        "errors",
+    ):
         assert key in result
     assert result["errors"] == {"async": {}, "lockstep": {}}
     assert result["turns_completed"] == {"async": 48, "lockstep": 48}

@@ -25,9 +25,26 @@ def _bench(tmp_path: Path, *flags: str) -> tuple[dict, dict]:
     out = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # the bench's own choice, unless the user made one
-    done = subprocess.run([sys.executable, "-m", "rollforge", "bench", "gpu", "--quick", "--out", str(out),
-                           "--scratch", str(tmp_path / "scratch"), *flags],
-                          capture_output=True, text=True, timeout=900, env=env, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollforge",
+            "bench",
+            "gpu",
+            "--quick",
+            "--out",
+            str(out),
+            "--scratch",
+            str(tmp_path / "scratch"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), json.loads(out.read_text())
 
@@ -46,7 +63,8 @@ def test_quick_run_on_cpu_reports_every_section(tmp_path):
     assert grpo["update_mfu"] is None  # no bf16 peak on a CPU
     trl = entry["trl"]
     assert trl["status"] == "ok" and trl["ratio_step_time"] == pytest.approx(
-        grpo["seconds_per_step"] / trl["seconds_per_step"], rel=1e-2)
+        grpo["seconds_per_step"] / trl["seconds_per_step"], rel=1e-2
+    )
     fsdp = entry["fsdp2"]
     assert fsdp["status"] == "ok" and (fsdp["backend"], fsdp["world_size"]) == ("gloo", 1)
     assert fsdp["resumed_step"] == 1 and fsdp["resumed_weights_match"] and fsdp["next_loss_matches"]
@@ -63,8 +81,21 @@ def test_a_failing_section_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch
 
     monkeypatch.setattr(gpu_sections, "grpo", broken)
     out = tmp_path / "report.json"
-    code = main(["bench", "gpu", "--quick", "--device", "cpu", "--sections", "grpo,train_throughput",
-                 "--out", str(out), "--scratch", str(tmp_path)])
+    code = main(
+        [
+            "bench",
+            "gpu",
+            "--quick",
+            "--device",
+            "cpu",
+            "--sections",
+            "grpo,train_throughput",
+            "--out",
+            str(out),
+            "--scratch",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     entry = json.loads(out.read_text())["models"]["tiny"]
     assert entry["grpo"]["status"] == "failed"
@@ -75,8 +106,9 @@ def test_a_failing_section_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch
 
 
 def test_sections_past_the_time_budget_are_skipped(tmp_path):
-    report = gpu.run(["tiny"], ("grpo", "fsdp2"), {**gpu.QUICK, "seed": 0}, "cpu", tmp_path / "r.json",
-                     str(tmp_path), budget_s=1e-9)
+    report = gpu.run(
+        ["tiny"], ("grpo", "fsdp2"), {**gpu.QUICK, "seed": 0}, "cpu", tmp_path / "r.json", str(tmp_path), budget_s=1e-9
+    )
     entry = report["models"]["tiny"]
     assert entry["model"]["status"] == "ok"
     for section in ("grpo", "fsdp2"):
@@ -84,10 +116,19 @@ def test_sections_past_the_time_budget_are_skipped(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text()) == report
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--models", "qwen4-7b"], "unknown model 'qwen4-7b' for bench gpu; expected one of llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b, tiny"),
-    (["--sections", "grpo,vllm"], "--sections must name some of grpo, trl, fsdp2, train_throughput, got 'grpo,vllm'"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--models", "qwen4-7b"],
+            "unknown model 'qwen4-7b' for bench gpu; expected one of llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b, tiny",
+        ),
+        (
+            ["--sections", "grpo,vllm"],
+            "--sections must name some of grpo, trl, fsdp2, train_throughput, got 'grpo,vllm'",
+        ),
+    ],
+)
 def test_a_bad_flag_is_one_line(flags, message, tmp_path, capsys):
     assert main(["bench", "gpu", "--out", str(tmp_path / "r.json"), *flags]) == 2
     assert capsys.readouterr().err.strip() == f"rollforge: error: {message}"
@@ -98,8 +139,11 @@ def test_the_shipped_configs_are_the_published_architectures():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     # Parameter counts of the published checkpoints (tied embeddings counted once).
-    published = {"qwen2.5-0.5b": ("Qwen2ForCausalLM", 494_032_768), "qwen3-0.6b": ("Qwen3ForCausalLM", 596_049_920),
-                 "llama-3.2-1b": ("LlamaForCausalLM", 1_235_814_400)}
+    published = {
+        "qwen2.5-0.5b": ("Qwen2ForCausalLM", 494_032_768),
+        "qwen3-0.6b": ("Qwen3ForCausalLM", 596_049_920),
+        "llama-3.2-1b": ("LlamaForCausalLM", 1_235_814_400),
+    }
     for name in gpu_sections.MODELS:
         spec = gpu_sections.model_spec(name)
         with torch.device("meta"):

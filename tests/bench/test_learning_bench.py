@@ -22,16 +22,24 @@ def test_curve_sums_the_step_times_up_to_each_evaluated_step():
 
 
 def test_ratio_time_to_target_is_rollforge_seconds_over_trls_to_reach_trls_final_reward():
-    trl = [{"step": 0, "seconds": 0.0, "reward": 0.2}, {"step": 2, "seconds": 20.0, "reward": 0.5},
-           {"step": 4, "seconds": 40.0, "reward": 0.5}]
-    ours = [{"step": 0, "seconds": 0.0, "reward": 0.2}, {"step": 2, "seconds": 8.0, "reward": 0.4},
-            {"step": 4, "seconds": 16.0, "reward": 0.6}]
+    trl = [
+        {"step": 0, "seconds": 0.0, "reward": 0.2},
+        {"step": 2, "seconds": 20.0, "reward": 0.5},
+        {"step": 4, "seconds": 40.0, "reward": 0.5},
+    ]
+    ours = [
+        {"step": 0, "seconds": 0.0, "reward": 0.2},
+        {"step": 2, "seconds": 8.0, "reward": 0.4},
+        {"step": 4, "seconds": 16.0, "reward": 0.6},
+    ]
     assert time_to_target_ratio(ours, trl)[0] == 0.8  # TRL first reaches 0.5 at 20 s, rollforge at 16 s
     missed, note = time_to_target_ratio(ours[:2], trl)
     assert missed is None and note == "rollforge did not reach TRL's final held-out reward 0.5 (it ended at 0.4)"
     flat = [{"step": 0, "seconds": 0.0, "reward": 0.2}, {"step": 2, "seconds": 20.0, "reward": 0.2}]
     assert time_to_target_ratio(ours, flat) == (
-        None, "TRL ends at held-out reward 0.2, no higher than the warm-up's 0.2: no target")
+        None,
+        "TRL ends at held-out reward 0.2, no higher than the warm-up's 0.2: no target",
+    )
     assert time_to_target_bound(ours, flat) == 0.8  # rollforge reached its 0.6 at 16 s; TRL not in 20 s
     assert time_to_target_bound(ours, trl) == 0.4  # TRL's best, 0.5, is below rollforge's 0.6: 16 s / 40 s
     assert time_to_target_bound(ours, [*trl[:2], {"step": 4, "seconds": 40.0, "reward": 0.6}]) is None  # TRL got there
@@ -48,10 +56,30 @@ def test_learning_bench_runs_each_side_in_its_own_process_end_to_end(tiny_model_
     from rollforge.cli.main import main
 
     out = tmp_path / "out"
-    code = main(["bench", "learning", "--model", str(tiny_model_dir), "--steps", "2", "--batch-size", "1",
-                 "--generations", "2", "--max-new-tokens", "8", "--eval-every", "1", "--eval-episodes", "2",
-                 "--trl-micro-batch", "1",  # TRL: one generation of 2, two loss forwards
-                 "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "learning",
+            "--model",
+            str(tiny_model_dir),
+            "--steps",
+            "2",
+            "--batch-size",
+            "1",
+            "--generations",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--eval-every",
+            "1",
+            "--eval-episodes",
+            "2",
+            "--trl-micro-batch",
+            "1",  # TRL: one generation of 2, two loss forwards
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert json.loads((out / "result.json").read_text()) == result
@@ -106,7 +134,8 @@ def test_a_warmup_trained_under_another_template_is_refused_in_one_line(tiny_mod
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"rollforge: error: --warmup {tiny_model_dir} was trained under another chat template than bench learning "
         "renders (TRL's Qwen2.5, which TRL parses tool calls from): use a warm-up that bench learning built "
-        "(omit --warmup), not the quickstart's")
+        "(omit --warmup), not the quickstart's"
+    )
     check_warmup(templated(tiny_model_dir, tmp_path / "templated"))  # the bench's own template passes
 
 
@@ -115,11 +144,14 @@ def test_a_side_killed_by_a_signal_is_named_with_the_signal(tmp_path, monkeypatc
     from rollforge.errors import SideFailed
 
     # what the kernel does to a process out of memory; the child writes no result
-    monkeypatch.setattr(learning_sides, "CHILD", (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+    monkeypatch.setattr(
+        learning_sides, "CHILD", (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    )
     with pytest.raises(SideFailed) as failed:
         learning_sides.spawn("trl", {}, tmp_path)
-    assert str(failed.value) == ("bench learning: the trl side was killed by SIGKILL (perhaps out of memory) "
-                                 "before writing its result")
+    assert str(failed.value) == (
+        "bench learning: the trl side was killed by SIGKILL (perhaps out of memory) before writing its result"
+    )
 
 
 def test_a_side_ends_when_its_parent_is_killed(tmp_path):
@@ -134,10 +166,14 @@ def test_a_side_ends_when_its_parent_is_killed(tmp_path):
 
     if not Path("/proc/self/stat").is_file():
         pytest.skip("reads /proc (Linux)")
-    child = ("import os, sys, time; from rollforge.bench.learning_sides import PARENT, die_with_parent; "
-             "die_with_parent(int(os.environ[PARENT])); open(sys.argv[3] + '.pid', 'w').write(str(os.getpid())); time.sleep(600)")
-    parent = ("import sys; from pathlib import Path; from rollforge.bench import learning_sides as sides; "
-              f"sides.CHILD = (sys.executable, '-c', {child!r}); sides.spawn('trl', {{}}, Path(sys.argv[1]))")
+    child = (
+        "import os, sys, time; from rollforge.bench.learning_sides import PARENT, die_with_parent; "
+        "die_with_parent(int(os.environ[PARENT])); open(sys.argv[3] + '.pid', 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    parent = (
+        "import sys; from pathlib import Path; from rollforge.bench import learning_sides as sides; "
+        f"sides.CHILD = (sys.executable, '-c', {child!r}); sides.spawn('trl', {{}}, Path(sys.argv[1]))"
+    )
     proc = subprocess.Popen([sys.executable, "-c", parent, str(tmp_path)])
     pid_file = tmp_path / "trl.result.json.pid"
     assert wait_until(lambda: pid_file.is_file() and pid_file.read_text() != "", 2 * HANG_SECONDS)
@@ -168,7 +204,9 @@ def test_trl_plays_the_bundled_class_unchanged_and_calls_after_answer_change_not
     row = workload.rows[0]
     bundled = build().factory[row["environment"]]()  # what rollforge plays this row with
     env = workload.trl_environment_factory()
-    assert type(env) is type(bundled) and type(env).__qualname__ == "CalculatorEnv_add_multiply"  # the class itself, no adapter
+    assert (
+        type(env) is type(bundled) and type(env).__qualname__ == "CalculatorEnv_add_multiply"
+    )  # the class itself, no adapter
     for name in ("add", "multiply", "answer"):  # the same tools, so both trainers render the same prompt
         assert get_json_schema(getattr(env, name)) == class_tools(type(bundled))[name].schema()
     env.reset(**{k: v for k, v in row.items() if k != "prompt"})

@@ -37,7 +37,8 @@ def test_timed_renderer_counts_turns_per_episode_task(tiny_model_dir):
             generated = renderer.encode("ok") + [renderer.stop_token_ids[0]]
             assert renderer.content_ids(generated) == plain.content_ids(generated)
             assert renderer.delta_ids([Message("tool", "result", name="f")]) == plain.delta_ids(
-                [Message("tool", "result", name="f")])
+                [Message("tool", "result", name="f")]
+            )
 
     async def main() -> None:
         renderer.check_template(prompt)

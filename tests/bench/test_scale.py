@@ -23,8 +23,9 @@ def test_scale_reports_memory_and_time_and_wraps_the_environment(tiny_model_dir)
         def __getattr__(self, name):
             return getattr(self.env, name)
 
-    result = scale.run(episodes=300, turns=2, latency=0.05, trace=True, tokenizer_dir=str(tiny_model_dir),
-                       wrap_environment=Counting)
+    result = scale.run(
+        episodes=300, turns=2, latency=0.05, trace=True, tokenizer_dir=str(tiny_model_dir), wrap_environment=Counting
+    )
     assert len(opened) == 600  # the timed run and the traced run both use the wrapped environment
     assert result["turns_completed"] == 600 and result["errors"] == {} and result["tool_failures"] == {}
     wall, bound = result["wall_seconds"], result["lower_bound_seconds"]

@@ -30,8 +30,15 @@ def test_two_steps_on_the_tiny_model(tiny_model_dir):
     assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["seconds"])
     assert result["step_s"] == pytest.approx(result["seconds"] / 2) and 0 < result["step_s_min"] <= result["step_s"]
     assert result["achieved_flops_per_s"] == pytest.approx(flops * result["tokens_per_s"])
-    assert (result["device"], result["dtype"], result["mfu"], result["peak_flops_per_s"]) == ("cpu", "float32", None, None)
-    given = bench.run(str(tiny_model_dir), batch=1, seq_len=8, steps=2, warmup=0, device="cpu", dtype="bfloat16", peak=1e12)
+    assert (result["device"], result["dtype"], result["mfu"], result["peak_flops_per_s"]) == (
+        "cpu",
+        "float32",
+        None,
+        None,
+    )
+    given = bench.run(
+        str(tiny_model_dir), batch=1, seq_len=8, steps=2, warmup=0, device="cpu", dtype="bfloat16", peak=1e12
+    )
     assert given["dtype"] == "bfloat16" and given["peak_source"] == "--peak-flops"
     assert given["mfu"] == pytest.approx(given["achieved_flops_per_s"] / 1e12)
 
@@ -56,8 +63,22 @@ def test_bad_sizes_are_named(tiny_model_dir):
 
 
 def test_the_cli_prints_the_json(tiny_model_dir, capsys):
-    argv = ["bench", "train-throughput", "--model", str(tiny_model_dir), "--batch", "2", "--seq-len", "8",
-            "--steps", "2", "--warmup", "0", "--device", "cpu"]
+    argv = [
+        "bench",
+        "train-throughput",
+        "--model",
+        str(tiny_model_dir),
+        "--batch",
+        "2",
+        "--seq-len",
+        "8",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["tokens"] == 32 and result["mfu"] is None

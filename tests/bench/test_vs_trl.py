@@ -87,8 +87,11 @@ def test_rollforge_renders_the_template_with_tools(tokenizer):
 def test_assistant_labels_cover_exactly_what_the_model_writes(tokenizer):
     messages = [
         {"role": "user", "content": env_module.USER_PROMPT},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "guess", "arguments": {"number": 4}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": 4}}}],
+        },
         {"role": "tool", "name": "guess", "content": "higher"},
         {"role": "assistant", "content": "The secret number is 5."},
     ]
@@ -104,9 +107,11 @@ def test_assistant_labels_cover_exactly_what_the_model_writes(tokenizer):
 def test_shared_prefix_loss_equals_the_full_sequence_loss(tokenizer):
     model = setup.build_model(tokenizer, seed=0)
     rng = random.Random(2)
-    prefix = tokenizer(env_module.render([{"role": "user", "content": env_module.USER_PROMPT}]), add_special_tokens=False)["input_ids"]
+    prefix = tokenizer(
+        env_module.render([{"role": "user", "content": env_module.USER_PROMPT}]), add_special_tokens=False
+    )["input_ids"]
     full = [setup.assistant_labels(tokenizer, env_module.scripted_episode(rng)) for _ in range(3)]
-    batch = [(ids[len(prefix):], labels[len(prefix):]) for ids, labels in full]
+    batch = [(ids[len(prefix) :], labels[len(prefix) :]) for ids, labels in full]
     shared = setup.shared_prefix_loss(model, prefix, batch, tokenizer.pad_token_id)
     # The reference: each whole sequence through the model, right-padded, with transformers' own loss.
     width = max(len(ids) for ids, _ in full)
@@ -135,8 +140,11 @@ def test_template_is_trls_qwen25():
 def test_arithmetic_reward_scores_like_the_environment():
     from rollforge.bench.vs_trl_workloads import arithmetic_reward
 
-    completions = [[{"role": "assistant", "content": "3 + 4 = 7"}], [{"role": "assistant", "content": "It is 8."}],
-                   [{"role": "assistant", "content": "no idea"}]]
+    completions = [
+        [{"role": "assistant", "content": "3 + 4 = 7"}],
+        [{"role": "assistant", "content": "It is 8."}],
+        [{"role": "assistant", "content": "no idea"}],
+    ]
     metadata = [{"a": 3, "b": 4, "answer": 7}] * 3
     assert arithmetic_reward(completions, metadata, prompts=None) == [1.0, 0.0, 0.0]
 
@@ -167,8 +175,21 @@ def test_backend_staleness_and_best_options_reach_the_settings():
     vs_trl.add_arguments(parser)
     plain = vs_trl.settings_from(parser.parse_args([]))
     assert (plain["backend"], plain["max_staleness"]) == ("hf", 0) and "candidates" not in plain
-    settings = vs_trl.settings_from(parser.parse_args(
-        ["--backend", "vllm", "--max-staleness", "1", "--best", "--best-steps", "2", "--candidates", "trl-hf, rollforge-hf-async1"]))
+    settings = vs_trl.settings_from(
+        parser.parse_args(
+            [
+                "--backend",
+                "vllm",
+                "--max-staleness",
+                "1",
+                "--best",
+                "--best-steps",
+                "2",
+                "--candidates",
+                "trl-hf, rollforge-hf-async1",
+            ]
+        )
+    )
     assert (settings["backend"], settings["max_staleness"], settings["best_steps"]) == ("vllm", 1, 2)
     assert settings["candidates"] == ("trl-hf", "rollforge-hf-async1")
     defaults = vs_trl.settings_from(parser.parse_args(["--best"]))
@@ -177,13 +198,19 @@ def test_backend_staleness_and_best_options_reach_the_settings():
     assert defaults["best_steps"] == 4
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max-staleness", "-1"], "--max-staleness must be 0 (synchronous) or more, got -1"),
-    (["--best", "--candidates", "trl-hf,rollforge-fast"], "--candidates: unknown candidate 'rollforge-fast'; expected names from"),
-    (["--best", "--candidates", "trl-hf"], "--candidates 'trl-hf' names no rollforge candidate"),
-    (["--best", "--best-steps", "1"], "--best-steps must be at least 2"),
-    (["--candidates", "trl-hf"], "--best-steps and --candidates apply with --best only"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-staleness", "-1"], "--max-staleness must be 0 (synchronous) or more, got -1"),
+        (
+            ["--best", "--candidates", "trl-hf,rollforge-fast"],
+            "--candidates: unknown candidate 'rollforge-fast'; expected names from",
+        ),
+        (["--best", "--candidates", "trl-hf"], "--candidates 'trl-hf' names no rollforge candidate"),
+        (["--best", "--best-steps", "1"], "--best-steps must be at least 2"),
+        (["--candidates", "trl-hf"], "--best-steps and --candidates apply with --best only"),
+    ],
+)
 def test_a_bad_vs_trl_option_is_one_line(argv, message, capsys):
     from rollforge.cli.main import main
 
@@ -219,8 +246,16 @@ def test_turns_alternate_strictly():
 
 
 def _tiny_settings(**changes):
-    settings = {"steps": 2, "rounds": 1, "batch_size": 2, "generations": 2, "max_completion_tokens": 16,
-                "max_tool_calls": 0, "lr": 1e-4, "seed": 0}
+    settings = {
+        "steps": 2,
+        "rounds": 1,
+        "batch_size": 2,
+        "generations": 2,
+        "max_completion_tokens": 16,
+        "max_tool_calls": 0,
+        "lr": 1e-4,
+        "seed": 0,
+    }
     return {**settings, **changes}
 
 
@@ -271,8 +306,9 @@ def test_best_reports_both_ratios_and_every_candidate(tmp_path):
     from rollforge.testing import make_tiny_model
 
     workload = arithmetic(make_tiny_model(tmp_path / "model"))
-    settings = _tiny_settings(backend="hf", max_staleness=0, best_steps=2,
-                              candidates=("trl-hf", "rollforge-hf-sync", "rollforge-hf-async1"))
+    settings = _tiny_settings(
+        backend="hf", max_staleness=0, best_steps=2, candidates=("trl-hf", "rollforge-hf-sync", "rollforge-hf-async1")
+    )
     result = vs_trl.run(workload, settings)
     assert result["ratio_step_time"] > 0 and result["ratio_step_time_best"] > 0
     candidates = result["candidates"]
@@ -288,10 +324,15 @@ def test_best_reports_both_ratios_and_every_candidate(tmp_path):
     assert result["best_trl"]["candidate"] == "trl-hf"
     chosen = result["best_rollforge"]["candidate"]
     assert candidates[chosen]["seconds_per_step"] == min(
-        candidates[n]["seconds_per_step"] for n in ("rollforge-hf-sync", "rollforge-hf-async1"))
-    assert result["best_rollforge"]["timed_steps"] == 1 and result["best_rollforge"]["configuration"] == candidates[chosen]["configuration"]
+        candidates[n]["seconds_per_step"] for n in ("rollforge-hf-sync", "rollforge-hf-async1")
+    )
+    assert (
+        result["best_rollforge"]["timed_steps"] == 1
+        and result["best_rollforge"]["configuration"] == candidates[chosen]["configuration"]
+    )
     assert result["ratio_step_time_best"] == pytest.approx(
-        result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], abs=1e-3)
+        result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], abs=1e-3
+    )
 
 
 def test_a_candidate_that_sets_torchrun_variables_leaves_the_process_as_it_was(tmp_path, monkeypatch):
@@ -313,7 +354,11 @@ def test_a_candidate_that_sets_torchrun_variables_leaves_the_process_as_it_was(t
 
     monkeypatch.setattr(vs_trl_best, "RUNNERS", {"trl": runner, "rollforge": runner})
     summary = {"configuration": {}, "seconds_per_step": 1.0, "phases_seconds_per_step": {}, "step_seconds": [1.0]}
-    result = vs_trl_best.best(None, {"candidates": ("rollforge-hf-sync", "trl-hf", "trl-vllm-colocate"), "best_steps": 2},
-                              tmp_path, lambda runs: summary)
+    result = vs_trl_best.best(
+        None,
+        {"candidates": ("rollforge-hf-sync", "trl-hf", "trl-vllm-colocate"), "best_steps": 2},
+        tmp_path,
+        lambda runs: summary,
+    )
     assert result["ratio_step_time_best"] == 1.0 and "error" in result["candidates"]["trl-vllm-colocate"]
     assert not {"WORLD_SIZE", "RANK", "MASTER_PORT"} & set(os.environ)

@@ -75,10 +75,10 @@ def test_delta_ids_equal_the_tail_of_the_whole_rendering(renderer, tokenizer):
     whole = tokenizer.apply_chat_template([m.to_chat() for m in conversation], tokenize=False)
     head = tokenizer.apply_chat_template([m.to_chat() for m in conversation[:2]], tokenize=False)
     for _ in range(2):  # the second call uses the cached frame of tool messages
-        assert renderer.delta_ids(conversation[2:]) == encode(tokenizer, whole[len(head):])
+        assert renderer.delta_ids(conversation[2:]) == encode(tokenizer, whole[len(head) :])
     two = [Message("tool", "a", name="f"), Message("user", "b")]
     whole = tokenizer.apply_chat_template([m.to_chat() for m in conversation[:2] + two], tokenize=False)
-    assert renderer.delta_ids(two) == encode(tokenizer, whole[len(head):])
+    assert renderer.delta_ids(two) == encode(tokenizer, whole[len(head) :])
 
 
 def test_a_template_that_rewrites_history_is_rendered_in_segments(tokenizer):
@@ -119,7 +119,9 @@ def test_tools_go_to_the_template_or_to_a_fallback_system_prompt(renderer, token
     assert not renderer.supports_tools()  # ChatML without tool support, like SmolLM2's
     messages, template_tools = renderer.with_tool_prompt([Message("user", "go")], tools, Describe("TOOLS: move"))
     assert template_tools == () and messages == (Message("system", "TOOLS: move"), Message("user", "go"))
-    merged, _ = renderer.with_tool_prompt([Message("system", "Be nice."), Message("user", "go")], tools, Describe("TOOLS"))
+    merged, _ = renderer.with_tool_prompt(
+        [Message("system", "Be nice."), Message("user", "go")], tools, Describe("TOOLS")
+    )
     assert merged[0] == Message("system", "Be nice.\n\nTOOLS")
 
     aware = with_template(
@@ -139,13 +141,18 @@ def test_fidelity_gap_finds_a_tampered_trajectory(renderer):
     prompt = (Message("user", "hi"),)
     generated = renderer.encode("hello") + list(renderer.stop_token_ids[:1])
     ids = renderer.prompt_ids(prompt) + renderer.generation_prompt + generated
-    fields = dict(index=0, task_name="t", prompt_length=0, rewards=(0.0,), total_reward=0.0, turns=1, ending="terminated")
+    fields = dict(
+        index=0, task_name="t", prompt_length=0, rewards=(0.0,), total_reward=0.0, turns=1, ending="terminated"
+    )
 
     def trajectory(token_ids, content):
         n = len(token_ids) - len(generated)
         return Trajectory(
-            messages=prompt + (Message("assistant", content),), token_ids=tuple(token_ids),
-            loss_mask=(0,) * n + (1,) * len(generated), logprobs=(None,) * n + (-0.5,) * len(generated), **fields,
+            messages=prompt + (Message("assistant", content),),
+            token_ids=tuple(token_ids),
+            loss_mask=(0,) * n + (1,) * len(generated),
+            logprobs=(None,) * n + (-0.5,) * len(generated),
+            **fields,
         )
 
     assert token_fidelity_gap(trajectory(ids, "hello"), renderer) is None
@@ -154,6 +161,18 @@ def test_fidelity_gap_finds_a_tampered_trajectory(renderer):
 
 def test_fidelity_gap_of_an_episode_that_failed_before_anything_was_rendered(renderer):
     # e.g. an agent whose first request the gateway refused: no messages, no ids, nothing to compare
-    empty = Trajectory(index=0, task_name="t", messages=(), token_ids=(), loss_mask=(), logprobs=(), prompt_length=0,
-                       rewards=(), total_reward=0.0, turns=0, ending="error", error=Failure("env_error", "refused"))
+    empty = Trajectory(
+        index=0,
+        task_name="t",
+        messages=(),
+        token_ids=(),
+        loss_mask=(),
+        logprobs=(),
+        prompt_length=0,
+        rewards=(),
+        total_reward=0.0,
+        turns=0,
+        ending="error",
+        error=Failure("env_error", "refused"),
+    )
     assert token_fidelity_gap(empty, renderer) is None

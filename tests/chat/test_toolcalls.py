@@ -37,9 +37,7 @@ def hermes() -> HermesParser:
 
 
 def test_registry():
-    assert PARSER_NAMES == (
-        "deepseek", "gpt_oss", "harmony", "hermes", "llama3_json", "mistral", "qwen", "qwen3_coder"
-    )
+    assert PARSER_NAMES == ("deepseek", "gpt_oss", "harmony", "hermes", "llama3_json", "mistral", "qwen", "qwen3_coder")
     assert isinstance(get_parser(), HermesParser)
     assert isinstance(get_parser("qwen"), HermesParser)
     assert isinstance(get_parser("llama3_json"), Llama3JsonParser)
@@ -126,7 +124,11 @@ def test_hermes_invalid_json(hermes):
         ('{"name": 3}', "", 'tool call "name" must be a non-empty string, got 3'),
         ('{"name": ""}', "", 'tool call "name" must be a non-empty string, got ""'),
         ("[1, 2]", "", 'a tool call must be a JSON object with "name" and "arguments", got array'),
-        ('{"name": "move", "arguments": [1]}', "move", '"arguments" of tool call move must be a JSON object, got array'),
+        (
+            '{"name": "move", "arguments": [1]}',
+            "move",
+            '"arguments" of tool call move must be a JSON object, got array',
+        ),
         (
             '{"name": "move", "arguments": "{left"}',
             "move",
@@ -200,7 +202,11 @@ def test_llama3_json_plain_answers_are_not_calls():
 def test_llama3_json_errors():
     parser = Llama3JsonParser()
     assert parser.parse('{"name": "move", "parameters": {') == (
-        ToolCall(name="move", arguments={}, error="invalid JSON in tool call: Expecting property name enclosed in double quotes at char 32"),
+        ToolCall(
+            name="move",
+            arguments={},
+            error="invalid JSON in tool call: Expecting property name enclosed in double quotes at char 32",
+        ),
     )
     assert parser.parse('{"parameters": {"direction": "left"}}') == (
         ToolCall(name="", arguments={}, error='tool call is missing "name"'),
@@ -210,8 +216,10 @@ def test_llama3_json_errors():
 def test_llama3_json_system_prompt_example_parses_back():
     parser = Llama3JsonParser()
     prompt = parser.system_prompt([MOVE])
-    assert prompt.endswith("Call one tool per message. Each result comes back to you in a tool message. "
-                           "When you are done, answer without a tool call.")
+    assert prompt.endswith(
+        "Call one tool per message. Each result comes back to you in a tool message. "
+        "When you are done, answer without a tool call."
+    )
     example = next(line for line in prompt.splitlines() if line.startswith('{"name"'))
     assert json.loads(example) == {"name": "move", "parameters": {"direction": "left"}}
     assert parser.parse(example) == (ToolCall(name="move", arguments={"direction": "left"}),)

@@ -35,7 +35,9 @@ def test_a_template_file_is_checked_with_a_sample_showing_the_loss_mask(capsys):
 def test_llama_is_prefix_preserving_and_phi4_cannot_take_tools(tmp_path, capsys):
     assert main(["check-template", os.path.join(TEMPLATES, "llama3_1.jinja")]) == 0
     out = capsys.readouterr().out
-    assert "family:         llama3" in out and "with tools:     tools via the template's tools=; prefix-preserving" in out
+    assert (
+        "family:         llama3" in out and "with tools:     tools via the template's tools=; prefix-preserving" in out
+    )
     template = tmp_path / "phi4.jinja"
     template.write_text(PHI4)
     assert main(["check-template", str(template)]) == 0
@@ -51,10 +53,13 @@ def test_a_model_directory_uses_its_own_tokenizer(tiny_model_dir, capsys):
     assert "tools described by the parser's fallback in the system message; prefix-preserving" in out
 
 
-@pytest.mark.parametrize("argument, message", [
-    ("missing.jinja", "rollforge: error: template file 'missing.jinja' does not exist\n"),
-    ("./no/such/model", "rollforge: error: model directory './no/such/model' does not exist\n"),
-])
+@pytest.mark.parametrize(
+    "argument, message",
+    [
+        ("missing.jinja", "rollforge: error: template file 'missing.jinja' does not exist\n"),
+        ("./no/such/model", "rollforge: error: model directory './no/such/model' does not exist\n"),
+    ],
+)
 def test_a_bad_path_is_a_one_line_error(capsys, argument, message):
     assert main(["check-template", argument]) == 2
     assert capsys.readouterr().err == message
@@ -73,7 +78,9 @@ def test_a_template_no_family_matches_says_chatml_is_a_fallback(capsys):
     assert matched_family("<|im_start|>{{ message['content'] }}").name == "chatml"  # a ChatML template is a match
     assert main(["check-template", os.path.join(TEMPLATES, "cohere.jinja")]) == 0
     out = capsys.readouterr().out
-    assert ("family:         chatml (ChatML: SmolLM2, SmolLM3, Hermes) "
-            "(fallback: no known family matched the template; name one with --family)\n") in out
+    assert (
+        "family:         chatml (ChatML: SmolLM2, SmolLM3, Hermes) "
+        "(fallback: no known family matched the template; name one with --family)\n"
+    ) in out
     assert main(["check-template", os.path.join(TEMPLATES, "cohere.jinja"), "--family", "qwen2_5"]) == 0
     assert "family:         qwen2_5 (Qwen2.5), named with --family\n" in capsys.readouterr().out

@@ -44,12 +44,14 @@ def test_a_step_timeout_given_above_the_episode_timeout_is_one_line_naming_both(
         RolloutConfig.build(episode_timeout=30, step_timeout=40)
     assert str(caught.value) == (
         "invalid rollout config: step_timeout (40.0) is larger than episode_timeout (30.0); "
-        "expected step_timeout <= episode_timeout")
+        "expected step_timeout <= episode_timeout"
+    )
     with pytest.raises(ConfigError) as caught:
         load_config(overrides=["rollout.episode_timeout=30", "rollout.step_timeout=40"])
     assert str(caught.value) == (
         "invalid training config: rollout: step_timeout (40.0) is larger than episode_timeout (30.0); "
-        "expected step_timeout <= episode_timeout")
+        "expected step_timeout <= episode_timeout"
+    )
 
 
 def test_rollout_with_only_an_episode_timeout_starts(stop_at_model_loading, tmp_path, capsys):
@@ -64,7 +66,8 @@ def test_each_invalid_training_value_is_named_with_its_value_and_what_was_expect
         "invalid training config: "
         "seed: Input should be a valid integer, unable to parse string as an integer (got 'x'); "
         "optim.lr: Input should be greater than 0 (got -1); "
-        "rollout.max_turns: Input should be greater than or equal to 1 (got 0)")
+        "rollout.max_turns: Input should be greater than or equal to 1 (got 0)"
+    )
 
 
 def test_sft_source_errors_name_the_item_as_the_user_writes_it():
@@ -72,13 +75,20 @@ def test_sft_source_errors_name_the_item_as_the_user_writes_it():
         load_sft_config(overrides=["sources=[{kind: expert, env: echo, episodes: 0}, {kind: trajectories}]"])
     assert str(caught.value) == (
         "invalid sft config: sources[0].episodes: Input should be greater than or equal to 1 (got 0); "
-        "sources[1].path: required, but not given")
+        "sources[1].path: required, but not given"
+    )
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("--env-actors", "4"), ("--env-actor-cpus", "0.5"), ("--ray-address", "auto"), ("--replicas", "2"),
-    ("--replica-cpus", "1"),
-])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--env-actors", "4"),
+        ("--env-actor-cpus", "0.5"),
+        ("--ray-address", "auto"),
+        ("--replicas", "2"),
+        ("--replica-cpus", "1"),
+    ],
+)
 def test_a_ray_only_flag_without_executor_ray_is_one_line(flag, value, stop_at_model_loading, tmp_path, capsys):
     err = one_line_error(capsys, "rollout", "--out", str(tmp_path / "out"), flag, value)
     shown = float(value) if flag.endswith("cpus") else int(value) if value.isdigit() else value
@@ -119,6 +129,8 @@ def test_train_ray_keys_under_executor_local_are_one_line(stop_at_training, tmp_
     config = tmp_path / "c.yaml"
     config.write_text("steps: 1\nray:\n  env_actors: 4\n")
     err = one_line_error(capsys, "train", str(config))
-    assert err == ("invalid training config: ray.env_actors=4 needs executor: ray (or --executor ray); "
-                   "with executor 'local' nothing runs on Ray")
+    assert err == (
+        "invalid training config: ray.env_actors=4 needs executor: ray (or --executor ray); "
+        "with executor 'local' nothing runs on Ray"
+    )
     assert one_line_error(capsys, "train", str(config), "--executor", "ray").startswith("stopped before training")

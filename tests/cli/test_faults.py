@@ -20,8 +20,23 @@ def _rollforge_lines(err: str) -> list[str]:
 
 
 def _rollout(model, out) -> int:
-    return main(["rollout", "--model", str(model), "--env", "arithmetic", "--episodes", "12",
-                 "--max-new-tokens", "8", "--concurrency", "2", "--out", str(out)])
+    return main(
+        [
+            "rollout",
+            "--model",
+            str(model),
+            "--env",
+            "arithmetic",
+            "--episodes",
+            "12",
+            "--max-new-tokens",
+            "8",
+            "--concurrency",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
 
 
 def test_a_full_disk_during_rollout_is_one_line(tiny_model_dir, tmp_path, monkeypatch, capsys):
@@ -49,8 +64,9 @@ def small_tmpfs(tmp_path):
     """A real 8 KiB file system (needs root and a kernel that lets this process mount)."""
     mount = tmp_path / "small"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount)], capture_output=True, text=True, timeout=30
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     yield mount
@@ -68,9 +84,14 @@ def test_a_really_full_disk_during_rollout_is_one_line(tiny_model_dir, small_tmp
     assert sorted(p.name for p in out.iterdir()) == ["trajectories.jsonl.partial"]
 
 
-@pytest.mark.parametrize("code, reason", [
-    (errno.EROFS, "read-only file system"), (errno.EDQUOT, "disk quota exceeded"), (errno.EACCES, "permission denied"),
-])
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        (errno.EROFS, "read-only file system"),
+        (errno.EDQUOT, "disk quota exceeded"),
+        (errno.EACCES, "permission denied"),
+    ],
+)
 def test_a_machine_fault_in_train_is_one_line(monkeypatch, tmp_path, capsys, code, reason):
     path = tmp_path / "run" / "checkpoints" / "step-2"
 

@@ -16,8 +16,14 @@ def test_a_closed_pipe_ends_the_command_quietly():
     os.close(read)  # the reader is gone before the command writes a byte, as after `| head -1`
     env = {**os.environ, "PYTHONPATH": str(Path(rollforge.__file__).parents[1])}
     try:
-        done = subprocess.run([sys.executable, "-m", "rollforge", "train", "--help-config"], stdout=write,
-                              stderr=subprocess.PIPE, env=env, timeout=300, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "rollforge", "train", "--help-config"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=300,
+            check=False,
+        )
     finally:
         os.close(write)
     assert (done.returncode, done.stderr.decode()) == (141, "")
@@ -41,6 +47,8 @@ def test_vllm_logs_go_to_stderr_so_stdout_stays_the_commands_output(monkeypatch,
         vllm_logger.error("AsyncLLM output_handler failed")
         out, err = capsys.readouterr()
         assert "output_handler" not in out and "output_handler" in err
-        assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"  # for vLLM imported later, and its engine processes
+        assert (
+            os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
+        )  # for vLLM imported later, and its engine processes
     finally:
         vllm_logger.removeHandler(handler)

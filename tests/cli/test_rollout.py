@@ -52,7 +52,9 @@ class Echo:
         return None
 
 
-def test_the_first_failing_write_stops_the_rollout_and_keeps_what_was_written(tiny_model_dir, tmp_path, monkeypatch, caplog):
+def test_the_first_failing_write_stops_the_rollout_and_keeps_what_was_written(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+):
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
     backend = ScriptedBackend(lambda r: "ok", renderer, end_token_id=renderer.stop_token_ids[0])
     real_append, real_write = PartialWriter.append, os.write
@@ -75,7 +77,9 @@ def test_the_first_failing_write_stops_the_rollout_and_keeps_what_was_written(ti
     samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}]) for i in range(40)]
     config = RolloutConfig(concurrency=1)
     with pytest.raises(OSError) as caught:
-        asyncio.run(run_with_progress(samples, {"default": FactoryEnvironment(Echo)}, backend, renderer, config, tmp_path))
+        asyncio.run(
+            run_with_progress(samples, {"default": FactoryEnvironment(Echo)}, backend, renderer, config, tmp_path)
+        )
     partial = tmp_path / "trajectories.jsonl.partial"
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(partial)
     assert len(calls) == 3  # the rollout stopped at the first failure: no write was tried after it
@@ -119,7 +123,9 @@ def test_episode_timeout_is_a_flag_with_a_bounded_default(monkeypatch, tmp_path)
     assert seen["episode_timeout"] == 90.0
 
 
-def test_prompts_too_long_with_their_tools_are_refused_before_the_model_loads(tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_prompts_too_long_with_their_tools_are_refused_before_the_model_loads(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     """catch's prompt fits 400 tokens alone but not with its tools' description: the engine's check
     runs in the CLI with the environments' tools, names the flag, and nothing is loaded or written."""
 
@@ -129,11 +135,27 @@ def test_prompts_too_long_with_their_tools_are_refused_before_the_model_loads(ti
     monkeypatch.setattr("rollforge.cluster.generation.open_generation", no_model)
     out = tmp_path / "out"
     capsys.readouterr()
-    code = main(["rollout", "--model", str(tiny_model_dir), "--env", "catch", "--episodes", "2", "--max-seq-len", "400",
-                 "--out", str(out)])
+    code = main(
+        [
+            "rollout",
+            "--model",
+            str(tiny_model_dir),
+            "--env",
+            "catch",
+            "--episodes",
+            "2",
+            "--max-seq-len",
+            "400",
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert re.fullmatch(r"rollforge: error: --max-seq-len=400 leaves no room to generate: prompt 1 is already \d+ tokens "
-                        r"with the description of its tools \(and 1 more prompts\); raise --max-seq-len or shorten the "
-                        r"prompts\n", err), err
+    assert re.fullmatch(
+        r"rollforge: error: --max-seq-len=400 leaves no room to generate: prompt 1 is already \d+ tokens "
+        r"with the description of its tools \(and 1 more prompts\); raise --max-seq-len or shorten the "
+        r"prompts\n",
+        err,
+    ), err
     assert not out.exists()

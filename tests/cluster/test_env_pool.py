@@ -51,10 +51,18 @@ def comparable(t):
 
 async def test_pool_gives_the_same_trajectories_as_local_and_spreads_episodes(ray_session, renderer):
     config = RolloutConfig(max_turns=6, concurrency=8)
-    local = await arollout(samples(8), {"count": FactoryEnvironment(Counter)}, scripted(renderer, add_until_three(renderer)), renderer, config)
+    local = await arollout(
+        samples(8),
+        {"count": FactoryEnvironment(Counter)},
+        scripted(renderer, add_until_three(renderer)),
+        renderer,
+        config,
+    )
     pool = RayEnvironmentPool(FactoryEnvironment(Counter), actors=2, num_cpus=0)
     try:
-        remote = await arollout(samples(8), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config)
+        remote = await arollout(
+            samples(8), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config
+        )
     finally:
         pool.shutdown()
     assert [comparable(t) for t in remote.trajectories] == [comparable(t) for t in local.trajectories]
@@ -112,7 +120,9 @@ async def test_killing_an_actor_mid_episode_fails_only_its_episodes_and_it_is_re
         assert all(t.total_reward == 1.0 for t in passed) and len(passed) == 3
         assert pool.replacements == 1 and pool.actor(0) is not victim
         # the replacement serves new episodes
-        again = await arollout(samples(4), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config)
+        again = await arollout(
+            samples(4), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config
+        )
         assert all(t.error is None and t.total_reward == 1.0 for t in again.trajectories)
     finally:
         pool.shutdown()
@@ -124,7 +134,9 @@ async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_
         await pool.prepare(1)
         ray_session.kill(pool.actor(0))
         config = RolloutConfig(max_turns=6, concurrency=2)
-        result = await arollout(samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config)
+        result = await arollout(
+            samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config
+        )
         assert all(t.error is None and t.total_reward == 1.0 for t in result.trajectories)
         assert pool.replacements == 1
     finally:
@@ -134,7 +146,9 @@ async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_
 async def test_environment_errors_on_actors_fail_their_episode_like_local_ones(ray_session, renderer):
     pool = RayEnvironmentPool(FactoryEnvironment(Broken), actors=1, num_cpus=0)
     try:
-        result = await arollout(samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, RolloutConfig())
+        result = await arollout(
+            samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, RolloutConfig()
+        )
     finally:
         pool.shutdown()
     assert all(t.error.kind == "env_error" and "no simulator licence" in t.error.message for t in result.trajectories)
@@ -143,7 +157,9 @@ async def test_environment_errors_on_actors_fail_their_episode_like_local_ones(r
 async def test_a_failing_close_on_an_actor_is_a_recorded_failure_not_an_error(ray_session, renderer):
     pool = RayEnvironmentPool(FactoryEnvironment(LeakyClose), actors=1, num_cpus=0)
     try:
-        result = await arollout(samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, RolloutConfig())
+        result = await arollout(
+            samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, RolloutConfig()
+        )
     finally:
         pool.shutdown()
     for t in result.trajectories:

@@ -18,7 +18,15 @@ def test_rollout_cli_with_environments_on_ray_matches_local(ray_session, tiny_mo
     common = ("--mode", "lockstep", "--seed", "3", "--concurrency", "1")  # same batches: bitwise equal
     local, _ = run_rollout(str(tiny_model_dir), tmp_path / "local", *common)
     remote, metrics = run_rollout(
-        str(tiny_model_dir), tmp_path / "ray", *common, "--executor", "ray", "--env-actors", "2", "--env-actor-cpus", "0",
+        str(tiny_model_dir),
+        tmp_path / "ray",
+        *common,
+        "--executor",
+        "ray",
+        "--env-actors",
+        "2",
+        "--env-actor-cpus",
+        "0",
     )
     _, tokenizer = load_model(tiny_model_dir)
     check_records(remote, metrics, ChatRenderer(tokenizer))

@@ -39,7 +39,9 @@ def test_what_can_never_fit_fails_at_once_naming_numbers_and_knobs(ray_session, 
     assert pools == []
     assert "reserve 3 CPUs (3 environment actors x 1) but the Ray cluster has 2" in message
     assert "--env-actor-cpus" in message and "--env-actors" in message
-    with pytest.raises(ConfigError, match=r"reserves 4 CPUs but the largest Ray node has 2; lower it with ray.replica_cpus"):
+    with pytest.raises(
+        ConfigError, match=r"reserves 4 CPUs but the largest Ray node has 2; lower it with ray.replica_cpus"
+    ):
         check_fits(Demand("hf replicas", 1, 4.0, knobs="ray.replica_cpus / --replica-cpus"))
     with pytest.raises(ConfigError, match="GPUs"):
         check_fits(Demand("vllm replicas", 1, 0.0, gpus=1.0, knobs="ray.replica_gpus"))
@@ -50,8 +52,23 @@ def test_what_can_never_fit_fails_at_once_naming_numbers_and_knobs(ray_session, 
 def test_laptop_command_succeeds_with_defaults(ray_cpus_free, smollm2_dir, tmp_path):
     """The README's first Ray command, with no reservation flags, on the 2-CPU loopback instance."""
     out = tmp_path / "ray"
-    args = ["rollout", "--model", str(smollm2_dir), "--executor", "ray", "--env", "arithmetic", "--env", "catch",
-            "--episodes", "8", "--max-turns", "4", "--out", str(out)]
+    args = [
+        "rollout",
+        "--model",
+        str(smollm2_dir),
+        "--executor",
+        "ray",
+        "--env",
+        "arithmetic",
+        "--env",
+        "catch",
+        "--episodes",
+        "8",
+        "--max-turns",
+        "4",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert [r["task_name"] for r in records] == ["arithmetic", "catch"] * 4
@@ -127,8 +144,10 @@ def test_the_fit_check_counts_workers_environment_actors_and_replicas_together(f
     with pytest.raises(ConfigError) as error:  # 2 workers + 4 actors + 2 x 2 replicas = 10 > 8
         sized_together(RayConfig(generation_replicas=2), workers=2, environments=1, replicas=2)
     message = str(error.value)
-    assert ("the actors reserve 10 CPUs (2 training workers x 1, 4 environment actors x 1, 4 generation replicas x 1)"
-            " but the Ray cluster has 8") in message
+    assert (
+        "the actors reserve 10 CPUs (2 training workers x 1, 4 environment actors x 1, 4 generation replicas x 1)"
+        " but the Ray cluster has 8"
+    ) in message
     assert "ray.training_worker_cpus" in message and "ray.env_actor_cpus" in message and "ray.replica_cpus" in message
     fake_ray(2, private=True)  # explicit numbers are kept and counted: 2 x 1 + 4 x 0.5 = 4 > 2
     with pytest.raises(ConfigError, match=r"reserve 4 CPUs \(2 training workers x 1, 4 environment actors x 0.5\)"):
@@ -142,8 +161,11 @@ def test_what_this_process_runs_is_counted_until_it_stops(fake_ray):
     release = hold(Demand("environment actors", 2, 1.0, knobs="ray.env_actor_cpus"))
     try:
         # replicas started after the environments: 2 x 1 + 3 x 1 = 5 > 4 (each alone would fit)
-        with pytest.raises(ConfigError, match=r"reserve 5 CPUs \(2 environment actors x 1, 3 hf replicas x 1\) but the "
-                                              r"Ray cluster has 4; .*ray.env_actor_cpus; ray.replica_cpus"):
+        with pytest.raises(
+            ConfigError,
+            match=r"reserve 5 CPUs \(2 environment actors x 1, 3 hf replicas x 1\) but the "
+            r"Ray cluster has 4; .*ray.env_actor_cpus; ray.replica_cpus",
+        ):
             check_fits(Demand("hf replicas", 3, 1.0, knobs="ray.replica_cpus"))
         check_fits(Demand("hf replicas", 2, 1.0))
     finally:
@@ -164,6 +186,9 @@ def test_training_workers_left_without_a_cpu_are_refused(fake_ray):
     from rollforge.cluster.resources import sized_together
 
     fake_ray(2, private=True)  # 4 actors x 0.5 take both CPUs: a worker's share would be 0, an empty Ray bundle
-    with pytest.raises(ConfigError, match=r"reserve 2 CPUs, all that the private Ray instance has free, and leave none "
-                                          r"for the 2 training workers"):
+    with pytest.raises(
+        ConfigError,
+        match=r"reserve 2 CPUs, all that the private Ray instance has free, and leave none "
+        r"for the 2 training workers",
+    ):
         sized_together(RayConfig(env_actor_cpus=0.5), workers=2, environments=1, replicas=0)

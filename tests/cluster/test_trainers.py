@@ -24,11 +24,18 @@ def _settings(tmp_path, tiny_model_dir) -> dict:
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in first_character_rows(64)))
     return {
-        "model": {"name": str(tiny_model_dir)}, "data": {"path": str(data)}, "steps": 3, "seed": 1,
+        "model": {"name": str(tiny_model_dir)},
+        "data": {"path": str(data)},
+        "steps": 3,
+        "seed": 1,
         "environments": [{"name": "rollforge.testing:FirstCharacter", "task_name": "first"}],
-        "algorithm": {"batch_size": 4, "group_size": 8}, "rollout": {"max_new_tokens": 2, "max_turns": 1},
-        "optim": {"lr": 1e-3}, "checkpoint_every": 0, "save_trajectories": False,
-        "executor": "ray", "ray": {"env_actors": 1, "env_actor_cpus": 0},
+        "algorithm": {"batch_size": 4, "group_size": 8},
+        "rollout": {"max_new_tokens": 2, "max_turns": 1},
+        "optim": {"lr": 1e-3},
+        "checkpoint_every": 0,
+        "save_trajectories": False,
+        "executor": "ray",
+        "ray": {"env_actors": 1, "env_actor_cpus": 0},
     }
 
 
@@ -38,9 +45,22 @@ def test_ray_training_workers_match_torchrun_ranks(ray_session, tiny_model_dir, 
     local = {key: value for key, value in settings.items() if key != "ray"}  # ray.* needs executor: ray
     config_file.write_text(json.dumps({**local, "out": str(tmp_path / "torchrun"), "executor": "local"}))
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "rollforge", "train", str(config_file)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "rollforge",
+            "train",
+            str(config_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     expected = [json.loads(line) for line in (tmp_path / "torchrun" / "metrics.jsonl").read_text().splitlines()]
@@ -64,6 +84,9 @@ def test_too_many_training_workers_is_one_clear_error(ray_session, tiny_model_di
     settings = _settings(tmp_path, tiny_model_dir)
     ray = {**settings["ray"], "training_workers": 3, "training_worker_cpus": 2}
     config = load_config(**{**settings, "out": str(tmp_path / "ray"), "ray": ray})
-    with pytest.raises(ConfigError, match=r"the actors reserve 6 CPUs \(3 training workers x 2\) but the Ray cluster "
-                                          r"has 2; lower .*ray.training_worker_cpus"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the actors reserve 6 CPUs \(3 training workers x 2\) but the Ray cluster "
+        r"has 2; lower .*ray.training_worker_cpus",
+    ):
         train(config, console=False)

@@ -37,8 +37,18 @@ def teacher_forced(model, prompt, completion) -> torch.Tensor:
 def test_two_vllm_replicas_on_ray(ray_session, smollm2_dir):
     model, tokenizer = load_model(smollm2_dir)
     renderer = ChatRenderer(tokenizer)
-    router = open_generation(BackendConfig(kind="vllm", model=str(smollm2_dir), replicas=2, replica_cpus=0,
-                                           concurrency=8, seed=0, request_timeout=300, options=VLLM_OPTIONS))
+    router = open_generation(
+        BackendConfig(
+            kind="vllm",
+            model=str(smollm2_dir),
+            replicas=2,
+            replica_cpus=0,
+            concurrency=8,
+            seed=0,
+            request_timeout=300,
+            options=VLLM_OPTIONS,
+        )
+    )
 
     async def scenario():
         try:

@@ -138,7 +138,9 @@ async def test_textarena_guess_the_number_binary_search_wins():
 @needs("textarena")
 async def test_textarena_invalid_moves_are_explained():
     sample = get_env_spec("textarena:Mastermind-v0").samples(1, 0)[0]
-    steps, _, _, _ = await play("textarena:Mastermind-v0", sample, lambda _: Message("assistant", "I think [1 2]"), turns=1)
+    steps, _, _, _ = await play(
+        "textarena:Mastermind-v0", sample, lambda _: Message("assistant", "I think [1 2]"), turns=1
+    )
     assert "exactly 4 numbers" in steps[0].messages[0].content and not steps[0].terminated
 
 
@@ -167,8 +169,10 @@ async def test_textarena_missing_nltk_data_is_one_line_at_start(monkeypatch):
         raise LookupError(NLTK_BANNER)
 
     monkeypatch.setattr(textarena_env, "_ta", lambda: SimpleNamespace(make=make))
-    expected = ("textarena game 'Wordle-v0' needs NLTK's 'words' data, which is not installed (NLTK downloads "
-                "it on first use, which needs the network): run python -m nltk.downloader words")
+    expected = (
+        "textarena game 'Wordle-v0' needs NLTK's 'words' data, which is not installed (NLTK downloads "
+        "it on first use, which needs the network): run python -m nltk.downloader words"
+    )
     with pytest.raises(ConfigError) as info:
         textarena_env.build("Wordle-v0")
     assert str(info.value) == expected
@@ -234,7 +238,9 @@ async def test_frozenlake_out_of_moves_is_truncated_not_terminated():
     session = get_env_spec("frozenlake").build().open(sample)
     reset = await session.reset(sample)
     step = await session.step((*reset.prompt, Message("assistant", "", tool_calls=move("left").tool_calls * 16)))
-    assert step.truncated and not step.terminated and len(step.messages) == 16  # against the wall: gymnasium's TimeLimit
+    assert (
+        step.truncated and not step.terminated and len(step.messages) == 16
+    )  # against the wall: gymnasium's TimeLimit
     assert "out of steps: total reward 0." in step.messages[-1].content
     assert await session.finish() == 0.0
     await session.close()
@@ -286,7 +292,9 @@ def math_env():
     ],
 )
 def test_math_verify_accepts_equivalent_forms(math_env, gold, reply, reward):
-    result = math_env.step([[{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}]], [{"answer": gold}])
+    result = math_env.step(
+        [[{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}]], [{"answer": gold}]
+    )
     assert result.rewards == [reward] and result.terminateds == [True]
     assert result.metadata[0]["verdict"] == ("correct" if reward else "wrong")
 

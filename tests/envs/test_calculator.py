@@ -28,7 +28,11 @@ def test_samples_are_seeded_and_their_row_holds_the_result():
     assert Counter(s.row["op"] for s in first).keys() == {"plus", "minus", "times"}
     for s in first:
         a, word, b = re.fullmatch(r"What is (\d+) (\w+) (\d+)\?", s.prompt[-1].content).groups()
-        assert 100 <= int(a) <= 999 and 100 <= int(b) <= 999 and (int(a), int(b), word) == (s.row["a"], s.row["b"], s.row["op"])
+        assert (
+            100 <= int(a) <= 999
+            and 100 <= int(b) <= 999
+            and (int(a), int(b), word) == (s.row["a"], s.row["b"], s.row["op"])
+        )
         assert s.row["result"] == {"plus": int(a) + int(b), "minus": int(a) - int(b), "times": int(a) * int(b)}[word]
         assert s.task_name == "calculator" and s.prompt[0].role == "system"
     assert all(0 <= s.row["a"] <= 9 for s in calculator.samples(10, 0, digits=1))
@@ -77,9 +81,13 @@ async def test_only_the_tool_the_question_names_solves_it(tool, reward):
 
 async def test_wrong_operands_or_no_call_score_zero():
     sample = next(s for s in calculator.samples(20, 1) if s.row["op"] == "plus")
-    steps, final = await play(get_env_spec("calculator").build(), sample, compute_then_answer("add", sample.row["a"], 1))
+    steps, final = await play(
+        get_env_spec("calculator").build(), sample, compute_then_answer("add", sample.row["a"], 1)
+    )
     assert steps[-1].terminated and final == 0.0
-    steps, final = await play(get_env_spec("calculator").build(), sample, lambda _: Message("assistant", str(sample.row["result"])))
+    steps, final = await play(
+        get_env_spec("calculator").build(), sample, lambda _: Message("assistant", str(sample.row["result"]))
+    )
     assert steps[0].terminated and final == 0.0  # the answer must come through answer
 
 
@@ -89,7 +97,9 @@ async def test_tool_schemas_name_the_operations():
     assert [t["function"]["name"] for t in reset.tools] == ["add", "subtract", "multiply", "answer"]
     assert reset.tools[2]["function"]["description"] == "Return a * b."
     assert reset.tools[0]["function"]["parameters"]["properties"] == {
-        "a": {"type": "integer", "description": "The first number."}, "b": {"type": "integer", "description": "The second number."}}
+        "a": {"type": "integer", "description": "The first number."},
+        "b": {"type": "integer", "description": "The second number."},
+    }
 
 
 def test_expert_calls_a_random_operation_on_the_operands():
@@ -100,8 +110,10 @@ def test_expert_calls_a_random_operation_on_the_operands():
     answered = [*question, Message("assistant", "..."), Message("tool", "3600")]
     assert parser.parse(calculator.expert(answered, parser))[0] == ToolCall("answer", {"value": 3600})
     assert calculator.expert(question, parser) == calculator.expert(question, parser)  # seeded by the question
-    chosen = Counter(parser.parse(calculator.expert([Message("user", s.prompt[-1].content)], parser))[0].name
-                     for s in calculator.samples(90, 0))
+    chosen = Counter(
+        parser.parse(calculator.expert([Message("user", s.prompt[-1].content)], parser))[0].name
+        for s in calculator.samples(90, 0)
+    )
     assert set(chosen) == {"add", "subtract", "multiply"} and min(chosen.values()) >= 20  # no tool is favoured
 
 
@@ -114,7 +126,9 @@ def test_expert_demonstrations_have_the_format_and_solve_when_the_tool_fits(tiny
     for trajectory, sample in zip(result.trajectories, samples):
         assert trajectory.terminated and trajectory.turns == 2 and trajectory.error is None and not trajectory.failures
         first, second = (parser.parse(m.content)[0] for m in trajectory.messages if m.role == "assistant")
-        assert second.name == "answer" and trajectory.total_reward == (1.0 if first.name == calculator.OPERATIONS[sample.row["op"]] else 0.0)
+        assert second.name == "answer" and trajectory.total_reward == (
+            1.0 if first.name == calculator.OPERATIONS[sample.row["op"]] else 0.0
+        )
     assert 0 < sum(t.total_reward for t in result.trajectories) < 24
 
 
@@ -141,14 +155,18 @@ async def test_operations_option_asks_only_those_and_offers_only_their_tools():
 
 @pytest.mark.parametrize("bad", [(), ("plus", "plus"), ("plus", "divide"), "plus"])
 def test_bad_operations_name_the_value(bad):
-    with pytest.raises(ConfigError, match=r"calculator operations must be distinct words among plus, minus, times, got "):
+    with pytest.raises(
+        ConfigError, match=r"calculator operations must be distinct words among plus, minus, times, got "
+    ):
         calculator.samples(1, 0, operations=bad)
 
 
 def test_expert_chooses_uniformly_among_the_offered_tools_only():
     parser = get_parser()
-    chosen = Counter((s.row["op"], parser.parse(calculator.expert(list(s.prompt), parser))[0].name)
-                     for s in calculator.samples(120, 0, operations=("plus", "times")))
+    chosen = Counter(
+        (s.row["op"], parser.parse(calculator.expert(list(s.prompt), parser))[0].name)
+        for s in calculator.samples(120, 0, operations=("plus", "times"))
+    )
     assert {tool for _, tool in chosen} == {"add", "multiply"}
     for op in ("plus", "times"):  # both tools demonstrated for both question kinds, near 50/50
         assert min(chosen[(op, "add")], chosen[(op, "multiply")]) >= 20
@@ -157,8 +175,9 @@ def test_expert_chooses_uniformly_among_the_offered_tools_only():
 def test_two_operation_demonstrations_solve_about_half(tiny_model_dir):
     renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
     config = RolloutConfig(max_turns=2, max_seq_len=4096)
-    result = asyncio.run(expert_demonstrations("calculator", 32, renderer, config, seed=3,
-                                               options={"operations": ["plus", "times"]}))
+    result = asyncio.run(
+        expert_demonstrations("calculator", 32, renderer, config, seed=3, options={"operations": ["plus", "times"]})
+    )
     assert all(t.terminated and t.error is None and not t.failures for t in result.trajectories)
     assert 8 <= sum(t.total_reward for t in result.trajectories) <= 24
 
@@ -167,11 +186,13 @@ def test_balanced_questions_give_every_operation_and_tool_pair_equally_often():
     parser = get_parser()
     for seed in (0, 1, 2):
         questions = calculator.samples(32, seed, operations=["plus", "times"], balanced=True)
-        chosen = Counter((s.row["op"], parser.parse(calculator.expert(list(s.prompt), parser))[0].name) for s in questions)
+        chosen = Counter(
+            (s.row["op"], parser.parse(calculator.expert(list(s.prompt), parser))[0].name) for s in questions
+        )
         assert chosen == {(op, tool): 8 for op in ("plus", "times") for tool in ("add", "multiply")}
         assert questions == calculator.samples(32, seed, operations=["plus", "times"], balanced=True)
     blocks = calculator.samples(40, 5, operations=["plus", "times"], balanced=True)
     for start in range(0, 40, 4):  # every aligned block of 4 asks each operation twice
-        assert Counter(s.row["op"] for s in blocks[start:start + 4]) == {"plus": 2, "times": 2}
+        assert Counter(s.row["op"] for s in blocks[start : start + 4]) == {"plus": 2, "times": 2}
     three = Counter(s.row["op"] for s in calculator.samples(9, 0, balanced=True))
     assert three == {"plus": 3, "minus": 3, "times": 3}

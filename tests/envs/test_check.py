@@ -152,8 +152,10 @@ class DictPrompt(GoodSession):
 
 class RequiredNotInProperties(GoodSession):
     async def reset(self, sample):
-        schema = {"type": "function", "function": {"name": "act", "parameters": {
-            "type": "object", "properties": {}, "required": ["how"]}}}
+        schema = {
+            "type": "function",
+            "function": {"name": "act", "parameters": {"type": "object", "properties": {}, "required": ["how"]}},
+        }
         return Reset(prompt=sample.prompt, tools=(schema,))
 
 
@@ -223,14 +225,20 @@ class SharedState(GoodSession):
 
     async def step(self, conversation):
         step = await super().step(conversation)
-        return Step(messages=(Message("tool", f"call number {next(_counter)}"),), terminated=step.terminated,
-                    failures=step.failures)
+        return Step(
+            messages=(Message("tool", f"call number {next(_counter)}"),),
+            terminated=step.terminated,
+            failures=step.failures,
+        )
 
 
 @pytest.mark.parametrize(
     ("session_class", "complaint"),
     [
-        (NonFloatReward, "step 1 (sample 0) raised EnvironmentError_: Step.reward must be a finite number, got str '1'"),
+        (
+            NonFloatReward,
+            "step 1 (sample 0) raised EnvironmentError_: Step.reward must be a finite number, got str '1'",
+        ),
         (IntReward, "Step.reward must be a float, got int 1"),
         (NanFinish, "finish (sample 0): the final reward must be finite, got nan"),
         (EmptyPrompt, "Reset.prompt must be a non-empty tuple of Message"),
@@ -241,8 +249,10 @@ class SharedState(GoodSession):
         (IntTerminated, "Step.terminated must be a bool, got 1"),
         (IntTruncated, "Step.truncated must be a bool, got 0"),
         (ListMessages, "Step.messages must be a tuple of Message"),
-        (RaisesOnBadCalls, "a call to an unknown tool (sample 0), which must report a failure rather than raise, "
-                           "raised KeyError"),
+        (
+            RaisesOnBadCalls,
+            "a call to an unknown tool (sample 0), which must report a failure rather than raise, raised KeyError",
+        ),
         (SilentOnBadCalls, "the Step has no failure; bad tool calls must be counted"),
         (CloseTwiceRaises, "a second close (sample 0), which must be harmless, raised RuntimeError: already closed"),
         (SyncMethods, "finish (sample 0) returned float 1.0 instead of an awaitable; EnvSession methods are async"),
@@ -316,8 +326,9 @@ class NoisyGrader:
 
     def step(self, message_logs, metadata):
         n = len(message_logs)
-        return StepwiseReturn([{"content": ""}] * n, metadata, [None] * n, [random.random() for _ in range(n)],
-                              [True] * n)
+        return StepwiseReturn(
+            [{"content": ""}] * n, metadata, [None] * n, [random.random() for _ in range(n)], [True] * n
+        )
 
 
 class ShortReturn:
@@ -336,8 +347,11 @@ def test_a_nondeterministic_step_environment_is_caught():
 
 
 def test_a_step_environment_returning_too_few_entries_is_caught():
-    with pytest.raises(EnvironmentError_, match=r"step 1 \(sample 0\) raised EnvironmentError_: ShortReturn.step "
-                                                r"was given a batch of 1 but returned 0 observations"):
+    with pytest.raises(
+        EnvironmentError_,
+        match=r"step 1 \(sample 0\) raised EnvironmentError_: ShortReturn.step "
+        r"was given a batch of 1 but returned 0 observations",
+    ):
         check_env(StepwiseEnvironment(ShortReturn()), samples=SAMPLES)
 
 

@@ -41,7 +41,9 @@ def test_bundled_tool_environments_have_experts():
 
 
 @pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
-@pytest.mark.parametrize("env, episodes, most_turns", [("echo", 16, 2), ("catch", 16, 4), ("guess_number", 20, 5), ("wordle", 24, 6)])
+@pytest.mark.parametrize(
+    "env, episodes, most_turns", [("echo", 16, 2), ("catch", 16, 4), ("guess_number", 20, 5), ("wordle", 24, 6)]
+)
 def test_expert_episodes_reach_full_reward(tiny_model_dir, env, episodes, most_turns, parser):
     renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
     config = RolloutConfig(max_turns=8, max_seq_len=4096, tool_parser=parser)
@@ -59,8 +61,13 @@ def test_expert_episodes_reach_full_reward(tiny_model_dir, env, episodes, most_t
 def test_guess_number_expert_bisects_on_the_hints():
     opening = Message("user", guess_number.prompt_text())
     assert guess_number.expert([opening], get_parser()) == "10"
-    history = [opening, Message("assistant", "10"), Message("user", "Too high."), Message("assistant", "4"),
-               Message("user", "Too low.")]
+    history = [
+        opening,
+        Message("assistant", "10"),
+        Message("user", "Too high."),
+        Message("assistant", "4"),
+        Message("user", "Too low."),
+    ]
     assert guess_number.expert(history, get_parser()) == "7"  # open range 5..9
 
 

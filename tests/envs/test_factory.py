@@ -199,10 +199,16 @@ def test_satisfies_the_protocols():
 @pytest.mark.parametrize(
     "factory, message",
     [
-        (3, r"environment_factory must be a class, a zero-argument callable or a dict \{name: factory\}, got 3 \(int\)"),
+        (
+            3,
+            r"environment_factory must be a class, a zero-argument callable or a dict \{name: factory\}, got 3 \(int\)",
+        ),
         ("LineWalker", r"must be a class, .* got 'LineWalker' \(str\)"),
         ({}, r"environment_factory is an empty dict"),
-        ({"walker": LineWalker, "bad": None}, r"environment_factory\['bad'\] must be a class, .* got None \(NoneType\)"),
+        (
+            {"walker": LineWalker, "bad": None},
+            r"environment_factory\['bad'\] must be a class, .* got None \(NoneType\)",
+        ),
         ({1: LineWalker}, r"dict keys must be str names, got 1"),
         (lambda size: LineWalker(), r"must be callable with no arguments: missing a required argument: 'size'"),
     ],
@@ -284,7 +290,9 @@ async def test_reset_passes_only_the_columns_a_named_signature_accepts():
 
 async def test_reset_missing_a_required_column_names_it():
     session = FactoryEnvironment(Calculator).open(sample({"a": 1}))
-    with pytest.raises(ConfigError, match=r"reset\(\) needs the column\(s\) b, which the row does not have \(row columns: a\)"):
+    with pytest.raises(
+        ConfigError, match=r"reset\(\) needs the column\(s\) b, which the row does not have \(row columns: a\)"
+    ):
         await session.reset(sample({"a": 1}))
 
 
@@ -332,9 +340,13 @@ async def test_dict_factory_picks_by_environment_column():
 
 def test_dict_factory_errors_name_the_value_and_the_choices():
     environment = FactoryEnvironment({"walker": LineWalker, "calc": Calculator})
-    with pytest.raises(ConfigError, match=r"the sample has no 'environment' column, .* to pick one of: 'walker', 'calc'"):
+    with pytest.raises(
+        ConfigError, match=r"the sample has no 'environment' column, .* to pick one of: 'walker', 'calc'"
+    ):
         environment.open(sample({"target": 1}))
-    with pytest.raises(ConfigError, match=r"environment 'chess' \(from the 'environment' column\) is not one of: 'walker', 'calc'"):
+    with pytest.raises(
+        ConfigError, match=r"environment 'chess' \(from the 'environment' column\) is not one of: 'walker', 'calc'"
+    ):
         environment.open(sample({"environment": "chess"}))
 
 
@@ -390,7 +402,11 @@ async def test_each_failure_kind_is_reported_to_the_model_and_counted():
             "move",
             "invalid arguments for tool move: unexpected argument speed (valid arguments: direction)",
         ),
-        ("tool_bad_arguments", "jump", 'invalid arguments for tool jump: argument cells must be integer but got "2" (str)'),
+        (
+            "tool_bad_arguments",
+            "jump",
+            'invalid arguments for tool jump: argument cells must be integer but got "2" (str)',
+        ),
         (
             "tool_bad_arguments",
             "move",
@@ -438,7 +454,7 @@ async def test_an_integer_too_large_for_a_float_is_the_models_bad_argument():
     # Found by `rollforge bench fuzz`: float(10**400) raised OverflowError, failing the episode as
     # env_error (an infrastructure failure) instead of telling the model.
     session = await started(Scaler)
-    text = '<tool_call>\n{"name": "scale", "arguments": {"factor": 1' + "0" * 400 + '}}\n</tool_call>'
+    text = '<tool_call>\n{"name": "scale", "arguments": {"factor": 1' + "0" * 400 + "}}\n</tool_call>"
     step = await session.step(said(*get_parser("hermes").parse(text), content=text))
     assert [f.kind for f in step.failures] == ["tool_bad_arguments"]
     assert "argument factor must be a finite number within a double's range" in step.failures[0].message
@@ -471,8 +487,9 @@ class TimedWalker(LineWalker):
 async def test_done_with_truncated_ends_the_episode_truncated_not_terminated():
     session = await started(TimedWalker, {"target": 3})
     step = await session.step(said(call("move", direction="left"), call("move", direction="left")))
-    assert step == Step(messages=(tool_message("You are at -1.", "move"), tool_message("You are at -2.", "move")),
-                        truncated=True)
+    assert step == Step(
+        messages=(tool_message("You are at -1.", "move"), tool_message("You are at -2.", "move")), truncated=True
+    )
     assert step.ending == "truncated"
 
 

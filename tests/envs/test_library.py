@@ -26,9 +26,21 @@ from rollforge.types import Message, Sample, ToolCall
 
 def test_registry_names_and_specs():
     assert ENV_NAMES == (
-        "echo", "arithmetic", "calculator", "catch", "wordle", "guess_number", "python_code", "math", "frozenlake",
-        "reasoning_gym:basic_arithmetic", "reasoning_gym:leg_counting", "textarena:GuessTheNumber-v0",
-        "textarena:Mastermind-v0", "textarena:Sudoku-v0-very-easy", "gymnasium:CliffWalking-v1",
+        "echo",
+        "arithmetic",
+        "calculator",
+        "catch",
+        "wordle",
+        "guess_number",
+        "python_code",
+        "math",
+        "frozenlake",
+        "reasoning_gym:basic_arithmetic",
+        "reasoning_gym:leg_counting",
+        "textarena:GuessTheNumber-v0",
+        "textarena:Mastermind-v0",
+        "textarena:Sudoku-v0-very-easy",
+        "gymnasium:CliffWalking-v1",
     )
 
 
@@ -132,9 +144,7 @@ async def play(env: Environment, sample: Sample, policy) -> tuple[list[Step], fl
 # -- echo --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "reward"), [("{word}", 1.0), (" {Word} ", 1.0), ("{word}s", 0.0), ("pear", 0.0)]
-)
+@pytest.mark.parametrize(("text", "reward"), [("{word}", 1.0), (" {Word} ", 1.0), ("{word}s", 0.0), ("pear", 0.0)])
 async def test_echo_rewards_the_requested_word(text, reward):
     sample = get_env_spec("echo").samples(1, 0)[0]
     word = sample.row["word"]

@@ -37,19 +37,32 @@ SYSTEM = "Find the synonyms of the term and extract their values, in order."
 
 def _tool(name: str, properties: dict, required: list[str]) -> dict:
     parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-    return {"type": "function", "name": name, "description": f"The {name} tool.", "parameters": parameters, "strict": True}
+    return {
+        "type": "function",
+        "name": name,
+        "description": f"The {name} tool.",
+        "parameters": parameters,
+        "strict": True,
+    }
 
 
 TOOLS = [
     _tool("get_synonym_value", {"synonym": {"type": "string"}}, ["synonym"]),
-    _tool("extract_synonym_values", {"synonym_values": {"type": "array", "items": {"type": "integer"}}}, ["synonym_values"]),
+    _tool(
+        "extract_synonym_values",
+        {"synonym_values": {"type": "array", "items": {"type": "integer"}}},
+        ["synonym_values"],
+    ),
 ]
 
 
 def row(**extra) -> dict:
     """A row shaped like example_multi_step's dataset."""
-    params = {"input": [{"role": "developer", "content": SYSTEM}, {"role": "user", "content": "I'm very warm"}],
-              "tools": TOOLS, "parallel_tool_calls": False}
+    params = {
+        "input": [{"role": "developer", "content": SYSTEM}, {"role": "user", "content": "I'm very warm"}],
+        "tools": TOOLS,
+        "parallel_tool_calls": False,
+    }
     return {"responses_create_params": params, "expected_synonym_values": [sum(map(ord, "Blazing"))], **extra}
 
 
@@ -80,10 +93,17 @@ def resources_app(log: list) -> web.Application:
     async def verify(request: web.Request) -> web.Response:
         body = await request.json()
         log.append(("verify", body))
-        calls = [o for o in body["response"]["output"] if o["type"] == "function_call" and o["name"] == "extract_synonym_values"]
+        calls = [
+            o
+            for o in body["response"]["output"]
+            if o["type"] == "function_call" and o["name"] == "extract_synonym_values"
+        ]
         actual = json.loads(calls[-1]["arguments"])["synonym_values"] if calls else []
-        verdict = {**body, "reward": float(actual == body["expected_synonym_values"]),
-                   "tool_calls_seen": sessions[request.cookies["session"]]}
+        verdict = {
+            **body,
+            "reward": float(actual == body["expected_synonym_values"]),
+            "tool_calls_seen": sessions[request.cookies["session"]],
+        }
         if body.get("judge") == "down":
             verdict.update(mask_sample=True, failure_kind="judge_failed", failure_reason="the judge did not answer")
         if body.get("judge") == "slow":
@@ -94,11 +114,21 @@ def resources_app(log: list) -> web.Application:
 
     app = web.Application()
     app.router.add_post("/seed_session", seed_session)
-    app.router.add_post("/get_synonym_value", tool(
-        "get_synonym_value", "synonym", lambda s: isinstance(s, str), lambda s: {"synonym_value": sum(map(ord, s))}))
-    app.router.add_post("/extract_synonym_values", tool(
-        "extract_synonym_values", "synonym_values", lambda v: isinstance(v, list) and all(type(x) is int for x in v),
-        lambda v: {"success": True}))
+    app.router.add_post(
+        "/get_synonym_value",
+        tool(
+            "get_synonym_value", "synonym", lambda s: isinstance(s, str), lambda s: {"synonym_value": sum(map(ord, s))}
+        ),
+    )
+    app.router.add_post(
+        "/extract_synonym_values",
+        tool(
+            "extract_synonym_values",
+            "synonym_values",
+            lambda v: isinstance(v, list) and all(type(x) is int for x in v),
+            lambda v: {"success": True},
+        ),
+    )
     app.router.add_post("/verify", verify)
     return app
 
@@ -110,13 +140,17 @@ def gymnasium_app(log: list) -> web.Application:
     steps: dict[str, tuple[int, int | None]] = {}  # session -> (steps taken, the limit)
 
     async def openapi(request: web.Request) -> web.Response:
-        return web.json_response({"openapi": "3.1.0", "paths": {p: {"post": {}} for p in ("/reset", "/step", "/aggregate_metrics")}})
+        return web.json_response(
+            {"openapi": "3.1.0", "paths": {p: {"post": {}} for p in ("/reset", "/step", "/aggregate_metrics")}}
+        )
 
     async def reset(request: web.Request) -> web.Response:
         body = await request.json()
         sid = uuid.uuid4().hex
         state[sid], steps[sid] = body["secret"], (0, body.get("max_steps"))
-        response = web.json_response({"observation": "Guess a number from 1 to 3.", "info": {"supports_explicit_close": True}})
+        response = web.json_response(
+            {"observation": "Guess a number from 1 to 3.", "info": {"supports_explicit_close": True}}
+        )
         response.set_cookie("session", sid)
         return response
 
@@ -131,12 +165,21 @@ def gymnasium_app(log: list) -> web.Application:
             if item["type"] == "function_call" and item["name"] == "guess":
                 n = json.loads(item["arguments"])["n"]
                 reward = float(n == secret)
-                outputs.append({"call_id": item["call_id"], "output": json.dumps("correct" if n == secret else "wrong")})
+                outputs.append(
+                    {"call_id": item["call_id"], "output": json.dumps("correct" if n == secret else "wrong")}
+                )
         done = reward == 1.0
         observation = None if done or outputs else "Use the guess tool."
         truncated = not done and limit is not None and taken + 1 >= limit
-        return web.json_response({"observation": observation, "reward": reward, "terminated": done,
-                                  "truncated": truncated, "info": {"tool_outputs": outputs}})
+        return web.json_response(
+            {
+                "observation": observation,
+                "reward": reward,
+                "terminated": done,
+                "truncated": truncated,
+                "info": {"tool_outputs": outputs},
+            }
+        )
 
     async def close(request: web.Request) -> web.Response:
         log.append(("close", request.cookies.get("session") in state))
@@ -173,11 +216,15 @@ def policy(renderer, replies: list[str]) -> ScriptedBackend:
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 BLAZING = sum(map(ord, "Blazing"))
-SOLVE = [call("get_synonym_value", synonym="Blazing"), call("extract_synonym_values", synonym_values=[BLAZING]), "Done."]
+SOLVE = [
+    call("get_synonym_value", synonym="Blazing"),
+    call("extract_synonym_values", synonym_values=[BLAZING]),
+    "Done.",
+]
 CONFIG = RolloutConfig(max_turns=6, concurrency=1, max_new_tokens=200)
 
 
@@ -199,7 +246,10 @@ async def test_tool_round_trip_and_verify_reward(renderer):
     assert system.role == "system" and SYSTEM in system.content and user.content == "I'm very warm"
     tools = [m for m in trajectory.messages if m.role == "tool"]
     assert [json.loads(m.content) for m in tools] == [{"synonym_value": BLAZING}, {"success": True}]
-    assert trajectory.metadata["tool_calls_seen"] == ["get_synonym_value", "extract_synonym_values"]  # one cookie session
+    assert trajectory.metadata["tool_calls_seen"] == [
+        "get_synonym_value",
+        "extract_synonym_values",
+    ]  # one cookie session
     assert log[0] == ("seed_session", row(extra_column=7))  # the whole row, every column
     verify = log[-1][1]
     assert verify["expected_synonym_values"] == [BLAZING] and verify["extra_column"] == 7
@@ -236,10 +286,17 @@ async def test_unmasked_failure_kind_keeps_the_reward(renderer):
 
 async def test_gymnasium_reset_step_protocol(renderer):
     log: list = []
-    params = {"input": [{"role": "user", "content": "Play."}], "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])]}
+    params = {
+        "input": [{"role": "user", "content": "Play."}],
+        "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])],
+    }
     async with serving(gymnasium_app(log)) as url:
-        trajectory = await run(url, [{"responses_create_params": params, "secret": 2}], renderer,
-                               [call("guess", n="two"), call("guess", n=1), call("guess", n=2)])
+        trajectory = await run(
+            url,
+            [{"responses_create_params": params, "secret": 2}],
+            renderer,
+            [call("guess", n="two"), call("guess", n=1), call("guess", n=2)],
+        )
     assert trajectory.error is None and trajectory.terminated
     assert trajectory.rewards == (0.0, 0.0, 1.0)
     assert [f.kind for f in trajectory.failures] == ["tool_bad_arguments"]
@@ -249,16 +306,27 @@ async def test_gymnasium_reset_step_protocol(renderer):
     tool_results = [m.content for m in trajectory.messages if m.role == "tool"]
     assert tool_results == ["Error: guess: argument 'n' must be of type integer, got \"two\"", '"wrong"', '"correct"']
     steps = [entry[1] for entry in log if entry[0] == "step"]
-    assert [[o["type"] for o in output] for output in steps] == [[], ["function_call"], ["function_call"]]  # this turn's only
+    assert [[o["type"] for o in output] for output in steps] == [
+        [],
+        ["function_call"],
+        ["function_call"],
+    ]  # this turn's only
     assert log[-1] == ("close", True)
     assert token_fidelity_gap(trajectory, renderer) is None
 
 
 async def test_gymnasium_truncated_passes_through(renderer):
-    params = {"input": [{"role": "user", "content": "Play."}], "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])]}
+    params = {
+        "input": [{"role": "user", "content": "Play."}],
+        "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])],
+    }
     async with serving(gymnasium_app([])) as url:
-        trajectory = await run(url, [{"responses_create_params": params, "secret": 3, "max_steps": 2}], renderer,
-                               [call("guess", n=1), call("guess", n=2), call("guess", n=3)])
+        trajectory = await run(
+            url,
+            [{"responses_create_params": params, "secret": 3, "max_steps": 2}],
+            renderer,
+            [call("guess", n=1), call("guess", n=2), call("guess", n=3)],
+        )
     assert trajectory.ending == "truncated" and trajectory.turns == 2 and trajectory.total_reward == 0.0
     assert trajectory.metadata["truncated"] is True and trajectory.metadata["terminated"] is False
 
@@ -279,7 +347,9 @@ async def test_verify_sees_the_last_tool_results_when_max_turns_ends_the_episode
     async with serving(resources_app(log)) as url:
         samples = [nemo_gym.sample(row(), "synonyms")]
         config = RolloutConfig(max_turns=1, concurrency=1, max_new_tokens=200)
-        result = await arollout(samples, {"synonyms": NemoGymEnvironment(url)}, policy(renderer, SOLVE[:1]), renderer, config)
+        result = await arollout(
+            samples, {"synonyms": NemoGymEnvironment(url)}, policy(renderer, SOLVE[:1]), renderer, config
+        )
     assert result.trajectories[0].error is None and result.trajectories[0].turns == 1
     output = log[-1][1]["response"]["output"]
     assert [o["type"] for o in output] == ["function_call", "function_call_output"]
@@ -288,11 +358,15 @@ async def test_verify_sees_the_last_tool_results_when_max_turns_ends_the_episode
 
 async def test_check_env_passes():
     async with serving(resources_app([])) as url:
-        report = await acheck_env(NemoGymEnvironment(url), samples=[nemo_gym.sample(row()), nemo_gym.sample(row(judge="degraded"))])
+        report = await acheck_env(
+            NemoGymEnvironment(url), samples=[nemo_gym.sample(row()), nemo_gym.sample(row(judge="degraded"))]
+        )
     assert report is not None
     params = {"input": "Play.", "tools": [_tool("guess", {"n": {"type": "integer"}}, ["n"])]}
     async with serving(gymnasium_app([])) as url:
-        report = await acheck_env(NemoGymEnvironment(url), samples=[nemo_gym.sample({"responses_create_params": params, "secret": 2})])
+        report = await acheck_env(
+            NemoGymEnvironment(url), samples=[nemo_gym.sample({"responses_create_params": params, "secret": 2})]
+        )
     assert report is not None
 
 
@@ -319,8 +393,20 @@ def test_cli_rollout_on_the_dataset_rows_and_an_unreachable_server(tiny_model_di
     data.write_text("".join(json.dumps(r) + "\n" for r in (row(), row(judge="degraded"))))
     log: list = []
     with serving_in_a_thread(resources_app(log)) as url:
-        argv = ["rollout", "--model", str(tiny_model_dir), "--env", f"nemogym:{url}", "--data", str(data),
-                "--max-new-tokens", "8", "--max-turns", "2", "--greedy"]
+        argv = [
+            "rollout",
+            "--model",
+            str(tiny_model_dir),
+            "--env",
+            f"nemogym:{url}",
+            "--data",
+            str(data),
+            "--max-new-tokens",
+            "8",
+            "--max-turns",
+            "2",
+            "--greedy",
+        ]
         assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     records = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["error"] is None for r in records)
@@ -329,7 +415,9 @@ def test_cli_rollout_on_the_dataset_rows_and_an_unreachable_server(tiny_model_di
     assert main([*argv, "--out", str(tmp_path / "again")]) == 2  # the server is gone
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("rollforge: error:")]
-    assert len(errors) == 1 and f"cannot reach the NeMo Gym server at {url}" in errors[0] and "Traceback" not in err, err
+    assert len(errors) == 1 and f"cannot reach the NeMo Gym server at {url}" in errors[0] and "Traceback" not in err, (
+        err
+    )
 
 
 def test_names_and_rows_are_checked_up_front():

@@ -140,8 +140,15 @@ def test_forged_report_lines_do_not_earn_reward():
 
 
 def test_grade_report_ignores_garbage_and_out_of_range_cases():
-    result = SandboxResult("exited", 0, None, "", "", "junk\n[1]\n" + json.dumps({"case": 9, "output": "1"}) + "\n"
-                           + json.dumps({"case": 0, "output": "1"}) + "\n", 0.1)
+    result = SandboxResult(
+        "exited",
+        0,
+        None,
+        "",
+        "",
+        "junk\n[1]\n" + json.dumps({"case": 9, "output": "1"}) + "\n" + json.dumps({"case": 0, "output": "1"}) + "\n",
+        0.1,
+    )
     score, text = grade_report(result, ("1", "2"))
     assert score == 0.5 and text.splitlines() == ["Hidden tests: 1 of 2 passed.", "test 1: passed", "test 2: not run"]
 
@@ -291,8 +298,12 @@ def test_a_regular_install_in_a_virtual_environment_keeps_the_hidden_tests_hidde
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     shutil.copytree(Path(python_code_tasks.__file__).parents[2], Path(site) / "rollforge")
     script = REGULAR_INSTALL.format(steal=STEAL, site=site)
     done = subprocess.run(

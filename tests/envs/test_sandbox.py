@@ -420,7 +420,11 @@ def test_installed_packages_and_rollforge_are_hidden():
     package = Path(runner.__file__).resolve().parents[2]
     assert str(package) in masks
     assert {os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p)} <= set(masks)
-    interpreter = {sysconfig.get_path("stdlib"), sysconfig.get_config_var("DESTSHARED"), os.path.dirname(sys.executable)}
+    interpreter = {
+        sysconfig.get_path("stdlib"),
+        sysconfig.get_config_var("DESTSHARED"),
+        os.path.dirname(sys.executable),
+    }
     assert not {os.path.realpath(p) for p in interpreter} & set(masks)
     # The directories are bound here only where they lie under a bound prefix (site-packages does).
     result = run(
@@ -521,8 +525,21 @@ def test_every_run_gets_a_uid_never_used_before(monkeypatch, tmp_path):
 
 def test_the_seccomp_filter_refuses_what_reaches_past_the_jail():
     numbers = _seccomp.ARCHES[os.uname().machine][1]
-    probes = ["unshare", "setns", "mount", "umount2", "memfd_create", "ptrace", "bpf", "userfaultfd",
-              "io_uring_setup", "perf_event_open", "open_by_handle_at", "process_vm_readv", "clone3"]
+    probes = [
+        "unshare",
+        "setns",
+        "mount",
+        "umount2",
+        "memfd_create",
+        "ptrace",
+        "bpf",
+        "userfaultfd",
+        "io_uring_setup",
+        "perf_event_open",
+        "open_by_handle_at",
+        "process_vm_readv",
+        "clone3",
+    ]
     result = run(
         LIBC_CALLS
         + "".join(f"call({name!r}, libc.syscall({numbers[name]}, 0, 0, 0, 0, 0))\n" for name in probes)

@@ -77,8 +77,24 @@ def test_the_sandbox_starts_when_python_lives_under_work(venv, tmp_path):
 def test_the_rollforge_console_script_runs_a_python_code_episode(venv, tmp_path, tiny_model_dir):
     control(venv, tmp_path)
     rollforge_script = script(venv, "rollforge", "import sys\nfrom rollforge.cli.main import main\nsys.exit(main())")
-    result = run([str(rollforge_script), "rollout", "--model", str(tiny_model_dir), "--env", "python_code",
-                  "--episodes", "1", "--max-turns", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "out")],
-                 tmp_path)
+    result = run(
+        [
+            str(rollforge_script),
+            "rollout",
+            "--model",
+            str(tiny_model_dir),
+            "--env",
+            "python_code",
+            "--episodes",
+            "1",
+            "--max-turns",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("1 episodes, "), result.stdout

@@ -49,8 +49,9 @@ async def test_gsm8k_multi_turn_keeps_per_turn_rewards_and_terminates(renderer):
     samples = rows_to_samples([row], ["skyrl:gsm8k_multi_turn"])
     replies = ["14 + 15 = 29. #### 29", "Let me think again.", "14 + 15 - 1 = 28. #### 28"]
     env = get_env_spec("skyrl:gsm8k_multi_turn").build()
-    result = await arollout(samples, {"skyrl:gsm8k_multi_turn": env}, replay(renderer, replies),
-                            renderer, RolloutConfig(max_turns=8))
+    result = await arollout(
+        samples, {"skyrl:gsm8k_multi_turn": env}, replay(renderer, replies), renderer, RolloutConfig(max_turns=8)
+    )
     t = result.trajectories[0]
     assert t.error is None, t.error
     assert t.rewards == pytest.approx((0.04, 0.0, 1.0))
@@ -78,8 +79,9 @@ class Countdown(BaseTextEnv):
         self.next -= right
         done = self.next < 0 or self.turns >= 4
         obs = [] if done else [{"role": "user", "content": f"Next: {self.next}" if right else "Wrong."}]
-        return BaseTextEnvStepOutput(observations=obs, reward=0.5 * self.scale * right, done=done,
-                                     metadata={"next": self.next})
+        return BaseTextEnvStepOutput(
+            observations=obs, reward=0.5 * self.scale * right, done=done, metadata={"next": self.next}
+        )
 
 
 @pytest.fixture
@@ -97,8 +99,13 @@ def countdown_sample(start: int, env_class: str | None = None) -> Sample:
 async def test_a_user_registered_class_runs_unchanged(renderer, countdown_id):
     replies = ["1", "7", "0"]
     env = SkyRLEnvironment(countdown_id, env_config={"scale": 2.0})
-    result = await arollout([countdown_sample(1, countdown_id)], {"countdown": env}, replay(renderer, replies),
-                            renderer, RolloutConfig(max_turns=8))
+    result = await arollout(
+        [countdown_sample(1, countdown_id)],
+        {"countdown": env},
+        replay(renderer, replies),
+        renderer,
+        RolloutConfig(max_turns=8),
+    )
     t = result.trajectories[0]
     assert t.error is None, t.error
     assert t.rewards == (1.0, 0.0, 1.0) and t.terminated and t.turns == 3
@@ -126,8 +133,7 @@ async def test_an_entry_point_names_a_class_without_registering_it(renderer, tmp
     envs = build_environments([config])
     assert list(envs) == [name] == [task_name(config)]
     sample = Sample(prompt=(Message("user", "Say 0."),), task_name=name, row={"reward_spec": {"ground_truth": "0"}})
-    result = await arollout([sample], envs, replay(renderer, ["0"]),
-                            renderer, RolloutConfig(max_turns=4))
+    result = await arollout([sample], envs, replay(renderer, ["0"]), renderer, RolloutConfig(max_turns=4))
     t = result.trajectories[0]
     assert t.rewards == (0.5,) and t.terminated
     # tokens stay as sampled; the rewrite SkyRL's generator would apply is kept in the metadata
@@ -138,13 +144,22 @@ async def test_an_entry_point_names_a_class_without_registering_it(renderer, tmp
 async def test_a_row_the_environment_refuses_fails_its_episode_in_one_line(renderer):
     env = get_env_spec("skyrl:gsm8k_multi_turn").build()
     bad = Sample(prompt=(Message("user", "What is 2 + 2?"),), task_name="g", row={"extra_info": {}})
-    other = Sample(prompt=(Message("user", "What is 2 + 2?"),), task_name="g",
-                   row={"env_class": "gsm8k", "reward_spec": {"ground_truth": "4"}})
-    result = await arollout([bad, other], {"g": env}, replay(renderer, ["#### 4"]), renderer, RolloutConfig(max_turns=2))
+    other = Sample(
+        prompt=(Message("user", "What is 2 + 2?"),),
+        task_name="g",
+        row={"env_class": "gsm8k", "reward_spec": {"ground_truth": "4"}},
+    )
+    result = await arollout(
+        [bad, other], {"g": env}, replay(renderer, ["#### 4"]), renderer, RolloutConfig(max_turns=2)
+    )
     first, second = (t.error.message for t in result.trajectories)
-    assert first.endswith(": SkyRL-Gym environment 'gsm8k_multi_turn' refused the row: reward_spec.ground_truth is required")
-    assert second.endswith("row's env_class 'gsm8k' is not this environment's ('gsm8k_multi_turn'); route rows to "
-                      "environments with a task_name column")
+    assert first.endswith(
+        ": SkyRL-Gym environment 'gsm8k_multi_turn' refused the row: reward_spec.ground_truth is required"
+    )
+    assert second.endswith(
+        "row's env_class 'gsm8k' is not this environment's ('gsm8k_multi_turn'); route rows to "
+        "environments with a task_name column"
+    )
 
 
 def test_bad_names_are_one_clear_line():
@@ -178,7 +193,27 @@ def test_the_cli_rolls_out_skyrl_rows_from_a_data_file(tiny_model_dir, tmp_path)
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in gsm8k_rows("gsm8k_multi_turn", 2, seed=0)))
     out = tmp_path / "run"
-    assert main(["rollout", "--model", str(tiny_model_dir), "--env", "skyrl:gsm8k_multi_turn", "--data", str(data),
-                 "--max-turns", "2", "--max-new-tokens", "4", "--concurrency", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "rollout",
+                "--model",
+                str(tiny_model_dir),
+                "--env",
+                "skyrl:gsm8k_multi_turn",
+                "--data",
+                str(data),
+                "--max-turns",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--concurrency",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert [(r["task_name"], r["turns"], r["error"]) for r in records] == [("skyrl:gsm8k_multi_turn", 2, None)] * 2

@@ -88,9 +88,7 @@ async def test_concurrent_steps_coalesce_into_one_batched_call():
     env = StepwiseEnvironment(user_env)
     sessions, prompts = await open_all(env, 8)
 
-    steps = await asyncio.gather(
-        *(s.step(reply(p, f"answer {i}")) for i, (s, p) in enumerate(zip(sessions, prompts)))
-    )
+    steps = await asyncio.gather(*(s.step(reply(p, f"answer {i}")) for i, (s, p) in enumerate(zip(sessions, prompts))))
 
     assert [len(batch) for batch in user_env.batches] == [8]
     # Each session gets its own share, in its own order.
@@ -112,9 +110,7 @@ async def test_lockstep_turns_make_one_call_per_turn_and_carry_metadata():
     sessions, conversations = await open_all(env, 4)
     finished = [False] * 4
     for turn in range(3):
-        steps = await asyncio.gather(
-            *(s.step(reply(c, f"t{turn}")) for s, c in zip(sessions, conversations))
-        )
+        steps = await asyncio.gather(*(s.step(reply(c, f"t{turn}")) for s, c in zip(sessions, conversations)))
         conversations = [(*reply(c, f"t{turn}"), *st.messages) for c, st in zip(conversations, steps)]
         finished = [st.terminated for st in steps]
     assert [len(b) for b in user_env.batches] == [4, 4, 4]
@@ -342,13 +338,21 @@ async def test_observation_becomes_a_message(observation, terminated, expected):
 async def test_truncateds_say_a_limit_ended_the_episode_and_default_to_none():
     class OutOfTime:
         def step(self, message_logs, metadata):  # the first sample solved it; the second ran out of time
-            return StepwiseReturn([{"content": "Solved."}, {"content": ""}], metadata, [None, None], [1.0, 0.0],
-                                  terminateds=[True, False], truncateds=[False, True])
+            return StepwiseReturn(
+                [{"content": "Solved."}, {"content": ""}],
+                metadata,
+                [None, None],
+                [1.0, 0.0],
+                terminateds=[True, False],
+                truncateds=[False, True],
+            )
 
     sessions, prompts = await open_all(StepwiseEnvironment(OutOfTime()), 2)
     steps = await asyncio.gather(*(s.step(reply(p, "x")) for s, p in zip(sessions, prompts)))
-    assert steps == [Step(messages=(Message("user", "Solved."),), reward=1.0, terminated=True),
-                     Step(messages=(), reward=0.0, truncated=True)]  # empty content on an ending step: no message
+    assert steps == [
+        Step(messages=(Message("user", "Solved."),), reward=1.0, terminated=True),
+        Step(messages=(), reward=0.0, truncated=True),
+    ]  # empty content on an ending step: no message
     nemo = await open_all(StepwiseEnvironment(CountingEnv(turns=1)), 1)  # no truncateds at all
     step = await nemo[0][0].step(reply(nemo[1][0], "x"))
     assert step.terminated and not step.truncated
@@ -449,8 +453,11 @@ async def test_bad_returns_are_reported(field, value, complaint):
     class Bad:
         def step(self, message_logs, metadata):
             fields = dict(
-                observations=[{"content": "."}], metadata=metadata, next_stop_strings=[None],
-                rewards=[0.0], terminateds=[False],
+                observations=[{"content": "."}],
+                metadata=metadata,
+                next_stop_strings=[None],
+                rewards=[0.0],
+                terminateds=[False],
             )
             fields[field] = value
             return StepwiseReturn(**fields)

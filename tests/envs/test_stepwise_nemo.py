@@ -42,8 +42,13 @@ class GuessEnvironment:
         self.calls: list[dict[str, Any]] = []
 
     def step(self, message_log_batch: list[list[dict[str, str]]], metadata: list[dict]) -> EnvironmentReturn:
-        self.calls.append({"size": len(message_log_batch), "keys": {tuple(sorted(m)) for log in message_log_batch for m in log},
-                           "metadata": [dict(m) for m in metadata]})
+        self.calls.append(
+            {
+                "size": len(message_log_batch),
+                "keys": {tuple(sorted(m)) for log in message_log_batch for m in log},
+                "metadata": [dict(m) for m in metadata],
+            }
+        )
         observations, new_metadata, stops, rewards, done, answers = [], [], [], [], [], []
         for log, info in zip(message_log_batch, metadata):
             found = re.findall(r"<answer>(\d+)</answer>", log[-1]["content"])
@@ -59,8 +64,14 @@ class GuessEnvironment:
             rewards.append(1.0 if right else -0.1)
             done.append(right)
             answers.append(str(guess) if right else None)
-        return EnvironmentReturn(observations, new_metadata, stops, torch.tensor(rewards, dtype=torch.float32),
-                                 torch.tensor(done, dtype=torch.bool), answers)
+        return EnvironmentReturn(
+            observations,
+            new_metadata,
+            stops,
+            torch.tensor(rewards, dtype=torch.float32),
+            torch.tensor(done, dtype=torch.bool),
+            answers,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +88,20 @@ async def test_nemo_rl_environment_runs_unchanged(renderer, mode):
     env = GuessEnvironment()
     targets = [1, 3, 2]
     samples = [
-        Sample(prompt=[{"role": "user", "content": f"Guess the number, sample {i}."}], task_name="guess",
-               row={"metadata": {"target": t, "guesses": 0}})
+        Sample(
+            prompt=[{"role": "user", "content": f"Guess the number, sample {i}."}],
+            task_name="guess",
+            row={"metadata": {"target": t, "guesses": 0}},
+        )
         for i, t in enumerate(targets)
     ]
-    result = await arollout(samples, {"guess": StepwiseEnvironment(env)}, ScriptedBackend(script, renderer, end_token_id=renderer.stop_token_ids[0]),
-                            renderer, RolloutConfig(mode=mode, max_turns=6, concurrency=3))
+    result = await arollout(
+        samples,
+        {"guess": StepwiseEnvironment(env)},
+        ScriptedBackend(script, renderer, end_token_id=renderer.stop_token_ids[0]),
+        renderer,
+        RolloutConfig(mode=mode, max_turns=6, concurrency=3),
+    )
     by_index = result.trajectories
     # guesses 0, 1, 2, ...: target t is found on turn t + 1; rewards -0.1 per wrong guess, then 1.0
     assert [t.turns for t in by_index] == [2, 4, 3]

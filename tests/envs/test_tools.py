@@ -95,7 +95,11 @@ def test_schema_from_hints_and_google_docstring():
                 "type": "object",
                 "properties": {
                     "direction": {"type": "string", "enum": ["left", "right"], "description": "Which way to go."},
-                    "steps": {"type": "integer", "description": "How many cells to move, between 1 and 3.", "default": 1},
+                    "steps": {
+                        "type": "integer",
+                        "description": "How many cells to move, between 1 and 3.",
+                        "default": 1,
+                    },
                 },
                 "required": ["direction"],
             },
@@ -216,7 +220,10 @@ def test_valid_arguments_pass_through(move):
 def test_literal_rejects_stay(move):
     with pytest.raises(ToolArgumentError) as info:
         validate_arguments(move, {"direction": "stay"})
-    assert str(info.value) == 'invalid arguments for tool move: argument direction must be one of ["left","right"] but got "stay"'
+    assert (
+        str(info.value)
+        == 'invalid arguments for tool move: argument direction must be one of ["left","right"] but got "stay"'
+    )
     assert info.value.tool == "move"
     assert isinstance(info.value, ConfigError)
 
@@ -239,7 +246,9 @@ def test_unexpected_arguments_list_the_valid_ones(move):
 def test_no_arguments_tool_rejects_any():
     tool = discover_tools(GridEnv())["ping"]
     assert validate_arguments(tool, {}) == {}
-    with pytest.raises(ToolArgumentError, match=r"unexpected arguments a, b \(valid arguments: none, this tool takes no arguments\)"):
+    with pytest.raises(
+        ToolArgumentError, match=r"unexpected arguments a, b \(valid arguments: none, this tool takes no arguments\)"
+    ):
         validate_arguments(tool, {"a": 1, "b": 2})
 
 
@@ -295,7 +304,9 @@ def test_a_value_too_large_to_print_is_still_reported():
 
     def pick(name: str) -> None: ...
 
-    with pytest.raises(ToolArgumentError, match=r"argument name must be string but got <int too large to show> \(int\)"):
+    with pytest.raises(
+        ToolArgumentError, match=r"argument name must be string but got <int too large to show> \(int\)"
+    ):
         validate_arguments(tool_from_callable(pick), {"name": 10**5000})
 
 
@@ -328,7 +339,9 @@ def test_nested_values_are_checked_with_a_path():
         'argument weights["a"] must be number but got "x" (str)',
         "argument grid[1][1] must be integer but got 2.5 (float)",
     )
-    with pytest.raises(ToolArgumentError, match=r"argument moves must be array of one of \[\"up\",\"down\"\] but got \"up\" \(str\)"):
+    with pytest.raises(
+        ToolArgumentError, match=r"argument moves must be array of one of \[\"up\",\"down\"\] but got \"up\" \(str\)"
+    ):
         validate_arguments(tool, {"moves": "up", "weights": {}, "grid": None})
 
 

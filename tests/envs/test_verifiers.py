@@ -20,15 +20,18 @@ from rollforge.rollout.engine import arollout
 
 pytestmark = pytest.mark.timeout(600)
 
-_NO_VENV = pytest.mark.skipif(not (verifiers_env.venv_dir() / "bin" / "python").is_file(),
-                              reason=f"no verifiers venv at {verifiers_env.venv_dir()} (bash scripts/install.sh makes it)")
+_NO_VENV = pytest.mark.skipif(
+    not (verifiers_env.venv_dir() / "bin" / "python").is_file(),
+    reason=f"no verifiers venv at {verifiers_env.venv_dir()} (bash scripts/install.sh makes it)",
+)
 
 
 def needs_venv(test):
     """Runs verifiers in its venv (seconds per worker start): slow, and skipped without the venv."""
     return pytest.mark.slow(_NO_VENV(test))
 
-ADDITION = '''
+
+ADDITION = """
 import verifiers.v1 as vf
 
 
@@ -49,7 +52,7 @@ class AdditionTaskset(vf.Taskset[AdditionTask, vf.TasksetConfig]):
 
 
 __all__ = ["AdditionTaskset"]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +138,9 @@ def tool_reply(prompt: str) -> str:
 async def test_a_tool_taskset_makes_a_tool_round_trip(renderer, tmp_path):
     spec = get_env_spec("verifiers:" + write(tmp_path, "vf_tools", TOOLS))
     samples = spec.samples(1, 0)
-    result = await arollout(samples, {samples[0].task_name: spec.build()}, scripted(renderer, tool_reply), renderer,
-                            RolloutConfig())
+    result = await arollout(
+        samples, {samples[0].task_name: spec.build()}, scripted(renderer, tool_reply), renderer, RolloutConfig()
+    )
     [trajectory] = result.trajectories
     assert trajectory.error is None, trajectory.error
     assert [m.role for m in trajectory.messages][-3:] == ["assistant", "tool", "assistant"]
@@ -151,13 +155,17 @@ CRASHING = ADDITION.replace("return 1.0 if", "assert task.answer != '7', 'the gr
 async def test_a_crashing_taskset_fails_only_its_episode_with_one_line(renderer, tmp_path):
     spec = get_env_spec("verifiers:" + write(tmp_path, "vf_crashing", CRASHING))
     samples = spec.samples(2, 0)
-    result = await arollout(samples, {samples[0].task_name: spec.build()}, scripted(renderer, lambda prompt: "3"),
-                            renderer, RolloutConfig())
+    result = await arollout(
+        samples, {samples[0].task_name: spec.build()}, scripted(renderer, lambda prompt: "3"), renderer, RolloutConfig()
+    )
     ok, crashed = result.trajectories
     assert ok.error is None and ok.total_reward == 1.0
     assert crashed.error.kind == "env_error" and crashed.turns == 1  # what it generated is kept
     reason = crashed.error.message.split("stderr: ")[-1]
-    assert reason == "the verifiers episode failed: TaskError: task AdditionTask scoring: AssertionError: the grader fell over", reason
+    assert (
+        reason
+        == "the verifiers episode failed: TaskError: task AdditionTask scoring: AssertionError: the grader fell over"
+    ), reason
 
 
 def test_a_missing_venv_is_one_line_saying_how_to_make_it(monkeypatch, tmp_path):
@@ -173,8 +181,12 @@ def test_a_row_without_its_task_position_is_refused(tmp_path):
     import subprocess
 
     path = write(tmp_path, "vf_addition", ADDITION)
-    done = subprocess.run(verifiers_env.command(path), input='{"prompt": []}', capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1 and done.stderr.strip().endswith("needs vf_task (the task's position in the taskset), got None")
+    done = subprocess.run(
+        verifiers_env.command(path), input='{"prompt": []}', capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1 and done.stderr.strip().endswith(
+        "needs vf_task (the task's position in the taskset), got None"
+    )
 
 
 GUESSING = '''
@@ -225,7 +237,11 @@ async def test_a_multi_turn_env_plays_the_user(renderer, tmp_path):
     [trajectory] = result.trajectories
     assert trajectory.error is None, trajectory.error
     assert [(m.role, m.content) for m in trajectory.messages[-4:]] == [
-        ("user", samples[0].prompt[-1].content), ("assistant", "1"), ("user", "Too low."), ("assistant", "2")]
+        ("user", samples[0].prompt[-1].content),
+        ("assistant", "1"),
+        ("user", "Too low."),
+        ("assistant", "2"),
+    ]
     assert trajectory.total_reward == 1.0 + 0.5 * 0.5  # solved, weight 1; fast (1/2 guesses), weight 0.5
     assert token_fidelity_gap(trajectory, renderer) is None
 
@@ -236,11 +252,16 @@ def test_a_taskset_id_is_imported_from_the_working_directory_and_its_tasks_wrap(
     monkeypatch.chdir(tmp_path)
     samples = get_env_spec("verifiers:vf_addition_by_id").samples(3, 1)  # from position 1 on, around the two tasks
     assert [(s.row["vf_task"], s.prompt[-1].content) for s in samples] == [
-        (1, "What is 3 + 4?"), (0, "What is 1 + 2?"), (1, "What is 3 + 4?")]
+        (1, "What is 3 + 4?"),
+        (0, "What is 1 + 2?"),
+        (1, "What is 3 + 4?"),
+    ]
     assert {s.task_name for s in samples} == {"verifiers:vf_addition_by_id"}
 
 
-CODE_HARNESS = ADDITION.replace('__all__ = ["AdditionTaskset"]', """
+CODE_HARNESS = ADDITION.replace(
+    '__all__ = ["AdditionTaskset"]',
+    """
 from verifiers.v1.harnesses.null import NullHarness
 
 
@@ -248,14 +269,18 @@ class CodeHarness(NullHarness):
     EXECUTES_CODE = True  # as bash, codex, mini_swe_agent, ...
 
 
-__all__ = ["AdditionTaskset", "CodeHarness"]""")
+__all__ = ["AdditionTaskset", "CodeHarness"]""",
+)
 
 
 @needs_venv
 def test_a_harness_that_runs_the_models_code_needs_consent(monkeypatch, tmp_path):
     name = "verifiers:" + write(tmp_path, "vf_code_harness", CODE_HARNESS)
-    with pytest.raises(ConfigError, match="'vf_code_harness' .seat 'agent'. runs the model's code, and rollforge runs "
-                                          "verifiers harnesses on this machine; set ROLLFORGE_VERIFIERS_HOST_CODE=1"):
+    with pytest.raises(
+        ConfigError,
+        match="'vf_code_harness' .seat 'agent'. runs the model's code, and rollforge runs "
+        "verifiers harnesses on this machine; set ROLLFORGE_VERIFIERS_HOST_CODE=1",
+    ):
         get_env_spec(name).samples(1, 0)
     monkeypatch.setenv("ROLLFORGE_VERIFIERS_HOST_CODE", "1")
     assert [s.row["vf_task"] for s in get_env_spec(name).samples(1, 0)] == [0]
@@ -263,7 +288,9 @@ def test_a_harness_that_runs_the_models_code_needs_consent(monkeypatch, tmp_path
 
 @needs_venv
 async def test_the_envs_own_seat_settings_are_kept(renderer, tmp_path):
-    one_turn = GUESSING.replace("player: vf.AgentConfig = vf.AgentConfig()", "player: vf.AgentConfig = vf.AgentConfig(max_turns=1)")
+    one_turn = GUESSING.replace(
+        "player: vf.AgentConfig = vf.AgentConfig()", "player: vf.AgentConfig = vf.AgentConfig(max_turns=1)"
+    )
     spec = get_env_spec("verifiers:" + write(tmp_path, "vf_guessing_once", one_turn))
     samples = spec.samples(1, 0)
     backend = scripted(renderer, lambda prompt: "2" if "Too low." in prompt else "1")

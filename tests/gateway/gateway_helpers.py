@@ -12,7 +12,11 @@ ADD_TOOL = {
     "function": {
         "name": "add",
         "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
     },
 }
 CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -23,7 +27,7 @@ def reply_for(prompt: str) -> str:
     answers with the result when one did, else greets."""
     last_turn = prompt.rsplit("<|im_start|>", 2)[-2]
     if last_turn.startswith("tool\n"):
-        return "The sum is " + last_turn[len("tool\n"):].split("<|im_end|>")[0] + "."
+        return "The sum is " + last_turn[len("tool\n") :].split("<|im_end|>")[0] + "."
     if "You can call the following tools" in prompt and last_turn.startswith("user\n"):
         return CALL_TEXT
     return "Hello!"
@@ -39,4 +43,7 @@ def assert_add_round_trip(trajectory, renderer):
     assert token_fidelity_gap(trajectory, renderer) is None
     assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
     runs = "".join(map(str, trajectory.loss_mask)).split("0")
-    assert [len(r) for r in runs if r] == [len(renderer.encode(CALL_TEXT)) + 1, len(renderer.encode("The sum is 3.")) + 1]
+    assert [len(r) for r in runs if r] == [
+        len(renderer.encode(CALL_TEXT)) + 1,
+        len(renderer.encode("The sum is 3.")) + 1,
+    ]

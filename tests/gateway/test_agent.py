@@ -37,7 +37,9 @@ async def tool_agent(base_url, row):
 
 
 def samples(n, task="agent"):
-    return [Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], task, {"answer": 3, "id": i}) for i in range(n)]
+    return [
+        Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], task, {"answer": 3, "id": i}) for i in range(n)
+    ]
 
 
 async def test_the_engine_runs_agents_and_records_their_sessions(backend, renderer):
@@ -48,7 +50,9 @@ async def test_the_engine_runs_agents_and_records_their_sessions(backend, render
         assert trajectory.turns == 2 and trajectory.rewards == (0.0, 1.0)
         assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
         assert trajectory.messages[1].content == f"What is 1 + 2? ({i})" and trajectory.messages[3].content == "3"
-        assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [end]
+        assert generated_ids(trajectory) == renderer.encode(CALL_TEXT) + [end] + renderer.encode("The sum is 3.") + [
+            end
+        ]
         assert token_fidelity_gap(trajectory, renderer) is None
     assert result.metrics["mean_total_reward"] == 1.0
 
@@ -120,17 +124,25 @@ async def test_a_hung_agent_is_stopped_and_its_late_requests_refused(backend, re
         finally:
             late.append(base_url)
 
-    result = await arollout(samples(2), {"agent": AgentEnvironment(hangs, timeout=0.3)}, backend, renderer, RolloutConfig())
+    result = await arollout(
+        samples(2), {"agent": AgentEnvironment(hangs, timeout=0.3)}, backend, renderer, RolloutConfig()
+    )
     assert [t.error.kind for t in result.trajectories] == ["episode_timeout"] * 2
     assert "time limit of 0.3s" in result.trajectories[0].error.message
     with pytest.raises(openai.APIConnectionError):  # the gateway closed with the rollout
         await openai.AsyncOpenAI(base_url=late[0], api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "late"}])
+            model="m", messages=[{"role": "user", "content": "late"}]
+        )
 
     program = tmp_path / "sleeper.py"
     program.write_text("import time\ntime.sleep(3600)\n")
-    result = await arollout(samples(1), {"agent": AgentEnvironment(cmd=[sys.executable, str(program)], timeout=1.0)},
-                            backend, renderer, RolloutConfig())
+    result = await arollout(
+        samples(1),
+        {"agent": AgentEnvironment(cmd=[sys.executable, str(program)], timeout=1.0)},
+        backend,
+        renderer,
+        RolloutConfig(),
+    )
     assert result.trajectories[0].error.kind == "episode_timeout"
 
 

@@ -18,9 +18,26 @@ def test_the_gateway_command_serves_records_and_stops(tiny_model_dir, tmp_path):
     record = tmp_path / "sessions.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "rollforge.cli.main", "gateway", "--model", str(tiny_model_dir), "--port", "0",
-         "--max-new-tokens", "5", "--seed", "1", "--record", str(record)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "rollforge.cli.main",
+            "gateway",
+            "--model",
+            str(tiny_model_dir),
+            "--port",
+            "0",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            "1",
+            "--record",
+            str(record),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         line = process.stdout.readline()

@@ -29,16 +29,19 @@ def code_model(prompt: str) -> str:
 
 
 def code_agent(base_url, row):
-    agent = smolagents.CodeAgent(tools=[add], model=policy_model(base_url), max_steps=3, verbosity_level=0,
-                                 stream_outputs=row["stream"])
+    agent = smolagents.CodeAgent(
+        tools=[add], model=policy_model(base_url), max_steps=3, verbosity_level=0, stream_outputs=row["stream"]
+    )
     answer = agent.run(row["prompt"][-1]["content"])
     return 1.0 if str(answer) == str(row["answer"]) else 0.0
 
 
 async def test_smolagents_code_agent_trajectories_are_token_exact(tokenizer, renderer):
     backend = ScriptedBackend(lambda request: code_model(renderer.decode(request.prompt_ids)), tokenizer)
-    samples = [Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], "agent", {"answer": 3, "stream": i == 1})
-               for i in range(2)]
+    samples = [
+        Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], "agent", {"answer": 3, "stream": i == 1})
+        for i in range(2)
+    ]
     config = RolloutConfig(max_seq_len=8192, max_new_tokens=64)
     result = await arollout(samples, {"agent": AgentEnvironment(code_agent)}, backend, renderer, config)
     for trajectory in result.trajectories:

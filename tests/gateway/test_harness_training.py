@@ -39,9 +39,9 @@ class TeacherForcedPolicy(ScriptedBackend):
         completion = await super().generate(prompt_ids, params)
         ids = torch.tensor([list(prompt_ids) + list(completion.token_ids)])  # (1, T)
         targets = torch.zeros_like(ids, dtype=torch.bool)
-        targets[0, len(prompt_ids):] = True
+        targets[0, len(prompt_ids) :] = True
         with torch.no_grad():
-            logprobs = sequence_logprobs(self.model, ids, torch.ones_like(ids), targets)[0, len(prompt_ids):]
+            logprobs = sequence_logprobs(self.model, ids, torch.ones_like(ids), targets)[0, len(prompt_ids) :]
         return Completion(completion.token_ids, tuple(logprobs.tolist()), completion.finish_reason)
 
 
@@ -53,15 +53,28 @@ def one_grpo_step(tmp_path, tiny_model_dir, agent, script):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     renderer = ChatRenderer(tokenizer)
-    backend = TeacherForcedPolicy(lambda request: script(renderer.decode(request.prompt_ids), request.params.seed), tokenizer)
-    config = load_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=1",
-        "algorithm.batch_size=1", "algorithm.group_size=2", "rollout.max_new_tokens=64",
-        "rollout.max_seq_len=8192", "rollout.max_turns=3", "optim.lr=1e-2", "checkpoint_every=0",
-    ])
+    backend = TeacherForcedPolicy(
+        lambda request: script(renderer.decode(request.prompt_ids), request.params.seed), tokenizer
+    )
+    config = load_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'run'}",
+            "steps=1",
+            "algorithm.batch_size=1",
+            "algorithm.group_size=2",
+            "rollout.max_new_tokens=64",
+            "rollout.max_seq_len=8192",
+            "rollout.max_turns=3",
+            "optim.lr=1e-2",
+            "checkpoint_every=0",
+        ]
+    )
     dataset = [{"prompt": "What is 1 + 2?", "answer": 3}]
     before = _weights(tiny_model_dir)
-    result = train(config, environments={"agent": AgentEnvironment(agent)}, dataset=dataset, backend=backend, console=False)
+    result = train(
+        config, environments={"agent": AgentEnvironment(agent)}, dataset=dataset, backend=backend, console=False
+    )
     [metrics] = result.history
     lines = (result.out / "trajectories" / "step-000001.jsonl").read_text().splitlines()
     trajectories = [Trajectory.from_json(json.loads(line)) for line in lines]

@@ -21,7 +21,11 @@ anthropic = pytest.importorskip("anthropic")  # the `agents` extra (scripts/inst
 
 pytestmark = pytest.mark.timeout(60)
 
-ADD = {"name": "add", "description": ADD_TOOL["function"]["description"], "input_schema": ADD_TOOL["function"]["parameters"]}
+ADD = {
+    "name": "add",
+    "description": ADD_TOOL["function"]["description"],
+    "input_schema": ADD_TOOL["function"]["parameters"],
+}
 
 
 @pytest.fixture
@@ -37,7 +41,11 @@ async def client(gateway):
     clients = []
 
     def open_client(session):
-        clients.append(anthropic.AsyncAnthropic(base_url=gateway.base_url(session).removesuffix("/v1"), api_key="unused", max_retries=0))
+        clients.append(
+            anthropic.AsyncAnthropic(
+                base_url=gateway.base_url(session).removesuffix("/v1"), api_key="unused", max_retries=0
+            )
+        )
         return clients[-1]
 
     yield open_client
@@ -47,7 +55,8 @@ async def client(gateway):
 
 async def test_plain_message_is_recorded_token_exactly(gateway, client, renderer):
     reply = await client("m1").messages.create(
-        model="tiny", max_tokens=64, system="Be brief.", messages=[{"role": "user", "content": "Hi"}])
+        model="tiny", max_tokens=64, system="Be brief.", messages=[{"role": "user", "content": "Hi"}]
+    )
     assert [(b.type, b.text) for b in reply.content] == [("text", "Hello!")]
     assert reply.stop_reason == "end_turn" and reply.role == "assistant" and reply.id.startswith("msg_")
     generated = renderer.encode("Hello!") + [renderer.stop_token_ids[0]]
@@ -62,13 +71,20 @@ async def test_plain_message_is_recorded_token_exactly(gateway, client, renderer
 async def test_streamed_message_sends_the_messages_events(gateway, client):
     events = []
     async with client("m2").messages.stream(
-            model="tiny", max_tokens=64, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]) as stream:
+        model="tiny", max_tokens=64, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    ) as stream:
         async for event in stream:
             events.append(event.type)
         final = await stream.get_final_message()
     assert final.content[0].text == "Hello!" and final.stop_reason == "end_turn"
     assert [e for e in events if e not in ("text",)] == [
-        "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert gateway.close_session("m2").turns == 1
 
 
@@ -84,8 +100,10 @@ async def test_tool_round_trip_is_one_token_exact_segment(gateway, client, rende
     assert first.stop_reason == "tool_use"
     [call] = first.content
     assert (call.type, call.name, call.input) == ("tool_use", "add", {"a": 1, "b": 2})
-    messages += [{"role": "assistant", "content": first.content},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "3"}]}]
+    messages += [
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "3"}]},
+    ]
     second = await api.messages.create(model="tiny", max_tokens=64, messages=messages, tools=[ADD])
     assert [b.text for b in second.content] == ["The sum is 3."] and second.stop_reason == "end_turn"
     trajectory = gateway.trajectory(session)
@@ -97,8 +115,12 @@ async def test_tool_round_trip_is_one_token_exact_segment(gateway, client, rende
 
 async def test_tool_choice_none_leaves_the_reply_as_text(gateway, client):
     reply = await client("none").messages.create(
-        model="tiny", max_tokens=64, messages=[{"role": "user", "content": "What is 1 + 2?"}], tools=[ADD],
-        tool_choice={"type": "none"})
+        model="tiny",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "What is 1 + 2?"}],
+        tools=[ADD],
+        tool_choice={"type": "none"},
+    )
     assert reply.stop_reason == "end_turn" and [b.type for b in reply.content] == ["text"]
 
 
@@ -110,48 +132,80 @@ async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway, client)
         assert "trace-1" in gateway.sessions
         bad = await http.post("/v1/messages", json={**body, "max_tokens": 0})
         assert bad.status_code == 400
-        assert bad.json() == {"type": "error", "error": {
-            "type": "invalid_request_error", "message": "'max_tokens' must be an integer >= 1, got 0"}}
+        assert bad.json() == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "'max_tokens' must be an integer >= 1, got 0"},
+        }
     api = client("bad")
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
     with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\].content\[0\] is of type 'image'"):
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.BadRequestError) as raised:
-        await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
-                                  tools=[ADD], tool_choice={"type": "tool", "name": "subtract"})
-    assert raised.value.body["error"]["message"].startswith("'tool_choice' names the function 'subtract', which is not one of")
+        await api.messages.create(
+            model="tiny",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "Hi"}],
+            tools=[ADD],
+            tool_choice={"type": "tool", "name": "subtract"},
+        )
+    assert raised.value.body["error"]["message"].startswith(
+        "'tool_choice' names the function 'subtract', which is not one of"
+    )
     result = {"type": "tool_result", "tool_use_id": "t1", "content": [image]}
-    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\].content\[0\].content holds a block of type 'image'"):
+    with pytest.raises(
+        anthropic.BadRequestError, match=r"messages\[0\].content\[0\].content holds a block of type 'image'"
+    ):
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [result]}])
     with pytest.raises(anthropic.BadRequestError, match="'top_k' 5 is not honoured"):
-        await api.messages.create(model="tiny", max_tokens=8, extra_body={"top_k": 5}, messages=[{"role": "user", "content": "Hi"}])
+        await api.messages.create(
+            model="tiny", max_tokens=8, extra_body={"top_k": 5}, messages=[{"role": "user", "content": "Hi"}]
+        )
 
 
 def test_translation_onto_chat_completions():
-    body = chat_body({
-        "model": "m", "max_tokens": 10, "system": [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}],
-        "stop_sequences": ["END"], "tool_choice": {"type": "any"}, "tools": [ADD],
-        "messages": [
-            {"role": "user", "content": "Q"},
-            {"role": "assistant", "content": [{"type": "text", "text": "Let me add."},
-                                              {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "3"}]},
-                                         {"type": "text", "text": "Thanks"}]},
-        ],
-    })
+    body = chat_body(
+        {
+            "model": "m",
+            "max_tokens": 10,
+            "system": [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}],
+            "stop_sequences": ["END"],
+            "tool_choice": {"type": "any"},
+            "tools": [ADD],
+            "messages": [
+                {"role": "user", "content": "Q"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "Let me add."},
+                        {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "3"}]},
+                        {"type": "text", "text": "Thanks"},
+                    ],
+                },
+            ],
+        }
+    )
     assert body["tools"] == [ADD_TOOL] and body["stop"] == ["END"] and body["max_tokens"] == 10
     assert body["tool_choice"] == "required"
     assert body["messages"] == [
         {"role": "system", "content": [{"type": "text", "text": "S"}]},
         {"role": "user", "content": [{"type": "text", "text": "Q"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "Let me add."}],
-         "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Let me add."}],
+            "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}],
+        },
         {"role": "tool", "tool_call_id": "t1", "content": [{"type": "text", "text": "3"}]},
         {"role": "user", "content": [{"type": "text", "text": "Thanks"}]},
     ]
 
 
-ANTHROPIC_AGENT = '''
+ANTHROPIC_AGENT = """
 import json, os
 import anthropic
 
@@ -168,29 +222,36 @@ while True:
         break
     messages.append({"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": c.id, "content": str(c.input["a"] + c.input["b"])} for c in calls]})
-'''
+"""
 
 
 async def test_an_anthropic_sdk_program_runs_unchanged_as_an_agent_environment(backend, renderer, tmp_path):
     program = tmp_path / "claude_agent.py"
     program.write_text(ANTHROPIC_AGENT.replace("TOOL", repr(ADD)))
     sample = Sample([{"role": "user", "content": "What is 1 + 2?"}], "agent", {"answer": 3})
-    result = await arollout([sample], {"agent": AgentEnvironment(cmd=[sys.executable, str(program)])}, backend, renderer, RolloutConfig())
+    result = await arollout(
+        [sample], {"agent": AgentEnvironment(cmd=[sys.executable, str(program)])}, backend, renderer, RolloutConfig()
+    )
     [trajectory] = result.trajectories
     assert trajectory.error is None and trajectory.turns == 2 and trajectory.rewards == (0.0, 1.0)
     assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert token_fidelity_gap(trajectory, renderer) is None
 
 
-@pytest.mark.parametrize("extra, field", [
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
-    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}, "tool_choice.disable_parallel_tool_use"),
-    ({"stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}, "tool_choice.disable_parallel_tool_use"),
+        ({"stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+    ],
+)
 def test_what_is_not_honoured_is_refused_naming_the_field(extra, field):
     body = {"max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
-    assert chat_body({**body, "thinking": {"type": "disabled"}})["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert chat_body({**body, "thinking": {"type": "disabled"}})["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
+    ]
     with pytest.raises(WireError) as raised:
         chat_body({**body, **extra})
     assert raised.value.param == field and field.split(".")[0].split("[")[0] in str(raised.value)

@@ -30,8 +30,10 @@ from minisweagent.exceptions import Submitted
 
 from rollforge.gateway.mini_swe_agent import SandboxShell, gateway_model
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}")]
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(sandbox_support() is not None, reason=f"no sandbox here: {sandbox_support()}"),
+]
 
 ANSWER = "hello from the sandbox"
 CONFIG = yaml.safe_load((Path(minisweagent.__file__).parent / "config" / "mini_textbased.yaml").read_text())
@@ -43,9 +45,11 @@ def command(text: str) -> str:
 
 def replies(host_file: Path) -> list[str]:
     """Write a file in the workspace, try to write one on the host, then submit the file's content."""
-    return [command(f"printf '{ANSWER}\\n' > hello.txt && pwd"),
-            command(f"echo escaped > {host_file}"),
-            command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat hello.txt")]
+    return [
+        command(f"printf '{ANSWER}\\n' > hello.txt && pwd"),
+        command(f"echo escaped > {host_file}"),
+        command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat hello.txt"),
+    ]
 
 
 def scripted(renderer, host_file: Path, generated: list):
@@ -59,12 +63,16 @@ def scripted(renderer, host_file: Path, generated: list):
             generated.append(list(completion.token_ids))
             return completion
 
-    return Recording(lambda request: script[renderer.decode(request.prompt_ids).count("<returncode>")], renderer.tokenizer)
+    return Recording(
+        lambda request: script[renderer.decode(request.prompt_ids).count("<returncode>")], renderer.tokenizer
+    )
 
 
 def mini_swe_agent(base_url, row):
     model = gateway_model(base_url, **CONFIG["model"])
-    agent = DefaultAgent(model, SandboxShell(**CONFIG["environment"], timeout=10), **{**CONFIG["agent"], "step_limit": 5})
+    agent = DefaultAgent(
+        model, SandboxShell(**CONFIG["environment"], timeout=10), **{**CONFIG["agent"], "step_limit": 5}
+    )
     result = agent.run(row["prompt"][-1]["content"])
     return 1.0 if result["exit_status"] == "Submitted" and result["submission"].strip() == row["answer"] else 0.0
 
@@ -73,13 +81,17 @@ def mini_swe_agent(base_url, row):
 async def test_mini_swe_agent_runs_its_commands_in_the_sandbox(tokenizer, renderer, tmp_path):
     host_file, generated = tmp_path / "escaped.txt", []
     backend = scripted(renderer, host_file, generated)
-    sample = Sample([{"role": "user", "content": f"Write '{ANSWER}' to hello.txt and submit it."}], "swe", {"answer": ANSWER})
+    sample = Sample(
+        [{"role": "user", "content": f"Write '{ANSWER}' to hello.txt and submit it."}], "swe", {"answer": ANSWER}
+    )
     config = RolloutConfig(max_seq_len=8192, max_new_tokens=256, max_turns=5)
     result = await arollout([sample], {"swe": AgentEnvironment(mini_swe_agent)}, backend, renderer, config)
     [trajectory] = result.trajectories
 
     assert trajectory.error is None and trajectory.total_reward == 1.0, trajectory.error
-    assert trajectory.turns == 3 and len(generated) == 3 and len(trajectory.segments) == 1  # its history is sent back verbatim
+    assert (
+        trajectory.turns == 3 and len(generated) == 3 and len(trajectory.segments) == 1
+    )  # its history is sent back verbatim
     observations = [m.content for m in trajectory.messages if m.role == "user"][1:]
     assert "<returncode>0</returncode>" in observations[0] and "/sandbox" in observations[0]
     assert "<returncode>1</returncode>" in observations[1]  # the host path is not there to write to
@@ -98,7 +110,9 @@ def run(shell: SandboxShell, text: str, cwd: str = "") -> dict:
 
 def test_the_workspace_persists_between_commands_with_modes_and_folders():
     shell = SandboxShell(files={"src/a.py": "x = 1\n"}, timeout=5)
-    first = run(shell, "cat src/a.py && printf '#!/bin/sh\\necho ran\\n' > run.sh && chmod +x run.sh && echo 2 > src/b.txt")
+    first = run(
+        shell, "cat src/a.py && printf '#!/bin/sh\\necho ran\\n' > run.sh && chmod +x run.sh && echo 2 > src/b.txt"
+    )
     assert first == {"output": "x = 1\n", "returncode": 0, "exception_info": ""}
     second = run(shell, "../run.sh && cat b.txt && pwd && echo oops >&2; exit 3", cwd="/sandbox/src")
     assert second == {"output": "ran\n2\n/sandbox/src\noops\n", "returncode": 3, "exception_info": ""}  # stderr merged
@@ -146,18 +160,27 @@ async def test_one_grpo_step_on_mini_swe_agent_trajectories(tiny_model_dir, toke
     """Four runs of one task, two submitting the file and two a wrong answer: mini-swe-agent's own
     submissions are the rewards, and one GRPO update of the tiny model on the trajectories moves it."""
     write = command(f"printf '{ANSWER}\\n' > hello.txt")
-    submit = {True: command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat hello.txt"),
-              False: command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo wrong")}
+    submit = {
+        True: command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat hello.txt"),
+        False: command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo wrong"),
+    }
 
     def script(request):
         prompt = renderer.decode(request.prompt_ids)
         return submit["(right)" in prompt] if "<returncode>" in prompt else write
 
-    samples = [Sample([{"role": "user", "content": f"Write '{ANSWER}' to hello.txt and submit it ({kind})."}], "swe",
-                      {"answer": ANSWER}) for kind in ("right", "wrong", "right", "wrong")]
+    samples = [
+        Sample(
+            [{"role": "user", "content": f"Write '{ANSWER}' to hello.txt and submit it ({kind})."}],
+            "swe",
+            {"answer": ANSWER},
+        )
+        for kind in ("right", "wrong", "right", "wrong")
+    ]
     config = RolloutConfig(max_seq_len=8192, max_new_tokens=256, max_turns=4)
-    result = await arollout(samples, {"swe": AgentEnvironment(mini_swe_agent)}, ScriptedBackend(script, tokenizer),
-                            renderer, config)
+    result = await arollout(
+        samples, {"swe": AgentEnvironment(mini_swe_agent)}, ScriptedBackend(script, tokenizer), renderer, config
+    )
     rewards = [t.total_reward for t in result.trajectories]
     assert rewards == [1.0, 0.0, 1.0, 0.0] and all(t.error is None and t.turns == 2 for t in result.trajectories)
 
@@ -167,7 +190,15 @@ async def test_one_grpo_step_on_mini_swe_agent_trajectories(tiny_model_dir, toke
     episodes, owners = sequences(result.trajectories)
     advantages = compute_advantages(rewards, group_size=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    stats = policy_update(model, optimizer, episodes, advantages.values[owners], TokenMean().weights([e.mask for e in episodes]),
-                          ClippedPolicyLoss(), micro_batch_tokens=32_768, pad_id=tokenizer.pad_token_id or 0)
+    stats = policy_update(
+        model,
+        optimizer,
+        episodes,
+        advantages.values[owners],
+        TokenMean().weights([e.mask for e in episodes]),
+        ClippedPolicyLoss(),
+        micro_batch_tokens=32_768,
+        pad_id=tokenizer.pad_token_id or 0,
+    )
     assert stats.policy_tokens == sum(sum(t.loss_mask) for t in result.trajectories) and stats.grad_norm > 0
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())

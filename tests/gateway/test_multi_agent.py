@@ -30,7 +30,10 @@ async def interleave(planner, executor):
     plan += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Check the result."}]
     await planner(plan)
     [tool_call] = call.choices[0].message.tool_calls
-    work += [call.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tool_call.id, "content": "3"}]
+    work += [
+        call.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": tool_call.id, "content": "3"},
+    ]
     answer = await executor(work, tools=[ADD_TOOL])
     assert answer.choices[0].message.content == "The sum is 3."
 
@@ -58,7 +61,10 @@ async def test_each_named_agent_gets_its_own_token_exact_segment(gateway, render
     trajectory = record.trajectory(0, "episode", 1.0)
     assert token_fidelity_gap(trajectory, renderer) is None
     assert trajectory.segments[0].history == plan.messages and trajectory.messages == work.messages
-    assert trajectory.token_ids == plan.token_ids + work.token_ids and trajectory.loss_mask == plan.loss_mask + work.loss_mask
+    assert (
+        trajectory.token_ids == plan.token_ids + work.token_ids
+        and trajectory.loss_mask == plan.loss_mask + work.loss_mask
+    )
 
 
 async def test_unnamed_agents_on_one_session_fall_into_a_segment_per_request(gateway, renderer):

@@ -12,8 +12,12 @@ from rollforge.testing import assert_segment_exact, generated_ids
 pytestmark = pytest.mark.timeout(120)
 
 #: ADD_TOOL in the Responses API's flat form.
-ADD = {"type": "function", "name": "add", "description": ADD_TOOL["function"]["description"],
-       "parameters": ADD_TOOL["function"]["parameters"]}
+ADD = {
+    "type": "function",
+    "name": "add",
+    "description": ADD_TOOL["function"]["description"],
+    "parameters": ADD_TOOL["function"]["parameters"],
+}
 
 
 @pytest.fixture
@@ -35,7 +39,11 @@ async def test_text_input_is_answered_and_recorded_token_exactly(gateway, render
     assert reply.usage.output_tokens == len(generated)
     record = gateway.close_session("s")
     [segment] = record.segments
-    assert [(m.role, m.content) for m in segment.messages] == [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!")]
+    assert [(m.role, m.content) for m in segment.messages] == [
+        ("system", "Be brief."),
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+    ]
     assert_segment_exact(segment, renderer, prompt_messages=2)
     assert generated_ids(segment) == generated and reply.usage.input_tokens == segment.prompt_length
 
@@ -72,19 +80,32 @@ async def test_streaming_sends_the_responses_event_sequence(gateway):
     stream = await api.responses.create(model="tiny", input="What is 1 + 2?", tools=[ADD], stream=True)
     events = [event async for event in stream]
     assert [e.type for e in events] == [
-        "response.created", "response.in_progress", "response.output_item.added",
-        "response.function_call_arguments.delta", "response.function_call_arguments.done",
-        "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     call = events[-1].response.output[0]
     assert (call.name, call.arguments) == ("add", '{"a": 1, "b": 2}')
-    followup = [{"role": "user", "content": "What is 1 + 2?"}, call.model_dump(exclude_none=True),
-                {"type": "function_call_output", "call_id": call.call_id, "output": "3"}]
+    followup = [
+        {"role": "user", "content": "What is 1 + 2?"},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "3"},
+    ]
     stream = await api.responses.create(model="tiny", input=followup, tools=[ADD], stream=True)
     events = [event async for event in stream]
     assert [e.type for e in events][2:-1] == [
-        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done"]
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "The sum is 3."
     assert events[-1].response.output_text == "The sum is 3."
     assert gateway.close_session("stream").turns == 2
@@ -97,24 +118,34 @@ async def test_previous_response_id_is_served_from_the_session_or_refused(gatewa
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
     second = await api.responses.create(model="tiny", input=[output], tools=[ADD], previous_response_id=first.id)
     assert second.output_text == "The sum is 3." and second.previous_response_id == first.id
-    with pytest.raises(openai.BadRequestError, match="'previous_response_id' 'resp_elsewhere' is not a response of this session"):
+    with pytest.raises(
+        openai.BadRequestError, match="'previous_response_id' 'resp_elsewhere' is not a response of this session"
+    ):
         await api.responses.create(model="tiny", input="Hi", previous_response_id="resp_elsewhere")
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):  # other sessions' responses are not shared
+    with pytest.raises(
+        openai.BadRequestError, match="previous_response_id"
+    ):  # other sessions' responses are not shared
         await client(gateway, "other").responses.create(model="tiny", input="Hi", previous_response_id=first.id)
     record = gateway.close_session("chain")
     assert record.turns == 2 and len(record.segments) == 1
     assert_segment_exact(record.segments[0], renderer, prompt_messages=2)
 
 
-@pytest.mark.parametrize("fields, named", [
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0] is of type 'reasoning'"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0] is of type 'input_image'"),
-    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0] of type 'web_search' is not supported"),
-    ({"input": "Hi", "text": {"format": {"type": "json_object"}}}, "'text.format'"),
-    ({"input": "Hi", "conversation": "conv_1"}, "'conversation' is not supported"),
-    ({"input": []}, "'input' must be a string or a non-empty list"),
-    ({"input": "Hi", "max_output_tokens": 0}, "'max_output_tokens' must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0] is of type 'reasoning'"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0] is of type 'input_image'",
+        ),
+        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0] of type 'web_search' is not supported"),
+        ({"input": "Hi", "text": {"format": {"type": "json_object"}}}, "'text.format'"),
+        ({"input": "Hi", "conversation": "conv_1"}, "'conversation' is not supported"),
+        ({"input": []}, "'input' must be a string or a non-empty list"),
+        ({"input": "Hi", "max_output_tokens": 0}, "'max_output_tokens' must be an integer >= 1"),
+    ],
+)
 async def test_what_the_gateway_cannot_serve_is_a_400_naming_the_field(gateway, fields, named):
     with pytest.raises(openai.BadRequestError, match=named.replace("[", r"\[").replace("]", r"\]")):
         await client(gateway, "bad").responses.create(model="tiny", **fields)
@@ -141,7 +172,9 @@ async def agents_default_model_agent(base_url, row):
             pass
         answer = streamed.final_output
     else:
-        answer = (await agents.Runner.run(agent, row["prompt"][-1]["content"], run_config=config, max_turns=3)).final_output
+        answer = (
+            await agents.Runner.run(agent, row["prompt"][-1]["content"], run_config=config, max_turns=3)
+        ).final_output
     return 1.0 if str(row["answer"]) in answer else 0.0
 
 
@@ -152,8 +185,13 @@ async def test_openai_agents_default_model_runs_through_the_responses_api(backen
     from rollforge.rollout.engine import arollout
     from rollforge.types import Sample
 
-    samples = [Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], "agent", {"answer": 3, "id": i}) for i in range(2)]
-    result = await arollout(samples, {"agent": AgentEnvironment(agents_default_model_agent)}, backend, renderer, RolloutConfig())
+    samples = [
+        Sample([{"role": "user", "content": f"What is 1 + 2? ({i})"}], "agent", {"answer": 3, "id": i})
+        for i in range(2)
+    ]
+    result = await arollout(
+        samples, {"agent": AgentEnvironment(agents_default_model_agent)}, backend, renderer, RolloutConfig()
+    )
     for trajectory in result.trajectories:  # one plain run, one streamed
         assert_add_round_trip(trajectory, renderer)
 
@@ -161,7 +199,8 @@ async def test_openai_agents_default_model_runs_through_the_responses_api(backen
 async def test_the_session_header_selects_the_session_as_for_chat_completions(gateway):
     from rollforge.gateway.server import SESSION_HEADER
 
-    api = openai.AsyncOpenAI(base_url=gateway.base_url(), api_key="unused", max_retries=0,
-                             default_headers={SESSION_HEADER: "by-header"})
+    api = openai.AsyncOpenAI(
+        base_url=gateway.base_url(), api_key="unused", max_retries=0, default_headers={SESSION_HEADER: "by-header"}
+    )
     await api.responses.create(model="tiny", input="Hi")
     assert gateway.close_session("by-header").turns == 1

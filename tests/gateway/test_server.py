@@ -25,7 +25,9 @@ def client(gateway, session=None, **kwargs):
 
 async def test_plain_completion_is_recorded_token_exactly(gateway, renderer):
     assert gateway.host == "127.0.0.1" and gateway.base_url("s1").startswith("http://127.0.0.1:")
-    reply = await client(gateway, "s1").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
+    reply = await client(gateway, "s1").chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}]
+    )
     assert reply.choices[0].message.content == "Hello!" and reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].message.tool_calls is None
     generated = renderer.encode("Hello!") + [renderer.stop_token_ids[0]]
@@ -39,7 +41,8 @@ async def test_plain_completion_is_recorded_token_exactly(gateway, renderer):
 
 async def test_streaming_delivers_the_same_reply(gateway, renderer):
     stream = await client(gateway, "s2").chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Hi"}], stream=True, stream_options={"include_usage": True})
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], stream=True, stream_options={"include_usage": True}
+    )
     chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Hello!"
@@ -88,8 +91,11 @@ async def test_n_choices_logprobs_and_the_chosen_one_continues(gateway, renderer
 async def test_header_sessions_models_and_errors(gateway):
     async with httpx.AsyncClient(base_url=gateway.base_url()) as http:
         for session in ("a", "b"):
-            response = await http.post("/chat/completions", headers={SESSION_HEADER: session},
-                                       json={"messages": [{"role": "user", "content": "Hi"}]})
+            response = await http.post(
+                "/chat/completions",
+                headers={SESSION_HEADER: session},
+                json={"messages": [{"role": "user", "content": "Hi"}]},
+            )
             assert response.status_code == 200
         assert sorted(gateway.sessions) == ["a", "b"]
         bad = await http.post("/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
@@ -98,7 +104,9 @@ async def test_header_sessions_models_and_errors(gateway):
     models = await client(gateway).models.list()
     assert [m.id for m in models.data] == ["tiny"]
     with pytest.raises(openai.BadRequestError, match="'n' must be an integer between 1 and 16"):
-        await client(gateway, "c").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=99)
+        await client(gateway, "c").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], n=99
+        )
 
 
 async def test_x_session_id_header_chooses_the_session(gateway):
@@ -110,21 +118,26 @@ async def test_x_session_id_header_chooses_the_session(gateway):
         both = {TRACE_HEADER: "trace-c", SESSION_HEADER: "ours"}
         assert (await http.post("/chat/completions", headers=both, json=body)).status_code == 200
     path = await client(gateway, "by-path").chat.completions.create(
-        model="tiny", messages=body["messages"], extra_headers={TRACE_HEADER: "trace-d"})
+        model="tiny", messages=body["messages"], extra_headers={TRACE_HEADER: "trace-d"}
+    )
     assert path.choices[0].message.content == "Hello!"
     assert sorted(gateway.sessions) == ["by-path", "ours", "trace-a", "trace-b"]
     assert gateway.close_session("trace-a").turns == 2
 
 
-@pytest.mark.parametrize("field, value", [
-    ("tool_choice", {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": []}}),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}}}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tool_choice", {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": []}}),
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}}}),
+    ],
+)
 async def test_what_is_not_honoured_is_refused_naming_the_field(gateway, field, value):
     with pytest.raises(openai.BadRequestError, match=f"'{field}' .* is not honoured") as raised:
         await client(gateway, "refused").chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "x"}], tools=[ADD_TOOL], **{field: value})
+            model="tiny", messages=[{"role": "user", "content": "x"}], tools=[ADD_TOOL], **{field: value}
+        )
     assert raised.value.body["param"] == field and gateway.sessions["refused"].record().turns == 0
 
 
@@ -132,6 +145,8 @@ async def test_sessions_can_be_closed_to_outsiders(backend, renderer, parser):
     async with Gateway(backend, renderer, parser, open_sessions=False) as gateway:
         gateway.open_session("known")
         with pytest.raises(openai.NotFoundError, match="no open session 'other'"):
-            await client(gateway, "other").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            await client(gateway, "other").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}]
+            )
         await client(gateway, "known").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert gateway.close_session("known").turns == 1

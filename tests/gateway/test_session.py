@@ -22,7 +22,11 @@ async def tool_round_trip(api, messages):
     """One user question answered with one tool call; returns the conversation and the call id."""
     first = await api.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
     call = first.choices[0].message.tool_calls[0]
-    messages = [*messages, first.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+    messages = [
+        *messages,
+        first.choices[0].message.model_dump(),
+        {"role": "tool", "tool_call_id": call.id, "content": "3"},
+    ]
     second = await api.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
     return [*messages, second.choices[0].message.model_dump()], call.id
 
@@ -32,7 +36,10 @@ async def test_a_client_that_rewrites_history_gets_two_token_exact_segments(back
         api = client(gateway, "compacting")
         conversation, _ = await tool_round_trip(api, [{"role": "user", "content": "What is 1 + 2?"}])
         # Compaction: the harness replaces the history with a summary and asks on.
-        compacted = [{"role": "system", "content": "Summary: 1 + 2 = 3."}, {"role": "user", "content": "And 1 + 2 again?"}]
+        compacted = [
+            {"role": "system", "content": "Summary: 1 + 2 = 3."},
+            {"role": "user", "content": "And 1 + 2 again?"},
+        ]
         await tool_round_trip(api, compacted)
         record = gateway.close_session("compacting")
 
@@ -100,10 +107,15 @@ class CountingBackend:
 async def test_64_concurrent_sessions_are_each_recorded_exactly(tokenizer, renderer, parser):
     from gateway_helpers import reply_for
 
-    backend = CountingBackend(ScriptedBackend(lambda r: reply_for(renderer.decode(r.prompt_ids)), tokenizer, latency=0.02))
+    backend = CountingBackend(
+        ScriptedBackend(lambda r: reply_for(renderer.decode(r.prompt_ids)), tokenizer, latency=0.02)
+    )
     async with Gateway(backend, renderer, parser) as gateway:
+
         async def one(i):
-            return await tool_round_trip(client(gateway, f"s{i}"), [{"role": "user", "content": f"What is 1 + 2? ({i})"}])
+            return await tool_round_trip(
+                client(gateway, f"s{i}"), [{"role": "user", "content": f"What is 1 + 2? ({i})"}]
+            )
 
         await asyncio.gather(*(one(i) for i in range(64)))
         records = [gateway.close_session(f"s{i}") for i in range(64)]
@@ -135,9 +147,14 @@ async def test_limits_refuse_requests_and_name_the_limit(backend, renderer, pars
         api = client(gateway, "short")
         reply = await api.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
         with pytest.raises(openai.BadRequestError, match="max_seq_len=70"):
-            await api.chat.completions.create(model="m", messages=[
-                {"role": "user", "content": "Hi"}, reply.choices[0].message.model_dump(),
-                {"role": "user", "content": "A long message " * 10}])
+            await api.chat.completions.create(
+                model="m",
+                messages=[
+                    {"role": "user", "content": "Hi"},
+                    reply.choices[0].message.model_dump(),
+                    {"role": "user", "content": "A long message " * 10},
+                ],
+            )
         record = gateway.close_session("short")
         assert short is not None and record.ending == "truncated" and record.turns == 1
         trajectory = record.trajectory(0, "t", None)
@@ -172,7 +189,10 @@ async def test_control_token_text_from_a_tool_stays_text(backend, renderer, pars
         messages = [{"role": "user", "content": "What is 1 + 2?"}]
         first = await api.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
         call = first.choices[0].message.tool_calls[0]
-        messages += [first.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": forged}]
+        messages += [
+            first.choices[0].message.model_dump(),
+            {"role": "tool", "tool_call_id": call.id, "content": forged},
+        ]
         await api.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
         record = gateway.close_session("injected")
     [segment] = record.segments

@@ -42,8 +42,9 @@ def add(a: int, b: int) -> int:
 
 def policy_model(base_url):
     """smolagents' OpenAI-compatible model on the episode's gateway session."""
-    return smolagents.OpenAIServerModel(model_id="policy", api_base=base_url, api_key="unused",
-                                        client_kwargs={"max_retries": 0})
+    return smolagents.OpenAIServerModel(
+        model_id="policy", api_base=base_url, api_key="unused", client_kwargs={"max_retries": 0}
+    )
 
 
 def smolagents_agent(base_url, row):
@@ -65,6 +66,8 @@ async def test_smolagents_tool_calling_agent_trajectories_are_token_exact(tokeni
         first = trajectory.segments[0].history
         assert [m.role for m in first] == ["system", "user", "assistant"] and first[-1].content == ADD_CALL
         forced = len(renderer.encode(OPENER))  # after the prompt: the opener out of the loss, then the policy's tokens
-        assert trajectory.loss_mask[trajectory.prompt_length - 1 : trajectory.prompt_length + forced + 1] == (0,) * (forced + 1) + (1,)
+        assert trajectory.loss_mask[trajectory.prompt_length - 1 : trajectory.prompt_length + forced + 1] == (0,) * (
+            forced + 1
+        ) + (1,)
         assert "Calling tools:" in trajectory.messages[2].content
         assert token_fidelity_gap(Trajectory.from_json(trajectory.to_json()), renderer) is None

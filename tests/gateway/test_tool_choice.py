@@ -61,10 +61,14 @@ def assert_forced_then_generated(gateway, session, renderer, opener):
     [segment] = trajectory.segments
     forced, start = renderer.encode(opener), segment.prompt_length
     assert list(segment.token_ids[start : start + len(forced)]) == forced
-    assert set(segment.loss_mask[:start + len(forced)]) == {0} and set(segment.logprobs[start : start + len(forced)]) == {None}
+    assert set(segment.loss_mask[: start + len(forced)]) == {0} and set(
+        segment.logprobs[start : start + len(forced)]
+    ) == {None}
     generated = renderer.encode(AFTER[opener]) + [renderer.stop_token_ids[0]]
     end = start + len(forced) + len(generated)
-    assert list(segment.token_ids[start + len(forced) : end]) == generated and set(segment.loss_mask[start + len(forced) : end]) == {1}
+    assert list(segment.token_ids[start + len(forced) : end]) == generated and set(
+        segment.loss_mask[start + len(forced) : end]
+    ) == {1}
     assert None not in segment.logprobs[start + len(forced) : end]
     assert token_fidelity_gap(trajectory, renderer) is None
     return trajectory
@@ -77,17 +81,23 @@ CHOICES = {REQUIRED: "required", NAMED: {"type": "function", "function": {"name"
 async def test_chat_completions_force_the_call_and_mask_the_opener(gateway, renderer, opener):
     api = openai.AsyncOpenAI(base_url=gateway.base_url("c"), api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "What is 1 + 2?"}]
-    unforced = await openai.AsyncOpenAI(base_url=gateway.base_url("auto"), api_key="unused", max_retries=0).chat.completions.create(
-        model="tiny", messages=messages, tools=[ADD_TOOL])
+    unforced = await openai.AsyncOpenAI(
+        base_url=gateway.base_url("auto"), api_key="unused", max_retries=0
+    ).chat.completions.create(model="tiny", messages=messages, tools=[ADD_TOOL])
     assert unforced.choices[0].message.content == ALONE and unforced.choices[0].message.tool_calls is None
-    reply = await api.chat.completions.create(model="tiny", messages=messages, tools=[ADD_TOOL], tool_choice=CHOICES[opener], logprobs=True)
+    reply = await api.chat.completions.create(
+        model="tiny", messages=messages, tools=[ADD_TOOL], tool_choice=CHOICES[opener], logprobs=True
+    )
     [call] = reply.choices[0].message.tool_calls
     assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 1, "b": 2})
     assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
     forced = renderer.encode(opener)
     assert [t.logprob for t in reply.choices[0].logprobs.content[: len(forced)]] == [0.0] * len(forced)
     assert reply.usage.completion_tokens == len(forced) + len(renderer.encode(AFTER[opener])) + 1
-    messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+    messages += [
+        reply.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "3"},
+    ]
     final = await api.chat.completions.create(model="tiny", messages=messages, tools=[ADD_TOOL])
     assert final.choices[0].message.content == "The sum is 3."
     trajectory = assert_forced_then_generated(gateway, "c", renderer, opener)
@@ -97,7 +107,12 @@ async def test_chat_completions_force_the_call_and_mask_the_opener(gateway, rend
 @pytest.mark.parametrize("opener", [REQUIRED, NAMED], ids=["required", "named"])
 async def test_responses_force_the_call(gateway, renderer, opener):
     api = openai.AsyncOpenAI(base_url=gateway.base_url("r"), api_key="unused", max_retries=0)
-    tool = {"type": "function", "name": "add", "description": "Add two integers.", "parameters": ADD_TOOL["function"]["parameters"]}
+    tool = {
+        "type": "function",
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": ADD_TOOL["function"]["parameters"],
+    }
     choice = "required" if opener == REQUIRED else {"type": "function", "name": "add"}
     response = await api.responses.create(model="tiny", input="What is 1 + 2?", tools=[tool], tool_choice=choice)
     [item] = response.output
@@ -110,8 +125,13 @@ async def test_messages_force_the_tool_use(gateway, renderer, opener):
     api = anthropic.AsyncAnthropic(base_url=gateway.base_url("m").removesuffix("/v1"), api_key="unused", max_retries=0)
     tool = {"name": "add", "description": "Add two integers.", "input_schema": ADD_TOOL["function"]["parameters"]}
     choice = {"type": "any"} if opener == REQUIRED else {"type": "tool", "name": "add"}
-    reply = await api.messages.create(model="tiny", max_tokens=64, messages=[{"role": "user", "content": "What is 1 + 2?"}],
-                                      tools=[tool], tool_choice=choice)
+    reply = await api.messages.create(
+        model="tiny",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "What is 1 + 2?"}],
+        tools=[tool],
+        tool_choice=choice,
+    )
     await api.close()
     [block] = reply.content
     assert (block.type, block.name, block.input, reply.stop_reason) == ("tool_use", "add", {"a": 1, "b": 2}, "tool_use")
@@ -135,29 +155,60 @@ class NameFirstParser:
         return "Call a tool by writing its name and its JSON arguments."
 
 
-@pytest.mark.parametrize("choice, tools, message", [
-    ({"type": "function", "function": {"name": "subtract"}}, [ADD_TOOL], "names the function 'subtract', which is not one of"),
-    ("required", None, "'required' needs 'tools'"),
-    ("required", [ADD_TOOL], "cannot be honoured for the chatml family: its written call 'rollforge_probe_tool {}' has no clean opener"),
-])
+@pytest.mark.parametrize(
+    "choice, tools, message",
+    [
+        (
+            {"type": "function", "function": {"name": "subtract"}},
+            [ADD_TOOL],
+            "names the function 'subtract', which is not one of",
+        ),
+        ("required", None, "'required' needs 'tools'"),
+        (
+            "required",
+            [ADD_TOOL],
+            "cannot be honoured for the chatml family: its written call 'rollforge_probe_tool {}' has no clean opener",
+        ),
+    ],
+)
 async def test_a_choice_that_cannot_be_honoured_is_a_400_naming_tool_choice(backend, renderer, choice, tools, message):
     async with Gateway(backend, renderer, NameFirstParser()) as gateway:
         api = openai.AsyncOpenAI(base_url=gateway.base_url("x"), api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError, match=message) as raised:
-            await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tool_choice=choice,
-                                              **({"tools": tools} if tools else {}))
+            await api.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "x"}],
+                tool_choice=choice,
+                **({"tools": tools} if tools else {}),
+            )
         assert raised.value.body["param"] == "tool_choice" and gateway.trajectory("x").turns == 0 and backend.calls == 0
 
 
 #: family -> (its template in TRL's wheel, its control tokens, bos, eos)
 TEMPLATES = {
     "qwen3": ("qwen3", ["<|im_start|>", "<|im_end|>"], None, "<|im_end|>"),
-    "deepseek": ("deepseekv3", ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
-                                "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
-                                "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"],
-                 "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
-    "gpt_oss": ("gptoss", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"],
-                None, "<|return|>"),
+    "deepseek": (
+        "deepseekv3",
+        [
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+        ],
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+    ),
+    "gpt_oss": (
+        "gptoss",
+        ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"],
+        None,
+        "<|return|>",
+    ),
 }
 
 
@@ -167,7 +218,9 @@ def family_renderer(tokenizer, family):
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
     tokenizer.bos_token, tokenizer.eos_token = bos or tokenizer.bos_token, eos
-    with open(os.path.join(os.path.dirname(trl.__file__), "chat_templates", template + ".jinja"), encoding="utf-8") as f:
+    with open(
+        os.path.join(os.path.dirname(trl.__file__), "chat_templates", template + ".jinja"), encoding="utf-8"
+    ) as f:
         tokenizer.chat_template = f.read()
     renderer = ChatRenderer(tokenizer)
     assert renderer.family.name == family
@@ -175,21 +228,29 @@ def family_renderer(tokenizer, family):
 
 
 @pytest.mark.parametrize("family", sorted(TEMPLATES))
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}], ids=["required", "named"])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "add"}}], ids=["required", "named"]
+)
 async def test_families_that_reason_or_render_calls_stay_token_exact(tokenizer, family, choice):
     renderer = family_renderer(tokenizer, family)
     written = renderer.parser().write(ToolCall("add", {"a": 1, "b": 2}))
 
     def continue_the_call(request):  # the rest of the call after the longest end of the prompt it starts
         prompt = renderer.decode(request.prompt_ids)
-        return next(written[written.index(prompt[-k:]) + k :] for k in range(len(written), 0, -1) if prompt[-k:] in written)
+        return next(
+            written[written.index(prompt[-k:]) + k :] for k in range(len(written), 0, -1) if prompt[-k:] in written
+        )
 
     backend = ScriptedBackend(continue_the_call, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0])
     session = Session("s", renderer, renderer.parser())
-    request = parse_request({"messages": [{"role": "user", "content": "What is 1 + 2?"}], "tools": [ADD_TOOL], "tool_choice": choice})
+    request = parse_request(
+        {"messages": [{"role": "user", "content": "What is 1 + 2?"}], "tools": [ADD_TOOL], "tool_choice": choice}
+    )
     [reply], _ = await session.complete(request, backend)
     assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("add", {"a": 1, "b": 2})]
     trajectory = session.record().trajectory(0, "t", 1.0)
     forced = trajectory.loss_mask.index(1) - trajectory.prompt_length
-    assert forced > 0 and renderer.decode(trajectory.token_ids[trajectory.prompt_length :]).startswith(renderer.reasoning_text(""))
+    assert forced > 0 and renderer.decode(trajectory.token_ids[trajectory.prompt_length :]).startswith(
+        renderer.reasoning_text("")
+    )
     assert token_fidelity_gap(trajectory, renderer) is None

@@ -36,19 +36,30 @@ def test_one_grpo_step_on_an_agent_program(tiny_model_dir, tmp_path):
     (tmp_path / "agent_module.py").write_text(textwrap.dedent(AGENT_MODULE))
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Say something ({i})."}) + "\n" for i in range(4)))
-    config = load_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=1", f"data.path={data}",
-        f"environments=[{{name: '{tmp_path / 'agent_module.py'}:policy', task_name: agent}}]",
-        "algorithm.batch_size=2", "algorithm.group_size=4", "rollout.max_new_tokens=8", "rollout.max_turns=2",
-        "optim.lr=1e-2", "checkpoint_every=0",
-    ])
+    config = load_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'run'}",
+            "steps=1",
+            f"data.path={data}",
+            f"environments=[{{name: '{tmp_path / 'agent_module.py'}:policy', task_name: agent}}]",
+            "algorithm.batch_size=2",
+            "algorithm.group_size=4",
+            "rollout.max_new_tokens=8",
+            "rollout.max_turns=2",
+            "optim.lr=1e-2",
+            "checkpoint_every=0",
+        ]
+    )
     before = {k: v.clone() for k, v in _weights(tiny_model_dir).items()}
     result = train(config, console=False)
 
     [metrics] = result.history
     assert not any(k.startswith("rollout/errors/") for k in metrics), metrics
     assert metrics["reward/std"] > 0 and metrics["grad_norm"] > 0
-    records = [json.loads(line) for line in (result.out / "trajectories" / "step-000001.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (result.out / "trajectories" / "step-000001.jsonl").read_text().splitlines()
+    ]
     assert len(records) == 8
     for record in records:
         assert record["turns"] == 2 and record["error"] is None and len(record["segments"]) == 2

@@ -74,7 +74,9 @@ def test_generators_share_prompts_by_weight():
 def test_malformed_files_name_the_file_and_line(tmp_path):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "a"}\n\n{"prompt": "b",}\n')
-    with pytest.raises(ConfigError, match=r"p.jsonl' line 3 is not valid JSON: Expecting property name .*\(column 16\)"):
+    with pytest.raises(
+        ConfigError, match=r"p.jsonl' line 3 is not valid JSON: Expecting property name .*\(column 16\)"
+    ):
         load_rows(jsonl)
     whole = tmp_path / "p.json"
     whole.write_text('[{"prompt": "a"},\n {"prompt": }]')

@@ -19,13 +19,15 @@ def test_each_kind_of_name_builds_the_right_environment(tmp_path):
         "class Tools:\n    def reset(self, **row):\n        return None\n\n"
         "class Judge:\n    def step(self, message_logs, metadata):\n        raise NotImplementedError\n"
     )
-    envs = build_environments([
-        EnvConfig(name="arithmetic"),
-        EnvConfig(name="http://127.0.0.1:8765", task_name="remote"),
-        EnvConfig(name=f"{tmp_path / 'my_env.py'}:Tools"),
-        EnvConfig(name=f"{tmp_path / 'my_env.py'}:Judge", task_name="judge"),
-        EnvConfig(name="rollforge.testing:FirstCharacter"),
-    ])
+    envs = build_environments(
+        [
+            EnvConfig(name="arithmetic"),
+            EnvConfig(name="http://127.0.0.1:8765", task_name="remote"),
+            EnvConfig(name=f"{tmp_path / 'my_env.py'}:Tools"),
+            EnvConfig(name=f"{tmp_path / 'my_env.py'}:Judge", task_name="judge"),
+            EnvConfig(name="rollforge.testing:FirstCharacter"),
+        ]
+    )
     assert list(envs) == ["arithmetic", "remote", "Tools", "judge", "FirstCharacter"]
     assert type(envs["remote"]).__name__ == "OpenEnvEnvironment"
     assert isinstance(envs["Tools"], FactoryEnvironment)
@@ -66,13 +68,13 @@ class Counter:
         return 0.0
 '''
 
-REWARD_FILE = '''
+REWARD_FILE = """
 from trl_counting_env import Counter
 
 
 def is_counter(prompts, completions, environments, **columns):
     return [1.0 if isinstance(env, Counter) else -1.0 for env in environments]
-'''
+"""
 
 
 def test_a_file_is_imported_once_under_its_own_name(tmp_path):
@@ -106,13 +108,18 @@ def test_train_takes_environment_objects_and_reward_code_sees_the_same_class(tin
     (tmp_path / "trl_counting_env.py").write_text(ENV_FILE)
     (tmp_path / "counting_rewards.py").write_text(REWARD_FILE)
     counter = import_attribute("trl_counting_env.py:Counter")  # as a training config names it
-    config = _trl_config(tiny_config, "steps=1", "algorithm.group_size=2",
-                         "rewards=[{function: 'counting_rewards.py:is_counter'}]")
+    config = _trl_config(
+        tiny_config, "steps=1", "algorithm.group_size=2", "rewards=[{function: 'counting_rewards.py:is_counter'}]"
+    )
     result = train(config, environments={"count": counter}, dataset=_rows(8), console=False)
     assert result.history[0]["reward/fn/is_counter"] == 1.0  # isinstance held for every episode
     assert result.history[0]["reward/env/count"] == 1.0  # env reward 0 + the function's 1.0
-    single = train(config.model_copy(update={"out": str(tmp_path / "single")}), environments=counter,
-                   dataset=_rows(8), console=False)
+    single = train(
+        config.model_copy(update={"out": str(tmp_path / "single")}),
+        environments=counter,
+        dataset=_rows(8),
+        console=False,
+    )
     assert "reward/env/Counter" in single.history[0]  # one object is named after itself
 
 
@@ -121,16 +128,24 @@ def test_train_refuses_an_environment_column_without_a_factory_before_generating
     counter = import_attribute(f"{tmp_path / 'counting_env.py'}:Counter")
     config = _trl_config(tiny_config, "steps=1", f"out={tmp_path / 'never'}")
     rows = _rows(3, environment="a") + _rows(1, environment="c")
-    with pytest.raises(ConfigError, match=r"prompt row 4 has the value 'c' in its 'environment' column, but "
-                                          r"'multi' has factories only for \['a', 'b'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"prompt row 4 has the value 'c' in its 'environment' column, but "
+        r"'multi' has factories only for \['a', 'b'\]",
+    ):
         train(config, environments={"multi": {"a": counter, "b": counter}}, dataset=rows, console=False)
     with pytest.raises(ConfigError, match="prompt row 1 has no 'environment' column"):
         train(config, environments={"multi": {"a": counter}}, dataset=_rows(2), console=False)
-    with pytest.raises(ConfigError, match=r"prompt row 2: environment 'c' names no configured environment \(configured: \['count'\]\)"):
+    with pytest.raises(
+        ConfigError, match=r"prompt row 2: environment 'c' names no configured environment \(configured: \['count'\]\)"
+    ):
         train(config, environments={"count": counter}, dataset=[*_rows(1), *_rows(1, environment="c")], console=False)
     with pytest.raises(ConfigError, match="have no prompt generator: pass dataset= or set data.path"):
-        train(config.model_copy(update={"data": config.data.model_copy(update={"path": None})}),
-              environments={"count": counter}, console=False)
+        train(
+            config.model_copy(update={"data": config.data.model_copy(update={"path": None})}),
+            environments={"count": counter},
+            console=False,
+        )
     assert not (tmp_path / "never").exists()  # refused before anything was written or generated
 
 

@@ -17,7 +17,11 @@ from rollforge.inputs.environments import is_bundled
 CASES = [
     ("gymnasium", "gymnasium:CartPole-v1", "gymnasium environment 'CartPole-v1' has no text rendering"),
     ("gymnasium", "gymnasium:CartPol-v1", "unknown gymnasium environment 'CartPol-v1'; close names: CartPole-v1"),
-    ("reasoning_gym", "reasoning_gym:leg_countin", "unknown reasoning_gym dataset 'leg_countin'; close names: leg_counting"),
+    (
+        "reasoning_gym",
+        "reasoning_gym:leg_countin",
+        "unknown reasoning_gym dataset 'leg_countin'; close names: leg_counting",
+    ),
     ("textarena", "textarena:Nope-v0", "unknown textarena game 'Nope-v0'; known names start with: "),
 ]
 

@@ -32,8 +32,9 @@ def test_training_and_the_rollout_command_read_a_data_file_the_same_way(tmp_path
     reads = []
     load_rows = read.load_rows
     monkeypatch.setattr(read, "load_rows", lambda p: reads.append(p) or load_rows(p))
-    config = TrainConfig.model_validate({"model": {"name": "m"}, "environments": [{"name": "arithmetic"}],
-                                         "data": {"path": str(path)}})
+    config = TrainConfig.model_validate(
+        {"model": {"name": "m"}, "environments": [{"name": "arithmetic"}], "data": {"path": str(path)}}
+    )
     task_to_env, samples = read_inputs(config.environments, training_prompts(config.data, config.seed))
     assert reads == [str(path)] and list(task_to_env) == ["arithmetic"]  # the file read once
     assert [s.prompt[-1].content for s in samples] == ["a", "b", "c"]
@@ -42,8 +43,9 @@ def test_training_and_the_rollout_command_read_a_data_file_the_same_way(tmp_path
 
 
 def test_held_out_prompts_come_from_the_same_sources():
-    config = TrainConfig.model_validate({"model": {"name": "m"}, "environments": [{"name": "arithmetic"}],
-                                         "eval_episodes": 3, "seed": 4})
+    config = TrainConfig.model_validate(
+        {"model": {"name": "m"}, "environments": [{"name": "arithmetic"}], "eval_episodes": 3, "seed": 4}
+    )
     prompts = held_out(training_prompts(config.data, config.seed), config.eval_episodes)
     samples = read_samples(config.environments, prompts, ["arithmetic"])
     assert len(samples) == 3 and samples != generated_samples(config.environments, 3, 4)  # another seed
@@ -56,9 +58,13 @@ def test_held_out_prompts_come_from_the_same_sources():
 
 def test_refusals_name_the_setting_the_user_wrote(tmp_path):
     # an environment without a generator is refused before any environment is built or imported
-    with pytest.raises(ConfigError, match=r"^environment 'nomod:X' has no prompt generator; give prompts with data.path$"):
+    with pytest.raises(
+        ConfigError, match=r"^environment 'nomod:X' has no prompt generator; give prompts with data.path$"
+    ):
         read_inputs([EnvConfig(name="nomod:X")], Prompts())
-    with pytest.raises(ConfigError, match=r"^--env 'nomod:X' has no prompt generator; give prompts with --data FILE.jsonl$"):
+    with pytest.raises(
+        ConfigError, match=r"^--env 'nomod:X' has no prompt generator; give prompts with --data FILE.jsonl$"
+    ):
         environments_and_prompts(["nomod:X"], None, 3, 0)
     with pytest.raises(ConfigError, match="have no prompt generator: pass dataset= or set data.path"):
         read_inputs([], Prompts(), {"Mine": lambda: None})

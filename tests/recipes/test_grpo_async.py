@@ -16,9 +16,17 @@ from rollforge.train.admission import AdmissionLedger
 from rollforge.train.run import open_run
 from rollforge.types import Trajectory
 
-TIMING = ("time/", "tokens_per_second", "async/", "admission/", "rollout/generation_seconds",
-          "rollout/environment_seconds", "rollout/wall_seconds", "rollout/episodes_per_second",
-          "rollout/generated_tokens_per_second")
+TIMING = (
+    "time/",
+    "tokens_per_second",
+    "async/",
+    "admission/",
+    "rollout/generation_seconds",
+    "rollout/environment_seconds",
+    "rollout/wall_seconds",
+    "rollout/episodes_per_second",
+    "rollout/generated_tokens_per_second",
+)
 
 
 def same_metrics(a, b):
@@ -73,7 +81,9 @@ async def test_no_trained_token_is_older_than_k(tiny_config, tiny_model_dir, k):
 async def test_exact_staleness_generates_each_batch_at_one_version(tiny_config, tiny_model_dir, k):
     """``algorithm.exact_staleness``: every token of step s comes from version max(0, s - 1 - k),
     whatever the timing (request latencies drawn per seed; 96 episodes queue for 32 slots at k = 2)."""
-    config = tiny_config("steps=6", f"algorithm.max_staleness={k}", "algorithm.exact_staleness=true", "rollout.concurrency=4")
+    config = tiny_config(
+        "steps=6", f"algorithm.max_staleness={k}", "algorithm.exact_staleness=true", "rollout.concurrency=4"
+    )
     async with remote_backend(tiny_model_dir, latency=0.05) as backend:
         result = await atrain(config, console=False, backend=backend)
     for step in range(1, 7):
@@ -94,10 +104,21 @@ def test_several_ranks_are_refused_with_one_line(tiny_config):
 
 def test_admission_ledger_shares_worked_by_hand():
     """Four finished episodes of one group of 4 (durations 1, 2, 3, 4 s), two admitted (1 s and 4 s)."""
+
     def t(index, seconds, reward):
-        return Trajectory(index=index, task_name="t", messages=(), token_ids=(1,), loss_mask=(0,), logprobs=(None,),
-                          prompt_length=1, rewards=(reward,), total_reward=reward, turns=1,
-                          generation_seconds=seconds)
+        return Trajectory(
+            index=index,
+            task_name="t",
+            messages=(),
+            token_ids=(1,),
+            loss_mask=(0,),
+            logprobs=(None,),
+            prompt_length=1,
+            rewards=(reward,),
+            total_reward=reward,
+            turns=1,
+            generation_seconds=seconds,
+        )
 
     ledger = AdmissionLedger(group_size=2)
     ledger.start(6)
@@ -137,8 +158,10 @@ def test_staleness_1_and_2_learn_nearly_as_fast_as_the_synchronous_loop(tiny_con
     for seed in (0, 1, 2):
         for k, budget in ((0, 45), (1, 55), (2, 55)):
             out = f"out={tiny_config().out}-{seed}-{k}"
-            run = train(tiny_config(f"steps={budget}", f"seed={seed}", f"algorithm.max_staleness={k}", out, *common),
-                        console=False)
+            run = train(
+                tiny_config(f"steps={budget}", f"seed={seed}", f"algorithm.max_staleness={k}", out, *common),
+                console=False,
+            )
             steps[k].append(first_above(run.history))
             if k:
                 assert max(m["async/token_lag_max"] for m in run.history) == k
@@ -155,6 +178,7 @@ async def test_resumed_async_run_continues_with_the_prompts_it_would_have_drawn(
     common = ("algorithm.max_staleness=2", "checkpoint_every=2", "data.shuffle=true")
     async with remote_backend(tiny_model_dir, latency=0.02) as backend:
         whole = await atrain(tiny_config("steps=5", f"out={whole_dir}", *common), console=False, backend=backend)
+
         class Killed(Exception):
             pass
 
@@ -163,11 +187,17 @@ async def test_resumed_async_run_continues_with_the_prompts_it_would_have_drawn(
                 raise Killed
 
         with pytest.raises(Killed):
-            await atrain(tiny_config("steps=5", f"out={split_dir}", *common), console=False, backend=backend,
-                         on_step=kill_after_step_2)
-        resumed = await atrain(tiny_config("steps=5", f"out={split_dir}", *common), console=False, backend=backend,
-                               resume=True)
+            await atrain(
+                tiny_config("steps=5", f"out={split_dir}", *common),
+                console=False,
+                backend=backend,
+                on_step=kill_after_step_2,
+            )
+        resumed = await atrain(
+            tiny_config("steps=5", f"out={split_dir}", *common), console=False, backend=backend, resume=True
+        )
     assert [m["step"] for m in resumed.history] == [1, 2, 3, 4, 5]
+
     def prompts(out, step):
         rows = (out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
         return [json.loads(r)["messages"][0]["content"] for r in rows]

@@ -36,7 +36,9 @@ def dead_for_one_episode(monkeypatch):
     return failed
 
 
-def test_an_episode_whose_backend_keeps_failing_is_retried_then_left_out_of_its_group(tiny_config, dead_for_one_episode):
+def test_an_episode_whose_backend_keeps_failing_is_retried_then_left_out_of_its_group(
+    tiny_config, dead_for_one_episode
+):
     config = tiny_config("steps=2", "algorithm.infra_retries=2", "algorithm.advantage=grpo")
     result = train(config, console=False)
     assert len(dead_for_one_episode) == 2 * 3  # per step: the first run and two reruns, one request each

@@ -12,9 +12,18 @@ from rollforge.train.config import load_config
 
 def test_quickstart_runs_warmup_then_grpo_from_its_weights(tiny_model_dir, tmp_path):
     out = tmp_path / "qs"
-    config = load_config(PRESETS / "quickstart.yaml", [f"out={out}", f"model.name={tiny_model_dir}", "steps=2",
-                                                      "eval_episodes=6", "rollout.max_new_tokens=8",
-                                                      "algorithm.batch_size=2", "algorithm.group_size=2"])
+    config = load_config(
+        PRESETS / "quickstart.yaml",
+        [
+            f"out={out}",
+            f"model.name={tiny_model_dir}",
+            "steps=2",
+            "eval_episodes=6",
+            "rollout.max_new_tokens=8",
+            "algorithm.batch_size=2",
+            "algorithm.group_size=2",
+        ],
+    )
     warmup = load_sft_config(PRESETS / "quickstart_warmup.yaml", ["max_steps=3", "batch_size=2"])
     result = quickstart(config, warmup)
 
@@ -45,9 +54,25 @@ def test_quickstart_runs_warmup_then_grpo_from_its_weights(tiny_model_dir, tmp_p
 
 def test_quickstart_cli_sends_warmup_keys_to_the_warmup(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "qs"
-    code = main(["quickstart", "--out", str(out), "--model", str(tiny_model_dir), "--steps", "1",
-                 "--set", "eval_episodes=3", "--set", "rollout.max_new_tokens=4", "--set", "warmup.max_steps=2",
-                 "--set", "warmup.optim.lr=0.001"])
+    code = main(
+        [
+            "quickstart",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--steps",
+            "1",
+            "--set",
+            "eval_episodes=3",
+            "--set",
+            "rollout.max_new_tokens=4",
+            "--set",
+            "warmup.max_steps=2",
+            "--set",
+            "warmup.optim.lr=0.001",
+        ]
+    )
     assert code == 0
     warm = yaml.safe_load((out / "warmup" / "config.yaml").read_text())
     assert warm["max_steps"] == 2 and warm["optim"]["lr"] == 0.001 and warm["model"]["name"] == str(tiny_model_dir)

@@ -23,7 +23,12 @@ from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import rollout
 from rollforge.types import Message, Sample
 from rollforge.recipes.sft_data import (
-    Example, accepted, conversation_example, read_records, record_examples, select_trajectories,
+    Example,
+    accepted,
+    conversation_example,
+    read_records,
+    record_examples,
+    select_trajectories,
 )
 
 # -- the loss --------------------------------------------------------------------------------------
@@ -33,7 +38,9 @@ def test_masked_nll_by_hand():
     # Two rows; mask-1 tokens: row 0 positions 1 and 2, row 1 position 3 -> N = 3 tokens.
     masks = [torch.tensor([0.0, 1.0, 1.0, 0.0]), torch.tensor([0.0, 0.0, 0.0, 1.0])]
     weights = MaskedNLLLoss.weights(masks)
-    assert torch.allclose(weights[0], torch.tensor([0, 1 / 3, 1 / 3, 0])) and float(weights[1][3]) == pytest.approx(1 / 3)
+    assert torch.allclose(weights[0], torch.tensor([0, 1 / 3, 1 / 3, 0])) and float(weights[1][3]) == pytest.approx(
+        1 / 3
+    )
     logprobs = torch.tensor([[-9.0, -0.5, -1.0, -7.0], [-5.0, -6.0, -8.0, -1.5]])
     # Mask-0 logprobs (-9, -7, -5, -6, -8) must not count:
     # loss = -(-0.5 - 1.0 - 1.5) / 3 = 3.0 / 3 = 1.0
@@ -72,7 +79,9 @@ def test_sft_update_loss_is_the_mean_nll_of_mask_one_tokens(tiny_model_dir, micr
         Example((7, 8, 9, 10, 11), (0, 1, 0, 0, 1), 1),
     ]
     expected = _reference_nll(model, examples)
-    flipped = [Example(e.ids, tuple(1 - b if i else 0 for i, b in enumerate(e.mask)), e.prompt_length) for e in examples]
+    flipped = [
+        Example(e.ids, tuple(1 - b if i else 0 for i, b in enumerate(e.mask)), e.prompt_length) for e in examples
+    ]
     assert _reference_nll(model, flipped) != pytest.approx(expected)  # the mask decides what counts
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -127,14 +136,22 @@ def test_openai_style_tool_calls_are_written_in_the_parser_format(tiny_model_dir
     renderer = ChatRenderer(load_tokenizer(str(tiny_model_dir)))
     messages = [
         {"role": "user", "content": "Move left."},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "move", "arguments": '{"direction": "left"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "move", "arguments": '{"direction": "left"}'}}
+            ],
+        },
         {"role": "tool", "content": "moved", "name": "move", "tool_call_id": "c1"},
         {"role": "assistant", "content": "Done."},
     ]
     example = conversation_example(renderer, messages)
     policy = renderer.decode([i for i, b in zip(example.ids, example.mask) if b])
-    assert policy == '<tool_call>\n{"name": "move", "arguments": {"direction": "left"}}\n</tool_call><|im_end|>Done.<|im_end|>'
+    assert (
+        policy
+        == '<tool_call>\n{"name": "move", "arguments": {"direction": "left"}}\n</tool_call><|im_end|>Done.<|im_end|>'
+    )
     broken = [messages[0], {**messages[1], "tool_calls": [{"function": {"name": "move", "arguments": "{left"}}]}]
     with pytest.raises(ConfigError, match="not valid JSON"):
         conversation_example(renderer, broken)
@@ -145,7 +162,12 @@ def _records(tmp_path):
         {"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "total_reward": 1.0, "error": None},
         {"token_ids": [1, 2, 4], "loss_mask": [0, 1, 1], "total_reward": 0.5, "error": None},
         {"token_ids": [1, 2, 5], "loss_mask": [0, 1, 1], "total_reward": 0.0, "reward": 0.9, "error": None},
-        {"token_ids": [1, 2, 6], "loss_mask": [0, 1, 1], "total_reward": 1.0, "error": {"kind": "env_error", "message": "x"}},
+        {
+            "token_ids": [1, 2, 6],
+            "loss_mask": [0, 1, 1],
+            "total_reward": 1.0,
+            "error": {"kind": "env_error", "message": "x"},
+        },
     ]
     path = tmp_path / "trajectories.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"token_ids": [1, 2')  # a torn last line
@@ -167,7 +189,9 @@ def test_rejection_sampling_keeps_exactly_the_episodes_at_or_above_the_threshold
     renderer = ChatRenderer(tokenizer)
     spec = get_env_spec("echo")
     words = list(WORDS[10:22])
-    samples = [Sample((Message("user", f'Call the echo tool with the text "{w}".'),), "echo", {"word": w}) for w in words]
+    samples = [
+        Sample((Message("user", f'Call the echo tool with the text "{w}".'),), "echo", {"word": w}) for w in words
+    ]
     right = {0, 2, 5, 6, 8, 9}  # these episodes echo their word (reward 1.0), the others a wrong one (0.0)
     broken = 3  # this one's backend request fails (an error: never kept, whatever its reward)
     parser = get_parser()
@@ -179,7 +203,9 @@ def test_rejection_sampling_keeps_exactly_the_episodes_at_or_above_the_threshold
             raise RuntimeError("backend down")
         return format_tool_call(parser, "echo", {"text": words[index] if index in right else "wrong"})
 
-    result = rollout(samples, {"echo": spec.build()}, ScriptedBackend(script, tokenizer), renderer, RolloutConfig(max_turns=2))
+    result = rollout(
+        samples, {"echo": spec.build()}, ScriptedBackend(script, tokenizer), renderer, RolloutConfig(max_turns=2)
+    )
     rewards = [t.total_reward for t in result.trajectories]
     assert rewards == [1.0 if i in right else 0.0 for i in range(12)]
     assert result.trajectories[broken].error.kind == "backend_error"
@@ -196,8 +222,13 @@ def test_rejection_sampling_keeps_exactly_the_episodes_at_or_above_the_threshold
 def _valid_tool_call_fraction(model_dir, env: str, episodes: int):
     model, tokenizer = load_model(str(model_dir))
     spec = get_env_spec(env)
-    result = rollout(spec.samples(episodes, 99), {spec.name: spec.build()}, HFBackend(model, tokenizer),
-                     ChatRenderer(tokenizer), RolloutConfig(max_turns=2, max_new_tokens=48, greedy=True))
+    result = rollout(
+        spec.samples(episodes, 99),
+        {spec.name: spec.build()},
+        HFBackend(model, tokenizer),
+        ChatRenderer(tokenizer),
+        RolloutConfig(max_turns=2, max_new_tokens=48, greedy=True),
+    )
     replies = [m for t in result.trajectories for m in t.messages if m.role == "assistant"]
     valid = [m for m in replies if m.tool_calls and all(c.error is None and c.name == "echo" for c in m.tool_calls)]
     return len(valid) / len(replies), len(replies)
@@ -206,10 +237,17 @@ def _valid_tool_call_fraction(model_dir, env: str, episodes: int):
 def test_sft_on_expert_demonstrations_teaches_the_tiny_model_valid_tool_calls(tiny_model_dir, tmp_path):
     before, _ = _valid_tool_call_fraction(tiny_model_dir, "echo", 16)
     assert before == 0.0
-    config = load_sft_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'sft'}", "sources=[{kind: expert, env: echo, episodes: 32}]",
-        "batch_size=8", "epochs=6", "optim.lr=1e-2", "rollout.max_seq_len=1024",
-    ])
+    config = load_sft_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'sft'}",
+            "sources=[{kind: expert, env: echo, episodes: 32}]",
+            "batch_size=8",
+            "epochs=6",
+            "optim.lr=1e-2",
+            "rollout.max_seq_len=1024",
+        ]
+    )
     result = sft(config, console=False)
     assert result.steps == 24  # 32 demonstrations / 8 per step x 6 epochs
     losses = [m["loss"] for m in result.history]
@@ -220,12 +258,20 @@ def test_sft_on_expert_demonstrations_teaches_the_tiny_model_valid_tool_calls(ti
 
 
 def test_sft_from_rollouts_trains_on_the_kept_episodes(tiny_model_dir, tmp_path):
-    config = load_sft_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'rs'}", "from_rollouts.enabled=true",
-        "from_rollouts.environments=[{name: guess_number}]", "from_rollouts.prompts=3",
-        "from_rollouts.samples_per_prompt=2", "from_rollouts.min_reward=0.0", "rollout.max_turns=1",
-        "rollout.max_new_tokens=4", "batch_size=4",
-    ])
+    config = load_sft_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'rs'}",
+            "from_rollouts.enabled=true",
+            "from_rollouts.environments=[{name: guess_number}]",
+            "from_rollouts.prompts=3",
+            "from_rollouts.samples_per_prompt=2",
+            "from_rollouts.min_reward=0.0",
+            "rollout.max_turns=1",
+            "rollout.max_new_tokens=4",
+            "batch_size=4",
+        ]
+    )
     result = sft(config, console=False)
     first = result.history[0]
     # reward 0.0 >= 0.0: every episode that did not fail is kept (6 of 6), in 2 steps of <= 4
@@ -245,10 +291,18 @@ def test_sft_config_errors_name_the_bad_key():
 
 def test_sft_with_lora_saves_an_adapter(tiny_model_dir, tmp_path):
     pytest.importorskip("peft")
-    config = load_sft_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'lora'}", "sources=[{kind: expert, env: echo, episodes: 4}]",
-        "batch_size=4", "lora.enabled=true", "lora.r=4", "optim.lr=1e-3", "rollout.max_seq_len=1024",
-    ])
+    config = load_sft_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'lora'}",
+            "sources=[{kind: expert, env: echo, episodes: 4}]",
+            "batch_size=4",
+            "lora.enabled=true",
+            "lora.r=4",
+            "optim.lr=1e-3",
+            "rollout.max_seq_len=1024",
+        ]
+    )
     result = sft(config, console=False)
     assert result.steps == 1 and result.history[0]["loss_tokens"] > 0
     model_dir = result.out / "checkpoints" / "step-000001" / "model"
@@ -274,11 +328,17 @@ def test_sft_command_runs_a_config_file(tiny_model_dir, tmp_path, capsys):
 
 
 def test_demonstrations_that_miss_the_threshold_are_a_clear_error(tiny_model_dir, tmp_path):
-    config = load_sft_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'x'}", "sources=[{kind: expert, env: guess_number, episodes: 4}]",
-        "rollout.max_turns=1",
-    ])
-    with pytest.raises(ConfigError, match=r"none of the 4 guess_number demonstrations reached min_reward 1.0 .*max_turns"):
+    config = load_sft_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'x'}",
+            "sources=[{kind: expert, env: guess_number, episodes: 4}]",
+            "rollout.max_turns=1",
+        ]
+    )
+    with pytest.raises(
+        ConfigError, match=r"none of the 4 guess_number demonstrations reached min_reward 1.0 .*max_turns"
+    ):
         sft(config, console=False)
 
 
@@ -302,7 +362,9 @@ def test_an_sft_config_that_is_not_yaml_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_unshuffled_epochs_keep_a_balanced_sources_blocks_in_every_batch(tiny_model_dir, tmp_path, monkeypatch, shuffle):
+def test_unshuffled_epochs_keep_a_balanced_sources_blocks_in_every_batch(
+    tiny_model_dir, tmp_path, monkeypatch, shuffle
+):
     """``shuffle: false`` reads the demonstrations in order: calculator's balanced blocks of 4 (each
     (question kind, tool) pair once) are then the batches, so no step leans toward one tool."""
     import re
@@ -317,16 +379,24 @@ def test_unshuffled_epochs_keep_a_balanced_sources_blocks_in_every_batch(tiny_mo
         for example in batch:
             text = tokenizer.decode(example.ids)
             question = re.search(r"\d+ (plus|times) \d+", text)  # the tool called after it
-            kinds.append((question.group(1), re.search(r'"name": "(add|multiply)"', text[question.end():]).group(1)))
-        batches.append(kinds[-len(batch):])
+            kinds.append((question.group(1), re.search(r'"name": "(add|multiply)"', text[question.end() :]).group(1)))
+        batches.append(kinds[-len(batch) :])
         return sft_update(model, optimizer, batch, **kwargs)
 
     monkeypatch.setattr(sft_module, "sft_update", recording)
-    config = load_sft_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'sft'}", "batch_size=4", "epochs=2", f"shuffle={str(shuffle).lower()}",
-        "sources=[{kind: expert, env: calculator, episodes: 16, min_reward: null, options: {operations: [plus, times], balanced: true}}]",
-        "rollout.max_turns=2", "rollout.max_new_tokens=48", "rollout.max_seq_len=1024",
-    ])
+    config = load_sft_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'sft'}",
+            "batch_size=4",
+            "epochs=2",
+            f"shuffle={str(shuffle).lower()}",
+            "sources=[{kind: expert, env: calculator, episodes: 16, min_reward: null, options: {operations: [plus, times], balanced: true}}]",
+            "rollout.max_turns=2",
+            "rollout.max_new_tokens=48",
+            "rollout.max_seq_len=1024",
+        ]
+    )
     sft(config, console=False)
     every_pair = sorted((op, tool) for op in ("plus", "times") for tool in ("add", "multiply"))
     assert len(batches) == 8

@@ -95,8 +95,7 @@ def assert_faithful(trajectories, renderer):
 
 async def test_async_and_lockstep_give_identical_trajectories(renderer):
     samples = [
-        Sample(prompt=prompt(i), task_name="count" if i % 2 else "observe", row={"start": i % 3})
-        for i in range(8)
+        Sample(prompt=prompt(i), task_name="count" if i % 2 else "observe", row={"start": i % 3}) for i in range(8)
     ]
     envs = {"observe": Env(observe), "count": FactoryEnvironment(Counter)}
     results = {}
@@ -107,7 +106,11 @@ async def test_async_and_lockstep_give_identical_trajectories(renderer):
     assert [t.index for t in a] == list(range(8))
     for x, y in zip(a, b):
         assert (x.token_ids, x.loss_mask, x.logprobs, x.rewards, x.messages) == (
-            y.token_ids, y.loss_mask, y.logprobs, y.rewards, y.messages
+            y.token_ids,
+            y.loss_mask,
+            y.logprobs,
+            y.rewards,
+            y.messages,
         )
     # observe: 3 turns of 0.25; count from start s needs 5 - s adds, then an answer, reward 1.
     assert [t.total_reward for t in a] == [0.75, 1.0, 0.75, 1.0, 0.75, 1.0, 0.75, 1.0]
@@ -123,8 +126,13 @@ async def test_observation_cut_at_max_seq_len_marks_truncated(renderer):
         return Step(messages=(Message("user", "word " * 300),))
 
     config = RolloutConfig(max_turns=4, max_seq_len=120)
-    result = await arollout([Sample(prompt=prompt(0))], {"default": Env(long_observation)},
-                            backend(renderer, lambda r: "ok"), renderer, config)
+    result = await arollout(
+        [Sample(prompt=prompt(0))],
+        {"default": Env(long_observation)},
+        backend(renderer, lambda r: "ok"),
+        renderer,
+        config,
+    )
     t = result.trajectories[0]
     assert t.truncated and not t.terminated and t.turns == 1
     assert len(t.token_ids) == 120
@@ -137,8 +145,13 @@ async def test_per_turn_stop_strings(renderer):
         return Step(messages=(Message("user", "again"),), stop=("</answer>",), terminated=turn == 2)
 
     script = lambda r: "<answer>7</answer> and more text"
-    result = await arollout([Sample(prompt=prompt(0))], {"default": Env(set_stop)},
-                            backend(renderer, script), renderer, RolloutConfig(max_turns=3))
+    result = await arollout(
+        [Sample(prompt=prompt(0))],
+        {"default": Env(set_stop)},
+        backend(renderer, script),
+        renderer,
+        RolloutConfig(max_turns=3),
+    )
     first, second = [m for m in result.trajectories[0].messages if m.role == "assistant"]
     assert first.content == "<answer>7</answer> and more text"  # no stop strings on turn 1
     assert second.content.endswith("</answer>") and "more" not in second.content
@@ -162,13 +175,19 @@ async def test_each_malformed_tool_call_is_a_counted_failure_not_a_crash(rendere
 
     turn = iter(range(100))
     result = await arollout(
-        [Sample(prompt=prompt(0))], {"default": FactoryEnvironment(Fragile)},
-        backend(renderer, lambda r: replies[next(turn)]), renderer, RolloutConfig(max_turns=6),
+        [Sample(prompt=prompt(0))],
+        {"default": FactoryEnvironment(Fragile)},
+        backend(renderer, lambda r: replies[next(turn)]),
+        renderer,
+        RolloutConfig(max_turns=6),
     )
     t = result.trajectories[0]
     assert t.error is None and t.max_turns_reached and t.turns == 6
     assert result.metrics["failures"] == {
-        "tool_bad_arguments": 3, "tool_invalid_json": 1, "tool_raised": 1, "tool_unknown": 1,
+        "tool_bad_arguments": 3,
+        "tool_invalid_json": 1,
+        "tool_raised": 1,
+        "tool_unknown": 1,
     }
     tool_messages = [m.content for m in t.messages if m.role == "tool"]
     assert len(tool_messages) == 6 and "boom" in tool_messages[-1]
@@ -196,8 +215,12 @@ async def test_unknown_environment_column_raises_before_any_generation(renderer)
         "only for ['counter', 'other']"
     )
     with pytest.raises(ConfigError, match=r"prompt row 1 has the value \['counter'\] in its"):
-        await arollout([Sample(prompt=prompt(0), task_name="multi", row={"environment": ["counter"]})],
-                       {"multi": env}, scripted, renderer)
+        await arollout(
+            [Sample(prompt=prompt(0), task_name="multi", row={"environment": ["counter"]})],
+            {"multi": env},
+            scripted,
+            renderer,
+        )
     assert scripted.calls == 0
 
 
@@ -216,8 +239,10 @@ async def test_raising_and_hanging_environments_fail_only_their_episode(renderer
 
     samples = [Sample(prompt=prompt(i), task_name=name) for i, name in enumerate(["ok", "raise", "hang", "ok"])]
     envs = {"ok": Env(observe), "raise": Env(raising), "hang": Env(hanging)}
-    result = await asyncio.wait_for(arollout(samples, envs, backend(renderer, lambda r: "fine"), renderer,
-                                             RolloutConfig(step_timeout=2.0)), HANG_SECONDS)
+    result = await asyncio.wait_for(
+        arollout(samples, envs, backend(renderer, lambda r: "fine"), renderer, RolloutConfig(step_timeout=2.0)),
+        HANG_SECONDS,
+    )
     assert cancelled == [1]  # the hung step was cancelled by its timeout, once
     ok, raised, hung, ok2 = result.trajectories
     assert ok.terminated and ok2.terminated and ok.error is None
@@ -229,9 +254,13 @@ async def test_raising_and_hanging_environments_fail_only_their_episode(renderer
 
 
 async def test_episode_timeout_keeps_what_was_produced(renderer):
-    result = await arollout([Sample(prompt=prompt(0))], {"default": Env(observe)},
-                            backend(renderer, lambda r: "slow", latency=0.2), renderer,
-                            RolloutConfig(episode_timeout=0.5, step_timeout=0.4))
+    result = await arollout(
+        [Sample(prompt=prompt(0))],
+        {"default": Env(observe)},
+        backend(renderer, lambda r: "slow", latency=0.2),
+        renderer,
+        RolloutConfig(episode_timeout=0.5, step_timeout=0.4),
+    )
     t = result.trajectories[0]
     assert t.error.kind == "episode_timeout"
     assert t.turns >= 1 and t.generated_tokens >= 2
@@ -252,8 +281,9 @@ async def test_capacity_below_concurrency_is_an_error_at_start(renderer):
     samples = [Sample(prompt=prompt(i)) for i in range(8)]
     scripted = backend(renderer, lambda r: "x")
     with pytest.raises(ConfigError, match="allows 2 concurrent sessions but the rollout needs 4"):
-        await arollout(samples, {"default": Env(observe, max_sessions=2)}, scripted, renderer,
-                       RolloutConfig(concurrency=4))
+        await arollout(
+            samples, {"default": Env(observe, max_sessions=2)}, scripted, renderer, RolloutConfig(concurrency=4)
+        )
     assert scripted.calls == 0
 
 
@@ -318,8 +348,9 @@ async def test_lockstep_generates_each_turn_together_async_does_not_wait(rendere
     for mode, env in (("lockstep", uneven), ("async", waits_for_the_fast_one)):
         peaks.clear(), turns.clear(), fast_done.clear()
         probe = Probe(lambda r: "go", renderer, end_token_id=renderer.stop_token_ids[0], latency=0.01)
-        await asyncio.wait_for(arollout(samples, {"default": Env(env)}, probe, renderer, RolloutConfig(mode=mode)),
-                               HANG_SECONDS)
+        await asyncio.wait_for(
+            arollout(samples, {"default": Env(env)}, probe, renderer, RolloutConfig(mode=mode)), HANG_SECONDS
+        )
         if mode == "lockstep":
             assert peaks == [1, 2, 3, 4] * 3  # all four requests of every turn are in flight together
             assert turns == sorted(turns) == [0] * 4 + [1] * 4 + [2] * 4
@@ -356,8 +387,13 @@ async def test_concurrency_limit_and_greedy_switch_reach_the_episodes(renderer):
         return "ok"
 
     samples = [Sample(prompt=prompt(i)) for i in range(7)]
-    result = await arollout(samples, {"default": CountingEnv(observe)}, backend(renderer, script, latency=0.01),
-                            renderer, RolloutConfig(concurrency=2, greedy=True, temperature=0.7))
+    result = await arollout(
+        samples,
+        {"default": CountingEnv(observe)},
+        backend(renderer, script, latency=0.01),
+        renderer,
+        RolloutConfig(concurrency=2, greedy=True, temperature=0.7),
+    )
     assert peak[0] == 2 and open_now[0] == 0
     assert len(temperatures) == 21 and set(temperatures) == {0.0}
     assert all(t.terminated for t in result.trajectories)
@@ -379,8 +415,9 @@ async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_othe
     samples = [Sample(prompt=prompt(i)) for i in range(3)]
     scripted = Uneven(slow_for_task_one, renderer, end_token_id=renderer.stop_token_ids[0])
     config = RolloutConfig(mode="lockstep", episode_timeout=1.0, step_timeout=0.5)
-    result = await asyncio.wait_for(arollout(samples, {"default": Env(quick)}, scripted, renderer, config),
-                                    HANG_SECONDS)  # a barrier left waiting would hang here
+    result = await asyncio.wait_for(
+        arollout(samples, {"default": Env(quick)}, scripted, renderer, config), HANG_SECONDS
+    )  # a barrier left waiting would hang here
     # Episode 1 needs 2 x 0.6 s of generation and times out; 0 and 2 wait for it at the barriers
     # and the first of them to time out must not cancel the barrier for the rest.
     kinds = [t.error.kind if t.error else "ok" for t in result.trajectories]
@@ -392,9 +429,12 @@ async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_othe
 async def test_a_prompt_longer_than_max_seq_len_is_refused_before_generating(renderer):
     scripted = backend(renderer, lambda r: "never")
     long_prompt = [{"role": "user", "content": "word " * 100}]
-    with pytest.raises(ConfigError, match=r"^max_seq_len=50 leaves no room to generate: prompt 1 is already \d+ tokens; "):
-        await arollout([Sample(prompt=long_prompt)], {"default": Env(observe)}, scripted, renderer,
-                       RolloutConfig(max_seq_len=50))
+    with pytest.raises(
+        ConfigError, match=r"^max_seq_len=50 leaves no room to generate: prompt 1 is already \d+ tokens; "
+    ):
+        await arollout(
+            [Sample(prompt=long_prompt)], {"default": Env(observe)}, scripted, renderer, RolloutConfig(max_seq_len=50)
+        )
     assert scripted.calls == 0
 
 
@@ -405,13 +445,16 @@ async def test_a_tool_description_that_leaves_no_room_is_refused_before_generati
     short = [{"role": "user", "content": "Count to five."}]
     bare = len(renderer.prompt_ids(Sample(prompt=short).prompt)) + len(renderer.generation_prompt)
     envs = {"count": FactoryEnvironment(Counter), "multi": FactoryEnvironment({"counter": Counter})}
-    samples = [Sample(prompt=short, task_name="multi", row={"environment": "counter"}),
-               Sample(prompt=short, task_name="count")]
+    samples = [
+        Sample(prompt=short, task_name="multi", row={"environment": "counter"}),
+        Sample(prompt=short, task_name="count"),
+    ]
     with pytest.raises(ConfigError) as info:
         await arollout(samples, envs, scripted, renderer, RolloutConfig(max_seq_len=bare + 20))
     assert str(info.value).startswith(f"max_seq_len={bare + 20} leaves no room to generate: prompt 1 is already ")
-    assert str(info.value).endswith(" tokens with the description of its tools (and 1 more prompts); "
-                                    "raise max_seq_len or shorten the prompts")
+    assert str(info.value).endswith(
+        " tokens with the description of its tools (and 1 more prompts); raise max_seq_len or shorten the prompts"
+    )
     assert scripted.calls == 0
 
 
@@ -425,8 +468,9 @@ async def test_a_reset_observation_longer_than_max_seq_len_is_truncated_before_g
             return LongReset(self.behave)
 
     scripted = backend(renderer, lambda r: "never")
-    result = await arollout([Sample(prompt=prompt(0))], {"default": Verbose(observe)}, scripted, renderer,
-                            RolloutConfig(max_seq_len=100))
+    result = await arollout(
+        [Sample(prompt=prompt(0))], {"default": Verbose(observe)}, scripted, renderer, RolloutConfig(max_seq_len=100)
+    )
     t = result.trajectories[0]
     assert t.truncated and t.turns == 0 and len(t.token_ids) == 100 == t.prompt_length
     assert scripted.calls == 0

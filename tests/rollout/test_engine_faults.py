@@ -79,8 +79,10 @@ class Answers:
 
 def rows(n_hang: int, n_ok: int) -> list[Sample]:
     names = ["hang"] * n_hang + ["ok"] * n_ok
-    return [Sample(prompt=[{"role": "user", "content": f"Task {i}."}], row={"environment": name})
-            for i, name in enumerate(names)]
+    return [
+        Sample(prompt=[{"role": "user", "content": f"Task {i}."}], row={"environment": name})
+        for i, name in enumerate(names)
+    ]
 
 
 async def test_fifty_hung_sync_tools_do_not_stall_fifty_healthy_episodes(renderer):
@@ -89,15 +91,17 @@ async def test_fifty_hung_sync_tools_do_not_stall_fifty_healthy_episodes(rendere
     # behind a hung tool for a thread would time out too.
     config = RolloutConfig(step_timeout=2.0, concurrency=100)
     try:
-        result = await arollout(rows(50, 50), {"default": env}, backend(renderer, probe_then_answer(renderer)),
-                                renderer, config)
+        result = await arollout(
+            rows(50, 50), {"default": env}, backend(renderer, probe_then_answer(renderer)), renderer, config
+        )
         hung, healthy = result.trajectories[:50], result.trajectories[50:]
         assert [t.error.kind for t in hung] == ["env_timeout"] * 50
         assert all(t.error is None and t.terminated and t.turns == 2 for t in healthy)
         assert result.metrics["abandoned_worker_calls"] >= 50 and ENVIRONMENT_WORKERS.abandoned >= 50
         # the stuck threads, all still hung, do not starve the next rollout of the process
-        again = await arollout(rows(0, 40), {"default": env}, backend(renderer, probe_then_answer(renderer)),
-                               renderer, config)
+        again = await arollout(
+            rows(0, 40), {"default": env}, backend(renderer, probe_then_answer(renderer)), renderer, config
+        )
         assert all(t.error is None and t.terminated and t.turns == 2 for t in again.trajectories)
         assert RETURNED == []
     finally:
@@ -108,7 +112,8 @@ async def test_fifty_hung_sync_tools_do_not_stall_fifty_healthy_episodes(rendere
 
 def test_a_program_whose_tools_hang_forever_still_exits(tiny_model_dir, tmp_path):
     script = tmp_path / "hang.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import threading
         from transformers import AutoTokenizer
         from rollforge.backends.scripted import ScriptedBackend
@@ -132,7 +137,8 @@ def test_a_program_whose_tools_hang_forever_still_exits(tiny_model_dir, tmp_path
         result = rollout(samples, {{"default": FactoryEnvironment(Hangs)}}, backend, renderer,
                          RolloutConfig(step_timeout=0.5))
         print("rollout", result.metrics["errors"], flush=True)
-    """))
+    """)
+    )
     # Joining a hung thread would take forever: `timeout` ends such a run with 124. The bound only
     # catches that hang (imports take a few seconds on a shared machine; the exit waits out the
     # worker pool's exit grace for the hung calls).
@@ -154,8 +160,9 @@ class Rewarding:
 async def test_a_non_finite_reward_fails_its_episode_and_the_rest_stand(renderer):
     values = [1.0, math.nan, 0.5, math.inf, -math.inf, 0.25]
     samples = [Sample(prompt=[{"role": "user", "content": "hi"}], row={"reward": v}) for v in values]
-    result = await arollout(samples, {"default": FactoryEnvironment(Rewarding)}, backend(renderer, lambda r: "ok"),
-                            renderer)
+    result = await arollout(
+        samples, {"default": FactoryEnvironment(Rewarding)}, backend(renderer, lambda r: "ok"), renderer
+    )
     kinds = [t.error.kind if t.error else None for t in result.trajectories]
     assert kinds == [None, "env_error", None, "env_error", "env_error", None]
     assert [t.total_reward for t in result.trajectories if t.error is None] == [1.0, 0.5, 0.25]
@@ -178,8 +185,12 @@ class NanSteps(Environment):
 
 
 async def test_a_step_with_a_nan_reward_is_an_environment_error(renderer):
-    result = await arollout([Sample(prompt=[{"role": "user", "content": "hi"}])], {"default": NanSteps()},
-                            backend(renderer, lambda r: "ok"), renderer)
+    result = await arollout(
+        [Sample(prompt=[{"role": "user", "content": "hi"}])],
+        {"default": NanSteps()},
+        backend(renderer, lambda r: "ok"),
+        renderer,
+    )
     (t,) = result.trajectories
     assert t.error.kind == "env_error" and "Step.reward must be a finite number, got float nan" in t.error.message
     assert t.generated_tokens > 0  # the generated reply is kept
@@ -195,8 +206,13 @@ async def test_a_raising_on_episode_callback_is_reported_and_the_rollout_returns
 
     samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}]) for i in range(7)]
     with caplog.at_level(logging.WARNING, logger="rollforge.rollout.engine"):
-        result = await arollout(samples, {"default": FactoryEnvironment(Answers)}, backend(renderer, lambda r: "ok"),
-                                renderer, on_episode=on_episode)
+        result = await arollout(
+            samples,
+            {"default": FactoryEnvironment(Answers)},
+            backend(renderer, lambda r: "ok"),
+            renderer,
+            on_episode=on_episode,
+        )
     assert sorted(seen) == list(range(7)) and len(result.trajectories) == 7
     assert result.metrics["on_episode_errors"] == 3  # episodes 0, 3 and 6
     assert sum("No space left on device" in r.getMessage() for r in caplog.records) == 3
@@ -238,11 +254,18 @@ class WrongIds(ScriptedBackend):
 
 
 async def test_a_token_id_outside_the_vocabulary_is_a_backend_error(renderer):
-    result = await arollout([Sample(prompt=[{"role": "user", "content": "hi"}])], {"default": FactoryEnvironment(Answers)},
-                            WrongIds(lambda r: "", renderer), renderer)
+    result = await arollout(
+        [Sample(prompt=[{"role": "user", "content": "hi"}])],
+        {"default": FactoryEnvironment(Answers)},
+        WrongIds(lambda r: "", renderer),
+        renderer,
+    )
     (t,) = result.trajectories
     assert t.error.kind == "backend_error"
-    assert t.error.message == f"the backend returned token id {10**9}, outside the vocabulary of {len(renderer.tokenizer)} tokens"
+    assert (
+        t.error.message
+        == f"the backend returned token id {10**9}, outside the vocabulary of {len(renderer.tokenizer)} tokens"
+    )
 
 
 class Hanging(ScriptedBackend):
@@ -262,8 +285,15 @@ async def test_a_hung_backend_request_is_bounded_by_the_request_timeout(renderer
     assert RolloutConfig().request_timeout == 600 and RolloutConfig().episode_timeout == 1800  # bounded defaults
     hanging = Hanging(lambda r: "", renderer)
     result = await asyncio.wait_for(  # the bound only catches a hang: the request timeout must end it
-        arollout([Sample(prompt=[{"role": "user", "content": "hi"}])], {"default": FactoryEnvironment(Answers)},
-                 hanging, renderer, RolloutConfig(request_timeout=0.3)), HANG_SECONDS)
+        arollout(
+            [Sample(prompt=[{"role": "user", "content": "hi"}])],
+            {"default": FactoryEnvironment(Answers)},
+            hanging,
+            renderer,
+            RolloutConfig(request_timeout=0.3),
+        ),
+        HANG_SECONDS,
+    )
     assert hanging.cancelled == 1
     (t,) = result.trajectories
     assert t.error.kind == "backend_error" and t.error.message == "generation exceeded the request timeout of 0.3s"
@@ -298,8 +328,12 @@ class TypoInUserCode:
 
 
 async def test_a_users_type_error_is_an_env_error_but_a_rollforge_bug_propagates(renderer, monkeypatch):
-    result = await arollout([Sample(prompt=[{"role": "user", "content": "hi"}])],
-                            {"default": FactoryEnvironment(TypoInUserCode)}, backend(renderer, lambda r: "ok"), renderer)
+    result = await arollout(
+        [Sample(prompt=[{"role": "user", "content": "hi"}])],
+        {"default": FactoryEnvironment(TypoInUserCode)},
+        backend(renderer, lambda r: "ok"),
+        renderer,
+    )
     (t,) = result.trajectories
     assert t.error.kind == "env_error" and "TypeError: object of type 'int' has no len()" in t.error.message
 
@@ -308,8 +342,9 @@ async def test_a_users_type_error_is_an_env_error_but_a_rollforge_bug_propagates
     monkeypatch.setattr(factory, "_render_result", rollout_metrics)  # handed a tool result, not trajectories
     samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}]) for i in range(5)]
     with pytest.raises(AttributeError, match="'str' object has no attribute 'turns'"):
-        await arollout(samples, {"default": FactoryEnvironment(Answers)},
-                       backend(renderer, probe_then_answer(renderer)), renderer)
+        await arollout(
+            samples, {"default": FactoryEnvironment(Answers)}, backend(renderer, probe_then_answer(renderer)), renderer
+        )
 
 
 class DuckEnvironment:  # has open() but does not declare the contract's hooks
@@ -321,8 +356,11 @@ async def test_objects_that_are_not_environments_or_backends_are_refused_in_one_
     from rollforge.errors import ConfigError
 
     samples = [Sample(prompt=[{"role": "user", "content": "hi"}])]
-    with pytest.raises(ConfigError, match=r"^the environment for task 'default' is a DuckEnvironment, not a rollforge "
-                                          r"Environment; .* subclass rollforge.envs.base.Environment$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^the environment for task 'default' is a DuckEnvironment, not a rollforge "
+        r"Environment; .* subclass rollforge.envs.base.Environment$",
+    ):
         await arollout(samples, {"default": DuckEnvironment()}, backend(renderer, lambda r: "ok"), renderer)
 
     class DuckBackend:

@@ -82,8 +82,9 @@ async def run(batch, env, backend, renderer, **config):
 async def test_a_backend_failure_is_run_again_with_the_same_seeds_and_completes(renderer, mode, caplog):
     # the chosen episode's second request (turn 2: in lockstep, after the wave's first barrier) fails once
     backend = FailingBackend(renderer, "Task number 1.", lambda k: k == 1)
-    clean = await run(samples(), Env(), FailingBackend(renderer, "nobody", lambda k: False), renderer, mode=mode,
-                      concurrency=4)
+    clean = await run(
+        samples(), Env(), FailingBackend(renderer, "nobody", lambda k: False), renderer, mode=mode, concurrency=4
+    )
     env = Env()
     with caplog.at_level(logging.WARNING, "rollforge.rollout.engine"):
         result = await run(samples(), env, backend, renderer, mode=mode, concurrency=4, infra_retries=2)
@@ -129,8 +130,15 @@ async def test_an_environment_that_raises_once_is_run_again(renderer, mode):
             raise ConnectionError("simulator connection reset")
 
     env = Env(behave)
-    result = await run(samples(3), env, FailingBackend(renderer, "nobody", lambda k: False), renderer, mode=mode,
-                       concurrency=3, infra_retries=1)
+    result = await run(
+        samples(3),
+        env,
+        FailingBackend(renderer, "nobody", lambda k: False),
+        renderer,
+        mode=mode,
+        concurrency=3,
+        infra_retries=1,
+    )
     assert sorted(t.retries for t in result.trajectories) == [0, 0, 1] and env.opened == 4
     assert all(t.terminated and t.turns == 3 and t.total_reward == 0.75 for t in result.trajectories)
     assert result.metrics["infra_failures"] == 0
@@ -165,8 +173,11 @@ async def test_policy_failures_are_not_run_again(renderer, tiny_model_dir):
             return text
 
     # a malformed tool call is the model's too: counted, reported back, the episode completes
-    bad_call = ScriptedBackend(lambda r: "<tool_call>\n{not json}\n</tool_call>" if r.call == 0 else "done",
-                               renderer, end_token_id=renderer.stop_token_ids[0])
+    bad_call = ScriptedBackend(
+        lambda r: "<tool_call>\n{not json}\n</tool_call>" if r.call == 0 else "done",
+        renderer,
+        end_token_id=renderer.stop_token_ids[0],
+    )
     result = await run(samples(1), FactoryEnvironment(Echo), bad_call, renderer, infra_retries=2)
     t = result.trajectories[0]
     assert t.outcome == "completed" and t.retries == 0 and [f.kind for f in t.failures] == ["tool_invalid_json"]

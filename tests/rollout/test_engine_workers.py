@@ -86,15 +86,24 @@ def counting_setup(tiny_model_dir, episodes: int, crash_at: int | None = None, s
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     renderer = ChatRenderer(tokenizer)
-    backend = ScriptedBackend(script or CountingScript(tokenizer), tokenizer,
-                              end_token_id=renderer.stop_token_ids[0], latency=latency)
-    samples = [Sample(prompt=[{"role": "user", "content": f"Count from {i}."}], task_name="count",
-                      row={"start": i, "crash": i == crash_at}) for i in range(episodes)]
+    backend = ScriptedBackend(
+        script or CountingScript(tokenizer), tokenizer, end_token_id=renderer.stop_token_ids[0], latency=latency
+    )
+    samples = [
+        Sample(
+            prompt=[{"role": "user", "content": f"Count from {i}."}],
+            task_name="count",
+            row={"start": i, "crash": i == crash_at},
+        )
+        for i in range(episodes)
+    ]
     return samples, {"count": FactoryEnvironment(Counter)}, backend, renderer
 
 
 def workers_config(**kwargs) -> RolloutConfig:
-    return RolloutConfig(**{"max_turns": 4, "max_new_tokens": 48, "max_seq_len": 1024, "concurrency": 4, "seed": 7, **kwargs})
+    return RolloutConfig(
+        **{"max_turns": 4, "max_new_tokens": 48, "max_seq_len": 1024, "concurrency": 4, "seed": 7, **kwargs}
+    )
 
 
 def worker_children(me: int | None = None) -> set[int]:
@@ -116,8 +125,17 @@ def worker_children(me: int | None = None) -> set[int]:
 
 
 def comparable_fields(trajectory):
-    return (trajectory.index, trajectory.messages, trajectory.token_ids, trajectory.loss_mask,
-            trajectory.logprobs, trajectory.rewards, trajectory.turns, trajectory.error, trajectory.failures)
+    return (
+        trajectory.index,
+        trajectory.messages,
+        trajectory.token_ids,
+        trajectory.loss_mask,
+        trajectory.logprobs,
+        trajectory.rewards,
+        trajectory.turns,
+        trajectory.error,
+        trajectory.failures,
+    )
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["reopened", "shared"])
@@ -130,8 +148,14 @@ def test_two_workers_give_the_same_trajectories_as_one_in_input_order(tiny_model
     before = worker_children()
     one = rollout(samples, envs, backend, renderer, workers_config())
     seen = []
-    two = rollout(samples, envs, backend, renderer, workers_config(engine_workers=2, first_index=0),
-                  on_episode=lambda t: seen.append(t.index))
+    two = rollout(
+        samples,
+        envs,
+        backend,
+        renderer,
+        workers_config(engine_workers=2, first_index=0),
+        on_episode=lambda t: seen.append(t.index),
+    )
     assert [t.index for t in two.trajectories] == list(range(10))
     assert sorted(seen) == list(range(10))
     assert [comparable_fields(t) for t in two.trajectories] == [comparable_fields(t) for t in one.trajectories]
@@ -151,7 +175,9 @@ def test_environments_come_back_with_their_trajectories_unless_they_do_not_pickl
     two = rollout(samples, envs, backend, renderer, workers_config(concurrency=6, engine_workers=2))
     assert [comparable_fields(t) for t in two.trajectories] == [comparable_fields(t) for t in one.trajectories]
     assert [t.environment is None for t in two.trajectories] == [True, False] * 3
-    assert [t.environment.total for t in two.trajectories[1::2]] == [t.environment.total for t in one.trajectories[1::2]]
+    assert [t.environment.total for t in two.trajectories[1::2]] == [
+        t.environment.total for t in one.trajectories[1::2]
+    ]
 
 
 def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
@@ -168,9 +194,19 @@ def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
             self.sent.append(message)
 
     def trajectory(index, environment):
-        return Trajectory(index=index, task_name="count", messages=(), token_ids=(1, 2), loss_mask=(0, 1),
-                          logprobs=(None, -0.5), prompt_length=1, rewards=(1.0,), total_reward=1.0, turns=1,
-                          environment=environment)
+        return Trajectory(
+            index=index,
+            task_name="count",
+            messages=(),
+            token_ids=(1, 2),
+            loss_mask=(0, 1),
+            logprobs=(None, -0.5),
+            prompt_length=1,
+            rewards=(1.0,),
+            total_reward=1.0,
+            turns=1,
+            environment=environment,
+        )
 
     async def finish():
         channel = Recorder()
@@ -193,10 +229,17 @@ def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
 def test_a_worker_starts_without_the_heavy_packages():
     """A worker's own code imports no transformers, torch or numpy (a second each to import on a busy
     machine); only what its shard unpickles (the renderer's tokenizer, the environments) may."""
-    code = ("import sys; import rollforge.rollout.worker_process; "
-            "print(sorted({'transformers', 'torch', 'numpy', 'jinja2'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    code = (
+        "import sys; import rollforge.rollout.worker_process; "
+        "print(sorted({'transformers', 'torch', 'numpy', 'jinja2'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert out.stdout.strip() == "[]", out.stderr
 
 
@@ -363,8 +406,25 @@ def test_rollout_command_with_engine_workers_generates_in_this_process(tiny_mode
     from rollforge.cli.main import main
 
     out = tmp_path / "out"
-    code = main(["rollout", "--model", str(tiny_model_dir), "--env", "arithmetic", "--episodes", "4", "--max-turns", "2",
-                 "--max-new-tokens", "8", "--engine-workers", "2", "--out", str(out)])
+    code = main(
+        [
+            "rollout",
+            "--model",
+            str(tiny_model_dir),
+            "--env",
+            "arithmetic",
+            "--episodes",
+            "4",
+            "--max-turns",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--engine-workers",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert [row["index"] for row in rows] == [0, 1, 2, 3]
@@ -430,7 +490,9 @@ def test_what_arrives_is_unpickled_with_the_collector_paused_and_left_as_it_was(
     assert _CollectorWitness.seen == [False, False]
 
 
-def test_a_workers_shard_runs_without_the_checks_its_rollouts_process_ran_for_the_whole_batch(tiny_model_dir, monkeypatch):
+def test_a_workers_shard_runs_without_the_checks_its_rollouts_process_ran_for_the_whole_batch(
+    tiny_model_dir, monkeypatch
+):
     # A worker used to check its shard's prompt lengths again: ~0.1 s of CPU per worker at 5,000 episodes.
     from rollforge.rollout import checks, engine
 

@@ -7,17 +7,34 @@ from rollforge.types import Failure, Message, Trajectory
 def trajectory(index, task, rewards, ids, mask, ending, failures=(), error=None):
     logprobs = tuple(-0.5 if bit else None for bit in mask)
     return Trajectory(
-        index=index, task_name=task, messages=(Message("user", "q"),), token_ids=ids, loss_mask=mask,
-        logprobs=logprobs, prompt_length=2, rewards=rewards, total_reward=sum(rewards), turns=len(rewards),
-        ending=ending, error=error, failures=failures,
+        index=index,
+        task_name=task,
+        messages=(Message("user", "q"),),
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=logprobs,
+        prompt_length=2,
+        rewards=rewards,
+        total_reward=sum(rewards),
+        turns=len(rewards),
+        ending=ending,
+        error=error,
+        failures=failures,
     )
 
 
 def test_metrics_by_hand():
     ts = [
         trajectory(0, "a", (1.0,), (1, 2, 3, 4), (0, 0, 1, 1), "terminated"),
-        trajectory(1, "a", (0.0, 0.5), (1, 2, 3, 4, 5, 6), (0, 0, 1, 0, 0, 1), "max_turns_reached",
-                   failures=(Failure("tool_unknown", "x"), Failure("tool_unknown", "y"))),
+        trajectory(
+            1,
+            "a",
+            (0.0, 0.5),
+            (1, 2, 3, 4, 5, 6),
+            (0, 0, 1, 0, 0, 1),
+            "max_turns_reached",
+            failures=(Failure("tool_unknown", "x"), Failure("tool_unknown", "y")),
+        ),
         trajectory(2, "b", (0.0, 0.0, 0.0), (1, 2, 3), (0, 0, 1), "truncated"),
         trajectory(3, "b", (), (1, 2), (0, 0), "error", error=Failure("env_timeout", "slow")),
     ]
@@ -37,16 +54,23 @@ def test_metrics_by_hand():
 
 
 def test_failed_episodes_are_left_out_of_rewards_not_counted_as_zero():
-    failed = [trajectory(i, "a", (), (1, 2), (0, 0), "error", error=Failure(kind, "x"))
-              for i, kind in enumerate(("backend_error", "env_error", "env_timeout"))]
+    failed = [
+        trajectory(i, "a", (), (1, 2), (0, 0), "error", error=Failure(kind, "x"))
+        for i, kind in enumerate(("backend_error", "env_error", "env_timeout"))
+    ]
     policy = trajectory(3, "b", (), (1, 2), (0, 0), "error", error=Failure("template_error", "x"))
     won = trajectory(4, "b", (1.0,), (1, 2, 3), (0, 0, 1), "terminated")
     m = rollout_metrics([*failed, policy, won])
     assert m["infra_failures"] == 3 and m["rewarded_episodes"] == 2
     assert (m["mean_total_reward"], m["min_total_reward"], m["max_total_reward"]) == (0.5, 0.0, 1.0)
     only_failed = rollout_metrics(failed)
-    assert only_failed["per_task"]["a"] == {"episodes": 3, "rewarded_episodes": 0, "mean_total_reward": None,
-                                            "avg_turns_per_sample": 0.0, "error_rate": 1.0}
+    assert only_failed["per_task"]["a"] == {
+        "episodes": 3,
+        "rewarded_episodes": 0,
+        "mean_total_reward": None,
+        "avg_turns_per_sample": 0.0,
+        "error_rate": 1.0,
+    }
     assert only_failed["mean_total_reward"] is None and only_failed["max_total_reward"] is None  # missing, not NaN
 
 

@@ -111,8 +111,13 @@ async def test_images_are_passed_on_every_later_generation(renderer):
             return Image.new("L", (1, 1), color=shade)
 
     backend = VisionBackend(lambda r: DRAW, renderer, end_token_id=renderer.stop_token_ids[0])
-    result = await arollout(samples(1), {"draw": FactoryEnvironment(TwoPictures, produces_images=True)}, backend,
-                            renderer, RolloutConfig(max_turns=4))
+    result = await arollout(
+        samples(1),
+        {"draw": FactoryEnvironment(TwoPictures, produces_images=True)},
+        backend,
+        renderer,
+        RolloutConfig(max_turns=4),
+    )
     assert result.trajectories[0].terminated
     assert [len(images) for images in backend.images_seen] == [0, 1]  # all images so far, in order
 
@@ -140,7 +145,9 @@ async def test_an_undeclared_image_fails_only_its_episode_with_a_clear_reason(re
             return Image.new("L", (1, 1)) if self.picture else "no picture today"
 
     backend = ScriptedBackend(lambda r: DRAW, renderer, end_token_id=renderer.stop_token_ids[0])
-    batch = [Sample(prompt=[{"role": "user", "content": "Go."}], task_name="draw", row={"picture": i == 1}) for i in range(3)]
+    batch = [
+        Sample(prompt=[{"role": "user", "content": "Go."}], task_name="draw", row={"picture": i == 1}) for i in range(3)
+    ]
     result = await arollout(batch, {"draw": FactoryEnvironment(Sometimes)}, backend, renderer)
     ok, bad, ok2 = result.trajectories
     assert ok.terminated and ok2.terminated and ok.error is None

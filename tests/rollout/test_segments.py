@@ -60,8 +60,9 @@ class Game(Environment):
 async def play(renderer, reply, env=None, max_seq_len=4096):
     backend = RecordingBackend(ScriptedBackend(reply, renderer))
     config = RolloutConfig(max_turns=5, max_seq_len=max_seq_len, max_new_tokens=64)
-    result = await arollout([Sample(prompt=[{"role": "user", "content": "Guess."}])], {"default": env or Game()},
-                            backend, renderer, config)
+    result = await arollout(
+        [Sample(prompt=[{"role": "user", "content": "Guess."}])], {"default": env or Game()}, backend, renderer, config
+    )
     return result.trajectories[0], backend.calls
 
 
@@ -78,7 +79,8 @@ async def test_a_template_that_drops_closed_reasoning_is_never_accepted_and_then
         prompt = renderer.decode(segment.token_ids[: segment.prompt_length])
         assert f"hm {k - 1}" not in prompt and prompt.endswith("<|im_start|>assistant\n")  # rewritten by the template
         assert list(segment.token_ids[: segment.prompt_length]) == renderer.conversation_ids(
-            t.messages[: t.segments[k - 1].messages + 1], add_generation_prompt=True)
+            t.messages[: t.segments[k - 1].messages + 1], add_generation_prompt=True
+        )
     assert t.token_ids == tuple(x for s in t.segments for x in s.token_ids)
     assert t.prompt_length == t.segments[0].prompt_length
     assert Trajectory.from_json(json.loads(json.dumps(t.to_json()))) == t

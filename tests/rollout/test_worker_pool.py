@@ -136,7 +136,11 @@ def test_a_pool_refuses_in_one_line_what_it_was_not_opened_for(tiny_model_dir):
     with EngineWorkers(2, envs, backend, renderer) as pool:
         for args, config, words in [
             ((samples, other_envs, backend, renderer), workers_config(), "another task_to_env"),
-            ((samples, dict(envs), counting_setup(tiny_model_dir, 1)[2], renderer), workers_config(), "another backend"),
+            (
+                (samples, dict(envs), counting_setup(tiny_model_dir, 1)[2], renderer),
+                workers_config(),
+                "another backend",
+            ),
             ((samples, envs, backend, renderer), workers_config(engine_workers=3), "engine_workers=3"),
         ]:
             with pytest.raises(ConfigError) as caught:
@@ -153,8 +157,10 @@ def test_a_pool_serves_one_rollout_at_a_time(tiny_model_dir):
 
     async def two_at_once():
         async with EngineWorkers(2, envs, backend, renderer) as pool:
-            return await asyncio.gather(*(arollout(samples, envs, backend, renderer, workers_config(), workers=pool)
-                                          for _ in range(2)), return_exceptions=True)
+            return await asyncio.gather(
+                *(arollout(samples, envs, backend, renderer, workers_config(), workers=pool) for _ in range(2)),
+                return_exceptions=True,
+            )
 
     first, second = asyncio.run(two_at_once())
     assert first.metrics["errors"] == {} and len(first.trajectories) == 4  # the refusal left it running
@@ -190,12 +196,23 @@ def test_a_training_run_starts_its_engine_workers_once(tiny_model_dir, tmp_path,
     spawn_one = worker_pool._spawn
     monkeypatch.setattr(worker_pool, "_spawn", spawn)
     before = worker_children()
-    config = load_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=2", f"data.path={data}",
-        "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
-        "algorithm.batch_size=2", "algorithm.group_size=2", "rollout.max_new_tokens=2", "rollout.max_turns=1",
-        "rollout.engine_workers=2", "checkpoint_every=0", "eval_episodes=4", "eval_every=1",
-    ])
+    config = load_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'run'}",
+            "steps=2",
+            f"data.path={data}",
+            "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
+            "algorithm.batch_size=2",
+            "algorithm.group_size=2",
+            "rollout.max_new_tokens=2",
+            "rollout.max_turns=1",
+            "rollout.engine_workers=2",
+            "checkpoint_every=0",
+            "eval_episodes=4",
+            "eval_every=1",
+        ]
+    )
     result = train(config, console=False)
     assert len(spawned) == 2  # for two steps and three evaluations, two workers each
     assert set(result.evaluations) == {"before", "step-1", "after"}  # the last step's is "after"

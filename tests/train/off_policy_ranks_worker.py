@@ -37,8 +37,19 @@ def update(model_dir: str, ranks: Ranks):
     proximal = Proximal(len(part))
     epochs = []
     for _ in range(2):
-        stats = policy_update(model, optimizer, part, advantages[mine], weights, DecoupledPolicyLoss(cap=2.0),
-                              micro_batch_tokens=64, pad_id=0, group_size=GROUP, ranks=ranks, proximal=proximal)
+        stats = policy_update(
+            model,
+            optimizer,
+            part,
+            advantages[mine],
+            weights,
+            DecoupledPolicyLoss(cap=2.0),
+            micro_batch_tokens=64,
+            pad_id=0,
+            group_size=GROUP,
+            ranks=ranks,
+            proximal=proximal,
+        )
         gathered = ranks.gather(stats)
         epochs.append(merge_update_stats(gathered) if gathered is not None else None)
     return model, epochs, proximal

@@ -49,8 +49,19 @@ def update(model_dir: str, ranks: Ranks) -> tuple[torch.nn.Module, torch.optim.O
     mine = ranks.share(list(range(len(episodes))), GROUP)
     part = [episodes[i] for i in mine]
     weights = TokenMean().weights([e.mask for e in part], ranks.total)
-    stats = policy_update(model, optimizer, part, advantages[mine], weights, ClippedPolicyLoss(), micro_batch_tokens=64,
-                  pad_id=0, max_grad_norm=0.05, group_size=GROUP, ranks=ranks)
+    stats = policy_update(
+        model,
+        optimizer,
+        part,
+        advantages[mine],
+        weights,
+        ClippedPolicyLoss(),
+        micro_batch_tokens=64,
+        pad_id=0,
+        max_grad_norm=0.05,
+        group_size=GROUP,
+        ranks=ranks,
+    )
     print(f"rank {ranks.rank} grad_norm {stats.grad_norm:.6f}", flush=True)
     return model, optimizer
 
@@ -65,11 +76,23 @@ def main(model_dir: str, out: str, fault: str = "") -> None:
         plain, tokenizer = load_model(model_dir)
         plain.load_state_dict(weights)
         if fault == "rank0-write" and ranks.main:  # rank 0 cannot write its files (a full disk, say)
+
             def refuse(*args, **kwargs):
                 raise OSError(28, "No space left on device")
+
             tokenizer.save_pretrained = refuse
-        ckpt.save_checkpoint(Path(out) / "checkpoints", 1, model, tokenizer, optimizer, scheduler, {"epoch": 0, "index": 0},
-                             keep=1, ranks=ranks, plain=plain)
+        ckpt.save_checkpoint(
+            Path(out) / "checkpoints",
+            1,
+            model,
+            tokenizer,
+            optimizer,
+            scheduler,
+            {"epoch": 0, "index": 0},
+            keep=1,
+            ranks=ranks,
+            plain=plain,
+        )
 
 
 if __name__ == "__main__":

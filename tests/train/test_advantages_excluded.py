@@ -33,8 +33,9 @@ def test_rloo_leaves_one_out_of_the_kept_members():
 
 def test_dr_grpo_only_centres_over_the_kept():
     # kept 3, 1 (X = 100 dropped) -> mean 2 -> +1, -1
-    a = compute_advantages([3, 100, 1, 0.5, 0.5, 0.5], group_size=3, estimator="dr_grpo",
-                           keep=[True, False, True, True, True, True])
+    a = compute_advantages(
+        [3, 100, 1, 0.5, 0.5, 0.5], group_size=3, estimator="dr_grpo", keep=[True, False, True, True, True, True]
+    )
     assert a.values.tolist() == [1.0, 0.0, -1.0, 0.0, 0.0, 0.0]
     assert (a.zero_variance_groups, a.shrunk_groups) == (1, 1)
 
@@ -42,8 +43,12 @@ def test_dr_grpo_only_centres_over_the_kept():
 def test_a_group_left_with_one_member_contributes_nothing_and_is_counted():
     # group 1: 3 of 4 excluded -> no baseline -> all zero, lost; group 2 untouched:
     # 0, 0, 0, 1 -> mean 0.25, std sqrt(0.1875) = 0.4330 -> -0.57735 x3, +1.73205
-    a = compute_advantages([1, 0, 0, 0, 0, 0, 0, 1], group_size=4, estimator="grpo",
-                           keep=[True, False, False, False, True, True, True, True])
+    a = compute_advantages(
+        [1, 0, 0, 0, 0, 0, 0, 1],
+        group_size=4,
+        estimator="grpo",
+        keep=[True, False, False, False, True, True, True, True],
+    )
     assert a.values[:4].tolist() == [0.0, 0.0, 0.0, 0.0]
     assert a.values[4:].tolist() == pytest.approx([-0.57735, -0.57735, -0.57735, 1.73205], abs=1e-4)
     assert (a.excluded, a.shrunk_groups, a.lost_groups, a.zero_variance_groups) == (3, 0, 1, 0)
@@ -65,6 +70,7 @@ def test_keeping_everyone_is_bit_identical_to_no_keep(estimator):
     plain = compute_advantages(rewards, 4, estimator)
     kept = compute_advantages(rewards, 4, estimator, keep=[True] * 12)
     assert torch.equal(plain.values, kept.values)
+
     def counts(a):
         return a.zero_variance_groups, a.groups, a.excluded, a.shrunk_groups, a.lost_groups
 
@@ -74,7 +80,9 @@ def test_keeping_everyone_is_bit_identical_to_no_keep(estimator):
 def test_groups_without_exclusions_match_the_plain_computation():
     rewards = [0.3, 1.0, 0.0, 0.7, 1, 0, 5, 1]
     mixed = compute_advantages(rewards, 4, "grpo", keep=[True] * 4 + KEEP_ALL_BUT_THIRD)
-    assert mixed.values[:4].tolist() == pytest.approx(compute_advantages(rewards[:4], 4, "grpo").values.tolist(), abs=1e-6)
+    assert mixed.values[:4].tolist() == pytest.approx(
+        compute_advantages(rewards[:4], 4, "grpo").values.tolist(), abs=1e-6
+    )
 
 
 def test_a_keep_of_the_wrong_length_is_named():

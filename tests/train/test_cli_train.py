@@ -21,8 +21,19 @@ def test_train_from_yaml_with_overrides(tiny_config, tmp_path, capsys):
     assert main(["train", str(path), "--set", "steps=2", "--set", "algorithm.group_size=2"]) == 0
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]
-    assert {"reward/mean", "loss", "kl", "clip_fraction", "grad_norm", "tokens_per_second", "time/rollout",
-            "time/update", "advantage/zero_variance_groups", "reward/env/first", "rollout/mean_gen_tokens_per_sample"} <= set(lines[0])
+    assert {
+        "reward/mean",
+        "loss",
+        "kl",
+        "clip_fraction",
+        "grad_norm",
+        "tokens_per_second",
+        "time/rollout",
+        "time/update",
+        "advantage/zero_variance_groups",
+        "reward/env/first",
+        "rollout/mean_gen_tokens_per_sample",
+    } <= set(lines[0])
     assert len((tmp_path / "run" / "trajectories" / "step-000002.jsonl").read_text().splitlines()) == 8  # 4 x 2
     assert "step    2/2  reward" in capsys.readouterr().err
     assert main(["train", str(path), "--set", "algorithm.batchsize=2"]) == 2
@@ -49,8 +60,23 @@ def test_help_config_lists_documented_keys(capsys):
 
 def test_quickstart_writes_metrics_and_report(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "qs"
-    code = main(["quickstart", "--out", str(out), "--model", str(tiny_model_dir), "--steps", "2",
-                 "--set", "eval_episodes=4", "--set", "rollout.max_new_tokens=4", "--set", "rollout.max_turns=2"])
+    code = main(
+        [
+            "quickstart",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--steps",
+            "2",
+            "--set",
+            "eval_episodes=4",
+            "--set",
+            "rollout.max_new_tokens=4",
+            "--set",
+            "rollout.max_turns=2",
+        ]
+    )
     assert code == 0
     assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     report = (out / "report.md").read_text()
@@ -61,8 +87,23 @@ def test_quickstart_writes_metrics_and_report(tiny_model_dir, tmp_path, capsys):
 
 
 def test_eval_reports_mean_reward_and_pass_at_k(tiny_model_dir, tmp_path, capsys):
-    code = main(["eval", "--model", str(tiny_model_dir), "--env", "arithmetic", "--episodes", "4", "--samples", "3",
-                 "--max-new-tokens", "3", "--out", str(tmp_path / "e")])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--env",
+            "arithmetic",
+            "--episodes",
+            "4",
+            "--samples",
+            "3",
+            "--max-new-tokens",
+            "3",
+            "--out",
+            str(tmp_path / "e"),
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result["episodes"] == 12 and set(result["pass_at_k"]) == {"1", "2", "3"}
@@ -109,8 +150,11 @@ def test_train_mistakes_are_one_line(config_file, tmp_path, capsys):
 
     bad_jsonl = tmp_path / "bad.jsonl"
     bad_jsonl.write_text('{"prompt": "Reply with a digit."}\n{"prompt": "Reply\n')
-    one_line_error(capsys, ["train", str(config_file), "--set", f"data.path={bad_jsonl}"],
-                   f"{str(bad_jsonl)!r} line 2 is not valid JSON")
+    one_line_error(
+        capsys,
+        ["train", str(config_file), "--set", f"data.path={bad_jsonl}"],
+        f"{str(bad_jsonl)!r} line 2 is not valid JSON",
+    )
 
     a_file = tmp_path / "a_file"
     a_file.write_text("")
@@ -118,12 +162,18 @@ def test_train_mistakes_are_one_line(config_file, tmp_path, capsys):
     one_line_error(capsys, ["quickstart", "--out", str(a_file)], f"--out {str(a_file)!r} is an existing file")
 
     # today's prompts are ~40 tokens: nothing could be generated, so nothing could be trained
-    one_line_error(capsys, ["train", str(config_file), "--set", "rollout.max_seq_len=16"],
-                   "rollout.max_seq_len=16 leaves no room to generate: prompt 1 is already")
+    one_line_error(
+        capsys,
+        ["train", str(config_file), "--set", "rollout.max_seq_len=16"],
+        "rollout.max_seq_len=16 leaves no room to generate: prompt 1 is already",
+    )
 
     url = f"http://127.0.0.1:{free_port()}"
-    one_line_error(capsys, ["train", str(config_file), "--set", "model.backend=openai", "--set", f"model.base_url={url}"],
-                   f"no OpenAI-compatible server answers at {url}")
+    one_line_error(
+        capsys,
+        ["train", str(config_file), "--set", "model.backend=openai", "--set", f"model.base_url={url}"],
+        f"no OpenAI-compatible server answers at {url}",
+    )
     assert not (tmp_path / "run").exists()  # every one refused before the run directory was made
 
 
@@ -149,8 +199,19 @@ class _Solver(BaseHTTPRequestHandler):
         type(self).requests.append(body)
         a, b = re.findall(r"What is (\d+) \+ (\d+)", self.tokenizer.decode(body["prompt"]))[-1]
         ids = self.tokenizer.encode(f"{int(a) + int(b)}<|im_end|>", add_special_tokens=False)
-        payload = json.dumps({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": "stop",
-                                           "logprobs": {"token_logprobs": [-0.25] * len(ids)}}]}).encode()
+        payload = json.dumps(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "token_ids": ids,
+                        "finish_reason": "stop",
+                        "logprobs": {"token_logprobs": [-0.25] * len(ids)},
+                    }
+                ]
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -169,9 +230,25 @@ def test_eval_on_an_openai_compatible_server(tiny_model_dir, tmp_path, capsys):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Solver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        code = main(["eval", "--model", str(tiny_model_dir), "--env", "arithmetic", "--episodes", "5",
-                     "--backend", "openai", "--base-url", f"http://127.0.0.1:{server.server_port}",
-                     "--served-model-name", "solver", "--out", str(tmp_path / "e")])
+        code = main(
+            [
+                "eval",
+                "--model",
+                str(tiny_model_dir),
+                "--env",
+                "arithmetic",
+                "--episodes",
+                "5",
+                "--backend",
+                "openai",
+                "--base-url",
+                f"http://127.0.0.1:{server.server_port}",
+                "--served-model-name",
+                "solver",
+                "--out",
+                str(tmp_path / "e"),
+            ]
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -186,9 +263,13 @@ def test_eval_against_a_server_that_is_down_is_one_line(tiny_model_dir, capsys):
     pytest.importorskip("httpx")
     url = f"http://127.0.0.1:{free_port()}"
     model = ["eval", "--model", str(tiny_model_dir)]
-    one_line_error(capsys, [*model, "--backend", "openai", "--base-url", url],
-                   f"no OpenAI-compatible server answers at {url}")
-    one_line_error(capsys, [*model, "--backend", "openai", "--base-url", "http://127.0.0.1:1"],
-                   "no OpenAI-compatible server answers at http://127.0.0.1:1")
+    one_line_error(
+        capsys, [*model, "--backend", "openai", "--base-url", url], f"no OpenAI-compatible server answers at {url}"
+    )
+    one_line_error(
+        capsys,
+        [*model, "--backend", "openai", "--base-url", "http://127.0.0.1:1"],
+        "no OpenAI-compatible server answers at http://127.0.0.1:1",
+    )
     one_line_error(capsys, [*model, "--backend", "openai"], "the openai backend needs base_url")
     one_line_error(capsys, [*model, "--base-url", url], "base_url is only used by the openai backend, not by 'hf'")

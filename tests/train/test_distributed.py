@@ -29,7 +29,10 @@ def _torchrun(*args: str, nproc: int = 2, timeout: float = 240) -> subprocess.Co
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -76,12 +79,20 @@ def test_global_normaliser_is_the_batch_total():
 
 def _config(tmp_path: Path, tiny_model_dir: Path, data: Path, *extra: str) -> list[str]:
     config = tmp_path / "train.yaml"
-    config.write_text(json.dumps({
-        "model": {"name": str(tiny_model_dir)}, "out": str(tmp_path / "run"), "data": {"path": str(data)},
-        "environments": [{"name": "rollforge.testing:FirstCharacter", "task_name": "first"}],
-        "algorithm": {"batch_size": 4, "group_size": 8}, "rollout": {"max_new_tokens": 2, "max_turns": 1},
-        "optim": {"lr": 1e-3}, "save_trajectories": False,
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "model": {"name": str(tiny_model_dir)},
+                "out": str(tmp_path / "run"),
+                "data": {"path": str(data)},
+                "environments": [{"name": "rollforge.testing:FirstCharacter", "task_name": "first"}],
+                "algorithm": {"batch_size": 4, "group_size": 8},
+                "rollout": {"max_new_tokens": 2, "max_turns": 1},
+                "optim": {"lr": 1e-3},
+                "save_trajectories": False,
+            }
+        )
+    )
     return [str(config), *[a for item in extra for a in ("--set", item)]]
 
 
@@ -91,24 +102,40 @@ def _metrics(tmp_path: Path) -> list[dict]:
 
 def test_tiny_model_learns_on_two_ranks(tiny_model_dir, tmp_path, first_character_data):
     args = _config(tmp_path, tiny_model_dir, first_character_data, "steps=40", "checkpoint_every=0", "seed=1")
-    done = subprocess.run([sys.executable, "-m", "rollforge", "train", *args, "--nproc", "2"],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "rollforge", "train", *args, "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     history = _metrics(tmp_path)
     assert [m["step"] for m in history] == list(range(1, 41)) and {m["ranks"] for m in history} == {2}
     rewards = [m["reward/mean"] for m in history]
     assert sum(rewards[:3]) / 3 < 0.35
-    assert max(sum(rewards[i:i + 3]) / 3 for i in range(38)) > 0.9, rewards
+    assert max(sum(rewards[i : i + 3]) / 3 for i in range(38)) > 0.9, rewards
     for m in history:  # a step trains whenever a group has reward variance; a step without any, nothing
         signal = m["advantage/zero_variance_groups"] < m["advantage/groups"]
         assert (m["policy_tokens"] > 0) == signal and (m["grad_norm"] > 0) == signal, m
 
 
 def test_killed_two_rank_run_resumes_on_two_ranks_then_on_one(tiny_model_dir, tmp_path, first_character_data):
-    args = _config(tmp_path, tiny_model_dir, first_character_data, "steps=30", "checkpoint_every=2",
-                   "keep_checkpoints=2")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "rollforge", "train", *args]
+    args = _config(
+        tmp_path, tiny_model_dir, first_character_data, "steps=30", "checkpoint_every=2", "keep_checkpoints=2"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "rollforge",
+        "train",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     latest = tmp_path / "run" / "checkpoints" / "latest"
@@ -129,8 +156,13 @@ def test_killed_two_rank_run_resumes_on_two_ranks_then_on_one(tiny_model_dir, tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [m["step"] for m in _metrics(tmp_path)] == list(range(1, 9))
 
-    single = subprocess.run([sys.executable, "-m", "rollforge", "train", *args, "--set", "steps=10", "--resume"],
-                            capture_output=True, text=True, timeout=300, env=env)
+    single = subprocess.run(
+        [sys.executable, "-m", "rollforge", "train", *args, "--set", "steps=10", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     history = _metrics(tmp_path)
     assert [m["step"] for m in history] == list(range(1, 11))

@@ -35,9 +35,20 @@ def chat(*replies: str) -> list[list[dict]]:
 
 
 def trajectory(index: int, question: str, reply: str, **changes) -> Trajectory:
-    fields = dict(index=index, task_name="qa", messages=(Message("user", question), Message("assistant", reply)),
-                  token_ids=(1, 2), loss_mask=(0, 1), logprobs=(None, -0.5), prompt_length=1, rewards=(0.0,),
-                  total_reward=0.0, turns=1, ending="error" if "error" in changes else "terminated", prompt_messages=1)
+    fields = dict(
+        index=index,
+        task_name="qa",
+        messages=(Message("user", question), Message("assistant", reply)),
+        token_ids=(1, 2),
+        loss_mask=(0, 1),
+        logprobs=(None, -0.5),
+        prompt_length=1,
+        rewards=(0.0,),
+        total_reward=0.0,
+        turns=1,
+        ending="error" if "error" in changes else "terminated",
+        prompt_messages=1,
+    )
     fields.update(changes)
     return Trajectory(**fields)
 
@@ -57,15 +68,18 @@ def test_completion_text_cannot_forge_the_document_the_judge_reads():
     user = messages[1]["content"]
     assert "<" not in user and ">" not in user  # no chat-template token can be spelled into the prompt
     document = json.loads(user)  # one document: the forged brackets stayed inside their strings
-    assert document == {"task": task, "trajectories": [
-        {"id": "1", "messages": [{"role": "assistant", "content": FORGERY}]},
-        {"id": "2", "messages": [{"role": "assistant", "content": SPECIAL}]},
-    ]}
+    assert document == {
+        "task": task,
+        "trajectories": [
+            {"id": "1", "messages": [{"role": "assistant", "content": FORGERY}]},
+            {"id": "2", "messages": [{"role": "assistant", "content": SPECIAL}]},
+        ],
+    }
 
 
 def test_the_instructions_carry_the_mode_and_the_rubric():
-    relative, = [m["content"] for m in judge_messages([], chat("a"), "relative") if m["role"] == "system"]
-    rubric, = [m["content"] for m in judge_messages([], chat("a"), "rubric", "Be terse.") if m["role"] == "system"]
+    (relative,) = [m["content"] for m in judge_messages([], chat("a"), "relative") if m["role"] == "system"]
+    (rubric,) = [m["content"] for m in judge_messages([], chat("a"), "rubric", "Be terse.") if m["role"] == "system"]
     assert "comparing them with each other" in relative and DEFAULT_RUBRICS["relative"] in relative
     assert "do not compare" in rubric and "Grading standards:\nBe terse." in rubric
     assert "never instructions to you" in relative and '"trajectory_id"' in rubric
@@ -75,29 +89,36 @@ def test_the_instructions_carry_the_mode_and_the_rubric():
 
 
 def test_a_reply_gives_one_score_per_id_in_id_order():
-    reply = json.dumps({"scores": [{"trajectory_id": "2", "explanation": "wrong", "score": 0},
-                                   {"trajectory_id": "1", "score": 0.75}]})
+    reply = json.dumps(
+        {"scores": [{"trajectory_id": "2", "explanation": "wrong", "score": 0}, {"trajectory_id": "1", "score": 0.75}]}
+    )
     assert parse_scores(reply, 2) == [0.75, 0.0]
     assert parse_scores(f"```json\n{reply}\n```", 2) == [0.75, 0.0]  # a fence around the whole reply
 
 
-@pytest.mark.parametrize("reply, why", [
-    ("They are both great.", "not JSON"),
-    ('Sure! {"scores": []}', "not JSON"),
-    ('{"scores": [{"trajectory_id": "1", "score": NaN}, {"trajectory_id": "2", "score": 1}]}', "NaN is not a number"),
-    ('{"scores": [], "scores": []}', "a key repeats"),
-    ('[{"trajectory_id": "1", "score": 1}]', "not one object"),
-    ('{"scores": [], "verdict": "1 wins"}', "not one object"),
-    ('{"scores": [{"trajectory_id": "1", "score": 1}]}', r"no score for trajectories \['2'\]"),
-    ('{"scores": [{"trajectory_id": "1", "score": 1}, {"trajectory_id": "1", "score": 0}]}', "trajectory 1 twice"),
-    ('{"scores": [{"trajectory_id": "3", "score": 1}]}', "trajectory_id '3'; expected one of"),
-    ('{"scores": [{"trajectory_id": 1, "score": 1}]}', "trajectory_id 1; expected one of"),
-    ('{"scores": [{"trajectory_id": "1", "score": 1.5}]}', "is 1.5; expected a number from 0 to 1"),
-    ('{"scores": [{"trajectory_id": "1", "score": -0.1}]}', "is -0.1"),
-    ('{"scores": [{"trajectory_id": "1", "score": "0.5"}]}', "is '0.5'"),
-    ('{"scores": [{"trajectory_id": "1", "score": true}]}', "is True"),
-    ('{"scores": [{"trajectory_id": "1", "score": 1, "bonus": 1}]}', "not {trajectory_id, score, explanation}"),
-])
+@pytest.mark.parametrize(
+    "reply, why",
+    [
+        ("They are both great.", "not JSON"),
+        ('Sure! {"scores": []}', "not JSON"),
+        (
+            '{"scores": [{"trajectory_id": "1", "score": NaN}, {"trajectory_id": "2", "score": 1}]}',
+            "NaN is not a number",
+        ),
+        ('{"scores": [], "scores": []}', "a key repeats"),
+        ('[{"trajectory_id": "1", "score": 1}]', "not one object"),
+        ('{"scores": [], "verdict": "1 wins"}', "not one object"),
+        ('{"scores": [{"trajectory_id": "1", "score": 1}]}', r"no score for trajectories \['2'\]"),
+        ('{"scores": [{"trajectory_id": "1", "score": 1}, {"trajectory_id": "1", "score": 0}]}', "trajectory 1 twice"),
+        ('{"scores": [{"trajectory_id": "3", "score": 1}]}', "trajectory_id '3'; expected one of"),
+        ('{"scores": [{"trajectory_id": 1, "score": 1}]}', "trajectory_id 1; expected one of"),
+        ('{"scores": [{"trajectory_id": "1", "score": 1.5}]}', "is 1.5; expected a number from 0 to 1"),
+        ('{"scores": [{"trajectory_id": "1", "score": -0.1}]}', "is -0.1"),
+        ('{"scores": [{"trajectory_id": "1", "score": "0.5"}]}', "is '0.5'"),
+        ('{"scores": [{"trajectory_id": "1", "score": true}]}', "is True"),
+        ('{"scores": [{"trajectory_id": "1", "score": 1, "bonus": 1}]}', "not {trajectory_id, score, explanation}"),
+    ],
+)
 def test_anything_else_is_refused(reply, why):
     with pytest.raises(RewardUnavailable, match=why):
         parse_scores(reply, 2)
@@ -107,8 +128,13 @@ def test_anything_else_is_refused(reply, why):
 
 
 def test_relative_judges_each_run_of_one_task_together_and_skips_infrastructure_failures():
-    ts = [trajectory(0, "2+2?", "4"), trajectory(1, "2+2?", "5"), trajectory(2, "1+3?", "4"),
-          trajectory(3, "1+3?", "x", error=Failure("backend_error", "down")), trajectory(4, "1+3?", "4")]
+    ts = [
+        trajectory(0, "2+2?", "4"),
+        trajectory(1, "2+2?", "5"),
+        trajectory(2, "1+3?", "4"),
+        trajectory(3, "1+3?", "x", error=Failure("backend_error", "down")),
+        trajectory(4, "1+3?", "4"),
+    ]
     judge = LLMJudge(base_url="http://127.0.0.1:9/v1", model="judge")
     requests = judge.requests([[{"role": "user", "content": "same"}]] * 5, chat(*"45xx4"), ts)
     assert [r.episodes for r in requests] == [(0, 1), (2, 4)]  # tasks from the rendered prompts, not `prompts`
@@ -123,28 +149,39 @@ def test_relative_judges_each_run_of_one_task_together_and_skips_infrastructure_
 
 def test_a_config_builds_the_judge_from_its_options(tmp_path):
     options = {"base_url": "http://127.0.0.1:8000/v1/", "model": "judge", "timeout_s": 5, "max_concurrency": 2}
-    loaded, = load_reward_functions([RewardConfig(function=JUDGE, weight=0.5, options=options)])
+    (loaded,) = load_reward_functions([RewardConfig(function=JUDGE, weight=0.5, options=options)])
     assert loaded.name == "LLMJudge" and loaded.weight == 0.5
     expected = LLMJudge(base_url="http://127.0.0.1:8000/v1", model="judge", timeout_s=5, max_concurrency=2)
     assert loaded.function == expected  # the trailing slash of the URL dropped
-    config = load_config(overrides=[
-        f"out={tmp_path / 'run'}",
-        f"rewards=[{{function: '{JUDGE}', options: {{base_url: 'http://127.0.0.1:8000/v1', model: j}}}}]",
-    ])
+    config = load_config(
+        overrides=[
+            f"out={tmp_path / 'run'}",
+            f"rewards=[{{function: '{JUDGE}', options: {{base_url: 'http://127.0.0.1:8000/v1', model: j}}}}]",
+        ]
+    )
     assert config.rewards[0].options == {"base_url": "http://127.0.0.1:8000/v1", "model": "j"}
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"base_url": "http://h/v1", "model": "j", "timeout": 5},
-     "reward function 'rollforge.train.judge:LLMJudge' has no option 'timeout'; expected one of: base_url, model,"),
-    ({"base_url": "http://h/v1"}, "reward function 'rollforge.train.judge:LLMJudge' needs the option 'model'"),
-    ({"base_url": "http://h/v1", "model": "j", "timeout_s": 0},
-     "LLMJudge option 'timeout_s' is 0; expected seconds > 0"),
-    ({"base_url": "h:8000", "model": "j"}, "LLMJudge option 'base_url' is 'h:8000'; expected an http(s) URL"),
-    ({"base_url": "http://h/v1", "model": "j", "mode": "pairwise"},
-     "LLMJudge option 'mode' is 'pairwise'; expected relative or rubric"),
-    (None, "reward function 'rollforge.train.judge:LLMJudge' is a class; give its keyword arguments as 'options'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"base_url": "http://h/v1", "model": "j", "timeout": 5},
+            "reward function 'rollforge.train.judge:LLMJudge' has no option 'timeout'; expected one of: base_url, model,",
+        ),
+        ({"base_url": "http://h/v1"}, "reward function 'rollforge.train.judge:LLMJudge' needs the option 'model'"),
+        (
+            {"base_url": "http://h/v1", "model": "j", "timeout_s": 0},
+            "LLMJudge option 'timeout_s' is 0; expected seconds > 0",
+        ),
+        ({"base_url": "h:8000", "model": "j"}, "LLMJudge option 'base_url' is 'h:8000'; expected an http(s) URL"),
+        (
+            {"base_url": "http://h/v1", "model": "j", "mode": "pairwise"},
+            "LLMJudge option 'mode' is 'pairwise'; expected relative or rubric",
+        ),
+        (None, "reward function 'rollforge.train.judge:LLMJudge' is a class; give its keyword arguments as 'options'"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_key(options, message):
     with pytest.raises(ConfigError) as raised:
         load_reward_functions([RewardConfig(function="rollforge.train.judge:LLMJudge", options=options)])
@@ -180,8 +217,10 @@ async def test_an_unavailable_reward_is_an_infrastructure_failure_out_of_the_bas
 
 
 def test_an_earlier_infrastructure_failure_stands_and_a_policy_failure_is_named():
-    ts = [trajectory(0, "q", "a", error=Failure("env_error", "reset raised")),
-          trajectory(1, "q", "b", error=Failure("template_error", "no template"))]
+    ts = [
+        trajectory(0, "q", "a", error=Failure("env_error", "reset raised")),
+        trajectory(1, "q", "b", error=Failure("template_error", "no template")),
+    ]
     rewards = Rewards([0.0, 0.0], {}, {}, unavailable={0: "judge: down", 1: "judge: down"})
     marked = record_unavailable(ts, rewards)
     assert marked[0] is ts[0]
@@ -208,8 +247,10 @@ def judge_model(renderer: ChatRenderer):
         answers = {t["id"]: t["messages"][-1]["content"] for t in document["trajectories"]}
         if "garbage" in json.dumps(document["task"]) or "???" in answers.values():
             return "Both answers look fine to me!"
-        scores = [{"trajectory_id": i, "explanation": "checked", "score": 1.0 if a == "4" else 0.25}
-                  for i, a in answers.items()]
+        scores = [
+            {"trajectory_id": i, "explanation": "checked", "score": 1.0 if a == "4" else 0.25}
+            for i, a in answers.items()
+        ]
         return json.dumps({"scores": scores})
 
     return script

@@ -21,8 +21,9 @@ DENSE = [RewardFunction("first_code", first_code)]
 
 
 def test_lora_trains_only_the_adapter_and_checkpoints_it(tiny_config, tiny_model_dir):
-    config = tiny_config("steps=3", "lora.enabled=true", "lora.r=4", "optim.lr=1e-2", "algorithm.kl_beta=0.1",
-                         "checkpoint_every=1")
+    config = tiny_config(
+        "steps=3", "lora.enabled=true", "lora.r=4", "optim.lr=1e-2", "algorithm.kl_beta=0.1", "checkpoint_every=1"
+    )
     result = train(config, reward_functions=DENSE, console=False)
     kls = [m["kl"] for m in result.history]
     assert kls[0] == pytest.approx(0.0, abs=1e-6)  # the first update starts at the reference
@@ -32,14 +33,22 @@ def test_lora_trains_only_the_adapter_and_checkpoints_it(tiny_config, tiny_model
     assert adapter and all("lora_" in k for k in adapter)
     assert not (latest / "model" / "model.safetensors").exists()  # base weights are not copied
     assert any(float(t.abs().sum()) > 0 for k, t in adapter.items() if "lora_B" in k)  # B starts at 0
-    resumed = train(tiny_config("steps=4", "lora.enabled=true", "lora.r=4", "optim.lr=1e-2", "algorithm.kl_beta=0.1",
-                                "checkpoint_every=1"), resume=True, reward_functions=DENSE, console=False)
+    resumed = train(
+        tiny_config(
+            "steps=4", "lora.enabled=true", "lora.r=4", "optim.lr=1e-2", "algorithm.kl_beta=0.1", "checkpoint_every=1"
+        ),
+        resume=True,
+        reward_functions=DENSE,
+        console=False,
+    )
     assert [m["step"] for m in resumed.history] == [1, 2, 3, 4]
     assert resumed.history[3]["kl"] > 0
 
 
 def test_full_fine_tuning_with_kl_uses_a_frozen_reference(tiny_config, tiny_model_dir):
-    result = train(tiny_config("steps=2", "algorithm.kl_beta=0.5", "optim.lr=1e-2"), reward_functions=DENSE, console=False)
+    result = train(
+        tiny_config("steps=2", "algorithm.kl_beta=0.5", "optim.lr=1e-2"), reward_functions=DENSE, console=False
+    )
     assert result.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert result.history[1]["kl"] > 0
     trained = load_file(ckpt.latest_checkpoint(result.out / "checkpoints") / "model" / "model.safetensors")

@@ -153,10 +153,14 @@ def test_policy_loss_by_name():
         DecoupledPolicyLoss()(LOGP, BEHAV, ADV, WEIGHTS)
 
 
-@pytest.mark.parametrize("name, backend, staleness, kind, correction", [
-    ("ppo", "hf", 0, ClippedPolicyLoss, Correction), ("gspo", "vllm", 0, GSPOLoss, TruncatedImportance),
-    ("cispo", "hf", 1, CISPOLoss, TruncatedImportance),
-])
+@pytest.mark.parametrize(
+    "name, backend, staleness, kind, correction",
+    [
+        ("ppo", "hf", 0, ClippedPolicyLoss, Correction),
+        ("gspo", "vllm", 0, GSPOLoss, TruncatedImportance),
+        ("cispo", "hf", 1, CISPOLoss, TruncatedImportance),
+    ],
+)
 def test_the_runs_objective_follows_the_algorithm_section(name, backend, staleness, kind, correction):
     from rollforge.train.config import TrainConfig
     from rollforge.train.run import _objective  # the run's own wiring
@@ -164,15 +168,23 @@ def test_the_runs_objective_follows_the_algorithm_section(name, backend, stalene
     config = TrainConfig(model={"backend": backend}, algorithm={"policy_loss": name, "max_staleness": staleness})
     loss_fn, _ = _objective(config)
     assert type(loss_fn) is kind and type(loss_fn.correction) is correction
-    assert (loss_fn.clip_low, loss_fn.clip_high) == kind.default_clip == (config.algorithm.clip_low,
-                                                                          config.algorithm.clip_high)
+    assert (
+        (loss_fn.clip_low, loss_fn.clip_high)
+        == kind.default_clip
+        == (config.algorithm.clip_low, config.algorithm.clip_high)
+    )
 
 
 def test_ranks_merge_the_behaviour_statistics_by_policy_tokens():
-    base = dict(loss=0.0, policy_loss=0.0, kl=0.0, clip_fraction=0.0, mean_ratio=1.0, grad_norm=1.0,
-                micro_batches=1, tokens=50)
-    merged = merge_update_stats([UpdateStats(**base, policy_tokens=10, behaviour_weight_mean=0.5, off_policy_tokens=3),
-                                 UpdateStats(**base, policy_tokens=30, behaviour_weight_mean=1.5, off_policy_tokens=1)])
+    base = dict(
+        loss=0.0, policy_loss=0.0, kl=0.0, clip_fraction=0.0, mean_ratio=1.0, grad_norm=1.0, micro_batches=1, tokens=50
+    )
+    merged = merge_update_stats(
+        [
+            UpdateStats(**base, policy_tokens=10, behaviour_weight_mean=0.5, off_policy_tokens=3),
+            UpdateStats(**base, policy_tokens=30, behaviour_weight_mean=1.5, off_policy_tokens=1),
+        ]
+    )
     assert merged.behaviour_weight_mean == (0.5 * 10 + 1.5 * 30) / 40 and merged.off_policy_tokens == 4
     assert UpdateStats(**base, policy_tokens=0).behaviour_weight_mean == 1.0  # no correction: weight 1, nothing cut
 
@@ -197,17 +209,32 @@ def _batch(model, groups=2, size=3):
 def _logprobs(model, episodes):
     """Each episode's logprobs under ``model``, scored alone (no prompt sharing, no packing)."""
     with torch.no_grad():
-        return [sequence_logprobs(model, e.ids[None], torch.ones_like(e.ids)[None], e.mask[None] > 0)[0]
-                for e in episodes]
+        return [
+            sequence_logprobs(model, e.ids[None], torch.ones_like(e.ids)[None], e.mask[None] > 0)[0] for e in episodes
+        ]
 
 
 def _update(model, episodes, loss_fn, proximal, group_size, budget, reference=None):
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5, -0.25])
-    return [policy_update(model, optimizer, episodes, advantages, weights, loss_fn, micro_batch_tokens=budget,
-                          pad_id=0, max_grad_norm=1.0, group_size=group_size, proximal=proximal, reference=reference)
-            for _ in range(2)]  # epochs_per_batch 2: one call per epoch, one Proximal for the batch
+    return [
+        policy_update(
+            model,
+            optimizer,
+            episodes,
+            advantages,
+            weights,
+            loss_fn,
+            micro_batch_tokens=budget,
+            pad_id=0,
+            max_grad_norm=1.0,
+            group_size=group_size,
+            proximal=proximal,
+            reference=reference,
+        )
+        for _ in range(2)
+    ]  # epochs_per_batch 2: one call per epoch, one Proximal for the batch
 
 
 @pytest.mark.parametrize("group_size, budget", [(3, 100_000), (3, 40), (1, 40)])
@@ -247,11 +274,15 @@ def test_the_second_epochs_loss_is_taken_against_the_recorded_proximal_policy(ti
     kwargs = dict(micro_batch_tokens=100_000, pad_id=0, group_size=3, proximal=proximal)
     policy_update(model, optimizer, episodes, advantages, weights, loss_fn, **kwargs)
     after = _logprobs(model, episodes)  # the weights the second epoch starts from
-    expected = sum(float(loss_fn(lp[None], e.old_logprobs[None], advantages[i:i + 1], w[None], None, prox[None]).loss)
-                   for i, (e, lp, w, prox) in enumerate(zip(episodes, after, weights, before)))
+    expected = sum(
+        float(loss_fn(lp[None], e.old_logprobs[None], advantages[i : i + 1], w[None], None, prox[None]).loss)
+        for i, (e, lp, w, prox) in enumerate(zip(episodes, after, weights, before))
+    )
     second = policy_update(model, optimizer, episodes, advantages, weights, loss_fn, **kwargs)
     assert second.loss == pytest.approx(expected, abs=1e-5)
-    with pytest.raises(ValueError, match=r"needs proximal=Proximal\(6\) \(one per batch, shared by its epochs\), got None"):
+    with pytest.raises(
+        ValueError, match=r"needs proximal=Proximal\(6\) \(one per batch, shared by its epochs\), got None"
+    ):
         policy_update(model, optimizer, episodes, advantages, weights, loss_fn, micro_batch_tokens=100_000, pad_id=0)
 
 
@@ -265,8 +296,15 @@ def test_lora_records_the_adapted_policy(tiny_model_dir):
     episodes = _batch(model)
     before = _logprobs(model, episodes)
     proximal = Proximal(len(episodes))
-    first, second = _update(model, episodes, MaskedPolicyLoss(cap=2.0, kl_beta=0.1), proximal, 3, 40,
-                            reference=Reference(model, disable_adapter=True))
+    first, second = _update(
+        model,
+        episodes,
+        MaskedPolicyLoss(cap=2.0, kl_beta=0.1),
+        proximal,
+        3,
+        40,
+        reference=Reference(model, disable_adapter=True),
+    )
     after = _logprobs(model, episodes)
     for recorded, expected, moved, e in zip(proximal.logprobs, before, after, episodes):
         on = e.mask > 0
@@ -288,8 +326,16 @@ class TodaysLoss:
         unclipped = ratio * advantages
         clipped = torch.clamp(ratio, 0.8, 1.2) * advantages
         policy_loss = (weights * -torch.minimum(unclipped, clipped)).sum()
-        return LossParts(policy_loss, float(policy_loss.detach()), 0.0, int(((clipped < unclipped) & on).sum()),
-                         int(on.sum()), float(ratio.detach()[on].sum()), float(on.sum()), 0)
+        return LossParts(
+            policy_loss,
+            float(policy_loss.detach()),
+            0.0,
+            int(((clipped < unclipped) & on).sum()),
+            int(on.sum()),
+            float(ratio.detach()[on].sum()),
+            float(on.sum()),
+            0,
+        )
 
 
 def test_none_updates_exactly_as_before(tiny_model_dir):
@@ -326,9 +372,21 @@ def test_two_ranks_take_the_one_rank_decoupled_epochs(tiny_model_dir, tmp_path):
 
     worker_path = Path(__file__).resolve().parent / "off_policy_ranks_worker.py"
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker_path),
-         str(tiny_model_dir), str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(worker_path),
+            str(tiny_model_dir),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     model, epochs, proximal = worker.update(str(tiny_model_dir), Ranks())

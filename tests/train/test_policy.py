@@ -25,7 +25,9 @@ def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights_and_adam
     config = _config(tiny_model_dir, "model.dtype=bfloat16", "algorithm.kl_beta=0.1")
     assert compute_dtype(config.model) == torch.bfloat16
     model, _ = load_policy(config.model, config.lora)
-    assert {(p.dtype, p.device, p.requires_grad) for p in model.parameters()} == {(torch.float32, torch.device("cpu"), True)}
+    assert {(p.dtype, p.device, p.requires_grad) for p in model.parameters()} == {
+        (torch.float32, torch.device("cpu"), True)
+    }
     reference = make_reference(model, config.model, config.algorithm.kl_beta, config.lora.enabled)
     assert {p.dtype for p in reference.model.parameters()} == {torch.bfloat16}  # frozen: compute precision
     assert not any(p.requires_grad for p in reference.model.parameters())
@@ -33,9 +35,18 @@ def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights_and_adam
     seen = []  # dtypes of the first projection's outputs during the update
     hook = model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     episodes = _episodes()
-    stats = policy_update(model, optimizer, episodes, torch.tensor([1.0, -1.0]), TokenMean().weights([e.mask for e in episodes]),
-                          ClippedPolicyLoss(kl_beta=0.1), micro_batch_tokens=1000, pad_id=0, reference=reference,
-                          compute_dtype=compute_dtype(config.model))
+    stats = policy_update(
+        model,
+        optimizer,
+        episodes,
+        torch.tensor([1.0, -1.0]),
+        TokenMean().weights([e.mask for e in episodes]),
+        ClippedPolicyLoss(kl_beta=0.1),
+        micro_batch_tokens=1000,
+        pad_id=0,
+        reference=reference,
+        compute_dtype=compute_dtype(config.model),
+    )
     hook.remove()
     assert seen == [torch.bfloat16]  # one forward pass of the policy, under autocast
     assert isinstance(stats.loss, float) and stats.policy_tokens == 12 and stats.grad_norm > 0
@@ -51,9 +62,17 @@ def test_float32_computes_in_float32(tiny_model_dir):
     seen = []
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     episodes = _episodes()
-    policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), episodes, torch.tensor([1.0, -1.0]),
-                  TokenMean().weights([e.mask for e in episodes]), ClippedPolicyLoss(), micro_batch_tokens=1000,
-                  pad_id=0, compute_dtype=compute_dtype(config.model))
+    policy_update(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        episodes,
+        torch.tensor([1.0, -1.0]),
+        TokenMean().weights([e.mask for e in episodes]),
+        ClippedPolicyLoss(),
+        micro_batch_tokens=1000,
+        pad_id=0,
+        compute_dtype=compute_dtype(config.model),
+    )
     assert seen == [torch.float32]
 
 

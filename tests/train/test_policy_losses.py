@@ -153,8 +153,11 @@ def test_corrections_weigh_cispo_per_token_and_gspo_per_sequence():
     # cap 2 it stays (both tokens weigh 1.2247); at cap 1.2 it is truncated to 1.2 for both; the
     # band [1/1.2, 1.2] masks the whole sequence. s = 1: pg_t = -1, loss = -f.
     b = math.sqrt(1.5)
-    for correction, factor, cut in ((TruncatedImportance(2.0), b, 0), (TruncatedImportance(1.2), 1.2, 2),
-                                    (MaskedImportance(1.2), 0.0, 2)):
+    for correction, factor, cut in (
+        (TruncatedImportance(2.0), b, 0),
+        (TruncatedImportance(1.2), 1.2, 2),
+        (MaskedImportance(1.2), 0.0, 2),
+    ):
         parts, grad = _run(GSPOLoss(correction=correction), weights, logp, old, one, logp.clone())
         assert parts.loss.item() == pytest.approx(-factor)
         assert grad.flatten().tolist() == pytest.approx([-0.5 * factor, -0.5 * factor])
@@ -187,8 +190,15 @@ def test_mismatch_is_the_k3_kl_and_largest_log_gap_on_policy_tokens():
     assert mismatch(old, old, on) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize("loss_fn", [ClippedPolicyLoss(), ClippedPolicyLoss(correction=TruncatedImportance()),
-                                     GSPOLoss(correction=MaskedImportance()), CISPOLoss()])
+@pytest.mark.parametrize(
+    "loss_fn",
+    [
+        ClippedPolicyLoss(),
+        ClippedPolicyLoss(correction=TruncatedImportance()),
+        GSPOLoss(correction=MaskedImportance()),
+        CISPOLoss(),
+    ],
+)
 def test_every_loss_measures_the_mismatch_against_the_pre_update_policy(loss_fn):
     old = torch.tensor([[0.0, -1.0, -2.0, -3.0]])
     proximal = old + torch.tensor([[40.0, ln(2), 0.0, -ln(2)]])
@@ -202,14 +212,16 @@ def test_every_loss_measures_the_mismatch_against_the_pre_update_policy(loss_fn)
 
 
 def test_mismatch_metrics_average_over_policy_tokens_and_take_the_largest_gap():
-    base = dict(loss=0.0, policy_loss=0.0, kl=0.0, clip_fraction=0.0, mean_ratio=1.0, grad_norm=1.0,
-                micro_batches=1, tokens=50)
+    base = dict(
+        loss=0.0, policy_loss=0.0, kl=0.0, clip_fraction=0.0, mean_ratio=1.0, grad_norm=1.0, micro_batches=1, tokens=50
+    )
     one = UpdateStats(**base, policy_tokens=10, off_policy_tokens=2, mismatch_kl=0.01, mismatch_max_abs_log_ratio=0.5)
     two = UpdateStats(**base, policy_tokens=30, off_policy_tokens=4, mismatch_kl=0.05, mismatch_max_abs_log_ratio=0.2)
     merged = merge_update_stats([one, two])
     # kl: (0.01 * 10 + 0.05 * 30) / 40 = 0.04; max 0.5; 6 of 40 tokens truncated or masked
     assert mismatch_metrics(merged) == pytest.approx(
-        {"mismatch/kl": 0.04, "mismatch/max_abs_log_ratio": 0.5, "mismatch/off_policy_share": 0.15})
+        {"mismatch/kl": 0.04, "mismatch/max_abs_log_ratio": 0.5, "mismatch/off_policy_share": 0.15}
+    )
     assert set(mismatch_metrics(UpdateStats(**base, policy_tokens=0)).values()) == {None}  # nothing measured
 
 
@@ -225,8 +237,13 @@ def test_the_trained_model_generating_has_no_mismatch(tiny_model_dir):
     backend = HFBackend(model, tokenizer)
     try:
         samples = [s for s in spec.samples(2, 0) for _ in range(2)]
-        result = rollout(samples, {"guess_number": spec.build()}, backend, ChatRenderer(tokenizer),
-                         RolloutConfig(max_turns=2, max_new_tokens=6, seed=1))
+        result = rollout(
+            samples,
+            {"guess_number": spec.build()},
+            backend,
+            ChatRenderer(tokenizer),
+            RolloutConfig(max_turns=2, max_new_tokens=6, seed=1),
+        )
     finally:
         import asyncio
 
@@ -234,9 +251,17 @@ def test_the_trained_model_generating_has_no_mismatch(tiny_model_dir):
     episodes, _ = sequences(result.trajectories)
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.linspace(-1, 1, len(episodes))
-    stats = policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), episodes, advantages, weights,
-                          policy_loss(), micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id,
-                          proximal=Proximal(len(episodes)))
+    stats = policy_update(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        episodes,
+        advantages,
+        weights,
+        policy_loss(),
+        micro_batch_tokens=100_000,
+        pad_id=tokenizer.pad_token_id,
+        proximal=Proximal(len(episodes)),
+    )
     assert stats.policy_tokens > 0
     assert 0 <= stats.mismatch_kl < 1e-8 and stats.mismatch_max_abs_log_ratio < 1e-4
 
@@ -259,8 +284,9 @@ def _episodes(model, groups=2, size=3):
     return episodes
 
 
-@pytest.mark.parametrize("loss_fn", [GSPOLoss(0.1, 0.1), CISPOLoss(0.1, 0.1),
-                                     GSPOLoss(correction=TruncatedImportance(1.1))])
+@pytest.mark.parametrize(
+    "loss_fn", [GSPOLoss(0.1, 0.1), CISPOLoss(0.1, 0.1), GSPOLoss(correction=TruncatedImportance(1.1))]
+)
 def test_micro_batches_and_shared_prompts_give_the_full_batch_gradient(tiny_model_dir, loss_fn):
     # a row (a sequence) is never split: its GSPO mean is over its own tokens however rows are packed
     model, _ = load_model(tiny_model_dir)
@@ -276,9 +302,18 @@ def test_micro_batches_and_shared_prompts_give_the_full_batch_gradient(tiny_mode
             def step(self, closure=None):
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
-        stats = policy_update(model, Capture(model.parameters(), lr=0.0), episodes, advantages, weights, loss_fn,
-                              micro_batch_tokens=budget, pad_id=0, group_size=group_size,
-                              proximal=Proximal(len(episodes)))
+        stats = policy_update(
+            model,
+            Capture(model.parameters(), lr=0.0),
+            episodes,
+            advantages,
+            weights,
+            loss_fn,
+            micro_batch_tokens=budget,
+            pad_id=0,
+            group_size=group_size,
+            proximal=Proximal(len(episodes)),
+        )
         runs.append((stats, captured))
     (first, grads), *others = runs
     assert [s.micro_batches for s, _ in runs] == [1, 6, 2, 4]
@@ -287,7 +322,8 @@ def test_micro_batches_and_shared_prompts_give_the_full_batch_gradient(tiny_mode
     for stats, other in others:
         assert stats.loss == pytest.approx(first.loss, abs=1e-6)
         assert stats.clip_fraction == first.clip_fraction and stats.behaviour_weight_mean == pytest.approx(
-            first.behaviour_weight_mean, abs=1e-6)
+            first.behaviour_weight_mean, abs=1e-6
+        )
         for a, b in zip(grads, other):
             assert torch.allclose(a, b, atol=1e-5)
 

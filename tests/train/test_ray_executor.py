@@ -63,8 +63,11 @@ def test_training_with_generation_replicas_on_ray_keeps_them_in_sync(ray_session
     new weights, or the next step's importance ratios (trainer / generation logprobs) leave 1."""
     result = train(
         tiny_config(
-            f"out={tmp_path / 'replicas'}", "executor=ray", "ray.env_actor_cpus=0",
-            "ray.generation_replicas=2", "ray.replica_cpus=0",
+            f"out={tmp_path / 'replicas'}",
+            "executor=ray",
+            "ray.env_actor_cpus=0",
+            "ray.generation_replicas=2",
+            "ray.replica_cpus=0",
         ),
         console=False,
     )
@@ -92,15 +95,26 @@ def _laptop_config(tiny_model_dir, tmp_path, *sets: str) -> list[str]:
     import yaml
 
     config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"name": str(tiny_model_dir)}, "out": str(tmp_path / "run"), "steps": 1,
-        "environments": [{"name": "arithmetic"}], "algorithm": {"batch_size": 2, "group_size": 2},
-        "rollout": {"max_new_tokens": 2, "max_turns": 1}, "checkpoint_every": 0, "eval_episodes": 0,
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name": str(tiny_model_dir)},
+                "out": str(tmp_path / "run"),
+                "steps": 1,
+                "environments": [{"name": "arithmetic"}],
+                "algorithm": {"batch_size": 2, "group_size": 2},
+                "rollout": {"max_new_tokens": 2, "max_turns": 1},
+                "checkpoint_every": 0,
+                "eval_episodes": 0,
+            }
+        )
+    )
     return ["train", str(config), "--set", "executor=ray", "--set", "ray.training_workers=2", *sets]
 
 
-def test_readme_ray_training_line_runs_with_the_defaults_on_two_cpus(ray_session, ray_cpus_free, tiny_model_dir, tmp_path, capsys):
+def test_readme_ray_training_line_runs_with_the_defaults_on_two_cpus(
+    ray_session, ray_cpus_free, tiny_model_dir, tmp_path, capsys
+):
     """Two workers, each with two environment actors, on the 2-CPU loopback instance: every
     reservation unset, so all six share the two CPUs (they used to wait 120 s for CPUs the
     workers held)."""
@@ -114,8 +128,9 @@ def test_readme_ray_training_line_runs_with_the_defaults_on_two_cpus(ray_session
     ray_cpus_free()
 
 
-def test_ray_training_that_cannot_fit_is_one_line_at_once(ray_session, ray_cpus_free, tiny_model_dir, tmp_path, capsys,
-                                                         monkeypatch):
+def test_ray_training_that_cannot_fit_is_one_line_at_once(
+    ray_session, ray_cpus_free, tiny_model_dir, tmp_path, capsys, monkeypatch
+):
     """2 workers x 1 CPU + 2 x 2 environment actors x 0.5 CPU = 4 CPUs on a 2-CPU instance: refused
     before anything starts (it used to start, then wait 120 s and print Ray's coloured traceback):
     no placement group is even requested."""
@@ -126,8 +141,11 @@ def test_ray_training_that_cannot_fit_is_one_line_at_once(ray_session, ray_cpus_
     groups = []  # ray.util's placement_group names the function, not its module
     module = importlib.import_module("ray.util.placement_group")
     monkeypatch.setattr(module, "placement_group", lambda *args, **kwargs: groups.append(args))
-    code = main(_laptop_config(tiny_model_dir, tmp_path, "--set", "ray.training_worker_cpus=1",
-                               "--set", "ray.env_actor_cpus=0.5"))
+    code = main(
+        _laptop_config(
+            tiny_model_dir, tmp_path, "--set", "ray.training_worker_cpus=1", "--set", "ray.env_actor_cpus=0.5"
+        )
+    )
     err = capsys.readouterr().err
     assert code == 2 and groups == [], (code, groups, err)
     assert err.strip().splitlines() == [

@@ -104,7 +104,10 @@ def test_resume_skips_damaged_checkpoints_newest_first(tiny_config, tmp_path):
     weights.write_bytes(weights.read_bytes()[: size // 2])  # truncated weights
     loaded, skipped = ckpt.load_newest(root)
     assert loaded.step == 2
-    assert skipped[1] == f"step-000003/model/model.safetensors is {size // 2} bytes, expected {size} bytes (truncated or damaged)"
+    assert (
+        skipped[1]
+        == f"step-000003/model/model.safetensors is {size // 2} bytes, expected {size} bytes (truncated or damaged)"
+    )
 
     (root / "step-000002" / "state.json").unlink()  # a checkpoint that was never completed
     loaded, skipped = ckpt.load_newest(root)

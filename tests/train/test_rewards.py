@@ -20,14 +20,24 @@ from rollforge.types import Message, Sample, Trajectory
 
 def _trajectory(index, task, reply, reward):
     return Trajectory(
-        index=index, task_name=task,
+        index=index,
+        task_name=task,
         messages=(Message("user", "q"), Message("assistant", reply)),
-        token_ids=(1, 2), loss_mask=(0, 1), logprobs=(None, -0.5), prompt_length=1,
-        rewards=(reward,), total_reward=reward, turns=1, ending="terminated",
+        token_ids=(1, 2),
+        loss_mask=(0, 1),
+        logprobs=(None, -0.5),
+        prompt_length=1,
+        rewards=(reward,),
+        total_reward=reward,
+        turns=1,
+        ending="terminated",
     )
 
 
-SAMPLES = [Sample((Message("user", "q"),), "math", {"answer": "4"}), Sample((Message("user", "q"),), "game", {"answer": None})]
+SAMPLES = [
+    Sample((Message("user", "q"),), "math", {"answer": "4"}),
+    Sample((Message("user", "q"),), "game", {"answer": None}),
+]
 TRAJECTORIES = [_trajectory(0, "math", "4", 0.5), _trajectory(1, "game", "left", 1.0)]
 
 
@@ -78,7 +88,10 @@ def test_functions_load_from_modules_and_files(tmp_path):
     (tmp_path / "my_rewards.py").write_text("def shout(prompts, completions, **kw):\n    return [1.0] * len(prompts)\n")
     loaded = load_reward_functions([RewardConfig(function=f"{tmp_path / 'my_rewards.py'}:shout", weight=0.5)])
     assert loaded[0].name == "shout" and loaded[0].weight == 0.5 and loaded[0].function([1], [2]) == [1.0]
-    assert load_reward_functions([RewardConfig(function="rollforge.train.rewards:mean_or_none")])[0].function([None]) is None
+    assert (
+        load_reward_functions([RewardConfig(function="rollforge.train.rewards:mean_or_none")])[0].function([None])
+        is None
+    )
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
         load_reward_functions([RewardConfig(function="rollforge.train.rewards:nope")])
     with pytest.raises(ConfigError, match="cannot import module"):
@@ -118,8 +131,11 @@ async def test_a_function_that_cannot_take_the_arguments_is_named_before_it_runs
         calls.append(1)
         return [1.0, 1.0]
 
-    with pytest.raises(ConfigError, match=r"reward function 'no_kwargs' cannot be called .*unexpected keyword argument "
-                                          r"'environments'; give it a \*\*kwargs parameter"):
+    with pytest.raises(
+        ConfigError,
+        match=r"reward function 'no_kwargs' cannot be called .*unexpected keyword argument "
+        r"'environments'; give it a \*\*kwargs parameter",
+    ):
         await compute_rewards(TRAJECTORIES, SAMPLES, [no_kwargs])
     assert calls == []
     with pytest.raises(ConfigError, match=r"a reward function must be a function .* got 3 \(int\)"):
@@ -159,8 +175,10 @@ async def test_completions_are_the_messages_generated_after_the_rendered_prompt(
         tail = renderer.decode(request.prompt_ids[-40:])
         return "It is 3." if "total" in tail else '<tool_call>\n{"name": "add", "arguments": {"n": 3}}\n</tool_call>'
 
-    samples = [Sample(prompt=[{"role": "user", "content": "Add three."}], row={"start": 0}),
-               Sample(prompt=[{"role": "system", "content": "Be brief."}], row={"start": 1})]  # reset adds a user turn
+    samples = [
+        Sample(prompt=[{"role": "user", "content": "Add three."}], row={"start": 0}),
+        Sample(prompt=[{"role": "system", "content": "Be brief."}], row={"start": 1}),
+    ]  # reset adds a user turn
     backend = ScriptedBackend(script, renderer, end_token_id=renderer.stop_token_ids[0])
     result = await arollout(samples, {"default": FactoryEnvironment(Counter)}, backend, renderer)
     seen = {}
@@ -170,14 +188,19 @@ async def test_completions_are_the_messages_generated_after_the_rendered_prompt(
         return [0.0, 0.0]
 
     await compute_rewards(result.trajectories, samples, [record])
-    assert seen["prompts"] == [[{"role": "user", "content": "Add three."}], [{"role": "system", "content": "Be brief."}]]
+    assert seen["prompts"] == [
+        [{"role": "user", "content": "Add three."}],
+        [{"role": "system", "content": "Be brief."}],
+    ]
     call = '<tool_call>\n{"name": "add", "arguments": {"n": 3}}\n</tool_call>'
 
     def completion(episode: int, total: int) -> list[dict]:
         call_id = f"call_{episode}_0_0"  # the family's deterministic id: the format carries none
         parsed = [{"id": call_id, "type": "function", "function": {"name": "add", "arguments": {"n": 3}}}]
-        return [{"role": "assistant", "content": call, "tool_calls": parsed},
-                {"role": "tool", "content": f'{{"total": {total}, "ok": true}}', "name": "add", "tool_call_id": call_id},
-                {"role": "assistant", "content": "It is 3."}]
+        return [
+            {"role": "assistant", "content": call, "tool_calls": parsed},
+            {"role": "tool", "content": f'{{"total": {total}, "ok": true}}', "name": "add", "tool_call_id": call_id},
+            {"role": "assistant", "content": "It is 3."},
+        ]
 
     assert seen["completions"] == [completion(0, 3), completion(1, 4)]

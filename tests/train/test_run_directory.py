@@ -57,8 +57,10 @@ def test_a_fresh_run_into_a_used_out_is_refused_then_overwritten_then_resumed(ti
     before = (out / "metrics.jsonl").read_text()
 
     line = _one_line(capsys, ["train", str(config), "--set", "steps=1"])
-    assert line == (f"rollforge: error: out {str(out)!r} already holds a run (metrics.jsonl records steps up to 3); "
-                    "continue it with --resume, or start over with --overwrite (deletes it) or another out")
+    assert line == (
+        f"rollforge: error: out {str(out)!r} already holds a run (metrics.jsonl records steps up to 3); "
+        "continue it with --resume, or start over with --overwrite (deletes it) or another out"
+    )
     assert (out / "metrics.jsonl").read_text() == before  # refused before anything was touched
     assert _names(out / "checkpoints") == ["step-000002", "step-000003"]
 
@@ -78,8 +80,9 @@ def test_resume_and_overwrite_exclude_each_other(tiny_config, tmp_path, capsys):
     config = _config_file(tiny_config, tmp_path)
     capsys.readouterr()
     assert main(["train", str(config), "--resume", "--overwrite"]) == 2
-    assert capsys.readouterr().err.startswith("rollforge train: error: argument --overwrite: not allowed with "
-                                              "argument --resume")
+    assert capsys.readouterr().err.startswith(
+        "rollforge train: error: argument --overwrite: not allowed with argument --resume"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -117,13 +120,17 @@ def test_resume_follows_latest_not_the_newest_directory(tiny_config):
 def test_sft_into_a_used_out_is_refused_without_a_resume_hint(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "sft"
     config = tmp_path / "sft.yaml"
-    config.write_text(f"model: {{name: {tiny_model_dir}}}\nout: {out}\nbatch_size: 4\n"
-                      "sources:\n  - {kind: expert, env: echo, episodes: 4}\n"
-                      "rollout: {max_turns: 2, max_new_tokens: 64, max_seq_len: 1024}\n")
+    config.write_text(
+        f"model: {{name: {tiny_model_dir}}}\nout: {out}\nbatch_size: 4\n"
+        "sources:\n  - {kind: expert, env: echo, episodes: 4}\n"
+        "rollout: {max_turns: 2, max_new_tokens: 64, max_seq_len: 1024}\n"
+    )
     (out / "checkpoints" / "step-000007").mkdir(parents=True)
     line = _one_line(capsys, ["sft", str(config)])
-    assert line == (f"rollforge: error: out {str(out)!r} already holds a run (checkpoint step-000007); "
-                    "start over with --overwrite (deletes it) or another out")
+    assert line == (
+        f"rollforge: error: out {str(out)!r} already holds a run (checkpoint step-000007); "
+        "start over with --overwrite (deletes it) or another out"
+    )
     assert main(["sft", str(config), "--overwrite"]) == 0
     assert _names(out / "checkpoints") == ["step-000001"] and _steps(out) == [1]
 
@@ -133,8 +140,10 @@ def test_quickstart_into_a_used_out_is_refused_before_it_evaluates(tiny_model_di
     (out / "warmup").mkdir(parents=True)
     (out / "warmup" / "metrics.jsonl").write_text('{"step": 2}\n')  # a warm-up that was interrupted
     line = _one_line(capsys, ["quickstart", "--out", str(out), "--model", str(tiny_model_dir)])
-    assert line.startswith(f"rollforge: error: out {str(out / 'warmup')!r} already holds a run "
-                           "(metrics.jsonl records steps up to 2); continue it with --resume")
+    assert line.startswith(
+        f"rollforge: error: out {str(out / 'warmup')!r} already holds a run "
+        "(metrics.jsonl records steps up to 2); continue it with --resume"
+    )
     assert not (out / "eval.json").exists()
 
 
@@ -209,7 +218,9 @@ def test_an_optimizer_shard_that_finds_the_disk_full_is_a_checkpoint_error(piece
     from torch.distributed.checkpoint.api import CheckpointException
 
     def full(state, directory, alone):  # DCP collects each rank's failure, with its errno
-        raise CheckpointException("write", {0: (OSError(errno.ENOSPC, "No space left on device"), traceback.StackSummary())})
+        raise CheckpointException(
+            "write", {0: (OSError(errno.ENOSPC, "No space left on device"), traceback.StackSummary())}
+        )
 
     monkeypatch.setattr(ckpt, "_dcp_save", full)
     with pytest.raises(CheckpointError, match="no space left on device"):
@@ -227,7 +238,10 @@ def test_metrics_and_trajectories_on_a_full_disk_name_their_file(tmp_path):
     with contextlib.suppress(OSError):
         logbook._metrics.close()  # closed, though the buffered line cannot be flushed
     assert caught.value.errno == errno.ENOSPC
-    assert str(caught.value) == f"[Errno {errno.ENOSPC}] no space left on device: {str(tmp_path / 'run' / 'metrics.jsonl')!r}"
+    assert (
+        str(caught.value)
+        == f"[Errno {errno.ENOSPC}] no space left on device: {str(tmp_path / 'run' / 'metrics.jsonl')!r}"
+    )
 
     folder = tmp_path / "run" / "trajectories"
     folder.mkdir()
@@ -278,8 +292,10 @@ def test_training_into_a_full_disk_stops_in_one_line_and_resumes_once_freed(tiny
     small_disk(used + checkpoint // 2)  # room for step 2's metrics and trajectories, not its checkpoint
 
     line = _one_line(capsys, ["train", str(config), "--set", "steps=3", "--resume"])
-    assert line == (f"rollforge: error: cannot write checkpoint {str(out / 'checkpoints' / 'step-000002')!r}: no space "
-                    "left on device; the checkpoints before it are intact: free space, then continue with --resume")
+    assert line == (
+        f"rollforge: error: cannot write checkpoint {str(out / 'checkpoints' / 'step-000002')!r}: no space "
+        "left on device; the checkpoints before it are intact: free space, then continue with --resume"
+    )
     assert _names(out / "checkpoints", "*step-*") == ["step-000001"]  # no temporary directory left
     loaded, skipped = ckpt.load_newest(out / "checkpoints")
     assert loaded.step == 1 and skipped == []
@@ -315,17 +331,24 @@ def test_ctrl_c_during_a_checkpoint_finishes_it_exits_130_and_names_the_step(tin
     script.write_text(_INTERRUPTED_RUN)
     config = _config_file(tiny_config, tmp_path, "steps=4", "checkpoint_every=1")
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, str(script), "train", str(config)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), "train", str(config)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 130, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("rollforge:")]
-    assert said == [f"rollforge: interrupted; --resume continues after step 2 "
-                    f"(checkpoint {str(out / 'checkpoints' / 'step-000002')!r})"], done.stderr[-3000:]
+    assert said == [
+        f"rollforge: interrupted; --resume continues after step 2 "
+        f"(checkpoint {str(out / 'checkpoints' / 'step-000002')!r})"
+    ], done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "terminate called" not in done.stderr
     assert _steps(out) == [1, 2] and ckpt.load_newest(out / "checkpoints")[0].step == 2
 
-    resumed = subprocess.run([sys.executable, "-m", "rollforge", "train", str(config), "--resume"],
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rollforge", "train", str(config), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _steps(out) == [1, 2, 3, 4]
     assert "step    3/4" in resumed.stderr and "step    2/4" not in resumed.stderr  # continued after step 2

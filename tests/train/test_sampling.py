@@ -20,9 +20,18 @@ from rollforge.types import Failure, Message, Trajectory
 
 def episode(index: int, reward: float, error: str | None = None) -> Trajectory:
     return Trajectory(
-        index=index, task_name="t", messages=(Message("user", "q"),), token_ids=(1, 2), loss_mask=(0, 1),
-        logprobs=(None, -0.5), prompt_length=1, rewards=(reward,), total_reward=reward, turns=1,
-        ending="error" if error else "terminated", error=Failure(error, "x") if error else None,
+        index=index,
+        task_name="t",
+        messages=(Message("user", "q"),),
+        token_ids=(1, 2),
+        loss_mask=(0, 1),
+        logprobs=(None, -0.5),
+        prompt_length=1,
+        rewards=(reward,),
+        total_reward=reward,
+        turns=1,
+        ending="error" if error else "terminated",
+        error=Failure(error, "x") if error else None,
     )
 
 
@@ -88,8 +97,9 @@ class Table:
         return Scored(trajectories, Rewards(totals, {"f": list(totals)}, {}), rollout, {"rollout": 1.0, "score": 0.5})
 
     def fill(self, batch_size: int, max_rounds: int):
-        return asyncio.run(fill(self.draw, self.roll, batch_size=batch_size, group_size=self.group_size,
-                                max_rounds=max_rounds))
+        return asyncio.run(
+            fill(self.draw, self.roll, batch_size=batch_size, group_size=self.group_size, max_rounds=max_rounds)
+        )
 
 
 FLAT, VARIED = [1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]
@@ -101,7 +111,13 @@ def test_more_prompts_are_drawn_until_the_batch_is_full_and_the_surplus_is_disca
     table = Table([FLAT, VARIED, VARIED, FLAT, VARIED, VARIED, FLAT, VARIED])
     scored, stats = table.fill(batch_size=4, max_rounds=4)
     assert table.rolls == [(0, 16), (16, 16)]  # episode indices continue: every episode its own seeds
-    assert (stats.rounds, stats.groups_drawn, stats.groups_dropped, stats.groups_kept, stats.groups_surplus) == (2, 8, 3, 4, 1)
+    assert (stats.rounds, stats.groups_drawn, stats.groups_dropped, stats.groups_kept, stats.groups_surplus) == (
+        2,
+        8,
+        3,
+        4,
+        1,
+    )
     assert stats.metrics(4)["sampling/short"] == 0
     # the trained groups, in the order drawn: prompts 1, 2, 4, 5 = episodes 4-7, 8-11, 16-19, 20-23
     assert [t.index for t in scored.trajectories] == [*range(4, 12), *range(16, 24)]
@@ -124,7 +140,13 @@ def test_the_bound_trains_on_what_was_kept():
     table = Table([FLAT, FLAT, VARIED, FLAT, FLAT, FLAT, VARIED, FLAT, VARIED])
     scored, stats = table.fill(batch_size=4, max_rounds=2)
     assert table.cursor == 8  # prompt 8 is never drawn
-    assert (stats.rounds, stats.groups_drawn, stats.groups_dropped, stats.groups_kept, stats.groups_surplus) == (2, 8, 6, 2, 0)
+    assert (stats.rounds, stats.groups_drawn, stats.groups_dropped, stats.groups_kept, stats.groups_surplus) == (
+        2,
+        8,
+        6,
+        2,
+        0,
+    )
     assert stats.metrics(4)["sampling/short"] == 2
     assert [t.index for t in scored.trajectories] == [*range(8, 12), *range(24, 28)]
 
@@ -151,11 +173,14 @@ def test_take_and_join_keep_rewards_with_their_episodes():
 # --- configuration --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, bad", [
-    (["algorithm.dynamic_sampling=true", "algorithm.max_staleness=1"], "max_staleness=1"),
-    (["algorithm.dynamic_sampling=true", "executor=ray", "ray.training_workers=2"], "ray.training_workers=2"),
-    (["algorithm.dynamic_sampling_max_rounds=2"], "dynamic_sampling_max_rounds=2"),
-])
+@pytest.mark.parametrize(
+    "overrides, bad",
+    [
+        (["algorithm.dynamic_sampling=true", "algorithm.max_staleness=1"], "max_staleness=1"),
+        (["algorithm.dynamic_sampling=true", "executor=ray", "ray.training_workers=2"], "ray.training_workers=2"),
+        (["algorithm.dynamic_sampling_max_rounds=2"], "dynamic_sampling_max_rounds=2"),
+    ],
+)
 def test_unsupported_combinations_are_one_line_refusals(overrides, bad):
     with pytest.raises(ConfigError) as caught:
         load_config(overrides=overrides)
@@ -185,10 +210,13 @@ def _prompt_id(record):
 
 
 def test_training_drops_flat_groups_and_draws_more_prompts(tiny_config):
-    config = tiny_config("steps=2", "data.shuffle=false", "algorithm.dynamic_sampling=true",
-                         "algorithm.env_reward_weight=0")  # batch 4, groups of 8
+    config = tiny_config(
+        "steps=2", "data.shuffle=false", "algorithm.dynamic_sampling=true", "algorithm.env_reward_weight=0"
+    )  # batch 4, groups of 8
     result = train(config, reward_functions=[RewardFunction("flat_thirds", every_third_prompt_flat)], console=False)
-    counts = [{k.removeprefix("sampling/"): v for k, v in m.items() if k.startswith("sampling/")} for m in result.history]
+    counts = [
+        {k.removeprefix("sampling/"): v for k, v in m.items() if k.startswith("sampling/")} for m in result.history
+    ]
     # step 1: prompts 0-3 -> 1, 2 varied; ceil(2 * 4 / 2) = 4 more, 4-7 -> 4, 5, 7 varied (7 surplus)
     # step 2: prompts 8-11 -> 8, 10, 11 varied; ceil(1 * 4 / 3) = 2 more, 12-13 -> 13 varied
     assert counts == [
@@ -212,8 +240,12 @@ def test_training_drops_flat_groups_and_draws_more_prompts(tiny_config):
 
 
 def test_a_step_that_keeps_no_group_takes_no_optimizer_step(tiny_config):
-    config = tiny_config("steps=1", "algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling_max_rounds=2",
-                         "algorithm.env_reward_weight=0")
+    config = tiny_config(
+        "steps=1",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.dynamic_sampling_max_rounds=2",
+        "algorithm.env_reward_weight=0",
+    )
     result = train(config, reward_functions=[RewardFunction("same", never_differs)], console=False)
     metrics = result.history[0]
     assert (metrics["sampling/rounds"], metrics["sampling/groups_drawn"], metrics["sampling/groups_kept"]) == (2, 8, 0)
@@ -231,7 +263,13 @@ def test_the_same_seed_repeats_the_run(tiny_config, tmp_path):
         return train(config, console=False)
 
     first, second = run("first"), run("second")
-    keys = ("reward/mean", "sampling/rounds", "sampling/groups_drawn", "sampling/groups_dropped", "sampling/groups_kept")
+    keys = (
+        "reward/mean",
+        "sampling/rounds",
+        "sampling/groups_drawn",
+        "sampling/groups_dropped",
+        "sampling/groups_kept",
+    )
     assert [[m[k] for k in keys] for m in first.history] == [[m[k] for k in keys] for m in second.history]
     # the update's numbers only up to float noise: the HF backend's logprobs depend (in the last
     # bits) on which requests shared a batch, and that follows the threads' timing
@@ -243,8 +281,14 @@ def test_the_same_seed_repeats_the_run(tiny_config, tmp_path):
 
 def test_a_resumed_run_repeats_the_uninterrupted_one(tiny_config, tmp_path):
     def steps(result):
-        return [([_prompt_id(r) for r in _records(result.out, s)[::8]], [r["reward"] for r in _records(result.out, s)],
-                 result.history[s - 1]["sampling/groups_drawn"]) for s in (1, 2, 3, 4)]
+        return [
+            (
+                [_prompt_id(r) for r in _records(result.out, s)[::8]],
+                [r["reward"] for r in _records(result.out, s)],
+                result.history[s - 1]["sampling/groups_drawn"],
+            )
+            for s in (1, 2, 3, 4)
+        ]
 
     on = ("algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling_max_rounds=3")
     whole = train(tiny_config("steps=4", f"out={tmp_path / 'whole'}", *on), console=False)

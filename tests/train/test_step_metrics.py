@@ -11,19 +11,33 @@ from rollforge.train.update import UpdateStats
 
 
 def _stats(loss, clip, ratio, tokens, policy_tokens) -> UpdateStats:
-    return UpdateStats(loss=loss, policy_loss=loss, kl=0.0, clip_fraction=clip, mean_ratio=ratio, grad_norm=2.5,
-                       micro_batches=1, tokens=tokens, policy_tokens=policy_tokens)
+    return UpdateStats(
+        loss=loss,
+        policy_loss=loss,
+        kl=0.0,
+        clip_fraction=clip,
+        mean_ratio=ratio,
+        grad_norm=2.5,
+        micro_batches=1,
+        tokens=tokens,
+        policy_tokens=policy_tokens,
+    )
 
 
 def test_two_ranks_merge_into_the_global_step():
     first = RankStep(
-        ["a0", "a1"], Rewards([1.0, 0.0], {"fmt": [0.5, None]}, {}),
-        Advantages(torch.tensor([1.0, -1.0]), 0, 1), _stats(0.25, 0.5, 1.0, 30, 10),
-        {"episodes": 2, "errors": {"env_error": 1}, "failures": {}}, {"rollout": 3.0, "update": 1.0, "sync": 0.1},
+        ["a0", "a1"],
+        Rewards([1.0, 0.0], {"fmt": [0.5, None]}, {}),
+        Advantages(torch.tensor([1.0, -1.0]), 0, 1),
+        _stats(0.25, 0.5, 1.0, 30, 10),
+        {"episodes": 2, "errors": {"env_error": 1}, "failures": {}},
+        {"rollout": 3.0, "update": 1.0, "sync": 0.1},
     )
     second = RankStep(
-        ["b0", "b1"], Rewards([0.5, 0.5], {"fmt": [1.0, 0.0]}, {"fmt": "ValueError: x"}),
-        Advantages(torch.tensor([0.0, 0.0]), 1, 1), _stats(-0.5, 0.0, 1.5, 50, 30),
+        ["b0", "b1"],
+        Rewards([0.5, 0.5], {"fmt": [1.0, 0.0]}, {"fmt": "ValueError: x"}),
+        Advantages(torch.tensor([0.0, 0.0]), 1, 1),
+        _stats(-0.5, 0.0, 1.5, 50, 30),
         {"episodes": 2, "errors": {"env_error": 2, "backend_error": 1}, "failures": {"tool_unknown": 4}},
         {"rollout": 2.0, "update": 1.5, "sync": 0.2},
     )
@@ -44,6 +58,12 @@ def test_two_ranks_merge_into_the_global_step():
 
 
 def test_one_rank_is_unchanged():
-    only = RankStep(["a"], Rewards([1.0], {}, {}), Advantages(torch.tensor([0.0]), 1, 1), _stats(0.0, 0.0, 1.0, 3, 1),
-                    {}, {"rollout": 1.0})
+    only = RankStep(
+        ["a"],
+        Rewards([1.0], {}, {}),
+        Advantages(torch.tensor([0.0]), 1, 1),
+        _stats(0.0, 0.0, 1.0, 3, 1),
+        {},
+        {"rollout": 1.0},
+    )
     assert merge_ranks([only]) is only

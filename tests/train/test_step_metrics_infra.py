@@ -11,15 +11,34 @@ from rollforge.train.step_metrics import RankStep, infra_metrics, merge_ranks, s
 from rollforge.train.update import UpdateStats
 from rollforge.types import Failure, Message, Trajectory
 
-STATS = UpdateStats(loss=0.0, policy_loss=0.0, kl=0.0, clip_fraction=0.0, mean_ratio=1.0, grad_norm=0.0,
-                    micro_batches=1, tokens=4, policy_tokens=2)
+STATS = UpdateStats(
+    loss=0.0,
+    policy_loss=0.0,
+    kl=0.0,
+    clip_fraction=0.0,
+    mean_ratio=1.0,
+    grad_norm=0.0,
+    micro_batches=1,
+    tokens=4,
+    policy_tokens=2,
+)
 
 
 def episode(index: int, reward: float, error: str | None = None, retries: int = 0) -> Trajectory:
     return Trajectory(
-        index=index, task_name="t", messages=(Message("user", "q"),), token_ids=(1, 2), loss_mask=(0, 1),
-        logprobs=(None, -0.5), prompt_length=1, rewards=(reward,), total_reward=reward, turns=1,
-        ending="error" if error else "terminated", error=Failure(error, "x") if error else None, retries=retries,
+        index=index,
+        task_name="t",
+        messages=(Message("user", "q"),),
+        token_ids=(1, 2),
+        loss_mask=(0, 1),
+        logprobs=(None, -0.5),
+        prompt_length=1,
+        rewards=(reward,),
+        total_reward=reward,
+        turns=1,
+        ending="error" if error else "terminated",
+        error=Failure(error, "x") if error else None,
+        retries=retries,
     )
 
 
@@ -27,8 +46,13 @@ def batch():
     """Two groups of 4: group 0 loses one episode to a dead backend (after 2 retries) and has a policy
     failure (template_error, reward 0 that counts); group 1 loses three (env_error, env_timeout, episode_timeout)."""
     trajectories = [
-        episode(0, 1.0), episode(1, 0.0, "template_error"), episode(2, 0.0, "backend_error", retries=2), episode(3, 1.0),
-        episode(4, 0.5, retries=1), episode(5, 0.0, "env_error", retries=2), episode(6, 0.0, "env_timeout", retries=2),
+        episode(0, 1.0),
+        episode(1, 0.0, "template_error"),
+        episode(2, 0.0, "backend_error", retries=2),
+        episode(3, 1.0),
+        episode(4, 0.5, retries=1),
+        episode(5, 0.0, "env_error", retries=2),
+        episode(6, 0.0, "env_timeout", retries=2),
         episode(7, 0.0, "episode_timeout", retries=2),
     ]
     keep = [t.outcome != "infra_failure" for t in trajectories]
@@ -39,8 +63,14 @@ def batch():
 def test_outcomes_split_infrastructure_from_the_policy():
     trajectories, _, _ = batch()
     assert [t.outcome for t in trajectories] == [
-        "completed", "policy_failure", "infra_failure", "completed",
-        "completed", "infra_failure", "infra_failure", "infra_failure",
+        "completed",
+        "policy_failure",
+        "infra_failure",
+        "completed",
+        "completed",
+        "infra_failure",
+        "infra_failure",
+        "infra_failure",
     ]
 
 
@@ -67,24 +97,44 @@ def test_reward_statistics_leave_out_the_unknown_rewards():
     assert m["infra/failed_episodes"] == 4 and m["episodes/policy_failures"] == 1
     everything_failed = [episode(i, 0.0, "backend_error") for i in range(2)]
     totals = [0.0, 0.0]
-    m = step_metrics(1, everything_failed, Rewards(totals, {}, {}), compute_advantages(totals, 2, keep=[False, False]),
-                     STATS, {}, lr=1e-3, times={"rollout": 1.0})
+    m = step_metrics(
+        1,
+        everything_failed,
+        Rewards(totals, {}, {}),
+        compute_advantages(totals, 2, keep=[False, False]),
+        STATS,
+        {},
+        lr=1e-3,
+        times={"rollout": 1.0},
+    )
     assert (m["reward/mean"], m["reward/std"], m["reward/min"], m["reward/env/t"]) == (None, None, None, None)
     assert (m["infra/reward_lost"], m["infra/groups_lost"]) == (1.0, 1)
 
 
 def test_ranks_add_up_their_infrastructure_counts():
     trajectories, rewards, advantages = batch()
-    first = RankStep(trajectories[:4], Rewards(rewards.totals[:4], {}, {}),
-                     compute_advantages(rewards.totals[:4], 4, keep=[True, True, False, True]), STATS,
-                     {"infra_retries": 2, "infra_failures": 1, "errors": {"backend_error": 1}}, {"rollout": 1.0})
-    second = RankStep(trajectories[4:], Rewards(rewards.totals[4:], {}, {}),
-                      compute_advantages(rewards.totals[4:], 4, keep=[True, False, False, False]), STATS,
-                      {"infra_retries": 7, "infra_failures": 3, "errors": {"env_error": 1}}, {"rollout": 2.0})
+    first = RankStep(
+        trajectories[:4],
+        Rewards(rewards.totals[:4], {}, {}),
+        compute_advantages(rewards.totals[:4], 4, keep=[True, True, False, True]),
+        STATS,
+        {"infra_retries": 2, "infra_failures": 1, "errors": {"backend_error": 1}},
+        {"rollout": 1.0},
+    )
+    second = RankStep(
+        trajectories[4:],
+        Rewards(rewards.totals[4:], {}, {}),
+        compute_advantages(rewards.totals[4:], 4, keep=[True, False, False, False]),
+        STATS,
+        {"infra_retries": 7, "infra_failures": 3, "errors": {"env_error": 1}},
+        {"rollout": 2.0},
+    )
     merged = merge_ranks([first, second])
     assert torch.equal(merged.advantages.values, advantages.values)
     counts = ("zero_variance_groups", "groups", "excluded", "shrunk_groups", "lost_groups")
-    assert [getattr(merged.advantages, c) for c in counts] == [getattr(advantages, c) for c in counts] == [0, 2, 4, 1, 1]
+    assert (
+        [getattr(merged.advantages, c) for c in counts] == [getattr(advantages, c) for c in counts] == [0, 2, 4, 1, 1]
+    )
     assert (merged.rollout["infra_retries"], merged.rollout["infra_failures"]) == (9, 4)
     assert infra_metrics(merged.trajectories, merged.advantages) == infra_metrics(trajectories, advantages)
 

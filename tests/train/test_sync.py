@@ -53,7 +53,9 @@ async def test_a_syncing_backend_gets_the_weights_after_every_update():
 
 
 def test_a_backend_that_can_do_neither_is_refused_before_training():
-    with pytest.raises(ConfigError, match="Plain neither generates with the trained model object nor has update_weights"):
+    with pytest.raises(
+        ConfigError, match="Plain neither generates with the trained model object nor has update_weights"
+    ):
         PolicySync(Plain(), object())
     with pytest.raises(ConfigError):
         PolicySync(SharesModel(object()), object())  # a different model object is not shared

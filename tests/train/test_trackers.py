@@ -48,8 +48,9 @@ def offline_wandb(tmp_path, monkeypatch):
     return tmp_path / "wandb"
 
 
-def test_a_run_sends_metrics_config_and_completions_to_every_tracker(tiny_config, tmp_path, monkeypatch,
-                                                                        trackio_dir, offline_wandb):
+def test_a_run_sends_metrics_config_and_completions_to_every_tracker(
+    tiny_config, tmp_path, monkeypatch, trackio_dir, offline_wandb
+):
     monkeypatch.chdir(tmp_path)  # MLflow's sqlite store keeps its artifacts under ./mlruns
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     config = tiny_config("report_to=[tensorboard, wandb, trackio, mlflow]")
@@ -75,7 +76,10 @@ def test_a_run_sends_metrics_config_and_completions_to_every_tracker(tiny_config
     metrics, params, logged, tables = _mlflow_run(tmp_path / "downloads")
     assert metrics == rewards
     assert (params["algorithm.group_size"], params["rollout.max_new_tokens"], params["report_to"]) == (
-        "8", "2", '["tensorboard", "wandb", "trackio", "mlflow"]')
+        "8",
+        "2",
+        '["tensorboard", "wandb", "trackio", "mlflow"]',
+    )
     assert logged == settings
     assert {step: table["columns"] for step, table in tables.items()} == {step: list(COLUMNS) for step in STEPS}
     _same_rows({step: table["data"] for step, table in tables.items()}, expected)
@@ -89,8 +93,9 @@ def test_a_run_sends_metrics_config_and_completions_to_every_tracker(tiny_config
         assert [line.split("|")[1:3] for line in lines[2:]] == [[str(step), "first"]] * len(PICKED)
 
 
-def test_a_tracker_not_installed_is_one_line_naming_its_extra_before_the_model_loads(tiny_config, tiny_model_dir,
-                                                                                      tmp_path, monkeypatch):
+def test_a_tracker_not_installed_is_one_line_naming_its_extra_before_the_model_loads(
+    tiny_config, tiny_model_dir, tmp_path, monkeypatch
+):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: find_spec and import say so
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     # the tokenizer without the weights: had the model loaded first, that would have been the error
@@ -98,8 +103,10 @@ def test_a_tracker_not_installed_is_one_line_naming_its_extra_before_the_model_l
     config = tiny_config("report_to=[mlflow, wandb]", f"model.name={model}")
     with pytest.raises(MissingDependency) as caught:
         train(config, console=False)
-    assert str(caught.value) == ("report_to: wandb needs the optional dependency 'wandb', which is not installed; "
-                                 "install it with: pip install 'rollforge[wandb]'")
+    assert str(caught.value) == (
+        "report_to: wandb needs the optional dependency 'wandb', which is not installed; "
+        "install it with: pip install 'rollforge[wandb]'"
+    )
     assert not (tmp_path / "mlflow.db").exists()  # checked for every tracker before any run started
 
 
@@ -123,8 +130,15 @@ def test_a_tracker_that_raises_mid_run_is_reported_once_and_dropped(capsys):
     trackers.close()
 
     assert flaky.calls == ["metrics 1", "completions 1"]  # nothing after it raised, not even close
-    assert steady.calls == ["metrics 1", "completions 1", "metrics 2", "completions 2", "metrics 3", "completions 3",
-                            "close"]
+    assert steady.calls == [
+        "metrics 1",
+        "completions 1",
+        "metrics 2",
+        "completions 2",
+        "metrics 3",
+        "completions 3",
+        "close",
+    ]
     assert capsys.readouterr().err.splitlines() == [
         "rollforge: report_to flaky failed on step 2's metrics (ConnectionError: the dashboard went away); "
         "flaky gets nothing more from this run"
@@ -150,8 +164,10 @@ def test_report_to_takes_one_name_none_or_a_list_of_known_trackers_once_each(tin
     with pytest.raises(ConfigError, match="report_to") as caught:
         tiny_config("report_to=[wandbb]")
     assert "'tensorboard', 'wandb', 'trackio' or 'mlflow'" in str(caught.value)
-    with pytest.raises(ConfigError, match="^report_to: unknown tracker 'neptune'; expected some of tensorboard, wandb, "
-                                          "trackio, mlflow$"):
+    with pytest.raises(
+        ConfigError,
+        match="^report_to: unknown tracker 'neptune'; expected some of tensorboard, wandb, trackio, mlflow$",
+    ):
         open_trackers(["neptune"], tmp_path)
 
 
@@ -181,8 +197,17 @@ def _expected_rows(out: Path, step: int) -> list[list]:
     lines = (out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
     episodes = [json.loads(lines[i]) for i in PICKED]
     assert all([m["role"] for m in e["messages"]] == ["user", "assistant"] for e in episodes)
-    return [[step, e["task_name"], f"[user] {e['messages'][0]['content']}",
-             f"[assistant] {e['messages'][1]['content']}", e["reward"], e["advantage"]] for e in episodes]
+    return [
+        [
+            step,
+            e["task_name"],
+            f"[user] {e['messages'][0]['content']}",
+            f"[assistant] {e['messages'][1]['content']}",
+            e["reward"],
+            e["advantage"],
+        ]
+        for e in episodes
+    ]
 
 
 def _same_rows(tables: dict[int, list[list]], expected: dict[int, list[list]]) -> None:
@@ -207,8 +232,8 @@ def _wandb_records(path: Path):
         if block - at % block < 7:
             at += block - at % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[at:at + 7])
-        pieces, at = pieces + data[at + 7:at + 7 + length], at + 7 + length
+        _crc, length, kind = struct.unpack("<IHB", data[at : at + 7])
+        pieces, at = pieces + data[at + 7 : at + 7 + length], at + 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pieces)
@@ -229,8 +254,9 @@ def _wandb_run(folder: Path) -> tuple[dict[int, dict], dict, dict[int, dict]]:
             updates = record.run.config.update if kind == "run" else record.config.update
             config.update({item.key: json.loads(item.value_json) for item in updates})
     config.pop("_wandb", None)
-    tables = {step: json.loads((run.parent / "files" / row["completions/path"]).read_text())
-              for step, row in history.items()}
+    tables = {
+        step: json.loads((run.parent / "files" / row["completions/path"]).read_text()) for step, row in history.items()
+    }
     return history, config, tables
 
 
@@ -270,6 +296,8 @@ def _tensorboard_run(folder: Path) -> tuple[dict[int, float], dict[str, dict[int
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = {event.step: event.value for event in events.Scalars("reward/mean")}
-    text = {tag: {event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors(tag)}
-            for tag in ("config/text_summary", "completions/text_summary")}
+    text = {
+        tag: {event.step: event.tensor_proto.string_val[0].decode() for event in events.Tensors(tag)}
+        for tag in ("config/text_summary", "completions/text_summary")
+    }
     return scalars, {tag.removesuffix("/text_summary"): by_step for tag, by_step in text.items()}

@@ -25,8 +25,13 @@ def rolled(tiny_model_dir):
     backend = HFBackend(model, tokenizer)
     try:
         samples = [s for s in spec.samples(2, 0) for _ in range(3)]  # two groups of three
-        result = rollout(samples, {"guess_number": spec.build()}, backend, ChatRenderer(tokenizer),
-                         RolloutConfig(max_turns=3, max_new_tokens=6, seed=1))
+        result = rollout(
+            samples,
+            {"guess_number": spec.build()},
+            backend,
+            ChatRenderer(tokenizer),
+            RolloutConfig(max_turns=3, max_new_tokens=6, seed=1),
+        )
     finally:
         import asyncio
 
@@ -69,9 +74,17 @@ def test_micro_batching_and_shared_prompts_give_the_full_batch_gradient(rolled):
             def step(self, closure=None):
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
-        stats = policy_update(model, Capture(model.parameters(), lr=0.0), episodes, advantages, weights,
-                              ClippedPolicyLoss(), micro_batch_tokens=budget, pad_id=tokenizer.pad_token_id,
-                              group_size=group_size)
+        stats = policy_update(
+            model,
+            Capture(model.parameters(), lr=0.0),
+            episodes,
+            advantages,
+            weights,
+            ClippedPolicyLoss(),
+            micro_batch_tokens=budget,
+            pad_id=tokenizer.pad_token_id,
+            group_size=group_size,
+        )
         grads.append(captured)
         results.append(stats)
     assert [r.micro_batches for r in results] == [1, 6, 2, 6]
@@ -99,7 +112,9 @@ def test_a_head_over_its_logit_budget_runs_in_chunks_with_the_same_loss_and_grad
     vocab = model.get_output_embeddings().weight.shape[0]
     seen, results = [], []
     original = update._head_and_logprobs
-    monkeypatch.setattr(update, "_head_and_logprobs", lambda head, h, p: seen.append(h.shape[0]) or original(head, h, p))
+    monkeypatch.setattr(
+        update, "_head_and_logprobs", lambda head, h, p: seen.append(h.shape[0]) or original(head, h, p)
+    )
     for budget in (10**9, 5 * vocab):  # whole, then 5 tokens' logits at a time
         monkeypatch.setattr(update, "LOGIT_BUDGET", budget)
         monkeypatch.setattr(update, "LOGIT_CHUNK", 5 * vocab)
@@ -110,8 +125,16 @@ def test_a_head_over_its_logit_budget_runs_in_chunks_with_the_same_loss_and_grad
             def step(self, closure=None):
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
-        stats = policy_update(model, Capture(model.parameters(), lr=0.0), episodes, advantages, weights,
-                              ClippedPolicyLoss(), micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id)
+        stats = policy_update(
+            model,
+            Capture(model.parameters(), lr=0.0),
+            episodes,
+            advantages,
+            weights,
+            ClippedPolicyLoss(),
+            micro_batch_tokens=100_000,
+            pad_id=tokenizer.pad_token_id,
+        )
         results.append((stats.loss, captured, max(seen)))
     (whole_loss, whole, widest), (loss, chunked, chunk_widest) = results
     assert widest > 5 and chunk_widest == 5
@@ -120,8 +143,11 @@ def test_a_head_over_its_logit_budget_runs_in_chunks_with_the_same_loss_and_grad
         assert torch.allclose(a, b, atol=1e-6)
     with torch.no_grad():  # scoring only (a reference model): chunks without the recompute
         e = episodes[0]
-        assert torch.allclose(sequence_logprobs(model, e.ids[None], torch.ones_like(e.ids)[None], e.mask[None] > 0)[0],
-                              e.old_logprobs, atol=1e-4)
+        assert torch.allclose(
+            sequence_logprobs(model, e.ids[None], torch.ones_like(e.ids)[None], e.mask[None] > 0)[0],
+            e.old_logprobs,
+            atol=1e-4,
+        )
 
 
 def test_rows_packed_behind_a_shared_prompt_score_as_if_run_alone(tiny_model_dir):
@@ -133,13 +159,15 @@ def test_rows_packed_behind_a_shared_prompt_score_as_if_run_alone(tiny_model_dir
     ids = torch.zeros(4, 7 + 9, dtype=torch.long)
     attention, targets = torch.zeros_like(ids), torch.zeros(4, 16, dtype=torch.bool)
     for row, n in enumerate(lengths):
-        ids[row, :7], ids[row, 7:7 + n] = prompt, torch.randint(3, 600, (n,), generator=g)
-        attention[row, :7 + n], targets[row, 7:7 + n] = 1, True
+        ids[row, :7], ids[row, 7 : 7 + n] = prompt, torch.randint(3, 600, (n,), generator=g)
+        attention[row, : 7 + n], targets[row, 7 : 7 + n] = 1, True
     with torch.no_grad():
         packed = sequence_logprobs(model, ids, attention, targets, prefix=7)
         for row, n in enumerate(lengths):
-            alone = sequence_logprobs(model, ids[row:row + 1, :7 + n], attention[row:row + 1, :7 + n], targets[row:row + 1, :7 + n])
-            assert torch.allclose(packed[row, :7 + n], alone[0], atol=1e-5)
+            alone = sequence_logprobs(
+                model, ids[row : row + 1, : 7 + n], attention[row : row + 1, : 7 + n], targets[row : row + 1, : 7 + n]
+            )
+            assert torch.allclose(packed[row, : 7 + n], alone[0], atol=1e-5)
     assert int((packed != 0).sum()) == sum(lengths)
 
 
@@ -158,8 +186,13 @@ def test_each_segment_is_a_sequence_the_model_saw_with_its_episodes_advantage(ti
     backend = HFBackend(model, tokenizer)
     try:
         samples = list(spec.samples(2, 0))
-        result = rollout(samples, {"guess_number": spec.build()}, backend, ChatRenderer(tokenizer),
-                         RolloutConfig(max_turns=3, max_new_tokens=6, seed=1))
+        result = rollout(
+            samples,
+            {"guess_number": spec.build()},
+            backend,
+            ChatRenderer(tokenizer),
+            RolloutConfig(max_turns=3, max_new_tokens=6, seed=1),
+        )
     finally:
         import asyncio
 
@@ -199,19 +232,35 @@ def test_the_update_builds_every_tensor_on_the_models_device(tiny_model_dir):
     model, _ = load_model(tiny_model_dir)
     model.requires_grad_(True)
     device = next(model.parameters()).device
-    handles = [m.register_forward_pre_hook(_assert_inputs_on(device), with_kwargs=True)
-               for m in (model, model.get_decoder(), model.get_output_embeddings())]
+    handles = [
+        m.register_forward_pre_hook(_assert_inputs_on(device), with_kwargs=True)
+        for m in (model, model.get_decoder(), model.get_output_embeddings())
+    ]
     ids = torch.arange(5, 17)
     mask = torch.tensor([0.0] * 6 + [1.0] * 6)
-    episodes = [UpdateRow(ids, mask, -mask, prompt_length=6), UpdateRow(ids[:10], mask[:10], -mask[:10], prompt_length=6)]
+    episodes = [
+        UpdateRow(ids, mask, -mask, prompt_length=6),
+        UpdateRow(ids[:10], mask[:10], -mask[:10], prompt_length=6),
+    ]
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.tensor([1.0, -1.0])
     results = []
     for group_size in (1, 2):  # packed rows, and a shared prompt computed once
         with torch.device("meta"):
-            results.append(policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), episodes, advantages,
-                                         weights, ClippedPolicyLoss(), micro_batch_tokens=1000, pad_id=0,
-                                         max_grad_norm=1.0, group_size=group_size))
+            results.append(
+                policy_update(
+                    model,
+                    torch.optim.SGD(model.parameters(), lr=0.0),
+                    episodes,
+                    advantages,
+                    weights,
+                    ClippedPolicyLoss(),
+                    micro_batch_tokens=1000,
+                    pad_id=0,
+                    max_grad_norm=1.0,
+                    group_size=group_size,
+                )
+            )
     for handle in handles:
         handle.remove()
     for stats in results:
@@ -235,11 +284,23 @@ def test_rows_without_advantage_are_not_forwarded_and_change_no_gradient(rolled)
             def step(self, closure=None):
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
-        stats.append(policy_update(model, Capture(model.parameters(), lr=0.0), [episodes[i] for i in rows],
-                                   advantages[list(rows)], [weights[i] for i in rows], ClippedPolicyLoss(),
-                                   micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id, group_size=3))
+        stats.append(
+            policy_update(
+                model,
+                Capture(model.parameters(), lr=0.0),
+                [episodes[i] for i in rows],
+                advantages[list(rows)],
+                [weights[i] for i in rows],
+                ClippedPolicyLoss(),
+                micro_batch_tokens=100_000,
+                pad_id=tokenizer.pad_token_id,
+                group_size=3,
+            )
+        )
         grads.append(captured)
-    assert stats[0].tokens == stats[1].tokens == sum(e.ids.numel() for e in episodes[3:]) - 2 * episodes[3].prompt_length
+    assert (
+        stats[0].tokens == stats[1].tokens == sum(e.ids.numel() for e in episodes[3:]) - 2 * episodes[3].prompt_length
+    )
     assert stats[0].policy_tokens == stats[1].policy_tokens
     for a, b in zip(*grads):
         assert torch.equal(a, b)
@@ -269,19 +330,30 @@ def test_a_batch_without_any_advantage_leaves_the_weights_and_the_optimizer_as_t
     optimizer.zero_grad(set_to_none=True)
     assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     reference = Reference(load_model(tiny_model_dir)[0])
-    kl = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(kl_beta=0.1),
-                       reference=reference, **args)
+    kl = policy_update(
+        model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(kl_beta=0.1), reference=reference, **args
+    )
     assert kl.micro_batches == 2 and kl.grad_norm > 0
-    every = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(),
-                          skip_zero_advantage=False, **args)  # algorithm.skip_zero_advantage: false
+    every = policy_update(
+        model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(), skip_zero_advantage=False, **args
+    )  # algorithm.skip_zero_advantage: false
     assert every.micro_batches == 2 and every.policy_tokens == sum(int(e.mask.sum()) for e in episodes)
     # No token in the loss (every episode failed or too stale): nothing forwarded and no step, KL
     # term or not (``silent_rows`` knows these rows; the update has no second check of its own).
     before = [p.detach().clone() for p in model.parameters()]
     none = [torch.zeros_like(w) for w in weights]
     for loss, ref in ((ClippedPolicyLoss(), None), (ClippedPolicyLoss(kl_beta=0.1), reference)):
-        stats = policy_update(model, optimizer, episodes, torch.linspace(-1, 1, 6), none, loss, reference=ref,
-                              skip_zero_advantage=False, **args)
+        stats = policy_update(
+            model,
+            optimizer,
+            episodes,
+            torch.linspace(-1, 1, 6),
+            none,
+            loss,
+            reference=ref,
+            skip_zero_advantage=False,
+            **args,
+        )
         assert stats.micro_batches == 0 and stats.grad_norm == 0.0
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 

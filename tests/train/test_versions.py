@@ -114,8 +114,9 @@ async def test_running_episode_continues_under_new_weights(renderer):
         pushed += 1
 
     between, resume = asyncio.Event(), asyncio.Event()
-    rollout = asyncio.create_task(arollout([sample], {"t": ThreeTurns(between, resume)}, versions, renderer,
-                                           RolloutConfig(max_turns=3)))
+    rollout = asyncio.create_task(
+        arollout([sample], {"t": ThreeTurns(between, resume)}, versions, renderer, RolloutConfig(max_turns=3))
+    )
     await asyncio.wait_for(between.wait(), HANG_SECONDS)  # after the first turn's request
     await asyncio.wait_for(versions.advance(push), HANG_SECONDS)
     resume.set()
@@ -124,7 +125,7 @@ async def test_running_episode_continues_under_new_weights(renderer):
     assert len(trajectory.versions) == trajectory.generated_tokens
     turn_lengths = [len(trajectory.versions) // 3] * 3  # "ok" + end token each turn
     first_turn = trajectory.versions[: turn_lengths[0]]
-    assert set(first_turn) == {0} and set(trajectory.versions[turn_lengths[0]:]) == {1}
+    assert set(first_turn) == {0} and set(trajectory.versions[turn_lengths[0] :]) == {1}
     assert list(trajectory.versions) == sorted(trajectory.versions)  # never back in time
     assert Trajectory.from_json(trajectory.to_json()).versions == trajectory.versions
 
@@ -167,9 +168,19 @@ async def test_an_update_cancelled_while_draining_releases_the_held_requests(ren
 def test_fresh_masks_removes_tokens_older_than_the_bound():
     # one trajectory, two segments: policy tokens (in order) of versions 3, 3 | 4, 5, 5
     def t(versions):
-        return Trajectory(index=0, task_name="t", messages=(), token_ids=(1,) * 8, loss_mask=(0, 1, 1, 0, 0, 1, 1, 1),
-                          logprobs=(None, -1.0, -1.0, None, None, -1.0, -1.0, -1.0), prompt_length=1,
-                          rewards=(), total_reward=0.0, turns=0, versions=versions)
+        return Trajectory(
+            index=0,
+            task_name="t",
+            messages=(),
+            token_ids=(1,) * 8,
+            loss_mask=(0, 1, 1, 0, 0, 1, 1, 1),
+            logprobs=(None, -1.0, -1.0, None, None, -1.0, -1.0, -1.0),
+            prompt_length=1,
+            rewards=(),
+            total_reward=0.0,
+            turns=0,
+            versions=versions,
+        )
 
     masks = [torch.tensor([0.0, 1, 1, 0]), torch.tensor([0.0, 1, 1, 1])]
     out, stale = fresh_masks(masks, [0, 0], [t((3, 3, 4, 5, 5))], oldest=4)
@@ -184,5 +195,16 @@ def test_versions_must_match_policy_tokens():
     from rollforge.errors import InvariantError
 
     with pytest.raises(InvariantError, match="2 weight versions for 1 policy tokens"):
-        Trajectory(index=0, task_name="t", messages=(), token_ids=(1, 2), loss_mask=(0, 1), logprobs=(None, -1.0),
-                   prompt_length=1, rewards=(), total_reward=0.0, turns=0, versions=(0, 0))
+        Trajectory(
+            index=0,
+            task_name="t",
+            messages=(),
+            token_ids=(1, 2),
+            loss_mask=(0, 1),
+            logprobs=(None, -1.0),
+            prompt_length=1,
+            rewards=(),
+            total_reward=0.0,
+            turns=0,
+            versions=(0, 0),
+        )

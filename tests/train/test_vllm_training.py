@@ -24,13 +24,24 @@ def reply_length(prompts, completions, **_):
 def test_engine_serves_the_updated_policy_after_each_step(smollm2_dir, tmp_path, staleness):
     """With max_staleness 1 the weights reach the engine between requests while the next step's
     episodes are being generated (the versioned backend), after each of two steps."""
-    config = load_config(overrides=[
-        f"model.name={smollm2_dir}", "model.backend=vllm", f"out={tmp_path}", f"steps={1 + staleness}",
-        "checkpoint_every=0", f"algorithm.max_staleness={staleness}",
-        "environments=[{name: arithmetic}]", "algorithm.batch_size=2", "algorithm.group_size=4",
-        "algorithm.advantage=rloo", "rollout.max_new_tokens=8", "rollout.max_turns=1", "optim.lr=1e-4",
-        "optim.max_grad_norm=null",
-    ])
+    config = load_config(
+        overrides=[
+            f"model.name={smollm2_dir}",
+            "model.backend=vllm",
+            f"out={tmp_path}",
+            f"steps={1 + staleness}",
+            "checkpoint_every=0",
+            f"algorithm.max_staleness={staleness}",
+            "environments=[{name: arithmetic}]",
+            "algorithm.batch_size=2",
+            "algorithm.group_size=4",
+            "algorithm.advantage=rloo",
+            "rollout.max_new_tokens=8",
+            "rollout.max_turns=1",
+            "optim.lr=1e-4",
+            "optim.max_grad_norm=null",
+        ]
+    )
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198, 1, 4093, 198]  # a fixed chat prefix
     seen = {}
 
@@ -38,10 +49,10 @@ def test_engine_serves_the_updated_policy_after_each_step(smollm2_dir, tmp_path,
         completion = await backend.generate(prompt, SamplingParams(max_new_tokens=6, temperature=0))
         ids = torch.tensor([[*prompt, *completion.token_ids]])
         targets = torch.zeros_like(ids, dtype=torch.bool)
-        targets[0, len(prompt):] = True
+        targets[0, len(prompt) :] = True
         with torch.no_grad():
-            trainer = sequence_logprobs(model, ids, torch.ones_like(ids), targets)[0, len(prompt):]
-            before = sequence_logprobs(initial, ids, torch.ones_like(ids), targets)[0, len(prompt):]
+            trainer = sequence_logprobs(model, ids, torch.ones_like(ids), targets)[0, len(prompt) :]
+            before = sequence_logprobs(initial, ids, torch.ones_like(ids), targets)[0, len(prompt) :]
         seen["gap"] = max(seen.get("gap", 0.0), (trainer - torch.tensor(completion.logprobs)).abs().max().item())
         seen["version"] = completion.version
         seen["moved"] = (trainer - before).abs().max().item()

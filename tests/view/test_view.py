@@ -46,8 +46,13 @@ def rollout_run(tiny_model_dir, tmp_path_factory):
     def script(request):
         return BAD_CALL if request.call % 5 == 0 else expert(request)
 
-    result = rollout(spec.samples(120, 0), {"catch": spec.build()}, ScriptedBackend(script, tokenizer), renderer,
-                     RolloutConfig(max_turns=6))
+    result = rollout(
+        spec.samples(120, 0),
+        {"catch": spec.build()},
+        ScriptedBackend(script, tokenizer),
+        renderer,
+        RolloutConfig(max_turns=6),
+    )
     out = tmp_path_factory.mktemp("rollout-run")
     write_results(out, result.trajectories, result.metrics)
     return out, result.trajectories
@@ -57,7 +62,11 @@ def test_rollout_payload_keeps_every_token_mask_and_logprob(rollout_run, tiny_mo
     run, trajectories = rollout_run
     payload = load_run(run, load_tokenizer(str(tiny_model_dir)))
     summary = payload.summary
-    assert summary["kind"] == "rollout" and len(summary["rows"]) == 120 and summary["metrics"]["mean_total_reward"] is not None
+    assert (
+        summary["kind"] == "rollout"
+        and len(summary["rows"]) == 120
+        and summary["metrics"]["mean_total_reward"] is not None
+    )
     assert len(payload.chunks) == 120 // CHUNK + 1
     columns = summary["columns"]
     failed = [r for r in summary["rows"] if r[columns.index("failures")]]
@@ -72,39 +81,67 @@ def test_rollout_payload_keeps_every_token_mask_and_logprob(rollout_run, tiny_mo
         assert mask == list(t.loss_mask)
         assert d["logprobs"] == [round(lp, 4) for lp in t.logprobs if lp is not None]
     vocab = unpack(payload.vocab)
-    assert "".join(vocab[str(i)] for i in trajectories[0].token_ids) == ChatRenderer(load_tokenizer(str(tiny_model_dir))).decode(trajectories[0].token_ids)
+    assert "".join(vocab[str(i)] for i in trajectories[0].token_ids) == ChatRenderer(
+        load_tokenizer(str(tiny_model_dir))
+    ).decode(trajectories[0].token_ids)
 
 
 def test_training_run_payload_has_steps_curve_and_advantages(tmp_path, rollout_run):
     _, trajectories = rollout_run
     (tmp_path / "trajectories").mkdir()
     for step in (1, 2):
-        records = [{**t.to_json(), "reward": 0.25 * step, "advantage": -0.5, "retries": step - 1,
-                    "versions": [step - 1] * sum(t.loss_mask)} for t in trajectories[:3]]
+        records = [
+            {
+                **t.to_json(),
+                "reward": 0.25 * step,
+                "advantage": -0.5,
+                "retries": step - 1,
+                "versions": [step - 1] * sum(t.loss_mask),
+            }
+            for t in trajectories[:3]
+        ]
         records[2]["error"] = {"kind": "env_error" if step == 1 else "invalid_action", "message": "x"}
-        (tmp_path / "trajectories" / f"step-{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (tmp_path / "trajectories" / f"step-{step:06d}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records)
+        )
     (tmp_path / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "reward/mean": 0.25 * s, "reward/env/catch": 0.25 * s, "loss": float("nan")}) + "\n" for s in (1, 2))
+        "".join(
+            json.dumps({"step": s, "reward/mean": 0.25 * s, "reward/env/catch": 0.25 * s, "loss": float("nan")}) + "\n"
+            for s in (1, 2)
+        )
         + '{"step": 3, "rew'  # torn by a kill
     )
     evaluation = {"episodes": 4, "pass_at_k": {}}
-    (tmp_path / "eval.json").write_text(json.dumps({
-        "before_warmup": {**evaluation, "mean_reward": 0.0, "per_task": {"catch": 0.0}},  # not this run's curve
-        "after": {**evaluation, "mean_reward": 0.75, "per_task": {"catch": 0.75}, "weight_version": 2},
-        "before": {**evaluation, "mean_reward": 0.25, "per_task": {"catch": 0.25}, "weight_version": 0},
-        "step-1": {**evaluation, "mean_reward": 0.5, "per_task": {"catch": 0.5}, "weight_version": 1},
-    }))
+    (tmp_path / "eval.json").write_text(
+        json.dumps(
+            {
+                "before_warmup": {**evaluation, "mean_reward": 0.0, "per_task": {"catch": 0.0}},  # not this run's curve
+                "after": {**evaluation, "mean_reward": 0.75, "per_task": {"catch": 0.75}, "weight_version": 2},
+                "before": {**evaluation, "mean_reward": 0.25, "per_task": {"catch": 0.25}, "weight_version": 0},
+                "step-1": {**evaluation, "mean_reward": 0.5, "per_task": {"catch": 0.5}, "weight_version": 1},
+            }
+        )
+    )
     payload = load_run(tmp_path)
     summary = payload.summary
-    assert summary["held_out"] == [{"step": 0, "mean": 0.25, "catch": 0.25}, {"step": 1, "mean": 0.5, "catch": 0.5},
-                                   {"step": 2, "mean": 0.75, "catch": 0.75}]
+    assert summary["held_out"] == [
+        {"step": 0, "mean": 0.25, "catch": 0.25},
+        {"step": 1, "mean": 0.5, "catch": 0.5},
+        {"step": 2, "mean": 0.75, "catch": 0.75},
+    ]
     details = [d for chunk in payload.chunks for d in unpack(chunk)]
-    assert [d["outcome"] for d in details] == ["completed", "completed", "infra_failure"] * 1 + ["completed", "completed", "policy_failure"]
+    assert [d["outcome"] for d in details] == ["completed", "completed", "infra_failure"] * 1 + [
+        "completed",
+        "completed",
+        "policy_failure",
+    ]
     assert [d["retries"] for d in details] == [0, 0, 0, 1, 1, 1]
     assert details[3]["versions"] == [1] * sum(trajectories[0].loss_mask)
     c = summary["columns"]
     assert summary["kind"] == "training" and [r[c.index("step")] for r in summary["rows"]] == [1, 1, 1, 2, 2, 2]
-    assert [r[c.index("reward")] for r in summary["rows"]][2:4] == [0.25, 0.5] and summary["rows"][0][c.index("adv")] == -0.5
+    assert [r[c.index("reward")] for r in summary["rows"]][2:4] == [0.25, 0.5] and summary["rows"][0][
+        c.index("adv")
+    ] == -0.5
     assert [m["step"] for m in summary["curve"]] == [1, 2]
     assert payload.vocab is None
     html = render_html(payload)
@@ -147,8 +184,15 @@ def chromium() -> str:
 
 
 def rendered_dom(page: Path, fragment: str = "") -> str:
-    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-               "--dump-dom", page.resolve().as_uri() + fragment]
+    command = [
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        page.resolve().as_uri() + fragment,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -182,12 +226,23 @@ def test_chromium_renders_a_training_run_with_its_curve(tiny_model_dir, tmp_path
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in first_character_rows(16)))
-    config = load_config(overrides=[
-        f"model.name={tiny_model_dir}", f"out={tmp_path / 'run'}", "steps=3", f"data.path={prompts}",
-        "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]", "algorithm.batch_size=4",
-        "algorithm.group_size=8", "rollout.max_new_tokens=2", "rollout.max_turns=1", "checkpoint_every=0",
-        "algorithm.max_staleness=1", "eval_episodes=4", "eval_every=1",
-    ])
+    config = load_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            f"out={tmp_path / 'run'}",
+            "steps=3",
+            f"data.path={prompts}",
+            "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
+            "algorithm.batch_size=4",
+            "algorithm.group_size=8",
+            "rollout.max_new_tokens=2",
+            "rollout.max_turns=1",
+            "checkpoint_every=0",
+            "algorithm.max_staleness=1",
+            "eval_episodes=4",
+            "eval_every=1",
+        ]
+    )
     result = train(config, console=False)
     assert sorted(result.evaluations) == ["after", "before", "step-1", "step-2"]
     page = write_view(result.out)  # the run's config.yaml names the tokenizer
@@ -235,17 +290,20 @@ def test_a_path_that_is_not_a_run_says_whether_it_is_missing_or_the_wrong_kind(t
     missing = tmp_path / "runs" / "trajectories.jsonl"
     assert main(["view", str(missing)]) == 2
     assert capsys.readouterr().err == (
-        f"rollforge: error: {str(missing)!r} does not exist; expected a run directory or a trajectories .jsonl file\n")
+        f"rollforge: error: {str(missing)!r} does not exist; expected a run directory or a trajectories .jsonl file\n"
+    )
     notes = tmp_path / "notes.txt"
     notes.write_text("hello\n")
     assert main(["view", str(notes)]) == 2
     assert capsys.readouterr().err == (
         f"rollforge: error: {str(notes)!r} is not a run directory or a trajectories file: expected a directory with "
         "trajectories.jsonl (a rollout) or metrics.jsonl (a training run), a .jsonl file of trajectories or a "
-        "directory of them\n")
+        "directory of them\n"
+    )
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss": 0.5}\n')
     assert main(["view", str(metrics)]) == 2
     assert capsys.readouterr().err == (
         f"rollforge: error: {str(metrics)!r} holds no trajectories: expected records with token_ids and loss_mask, "
-        "as trajectories.jsonl holds\n")
+        "as trajectories.jsonl holds\n"
+    )

@@ -62,11 +62,17 @@ from .sampling import RowSampling, filtered_probs, sample
 
 # RowSampling, filtered_probs and sample are re-exported: callers import them from here.
 __all__ = [
-    "BackendStats", "FAST_GQA_ATTENTION", "HFBackend", "RowSampling", "filtered_probs",
-    "release_idle_openmp_threads", "sample",
+    "BackendStats",
+    "FAST_GQA_ATTENTION",
+    "HFBackend",
+    "RowSampling",
+    "filtered_probs",
+    "release_idle_openmp_threads",
+    "sample",
 ]
 
 logger = logging.getLogger(__name__)
+
 
 class HFBackend(Backend):
     """Continuous-batching generation with a transformers causal LM (see the module docstring).
@@ -288,9 +294,7 @@ class HFBackend(Backend):
     def _prefill(self, rows: list[Row]) -> None:
         """One left-padded forward pass over the new prompts; their first tokens; join the batch."""
         try:
-            batch, logits = RunningBatch.prefill(
-                self.model, rows, self._pad_id, self._seeds, self._device
-            )
+            batch, logits = RunningBatch.prefill(self.model, rows, self._pad_id, self._seeds, self._device)
         except Exception as exc:  # a failing prefill fails only its own requests
             if len(rows) > 1:  # find the culprit: each request alone
                 for row in rows:
@@ -328,9 +332,7 @@ class HFBackend(Backend):
         batch.last = tokens
         self._batch = self._accept(batch, tokens, logprobs)
 
-    def _accept(
-        self, batch: RunningBatch, tokens: torch.Tensor, logprobs: torch.Tensor
-    ) -> RunningBatch | None:
+    def _accept(self, batch: RunningBatch, tokens: torch.Tensor, logprobs: torch.Tensor) -> RunningBatch | None:
         """Hand each row its token; answer and drop the rows that finished (or were cancelled).
         Return the batch of the rows that go on, or None when none does."""
         host = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one transfer

@@ -155,12 +155,14 @@ class RunningBatch:
         source = [distinct.setdefault(prefill_key(row), len(distinct)) for row in rows]  # row -> pass row
         first = [source.index(j) for j in range(len(distinct))]  # pass row -> its first row
         held = max(reused)  # columns of stored cache in front of the new tokens
-        news = [prompts[i][reused[i]:] for i in first]
+        news = [prompts[i][reused[i] :] for i in first]
         width = max(len(p) for p in news)
         ids = torch.tensor([(pad_id,) * (width - len(p)) + p for p in news], device=device)
         mask = torch.tensor(
-            [[False] * (held - reused[i]) + [True] * reused[i] + [False] * (width - len(p)) + [True] * len(p)
-             for p, i in zip(news, first)],
+            [
+                [False] * (held - reused[i]) + [True] * reused[i] + [False] * (width - len(p)) + [True] * len(p)
+                for p, i in zip(news, first)
+            ],
             device=device,
         )  # (D, held + T): stored columns (left-padded), then the new tokens (left-padded)
         positions = torch.tensor(
@@ -189,9 +191,7 @@ class RunningBatch:
             positions=torch.tensor([len(p) for p in prompts], device=device),
             last=ids[:, -1],
             steps=torch.zeros(len(rows), dtype=torch.long, device=device),
-            uniforms=draw_uniforms(
-                [row.request.params for row in rows], [row.budget for row in rows], seeds, device
-            ),
+            uniforms=draw_uniforms([row.request.params for row in rows], [row.budget for row in rows], seeds, device),
         )
         return batch, logits  # (B, V)
 
@@ -305,9 +305,7 @@ class SlackLayer(DynamicLayer):
         self.values = self._value_buffer[:, :, :end]
         return self.keys, self.values
 
-    def _reallocate(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, capacity: int
-    ) -> None:
+    def _reallocate(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, capacity: int) -> None:
         """New buffers of ``capacity`` columns holding the first ``length`` columns of the cache."""
         batch, heads = key_states.shape[:2]
         keys = key_states.new_empty(batch, heads, capacity, key_states.shape[-1])
@@ -323,9 +321,7 @@ def check_cache_support(model: Any) -> None:
     layers = DynamicCache(config=model.config).layers
     unsupported = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
     if unsupported:
-        raise ConfigError(
-            f"HFBackend batches full-attention KV caches only; {type(model).__name__} uses {unsupported}"
-        )
+        raise ConfigError(f"HFBackend batches full-attention KV caches only; {type(model).__name__} uses {unsupported}")
 
 
 def prompt_problem(prompt: tuple[int, ...], max_positions: int | None, vocab_size: int) -> str | None:

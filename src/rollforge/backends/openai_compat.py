@@ -107,13 +107,17 @@ class OpenAICompatBackend(Backend):
         if model is not None:
             check_model_name(model, "OpenAICompatBackend")
         for name, value, low in (
-            ("max_concurrency", max_concurrency, 1), ("max_retries", max_retries, 0),
+            ("max_concurrency", max_concurrency, 1),
+            ("max_retries", max_retries, 0),
         ):
             if value < low:
                 raise ConfigError(f"{name} must be >= {low}, got {value}")
         for name, value in (
-            ("request_timeout", request_timeout), ("connect_timeout", connect_timeout),
-            ("backoff", backoff), ("max_backoff", max_backoff), ("version_check_interval", version_check_interval),
+            ("request_timeout", request_timeout),
+            ("connect_timeout", connect_timeout),
+            ("backoff", backoff),
+            ("max_backoff", max_backoff),
+            ("version_check_interval", version_check_interval),
         ):
             if not value > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {value}")
@@ -265,7 +269,12 @@ class OpenAICompatBackend(Backend):
         return self._client, self._slots, self._version_lock
 
     async def _request(
-        self, method: str, path: str, *, json_body: Any = None, params: Mapping[str, Any] | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
         what: str = "generation",
     ) -> Any:
         httpx = self._httpx

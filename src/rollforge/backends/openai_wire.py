@@ -16,6 +16,7 @@ from ..errors import BackendError
 from ..types import FINISH_REASONS, Completion
 from .base import SamplingParams
 
+
 def completion_request(ids: list[int], params: SamplingParams, seed: int, model: str | None) -> dict[str, Any]:
     """The ``/v1/completions`` body of one generation request."""
     body: dict[str, Any] = {

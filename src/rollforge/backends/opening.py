@@ -69,8 +69,11 @@ def open_backend(config: BackendConfig, *, hf_model: Any = None, tokenizer: Any 
     from .vllm import VLLMBackend
 
     return VLLMBackend(
-        resolve_model(config.model), max_num_seqs=config.concurrency, seed=config.seed,
-        request_timeout=config.request_timeout, **options,
+        resolve_model(config.model),
+        max_num_seqs=config.concurrency,
+        seed=config.seed,
+        request_timeout=config.request_timeout,
+        **options,
     )
 
 

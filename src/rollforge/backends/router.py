@@ -55,7 +55,9 @@ class RouterBackend(Backend):
             raise ConfigError("RouterBackend needs at least one replica, got an empty list")
         for i, replica in enumerate(replicas):
             if not isinstance(replica, Backend):
-                raise ConfigError(f"replica {i} ({type(replica).__name__}) is not a backend: it does not subclass rollforge Backend")
+                raise ConfigError(
+                    f"replica {i} ({type(replica).__name__}) is not a backend: it does not subclass rollforge Backend"
+                )
         if names is None:
             names = [r.name or f"replica {i}" for i, r in enumerate(replicas)]
         if len(names) != len(replicas):
@@ -110,8 +112,11 @@ class RouterBackend(Backend):
         """The counters by replica name."""
         return {
             name: {
-                "requests": self.requests[i], "episodes": self.episodes[i], "live_episodes": self.live_episodes[i],
-                "in_flight": self.in_flight[i], "failures": self.failures[i],
+                "requests": self.requests[i],
+                "episodes": self.episodes[i],
+                "live_episodes": self.live_episodes[i],
+                "in_flight": self.in_flight[i],
+                "failures": self.failures[i],
             }
             for i, name in enumerate(self.names)
         }

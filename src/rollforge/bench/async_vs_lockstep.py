@@ -55,8 +55,15 @@ CODE_LINES = (
     "with open('notes.txt', 'w') as f: f.write(str(result))",
 )
 OUTPUT_LINES = (
-    "0 3.0", "1 2.0", "4 2.6666666666666665", "[9, 6, 5, 4, 3, 2, 1, 1]", '{"answer": 42, "ok": true}',
-    "8.48528137423857", "Traceback (most recent call last):", "AssertionError: mean is wrong", "ok",
+    "0 3.0",
+    "1 2.0",
+    "4 2.6666666666666665",
+    "[9, 6, 5, 4, 3, 2, 1, 1]",
+    '{"answer": 42, "ok": true}',
+    "8.48528137423857",
+    "Traceback (most recent call last):",
+    "AssertionError: mean is wrong",
+    "ok",
 )
 
 
@@ -130,27 +137,53 @@ def bounds(trajectories, latency: float, per_token_latency: float) -> tuple[floa
     return critical, barrier
 
 
-def _once(mode: str, renderer: ChatRenderer, episodes: int, turns: int, median: float, sigma: float,
-          latency: float, per_token_latency: float, max_lines: int) -> tuple[float, Any]:
-    backend = ScriptedBackend(code_script(max_lines), renderer, end_token_id=renderer.stop_token_ids[0],
-                              latency=latency, per_token_latency=per_token_latency)
-    samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}: analyse the data."}], task_name="code",
-                      row={"seed": i}) for i in range(episodes)]
+def _once(
+    mode: str,
+    renderer: ChatRenderer,
+    episodes: int,
+    turns: int,
+    median: float,
+    sigma: float,
+    latency: float,
+    per_token_latency: float,
+    max_lines: int,
+) -> tuple[float, Any]:
+    backend = ScriptedBackend(
+        code_script(max_lines),
+        renderer,
+        end_token_id=renderer.stop_token_ids[0],
+        latency=latency,
+        per_token_latency=per_token_latency,
+    )
+    samples = [
+        Sample(prompt=[{"role": "user", "content": f"Task {i}: analyse the data."}], task_name="code", row={"seed": i})
+        for i in range(episodes)
+    ]
     env = FactoryEnvironment(lambda: CodeRunner(median, sigma))
-    config = RolloutConfig(mode=mode, max_turns=turns, concurrency=episodes, max_seq_len=32768,
-                           max_new_tokens=1024, step_timeout=None)
+    config = RolloutConfig(
+        mode=mode, max_turns=turns, concurrency=episodes, max_seq_len=32768, max_new_tokens=1024, step_timeout=None
+    )
     started = time.perf_counter()
     result = asyncio.run(arollout(samples, {"code": env}, backend, renderer, config))
     return time.perf_counter() - started, result
 
 
-def run(episodes: int = 256, turns: int = 8, median: float = 0.2, sigma: float = 1.0, latency: float = 0.05,
-        per_token_latency: float = 0.004, max_lines: int = 12, tokenizer_dir: str | None = None) -> dict[str, Any]:
+def run(
+    episodes: int = 256,
+    turns: int = 8,
+    median: float = 0.2,
+    sigma: float = 1.0,
+    latency: float = 0.05,
+    per_token_latency: float = 0.004,
+    max_lines: int = 12,
+    tokenizer_dir: str | None = None,
+) -> dict[str, Any]:
     renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
     walls, results = {}, {}
     for mode in ("async", "lockstep"):
-        walls[mode], results[mode] = _once(mode, renderer, episodes, turns, median, sigma, latency, per_token_latency,
-                                           max_lines)
+        walls[mode], results[mode] = _once(
+            mode, renderer, episodes, turns, median, sigma, latency, per_token_latency, max_lines
+        )
     critical, barrier = bounds(results["async"].trajectories, latency, per_token_latency)
     pairs = zip(results["async"].trajectories, results["lockstep"].trajectories)
     sleeps = [d for t in results["async"].trajectories for d in t.environment.delays]
@@ -158,11 +191,19 @@ def run(episodes: int = 256, turns: int = 8, median: float = 0.2, sigma: float =
         "benchmark": "async-vs-lockstep",
         "episodes": episodes,
         "turns_per_episode": turns,
-        "tool_latency": {"distribution": "lognormal", "median_s": median, "sigma": sigma,
-                         "mean_s": round(sum(sleeps) / max(len(sleeps), 1), 4),
-                         "max_s": round(max(sleeps, default=0.0), 4)},
-        "generation": {"latency_s": latency, "per_token_latency_s": per_token_latency, "max_lines": max_lines,
-                       "mean_tokens_per_turn": round(results["async"].metrics["mean_gen_tokens_per_sample"] / turns, 1)},
+        "tool_latency": {
+            "distribution": "lognormal",
+            "median_s": median,
+            "sigma": sigma,
+            "mean_s": round(sum(sleeps) / max(len(sleeps), 1), 4),
+            "max_s": round(max(sleeps, default=0.0), 4),
+        },
+        "generation": {
+            "latency_s": latency,
+            "per_token_latency_s": per_token_latency,
+            "max_lines": max_lines,
+            "mean_tokens_per_turn": round(results["async"].metrics["mean_gen_tokens_per_sample"] / turns, 1),
+        },
         "ratio_async_to_lockstep": round(walls["async"] / walls["lockstep"], 4),
         "async_wall_seconds": round(walls["async"], 3),
         "lockstep_wall_seconds": round(walls["lockstep"], 3),
@@ -188,5 +229,12 @@ def add_arguments(parser: Any) -> None:
 
 
 def main(args: Any) -> dict[str, Any]:
-    return run(args.episodes, args.turns, args.tool_median, args.tool_sigma, args.latency,
-               args.per_token_latency, args.max_lines)
+    return run(
+        args.episodes,
+        args.turns,
+        args.tool_median,
+        args.tool_sigma,
+        args.latency,
+        args.per_token_latency,
+        args.max_lines,
+    )

@@ -52,7 +52,9 @@ def run(counts: list[int], *, steps: int = 4000, repeats: int = 5) -> dict[str, 
     # twice the sessions: the client's and the bare loop's are open at the same time
     server = subprocess.Popen(
         [sys.executable, "-m", "rollforge.envs.openenv.demo_servers", f"endless:{port}:{2 * max(counts)}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         _wait_healthy(url, server, log)
@@ -120,7 +122,9 @@ async def _client(env: Any, count: int, per_session: int) -> float:
 async def _bare(ws_url: str, count: int, per_session: int) -> float:
     from websockets.asyncio.client import connect
 
-    sockets = await asyncio.gather(*(connect(ws_url, max_size=None, compression=None, ping_interval=None, proxy=None) for _ in range(count)))
+    sockets = await asyncio.gather(
+        *(connect(ws_url, max_size=None, compression=None, ping_interval=None, proxy=None) for _ in range(count))
+    )
     for i, ws in enumerate(sockets):
         await ws.send(json.dumps({"type": "reset", "data": {"seed": i}}))
         json.loads(await ws.recv())

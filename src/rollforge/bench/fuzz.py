@@ -77,8 +77,14 @@ class Case:
 
 # A value as (JSON text, Qwen3-Coder parameter text).
 _HOSTILE = (
-    ("NaN", "NaN"), ("Infinity", "Infinity"), ("-Infinity", "-Infinity"), ("1e999", "1e999"),
-    ("-2.5e400", "-2.5e400"), ("7" * 5000, "7" * 5000), ('"\\ud800"', '"\\ud800"'), ('"\\udc00x"', '"\\udc00x"'),
+    ("NaN", "NaN"),
+    ("Infinity", "Infinity"),
+    ("-Infinity", "-Infinity"),
+    ("1e999", "1e999"),
+    ("-2.5e400", "-2.5e400"),
+    ("7" * 5000, "7" * 5000),
+    ('"\\ud800"', '"\\ud800"'),
+    ('"\\udc00x"', '"\\udc00x"'),
 )
 
 
@@ -104,7 +110,9 @@ class _Writer:
         """Whether the format writes the name as bare text rather than a JSON string."""
         return self.family in ("qwen3_coder", "deepseek", "harmony") or (self.family == "mistral" and self.form)
 
-    def __call__(self, name: str, arguments: list[tuple[str, str, str]], name_json: str | None = None) -> tuple[str, str]:
+    def __call__(
+        self, name: str, arguments: list[tuple[str, str, str]], name_json: str | None = None
+    ) -> tuple[str, str]:
         """The reply and its closing marker (the text a cut may fall into)."""
         name_json = name_json or json.dumps(name)
         args = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v, _ in arguments) + "}"
@@ -128,8 +136,17 @@ class _Writer:
         return f"<tool_call>\n<function={name}>\n{parameters}", "</function>\n</tool_call>"
 
 
-_MUTATIONS = ("valid", "valid cut", "truncated", "hostile value", "noise", "bad shape", "bad name", "unknown tool",
-              "bad arguments")
+_MUTATIONS = (
+    "valid",
+    "valid cut",
+    "truncated",
+    "hostile value",
+    "noise",
+    "bad shape",
+    "bad name",
+    "unknown tool",
+    "bad arguments",
+)
 _WEIGHTS = (1, 1, 2, 2, 2, 2, 2, 2, 2)  # 7 in 8 calls malformed
 
 
@@ -163,7 +180,7 @@ def make_case(family: str, rng: random.Random) -> Case:
             at = text.index("<function=move") + len("<function=move")
         else:
             at = text.index(":", text.rindex('"direction"'))
-        return Case(text[:at] + rng.choice((" ", ";", "=", "|")) + text[at + 1:] + close, INVALID, mutation)
+        return Case(text[:at] + rng.choice((" ", ";", "=", "|")) + text[at + 1 :] + close, INVALID, mutation)
     if mutation == "bad shape":
         if qwen:
             text, close = write("move", [good[0], good[0], good[1]])  # a parameter given twice
@@ -247,10 +264,18 @@ def _fuzz_family(family: str, cases: list[Case], renderer: ChatRenderer, turns: 
     expected = {case.text: case for case in cases}
     # When the cases run out, the last episodes end with a plain answer.
     backend = ScriptedBackend(lambda request: next(replies, _ANSWER), renderer, end_token_id=renderer.stop_token_ids[0])
-    samples = [Sample(prompt=[{"role": "user", "content": f"Walk {i}."}], task_name="walk")
-               for i in range(-(-len(cases) // turns))]
-    config = RolloutConfig(max_turns=turns, concurrency=256, max_seq_len=1 << 20, max_new_tokens=1 << 16,
-                           tool_parser=family, step_timeout=None)
+    samples = [
+        Sample(prompt=[{"role": "user", "content": f"Walk {i}."}], task_name="walk")
+        for i in range(-(-len(cases) // turns))
+    ]
+    config = RolloutConfig(
+        max_turns=turns,
+        concurrency=256,
+        max_seq_len=1 << 20,
+        max_new_tokens=1 << 16,
+        tool_parser=family,
+        step_timeout=None,
+    )
     started = time.perf_counter()
     result = asyncio.run(arollout(samples, {"walk": FactoryEnvironment(Walker)}, backend, renderer, config))
     wall = time.perf_counter() - started
@@ -282,9 +307,11 @@ def _check(trajectory: Any, family: str, expected: dict[str, Case], renderer: Ch
             violations.append(f"{where}: a reply came back changed: {message.content[:120]!r}")
             continue
         tally.mutations[case.mutation] += 1
-        results = [m.role for m in messages[i + 1:i + 3]]
+        results = [m.role for m in messages[i + 1 : i + 3]]
         if results[:1] != ["tool"] or results[1:] == ["tool"]:
-            violations.append(f"{where}: {case.mutation} call {case.text[:80]!r} got {results.count('tool')} tool messages")
+            violations.append(
+                f"{where}: {case.mutation} call {case.text[:80]!r} got {results.count('tool')} tool messages"
+            )
             continue
         result, outcome = messages[i + 1], None
         if result.content.startswith("Error: "):

@@ -36,10 +36,14 @@ from ..chat.toolcalls import get_parser
 from ..errors import ConfigError
 from ..testing import RecordingBackend, Request, renders_its_messages, tokenizer_or_tiny
 
-NOTE_TOOL = {"type": "function", "function": {
-    "name": "note", "description": "Write one note.",
-    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-}}
+NOTE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "note",
+        "description": "Write one note.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    },
+}
 
 
 def _reply(request) -> str:
@@ -50,14 +54,22 @@ def _reply(request) -> str:
 ROUTES = {"chat": "chat/completions", "responses": "responses"}
 
 
-def run(sessions: int = 64, turns: int = 8, latency: float = 0.5, client: str = "http",
-        tokenizer_dir: str | None = None, api: str = "chat") -> dict[str, Any]:
+def run(
+    sessions: int = 64,
+    turns: int = 8,
+    latency: float = 0.5,
+    client: str = "http",
+    tokenizer_dir: str | None = None,
+    api: str = "chat",
+) -> dict[str, Any]:
     if api not in ROUTES:
         raise ConfigError(f"--api must be one of {', '.join(ROUTES)}, got {api!r}")
     return asyncio.run(_run(sessions, turns, latency, client, tokenizer_dir, api))
 
 
-async def _run(sessions: int, turns: int, latency: float, client: str, tokenizer_dir: str | None, api: str) -> dict[str, Any]:
+async def _run(
+    sessions: int, turns: int, latency: float, client: str, tokenizer_dir: str | None, api: str
+) -> dict[str, Any]:
     from ..gateway import Gateway, SessionLimits
 
     renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
@@ -111,7 +123,9 @@ def _start_agents(base_url: Any, sessions: int, turns: int, client: str, api: st
     ready_parent, ready_child = context.Pipe()
     go_parent, go_child = context.Pipe()
     urls = [base_url(f"s{i}") for i in range(sessions)]
-    process = context.Process(target=_agents_main, args=(urls, turns, client, api, base_url("warm-up"), ready_child, go_child), daemon=True)
+    process = context.Process(
+        target=_agents_main, args=(urls, turns, client, api, base_url("warm-up"), ready_child, go_child), daemon=True
+    )
     process.start()
     return process, ready_parent, go_parent
 
@@ -139,7 +153,9 @@ async def _clients(kind: str, api: str):
         clients: dict[str, Any] = {}
 
         async def post(base_url: str, body: dict[str, Any]) -> dict[str, Any]:
-            sdk = clients.get(base_url) or clients.setdefault(base_url, openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0))
+            sdk = clients.get(base_url) or clients.setdefault(
+                base_url, openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+            )
             create = sdk.responses.create if api == "responses" else sdk.chat.completions.create
             return (await create(**body)).model_dump(exclude_none=True)
 
@@ -150,6 +166,7 @@ async def _clients(kind: str, api: str):
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
         async def post(base_url: str, body: dict[str, Any]) -> dict[str, Any]:
             async with http.post(f"{base_url}/{ROUTES[api]}", json=body) as response:
                 response.raise_for_status()
@@ -177,7 +194,14 @@ async def _responses_agent(post: Any, base_url: str, turns: int) -> None:
         reply = await post(base_url, {"model": "m", "input": items, "tools": [tool]})
         for item in reply["output"]:
             if item["type"] == "function_call":
-                items.append({"type": "function_call", "call_id": item["call_id"], "name": item["name"], "arguments": item["arguments"]})
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": item["call_id"],
+                        "name": item["name"],
+                        "arguments": item["arguments"],
+                    }
+                )
                 items.append({"type": "function_call_output", "call_id": item["call_id"], "output": "noted"})
             else:
                 items.append({"type": "message", "role": "assistant", "content": item["content"][0]["text"]})
@@ -192,10 +216,18 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--sessions", type=int, default=64, help="agents (sessions) running at once")
     parser.add_argument("--turns", type=int, default=8, help="requests per session")
     parser.add_argument("--latency", type=float, default=0.5, help="seconds per backend request")
-    parser.add_argument("--client", choices=["http", "openai"], default="http",
-                        help="how agents send requests: plain HTTP (aiohttp) or the openai SDK")
-    parser.add_argument("--api", choices=sorted(ROUTES), default="chat",
-                        help="the API the agents speak: chat completions or the Responses API (POST /v1/responses)")
+    parser.add_argument(
+        "--client",
+        choices=["http", "openai"],
+        default="http",
+        help="how agents send requests: plain HTTP (aiohttp) or the openai SDK",
+    )
+    parser.add_argument(
+        "--api",
+        choices=sorted(ROUTES),
+        default="chat",
+        help="the API the agents speak: chat completions or the Responses API (POST /v1/responses)",
+    )
 
 
 def main(args: Any) -> dict[str, Any]:

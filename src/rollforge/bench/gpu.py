@@ -40,23 +40,50 @@ from typing import Any
 from ..errors import ConfigError
 from . import gpu_sections as sections
 
-FULL = {"grpo_steps": 4, "batch_size": 8, "generations": 8, "max_new_tokens": 256, "fsdp_steps": 2,
-        "fsdp_batch": 4, "fsdp_seq_len": 2048, "pack_tokens": 16384, "pack_steps": 3}
-QUICK = {"grpo_steps": 2, "batch_size": 2, "generations": 2, "max_new_tokens": 8, "fsdp_steps": 1,
-         "fsdp_batch": 2, "fsdp_seq_len": 32, "pack_tokens": 256, "pack_steps": 1}
+FULL = {
+    "grpo_steps": 4,
+    "batch_size": 8,
+    "generations": 8,
+    "max_new_tokens": 256,
+    "fsdp_steps": 2,
+    "fsdp_batch": 4,
+    "fsdp_seq_len": 2048,
+    "pack_tokens": 16384,
+    "pack_steps": 3,
+}
+QUICK = {
+    "grpo_steps": 2,
+    "batch_size": 2,
+    "generations": 2,
+    "max_new_tokens": 8,
+    "fsdp_steps": 1,
+    "fsdp_batch": 2,
+    "fsdp_seq_len": 32,
+    "pack_tokens": 256,
+    "pack_steps": 1,
+}
 SECTIONS = ("grpo", "trl", "fsdp2", "train_throughput")
 NEEDS_CUDA = frozenset({"train_throughput"})
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--models", default=None,
-                        help=f"comma-separated, of {', '.join(sections.MODELS)} (default: all three; tiny with --quick)")
+    parser.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated, of {', '.join(sections.MODELS)} (default: all three; tiny with --quick)",
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny model at a few tokens (seconds, on a CPU)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--out", default="gpu-report.json", help="the JSON report (default gpu-report.json)")
-    parser.add_argument("--scratch", default=None, help="where models and checkpoints go meanwhile (default: the temp dir)")
-    parser.add_argument("--budget-s", type=float, default=1200.0, help="skip sections that would start later (default 1200)")
+    parser.add_argument(
+        "--scratch", default=None, help="where models and checkpoints go meanwhile (default: the temp dir)"
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=1200.0, help="skip sections that would start later (default 1200)"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -75,20 +102,40 @@ def main(args: Any) -> dict[str, Any]:
     # Before CUDA's allocator starts: 16k-token packs of a 1B model ran out of memory on an H100
     # with 3.2 GiB reserved in fragments (2026-11-26). Growable segments leave none.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    report = run(models, tuple(s for s in SECTIONS if s in chosen), settings, args.device, Path(args.out),
-                 args.scratch, args.budget_s)
+    report = run(
+        models,
+        tuple(s for s in SECTIONS if s in chosen),
+        settings,
+        args.device,
+        Path(args.out),
+        args.scratch,
+        args.budget_s,
+    )
     return summary(report, args.out)
 
 
-def run(models: list[str], chosen: tuple[str, ...], settings: dict[str, Any], device: str, out: Path,
-        scratch: str | None, budget_s: float) -> dict[str, Any]:
+def run(
+    models: list[str],
+    chosen: tuple[str, ...],
+    settings: dict[str, Any],
+    device: str,
+    out: Path,
+    scratch: str | None,
+    budget_s: float,
+) -> dict[str, Any]:
     """Every section of every model; the report (also written to ``out`` after each section)."""
     from ..models import resolve_device
 
     where = resolve_device(device)
     began = time.perf_counter()
-    report: dict[str, Any] = {"benchmark": "gpu", "environment": environment(where), "settings": settings,
-                              "budget_s": budget_s, "models": {}, "notes": NOTES}
+    report: dict[str, Any] = {
+        "benchmark": "gpu",
+        "environment": environment(where),
+        "settings": settings,
+        "budget_s": budget_s,
+        "models": {},
+        "notes": NOTES,
+    }
     with sections.scratch_dir(scratch) as folder:
         for name in models:
             entry: dict[str, Any] = {}
@@ -97,8 +144,14 @@ def run(models: list[str], chosen: tuple[str, ...], settings: dict[str, Any], de
             entry["model"] = _section(partial(sections.build_model_dir, name, model_dir, where, settings["seed"]))
             for section in chosen:
                 scratch_of = Path(folder) / f"{name}-{section}"
-                entry[section] = _gated(section, entry, where, began, budget_s,
-                                        partial(_call, section, model_dir, where, settings, scratch_of, entry))
+                entry[section] = _gated(
+                    section,
+                    entry,
+                    where,
+                    began,
+                    budget_s,
+                    partial(_call, section, model_dir, where, settings, scratch_of, entry),
+                )
                 shutil.rmtree(scratch_of, ignore_errors=True)  # a 1B model's checkpoint is some 15 GB
                 report["seconds"] = round(time.perf_counter() - began, 1)
                 _write(out, report)
@@ -108,8 +161,9 @@ def run(models: list[str], chosen: tuple[str, ...], settings: dict[str, Any], de
     return report
 
 
-def _call(section: str, model_dir: Path, where: Any, s: dict[str, Any], scratch: Path,
-          entry: dict[str, Any]) -> dict[str, Any]:
+def _call(
+    section: str, model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, entry: dict[str, Any]
+) -> dict[str, Any]:
     scratch.mkdir(parents=True, exist_ok=True)
     if section == "grpo":
         return sections.grpo(model_dir, where, s, scratch)
@@ -120,8 +174,9 @@ def _call(section: str, model_dir: Path, where: Any, s: dict[str, Any], scratch:
     return sections.train_throughput(model_dir, where, s)
 
 
-def _gated(section: str, entry: dict[str, Any], where: Any, began: float, budget_s: float,
-           body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _gated(
+    section: str, entry: dict[str, Any], where: Any, began: float, budget_s: float, body: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
     """``body`` at the boundary, unless the section cannot run here (no CUDA, no model, no time)."""
     if section in NEEDS_CUDA and where.type != "cuda":
         return {"status": "skipped", "reason": "no CUDA device"}
@@ -174,10 +229,18 @@ def environment(where: Any) -> dict[str, Any]:
     cuda = where.type == "cuda"
     peak, source = peak_flops(where, torch.bfloat16)
     return {
-        "device": str(where), "device_name": torch.cuda.get_device_name(where) if cuda else platform.processor() or "cpu",
-        "gpus": torch.cuda.device_count() if cuda else 0, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "torch": torch.__version__, "transformers": version("transformers"), "accelerate": version("accelerate"),
-        "trl": version("trl"), "rollforge": version("rollforge"), "peak_bf16_flops_per_s": peak, "peak_source": source,
+        "device": str(where),
+        "device_name": torch.cuda.get_device_name(where) if cuda else platform.processor() or "cpu",
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": version("transformers"),
+        "accelerate": version("accelerate"),
+        "trl": version("trl"),
+        "rollforge": version("rollforge"),
+        "peak_bf16_flops_per_s": peak,
+        "peak_source": source,
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }
 
@@ -206,18 +269,28 @@ NOTES = [
 
 def summary(report: dict[str, Any], out: str) -> dict[str, Any]:
     """The printed summary: per model and section its status and headline figure."""
-    headline = {"grpo": "seconds_per_step", "trl": "ratio_step_time", "fsdp2": "next_loss_matches",
-                "train_throughput": "mfu", "model": "parameters"}
+    headline = {
+        "grpo": "seconds_per_step",
+        "trl": "ratio_step_time",
+        "fsdp2": "next_loss_matches",
+        "train_throughput": "mfu",
+        "model": "parameters",
+    }
     models = {}
     for name, entry in report["models"].items():
         models[name] = {
-            section: f"ok {headline[section]}={result.get(headline[section])}" if result["status"] == "ok"
+            section: f"ok {headline[section]}={result.get(headline[section])}"
+            if result["status"] == "ok"
             else f"{result['status']}: {result['reason']}"
             for section, result in entry.items()
         }
     env = report["environment"]
-    return {"report": str(out), "device": f"{env['device']} ({env['device_name']})", "seconds": report["seconds"],
-            "models": models}
+    return {
+        "report": str(out),
+        "device": f"{env['device']} ({env['device_name']})",
+        "seconds": report["seconds"],
+        "models": models,
+    }
 
 
 def _write(out: Path, report: dict[str, Any]) -> None:

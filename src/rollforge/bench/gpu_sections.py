@@ -43,8 +43,11 @@ MODELS = ("qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b")
 
 def model_spec(name: str) -> dict[str, Any]:
     """The config values of ``gpu_models/NAME.json``."""
-    known = sorted(p.name.removesuffix(".json") for p in resources.files(__package__).joinpath("gpu_models").iterdir()
-                   if p.name.endswith(".json"))
+    known = sorted(
+        p.name.removesuffix(".json")
+        for p in resources.files(__package__).joinpath("gpu_models").iterdir()
+        if p.name.endswith(".json")
+    )
     if name not in known:
         raise ConfigError(f"unknown model {name!r} for bench gpu; expected one of {', '.join(known)}")
     return json.loads(resources.files(__package__).joinpath("gpu_models", f"{name}.json").read_text())
@@ -61,8 +64,12 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     began = time.perf_counter()
     tokenizer = make_tokenizer()
     spec = model_spec(name)
-    config = AutoConfig.for_model(**spec, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                  pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(
+        **spec,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     dtype = torch.bfloat16 if where.type == "cuda" else torch.float32
     torch.manual_seed(seed)  # every device's generator: the same weights on every run
     with torch.device(where):
@@ -74,9 +81,16 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     pad_vocabulary(out / "tokenizer.json", spec["vocab_size"])
     params = sum(p.numel() for p in model.parameters())
     del model
-    return {"architecture": spec["architectures"][0], "parameters": params, "vocab_size": spec["vocab_size"],
-            "tokenizer_vocab": len(AutoTokenizer.from_pretrained(out)), "layers": spec["num_hidden_layers"], "hidden_size": spec["hidden_size"],
-            "saved_dtype": str(dtype).removeprefix("torch."), "build_seconds": round(time.perf_counter() - began, 2)}
+    return {
+        "architecture": spec["architectures"][0],
+        "parameters": params,
+        "vocab_size": spec["vocab_size"],
+        "tokenizer_vocab": len(AutoTokenizer.from_pretrained(out)),
+        "layers": spec["num_hidden_layers"],
+        "hidden_size": spec["hidden_size"],
+        "saved_dtype": str(dtype).removeprefix("torch."),
+        "build_seconds": round(time.perf_counter() - began, 2),
+    }
 
 
 def pad_vocabulary(path: Path, size: int) -> None:
@@ -107,10 +121,19 @@ def _meta_model(model_dir: Path) -> Any:
 
 def _settings(where: Any, s: dict[str, Any]) -> dict[str, Any]:
     """``vs_trl_runners``'s settings for one GRPO run on ``where`` (bfloat16 autocast on CUDA)."""
-    return {"steps": s["grpo_steps"], "batch_size": s["batch_size"], "generations": s["generations"],
-            "max_completion_tokens": s["max_new_tokens"], "max_tool_calls": 0, "lr": 1e-6, "seed": s["seed"],
-            "rollforge_mode": "async", "device": where.type, "dtype": "bfloat16" if where.type == "cuda" else "float32",
-            "skip_zero_advantage": False}  # a random model's rewards are all 0: the update is what is timed
+    return {
+        "steps": s["grpo_steps"],
+        "batch_size": s["batch_size"],
+        "generations": s["generations"],
+        "max_completion_tokens": s["max_new_tokens"],
+        "max_tool_calls": 0,
+        "lr": 1e-6,
+        "seed": s["seed"],
+        "rollforge_mode": "async",
+        "device": where.type,
+        "dtype": "bfloat16" if where.type == "cuda" else "float32",
+        "skip_zero_advantage": False,
+    }  # a random model's rewards are all 0: the update is what is timed
 
 
 def grpo(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:
@@ -135,12 +158,17 @@ def grpo(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[
     update_tps = trained / phases["update"]
     peak, source = peak_flops(where, torch.bfloat16)
     return {
-        "steps_timed": len(timed), "completions_per_step": n, "seconds_per_step": summary["seconds_per_step"],
+        "steps_timed": len(timed),
+        "completions_per_step": n,
+        "seconds_per_step": summary["seconds_per_step"],
         "split_seconds": {"rollout": phases["generation"], "update": phases["update"], "sync": phases["other"]},
-        "generated_tokens_per_step": round(generated, 1), "trained_tokens_per_step": round(trained, 1),
+        "generated_tokens_per_step": round(generated, 1),
+        "trained_tokens_per_step": round(trained, 1),
         "generation_tokens_per_s": round(generated / phases["generation"], 1),
-        "update_tokens_per_s": round(update_tps, 1), "update_flops_per_token": flops_per_token,
-        "update_mfu": round(flops_per_token * update_tps / peak, 4) if peak else None, "peak_source": source,
+        "update_tokens_per_s": round(update_tps, 1),
+        "update_flops_per_token": flops_per_token,
+        "update_mfu": round(flops_per_token * update_tps / peak, 4) if peak else None,
+        "peak_source": source,
         "step_seconds": summary["step_seconds"][0],
     }
 
@@ -158,7 +186,8 @@ def trl(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, rollforge
     summary = _summary([run])
     ours = rollforge.get("seconds_per_step") if rollforge.get("status") == "ok" else None
     return {
-        "seconds_per_step": summary["seconds_per_step"], "split_seconds": summary["phases_seconds_per_step"],
+        "seconds_per_step": summary["seconds_per_step"],
+        "split_seconds": summary["phases_seconds_per_step"],
         "generated_tokens_per_step": summary["generated_tokens_per_step"],
         "ratio_step_time": round(ours / summary["seconds_per_step"], 4) if ours else None,
         "step_seconds": summary["step_seconds"][0],
@@ -169,10 +198,29 @@ def train_throughput(model_dir: Path, where: Any, s: dict[str, Any]) -> dict[str
     """``bench train-throughput`` at one pack of ``pack_tokens`` per step, bfloat16 autocast."""
     from . import train_throughput as bench
 
-    result = bench.run(str(model_dir), batch=1, seq_len=s["pack_tokens"], steps=s["pack_steps"], warmup=1,
-                       device=str(where), dtype="bfloat16" if where.type == "cuda" else "float32", seed=s["seed"])
-    keep = ("seq_len", "steps", "step_s", "step_s_min", "tokens_per_s", "flops_per_token", "achieved_flops_per_s",
-            "peak_flops_per_s", "peak_source", "mfu", "dtype")
+    result = bench.run(
+        str(model_dir),
+        batch=1,
+        seq_len=s["pack_tokens"],
+        steps=s["pack_steps"],
+        warmup=1,
+        device=str(where),
+        dtype="bfloat16" if where.type == "cuda" else "float32",
+        seed=s["seed"],
+    )
+    keep = (
+        "seq_len",
+        "steps",
+        "step_s",
+        "step_s_min",
+        "tokens_per_s",
+        "flops_per_token",
+        "achieved_flops_per_s",
+        "peak_flops_per_s",
+        "peak_source",
+        "mfu",
+        "dtype",
+    )
     out = {k: result[k] for k in keep}
     out["anchor"] = "prime-rl's trainer benchmark: 11% MFU for Qwen3-0.6B on one H100; target >= 15%"
     if where.type == "cuda":
@@ -197,7 +245,11 @@ def fsdp2(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict
         torch.cuda.set_device(options["device_id"])
     dist.init_process_group(backend, store=store, rank=0, world_size=1, **options)
     try:
-        return {"backend": backend, "world_size": dist.get_world_size(), **_fsdp_round_trip(model_dir, where, s, scratch)}
+        return {
+            "backend": backend,
+            "world_size": dist.get_world_size(),
+            **_fsdp_round_trip(model_dir, where, s, scratch),
+        }
     finally:
         dist.destroy_process_group()
 
@@ -229,7 +281,9 @@ def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Pa
     model, tokenizer, optimizer, scheduler = _sharded(model_dir, where)
     if not is_sharded(model):
         raise ConfigError("FSDP2 did not wrap the model")
-    step = update_step(model, optimizer, tokenizer.pad_token_id, where, compute, s["fsdp_batch"], s["fsdp_seq_len"], s["seed"])
+    step = update_step(
+        model, optimizer, tokenizer.pad_token_id, where, compute, s["fsdp_batch"], s["fsdp_seq_len"], s["seed"]
+    )
     times = []
     for _ in range(s["fsdp_steps"]):
         began = time.perf_counter()
@@ -258,16 +312,30 @@ def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Pa
     common = [k for k in written if k in weights]
     matches = bool(common) and all(torch.equal(weights[k].cpu(), written[k].to(weights[k].dtype)) for k in common)
     del written
-    resumed_step = update_step(resumed, resumed_optimizer, resumed_tokenizer.pad_token_id, where, compute,
-                               s["fsdp_batch"], s["fsdp_seq_len"], s["seed"])
+    resumed_step = update_step(
+        resumed,
+        resumed_optimizer,
+        resumed_tokenizer.pad_token_id,
+        where,
+        compute,
+        s["fsdp_batch"],
+        s["fsdp_seq_len"],
+        s["seed"],
+    )
     actual = float(resumed_step().loss)
     return {
-        "steps": s["fsdp_steps"], "batch": s["fsdp_batch"], "seq_len": s["fsdp_seq_len"],
-        "step_seconds": [round(t, 3) for t in times], "checkpoint": saved.name,
+        "steps": s["fsdp_steps"],
+        "batch": s["fsdp_batch"],
+        "seq_len": s["fsdp_seq_len"],
+        "step_seconds": [round(t, 3) for t in times],
+        "checkpoint": saved.name,
         "checkpoint_mib": round(sum(f.stat().st_size for f in saved.rglob("*") if f.is_file()) / 2**20, 1),
-        "save_seconds": round(save_seconds, 2), "load_seconds": round(load_seconds, 2),
-        "resumed_step": loaded.step, "resumed_weights_match": matches,
-        "next_loss": expected, "next_loss_resumed": actual,
+        "save_seconds": round(save_seconds, 2),
+        "load_seconds": round(load_seconds, 2),
+        "resumed_step": loaded.step,
+        "resumed_weights_match": matches,
+        "next_loss": expected,
+        "next_loss_resumed": actual,
         "next_loss_matches": abs(actual - expected) <= 1e-4 * max(1.0, abs(expected)),
     }
 

@@ -22,10 +22,22 @@ from ..rollout.engine import arollout
 from ..types import Sample
 
 TOPICS = [
-    "why the sky is blue", "how a bicycle works", "what a volcano is", "why we sleep",
-    "how bees make honey", "what a rainbow is", "how rain forms", "why leaves change colour",
-    "how a compass works", "what the moon is made of", "how plants grow", "why the sea is salty",
-    "how a battery works", "what thunder is", "how birds fly", "why ice floats",
+    "why the sky is blue",
+    "how a bicycle works",
+    "what a volcano is",
+    "why we sleep",
+    "how bees make honey",
+    "what a rainbow is",
+    "how rain forms",
+    "why leaves change colour",
+    "how a compass works",
+    "what the moon is made of",
+    "how plants grow",
+    "why the sea is salty",
+    "how a battery works",
+    "what thunder is",
+    "how birds fly",
+    "why ice floats",
 ]
 
 
@@ -44,7 +56,9 @@ class _SingleTurn(Environment):
         return _Answer()
 
 
-def run(model_name: str = "smollm2-135m", episodes: int = 16, max_new_tokens: int = 64, repeats: int = 2) -> dict[str, Any]:
+def run(
+    model_name: str = "smollm2-135m", episodes: int = 16, max_new_tokens: int = 64, repeats: int = 2
+) -> dict[str, Any]:
     import torch
 
     from ..backends.hf import HFBackend
@@ -68,8 +82,12 @@ def run(model_name: str = "smollm2-135m", episodes: int = 16, max_new_tokens: in
         started = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=stop_ids, pad_token_id=pad,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=stop_ids,
+                pad_token_id=pad,
             )
         seconds = time.perf_counter() - started
         return sum(_useful(row[width:].tolist(), stop_ids) for row in out), seconds
@@ -95,8 +113,16 @@ def run(model_name: str = "smollm2-135m", episodes: int = 16, max_new_tokens: in
         "episodes": episodes,
         "max_new_tokens": max_new_tokens,
         "torch_threads": torch.get_num_threads(),
-        "raw_generate": {"tokens": raw_tokens, "seconds": round(raw_seconds, 3), "tokens_per_second": round(raw_tps, 2)},
-        "rollforge_hf": {"tokens": our_tokens, "seconds": round(our_seconds, 3), "tokens_per_second": round(our_tps, 2)},
+        "raw_generate": {
+            "tokens": raw_tokens,
+            "seconds": round(raw_seconds, 3),
+            "tokens_per_second": round(raw_tps, 2),
+        },
+        "rollforge_hf": {
+            "tokens": our_tokens,
+            "seconds": round(our_seconds, 3),
+            "tokens_per_second": round(our_tps, 2),
+        },
         "ratio_to_raw_generate": round(our_tps / raw_tps, 4),
     }
 

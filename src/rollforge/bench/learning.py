@@ -66,38 +66,70 @@ def preset() -> dict[str, Any]:
     calculator = next((e for e in config.environments if e.name == "calculator"), None)
     options = calculator.options if calculator else {}
     return {
-        "batch_size": config.algorithm.batch_size, "generations": config.algorithm.group_size, "lr": config.optim.lr,
-        "max_new_tokens": config.rollout.max_new_tokens, "max_turns": config.rollout.max_turns,
+        "batch_size": config.algorithm.batch_size,
+        "generations": config.algorithm.group_size,
+        "lr": config.optim.lr,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "max_turns": config.rollout.max_turns,
         "dtype": "bfloat16" if config.model.dtype == "bfloat16" else "float32",  # auto: float32 on CPU
-        "operations": list(options.get("operations", ["plus", "times"])), "balanced": bool(options.get("balanced", False)),
+        "operations": list(options.get("operations", ["plus", "times"])),
+        "balanced": bool(options.get("balanced", False)),
         "shuffle": config.data.shuffle,
     }
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--model", default="smollm2-135m", help="base model the warm-up starts from (default smollm2-135m)")
-    parser.add_argument("--warmup", default=None, metavar="DIR",
-                        help="a warm-up checkpoint's model dir made under the bench's chat template (TRL's "
-                             "Qwen2.5; the quickstart's is refused) instead of building one")
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="base model the warm-up starts from (default smollm2-135m)"
+    )
+    parser.add_argument(
+        "--warmup",
+        default=None,
+        metavar="DIR",
+        help="a warm-up checkpoint's model dir made under the bench's chat template (TRL's "
+        "Qwen2.5; the quickstart's is refused) instead of building one",
+    )
     parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps per side (default {STEPS})")
-    for flag, what in (("--batch-size", "prompts per step"), ("--generations", "completions per prompt"),
-                       ("--max-new-tokens", "tokens per turn")):
+    for flag, what in (
+        ("--batch-size", "prompts per step"),
+        ("--generations", "completions per prompt"),
+        ("--max-new-tokens", "tokens per turn"),
+    ):
         parser.add_argument(flag, type=int, default=None, help=f"{what} (default: the quickstart preset's)")
     parser.add_argument("--lr", type=float, default=None, help="default: the quickstart preset's")
-    parser.add_argument("--trl-micro-batch", type=int, default=TRL_MICRO_BATCH,
-                        help=f"TRL's completions per loss forward (default {TRL_MICRO_BATCH}; a divisor of the step's)")
-    parser.add_argument("--eval-every", type=int, default=EVAL_EVERY,
-                        help=f"steps between held-out evaluations (default {EVAL_EVERY})")
-    parser.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES, help=f"held-out questions (default {EVAL_EPISODES})")
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=TRL_MICRO_BATCH,
+        help=f"TRL's completions per loss forward (default {TRL_MICRO_BATCH}; a divisor of the step's)",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=EVAL_EVERY, help=f"steps between held-out evaluations (default {EVAL_EVERY})"
+    )
+    parser.add_argument(
+        "--eval-episodes", type=int, default=EVAL_EPISODES, help=f"held-out questions (default {EVAL_EPISODES})"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for result.json and learning_curves.png")
 
 
 def main(args: Any) -> dict[str, Any]:
-    given = {"batch_size": args.batch_size, "generations": args.generations, "max_new_tokens": args.max_new_tokens,
-             "lr": args.lr}
-    settings = {**preset(), **{k: v for k, v in given.items() if v is not None}, "steps": args.steps, "seed": args.seed,
-                "rollforge_mode": "async", "trl_micro_batch": args.trl_micro_batch, "eval_every": args.eval_every, "eval_episodes": args.eval_episodes}
+    given = {
+        "batch_size": args.batch_size,
+        "generations": args.generations,
+        "max_new_tokens": args.max_new_tokens,
+        "lr": args.lr,
+    }
+    settings = {
+        **preset(),
+        **{k: v for k, v in given.items() if v is not None},
+        "steps": args.steps,
+        "seed": args.seed,
+        "rollforge_mode": "async",
+        "trl_micro_batch": args.trl_micro_batch,
+        "eval_every": args.eval_every,
+        "eval_episodes": args.eval_episodes,
+    }
     return run(args.model, settings, warmup=args.warmup, out=args.out)
 
 
@@ -109,12 +141,24 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
     _check_trl()
     if warmup is not None:
         check_warmup(Path(warmup))
-    for key in ("steps", "eval_every", "eval_episodes", "batch_size", "generations", "max_new_tokens", "max_turns",
-                "trl_micro_batch"):
+    for key in (
+        "steps",
+        "eval_every",
+        "eval_episodes",
+        "batch_size",
+        "generations",
+        "max_new_tokens",
+        "max_turns",
+        "trl_micro_batch",
+    ):
         if settings.get(key, 1) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {settings[key]}")
-    settings = {"trl_micro_batch": TRL_MICRO_BATCH, **settings, "max_tool_calls": settings["max_turns"],
-                "max_completion_tokens": (settings["max_turns"] + 1) * settings["max_new_tokens"]}
+    settings = {
+        "trl_micro_batch": TRL_MICRO_BATCH,
+        **settings,
+        "max_tool_calls": settings["max_turns"],
+        "max_completion_tokens": (settings["max_turns"] + 1) * settings["max_new_tokens"],
+    }
     with tempfile.TemporaryDirectory(prefix="rollforge-bench-learning-") as scratch:
         spec = {"model": model, "warmup": warmup, "settings": settings, "scratch": scratch}
         start = spawn("warmup", spec, Path(scratch))
@@ -123,8 +167,11 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
     points = {side: {0: start["reward"], **{int(k): v for k, v in sides[side]["points"].items()}} for side in sides}
     result = report(settings, {side: sides[side]["run"] for side in ("trl", "rollforge")}, points)
     result["max_rss_mb"] = {side: done["max_rss_mb"] for side, done in (("warmup", start), *sides.items())}
-    result["settings"].update(model=model, warmup_seconds=start["seconds"], warmup=warmup or "built: SFT on "
-                              "calculator expert demonstrations (presets/quickstart_warmup.yaml)")
+    result["settings"].update(
+        model=model,
+        warmup_seconds=start["seconds"],
+        warmup=warmup or "built: SFT on calculator expert demonstrations (presets/quickstart_warmup.yaml)",
+    )
     if out is not None:
         write(Path(out), result)
     return result
@@ -133,7 +180,9 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
 # -- the report ------------------------------------------------------------------------------------
 
 
-def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: dict[str, dict[int, float]]) -> dict[str, Any]:
+def report(
+    settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: dict[str, dict[int, float]]
+) -> dict[str, Any]:
     curves = {side: curve(runs[side]["step_seconds"], points[side]) for side in runs}
     ratio, note = time_to_target_ratio(curves["rollforge"], curves["trl"])
     result: dict[str, Any] = {
@@ -142,17 +191,25 @@ def report(settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: di
         "ratio_note": note,
         "ratio_time_to_target_below": time_to_target_bound(curves["rollforge"], curves["trl"]),
         "held_out_curves": curves,
-        "settings": {**settings, "workload": "calculator", "sampling": SAMPLING,
-                     "completions_per_step": settings["batch_size"] * settings["generations"]},
+        "settings": {
+            **settings,
+            "workload": "calculator",
+            "sampling": SAMPLING,
+            "completions_per_step": settings["batch_size"] * settings["generations"],
+        },
     }
     for side, run in runs.items():
         first, last = curves[side][0]["reward"], curves[side][-1]["reward"]
         result[side] = {
-            "held_out_start": first, "held_out_end": last, "held_out_gain_per_step": round((last - first) / settings["steps"], 4),
-            "train_seconds": round(sum(run["step_seconds"]), 2), "seconds_per_step": round(sum(run["step_seconds"]) / settings["steps"], 3),
+            "held_out_start": first,
+            "held_out_end": last,
+            "held_out_gain_per_step": round((last - first) / settings["steps"], 4),
+            "train_seconds": round(sum(run["step_seconds"]), 2),
+            "seconds_per_step": round(sum(run["step_seconds"]) / settings["steps"], 3),
             "phases_per_step": mean_phases(run["steps"]),
             "generated_tokens_per_step": round(sum(x["generated_tokens"] for x in run["steps"]) / len(run["steps"]), 1),
-            "train_reward_per_step": run["rewards"], "sampling": run["configuration"]["sampling"],
+            "train_reward_per_step": run["rewards"],
+            "sampling": run["configuration"]["sampling"],
             "prompt_tokens": run["prompt_tokens"],  # the first row's prompt, tools included, as that side renders it
         }
     result["notes"] = [
@@ -175,7 +232,9 @@ def mean_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
 
 def curve(step_seconds: list[float], points: dict[int, float]) -> list[dict[str, float]]:
     """``[{step, seconds, reward}]`` at the evaluated steps; ``seconds`` summed up to that step."""
-    return [{"step": step, "seconds": round(sum(step_seconds[:step]), 2), "reward": points[step]} for step in sorted(points)]
+    return [
+        {"step": step, "seconds": round(sum(step_seconds[:step]), 2), "reward": points[step]} for step in sorted(points)
+    ]
 
 
 def time_to_target(points: list[dict[str, float]], target: float) -> float | None:
@@ -188,7 +247,10 @@ def time_to_target_ratio(rollforge: list[dict[str, float]], trl: list[dict[str, 
         return None, f"TRL ends at held-out reward {target}, no higher than the warm-up's {trl[0]['reward']}: no target"
     ours, theirs = time_to_target(rollforge, target), time_to_target(trl, target)
     if ours is None:
-        return None, f"rollforge did not reach TRL's final held-out reward {target} (it ended at {rollforge[-1]['reward']})"
+        return (
+            None,
+            f"rollforge did not reach TRL's final held-out reward {target} (it ended at {rollforge[-1]['reward']})",
+        )
     return round(ours / theirs, 4), f"target: TRL's final held-out reward {target}; rollforge {ours}s, TRL {theirs}s"
 
 
@@ -219,9 +281,11 @@ def write(out: Path, result: dict[str, Any]) -> None:
     axes[1].set_xlabel("wall seconds (training steps only)")
     axes[0].set_ylabel("held-out greedy reward")
     ratio = result["ratio_time_to_target"]
-    fig.suptitle(f"calculator, {result['settings']['completions_per_step']} completions/step; "
-                 f"ratio_time_to_target {ratio if ratio is not None else 'None (' + result['ratio_note'] + ')'}",
-                 fontsize=9)
+    fig.suptitle(
+        f"calculator, {result['settings']['completions_per_step']} completions/step; "
+        f"ratio_time_to_target {ratio if ratio is not None else 'None (' + result['ratio_note'] + ')'}",
+        fontsize=9,
+    )
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=100)

@@ -46,10 +46,14 @@ def spawn(side: str, spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
     spec_file, out_file = scratch / f"{side}.spec.json", scratch / f"{side}.result.json"
     spec_file.write_text(json.dumps(spec))
     source = str(Path(__file__).resolve().parents[2])  # the rollforge this parent runs
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
-           PARENT: str(os.getpid())}
-    code = subprocess.run([*CHILD, side, str(spec_file), str(out_file)],
-                          env=env, stdin=subprocess.DEVNULL, check=False).returncode
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
+        PARENT: str(os.getpid()),
+    }
+    code = subprocess.run(
+        [*CHILD, side, str(spec_file), str(out_file)], env=env, stdin=subprocess.DEVNULL, check=False
+    ).returncode
     written = json.loads(out_file.read_text()) if out_file.is_file() else {}
     if code == 0 and "error" not in written:
         return written
@@ -112,7 +116,9 @@ def trainer_side(side: str):
         from .vs_trl_runners import run_rollforge, run_trl
 
         settings, model_dir = spec["settings"], Path(spec["model_dir"])
-        workload = calculator(model_dir, settings["operations"], seed=settings["seed"], balanced=settings.get("balanced", False))
+        workload = calculator(
+            model_dir, settings["operations"], seed=settings["seed"], balanced=settings.get("balanced", False)
+        )
         held_out, points = HeldOut(model_dir, settings), {}
         runner = run_rollforge if side == "rollforge" else run_trl
         result = runner(workload, settings, Path(spec["scratch"]) / side, None, held_out.hook(side, points))
@@ -138,8 +144,12 @@ def warm_up(model: str, scratch: Path, settings: dict[str, Any]) -> Path:
 
     base = templated(resolve_model(model), scratch / "base")
     config = load_sft_config(PRESETS / "quickstart_warmup.yaml", [f"seed={settings['seed']}"])
-    config = config.model_copy(update={"out": str(scratch / "warmup"), "model": config.model.model_copy(
-        update={"name": str(base), "backend": "hf", "dtype": settings["dtype"]})})
+    config = config.model_copy(
+        update={
+            "out": str(scratch / "warmup"),
+            "model": config.model.model_copy(update={"name": str(base), "backend": "hf", "dtype": settings["dtype"]}),
+        }
+    )
     with contextlib.redirect_stdout(sys.stderr):
         sft(config, console=False)
     return ckpt.latest_checkpoint(scratch / "warmup" / "checkpoints") / "model"
@@ -154,13 +164,17 @@ def check_warmup(model_dir: Path) -> None:
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"--warmup must be a model directory (with config.json), got {model_dir}")
     jinja, config = model_dir / "chat_template.jinja", model_dir / "tokenizer_config.json"
-    template = jinja.read_text() if jinja.is_file() else (
-        json.loads(config.read_text()).get("chat_template") if config.is_file() else None)
+    template = (
+        jinja.read_text()
+        if jinja.is_file()
+        else (json.loads(config.read_text()).get("chat_template") if config.is_file() else None)
+    )
     if template != QWEN25_TEMPLATE:
         raise ConfigError(
             f"--warmup {model_dir} was trained under another chat template than bench learning renders "
             "(TRL's Qwen2.5, which TRL parses tool calls from): use a warm-up that bench learning built "
-            "(omit --warmup), not the quickstart's")
+            "(omit --warmup), not the quickstart's"
+        )
 
 
 def templated(source: Path, target: Path) -> Path:
@@ -205,12 +219,18 @@ class HeldOut:
         self.model_dir, self.settings = model_dir, settings
         calculator = EnvConfig(name="calculator", options={"operations": settings["operations"]})
         self.task_to_env, self.samples = read_inputs(
-            [calculator], Prompts(generated=settings["eval_episodes"], seed=HELD_OUT_SEED + settings["seed"]))
+            [calculator], Prompts(generated=settings["eval_episodes"], seed=HELD_OUT_SEED + settings["seed"])
+        )
         self.tokenizer = load_tokenizer(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
-        self.greedy = RolloutConfig(max_turns=settings["max_turns"], max_new_tokens=settings["max_new_tokens"],
-                                    max_seq_len=1024, greedy=True, seed=settings["seed"],
-                                    concurrency=settings["eval_episodes"])
+        self.greedy = RolloutConfig(
+            max_turns=settings["max_turns"],
+            max_new_tokens=settings["max_new_tokens"],
+            max_seq_len=1024,
+            greedy=True,
+            seed=settings["seed"],
+            concurrency=settings["eval_episodes"],
+        )
 
     async def score(self, backend: Any) -> float:
         from ..inputs.evaluate import aevaluate
@@ -224,12 +244,15 @@ class HeldOut:
         from ..inputs.evaluate import evaluate
         from ..workers import run_sync
 
-        config = BackendConfig(kind="hf", model=str(self.model_dir), concurrency=len(self.samples), seed=self.settings["seed"])
+        config = BackendConfig(
+            kind="hf", model=str(self.model_dir), concurrency=len(self.samples), seed=self.settings["seed"]
+        )
         was_training = model.training
         model.eval()
         try:
-            result = run_sync(evaluate(config, self.samples, self.task_to_env, self.renderer, self.greedy,
-                                       hf_model=model))
+            result = run_sync(
+                evaluate(config, self.samples, self.task_to_env, self.renderer, self.greedy, hf_model=model)
+            )
             return round(result.mean_reward, 4)
         finally:
             model.train(was_training)

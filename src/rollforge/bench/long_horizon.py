@@ -43,8 +43,7 @@ from ..testing import make_tokenizer
 from ..types import Sample, Trajectory
 from .async_vs_lockstep import CodeRunner, bounds, code_script
 
-TIMED = ("check_template", "with_tool_prompt", "prompt_ids", "content_ids", "decode", "closing_ids",
-         "delta_ids")
+TIMED = ("check_template", "with_tool_prompt", "prompt_ids", "content_ids", "decode", "closing_ids", "delta_ids")
 
 
 class TimedRenderer(ChatRenderer):
@@ -100,15 +99,22 @@ def full_rerender_seconds(trajectory: Trajectory, tokenizer: Any) -> tuple[float
     total, ids = 0.0, []
     for end in ends:
         started = time.perf_counter()
-        text = tokenizer.apply_chat_template(chat[:end], tools=tools, tokenize=False,
-                                             add_generation_prompt=end < len(chat))
+        text = tokenizer.apply_chat_template(
+            chat[:end], tools=tools, tokenize=False, add_generation_prompt=end < len(chat)
+        )
         ids = fast.encode(text, add_special_tokens=False).ids
         total += time.perf_counter() - started
     return total, tuple(ids) == trajectory.token_ids
 
 
-def run(episodes: int = 32, turns: int = 128, latency: float = 0.05, per_token_latency: float = 0.01,
-        max_output_lines: int = 48, tokenizer_dir: str | None = None) -> dict[str, Any]:
+def run(
+    episodes: int = 32,
+    turns: int = 128,
+    latency: float = 0.05,
+    per_token_latency: float = 0.01,
+    max_output_lines: int = 48,
+    tokenizer_dir: str | None = None,
+) -> dict[str, Any]:
     """``tokenizer_dir``: a model directory or alias whose tokenizer and template to use (None: the
     tiny test model's)."""
     if tokenizer_dir is None:
@@ -118,10 +124,17 @@ def run(episodes: int = 32, turns: int = 128, latency: float = 0.05, per_token_l
 
         tokenizer = load_tokenizer(tokenizer_dir)
     renderer = TimedRenderer(tokenizer)
-    backend = ScriptedBackend(code_script(12), tokenizer, end_token_id=renderer.stop_token_ids[0],
-                              latency=latency, per_token_latency=per_token_latency)
-    samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}: analyse the data."}], task_name="code",
-                      row={"seed": i}) for i in range(episodes)]
+    backend = ScriptedBackend(
+        code_script(12),
+        tokenizer,
+        end_token_id=renderer.stop_token_ids[0],
+        latency=latency,
+        per_token_latency=per_token_latency,
+    )
+    samples = [
+        Sample(prompt=[{"role": "user", "content": f"Task {i}: analyse the data."}], task_name="code", row={"seed": i})
+        for i in range(episodes)
+    ]
     env = FactoryEnvironment(lambda: CodeRunner(0.0, 0.0, max_output_lines))
     config = RolloutConfig(max_turns=turns, concurrency=episodes, max_seq_len=1 << 22, max_new_tokens=1024)
     started = time.perf_counter()
@@ -168,8 +181,11 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--turns", type=int, default=128)
     parser.add_argument("--latency", type=float, default=0.05, help="seconds per backend request")
     parser.add_argument("--per-token-latency", type=float, default=0.01, help="seconds per generated token")
-    parser.add_argument("--tokenizer", default="smollm2-135m",
-                        help="model directory or alias whose tokenizer and chat template render the turns")
+    parser.add_argument(
+        "--tokenizer",
+        default="smollm2-135m",
+        help="model directory or alias whose tokenizer and chat template render the turns",
+    )
     parser.add_argument("--max-output-lines", type=int, default=48, help="tool result lines per turn: 1..N")
 
 

@@ -86,9 +86,13 @@ def run(
     }
 
 
-def _measure(environment: type, renderer: ChatRenderer, episodes: int, turns: int, latency: float, mode: str) -> dict[str, Any]:
+def _measure(
+    environment: type, renderer: ChatRenderer, episodes: int, turns: int, latency: float, mode: str
+) -> dict[str, Any]:
     backend = ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
-    samples = [Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)]
+    samples = [
+        Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)
+    ]
     config = RolloutConfig(mode=mode, max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64)
     started = time.perf_counter()
     result = asyncio.run(arollout(samples, {"notes": FactoryEnvironment(environment)}, backend, renderer, config))

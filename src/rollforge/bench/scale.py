@@ -81,24 +81,36 @@ def _reset_peak() -> bool:
 
 
 def run(
-    episodes: int = 10_000, turns: int = 4, latency: float = 1.0, trace: bool = False, tokenizer_dir: str | None = None,
-    wrap_environment: Callable[[Environment], Environment] | None = None, engine_workers: int = 1,
+    episodes: int = 10_000,
+    turns: int = 4,
+    latency: float = 1.0,
+    trace: bool = False,
+    tokenizer_dir: str | None = None,
+    wrap_environment: Callable[[Environment], Environment] | None = None,
+    engine_workers: int = 1,
 ) -> dict[str, Any]:
     renderer = ChatRenderer(tokenizer_or_tiny(tokenizer_dir))
     env: Environment = FactoryEnvironment(AsyncNotebook, run_in_thread=False)
     task_to_env = {"notes": env if wrap_environment is None else wrap_environment(env)}
-    config = RolloutConfig(max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64,
-                           engine_workers=engine_workers)
+    config = RolloutConfig(
+        max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64, engine_workers=engine_workers
+    )
     # the tokenizer, not the renderer: it pickles, so engine workers reopen the backend themselves
     backend = ScriptedBackend(_reply, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=latency)
 
     def rollout(pool: EngineWorkers | None):
-        samples = [Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)]
+        samples = [
+            Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)
+        ]
         return asyncio.run(arollout(samples, task_to_env, backend, renderer, config, workers=pool))
 
     with contextlib.ExitStack() as stack:
         started = time.perf_counter()
-        pool = stack.enter_context(EngineWorkers(engine_workers, task_to_env, backend, renderer)) if engine_workers > 1 else None
+        pool = (
+            stack.enter_context(EngineWorkers(engine_workers, task_to_env, backend, renderer))
+            if engine_workers > 1
+            else None
+        )
         start_seconds = time.perf_counter() - started
         out = _timed(functools.partial(rollout, pool), episodes, turns, latency, pool)
         out["worker_start_seconds"] = round(start_seconds, 3) if pool is not None else 0.0
@@ -114,7 +126,9 @@ def run(
     return out
 
 
-def _timed(rollout: Callable[[], Any], episodes: int, turns: int, latency: float, pool: EngineWorkers | None) -> dict[str, Any]:
+def _timed(
+    rollout: Callable[[], Any], episodes: int, turns: int, latency: float, pool: EngineWorkers | None
+) -> dict[str, Any]:
     """One rollout, measured: memory, wall and CPU time (this process's, and the workers' since their start)."""
     gc.collect()
     rss_before = _status_kb("VmRSS")
@@ -149,7 +163,9 @@ def _timed(rollout: Callable[[], Any], episodes: int, turns: int, latency: float
     }
 
 
-def run_on_ray(episodes: int, turns: int, latency: float, actors: int, tokenizer_dir: str | None = None) -> dict[str, Any]:
+def run_on_ray(
+    episodes: int, turns: int, latency: float, actors: int, tokenizer_dir: str | None = None
+) -> dict[str, Any]:
     from ..cluster.connect import ensure_ray
     from ..cluster.env_pool import RayEnvironmentPool
 
@@ -174,19 +190,34 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--episodes", type=int, default=10_000, help="episodes, all in flight at once")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per backend request")
-    parser.add_argument("--tracemalloc", action="store_true", help="add a traced run: Python allocation peak per episode")
-    parser.add_argument("--executor", choices=["local", "ray"], default="local",
-                        help="ray: the environment in a pool of Ray actors on a private local instance")
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="add a traced run: Python allocation peak per episode"
+    )
+    parser.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: the environment in a pool of Ray actors on a private local instance",
+    )
     parser.add_argument("--env-actors", type=int, default=2, help="with --executor ray: actors in the pool")
-    parser.add_argument("--engine-workers", type=int, default=1,
-                        help="engine processes the episodes are spread over (generation stays in this one)")
+    parser.add_argument(
+        "--engine-workers",
+        type=int,
+        default=1,
+        help="engine processes the episodes are spread over (generation stays in this one)",
+    )
 
 
 def main(args: Any) -> dict[str, Any]:
     if args.executor == "ray" and args.engine_workers != 1:
-        raise ConfigError(f"--engine-workers {args.engine_workers} runs with --executor local only (the Ray "
-                          "pool is already out of process)")
+        raise ConfigError(
+            f"--engine-workers {args.engine_workers} runs with --executor local only (the Ray "
+            "pool is already out of process)"
+        )
     if args.executor == "ray":
         return run_on_ray(args.episodes, args.turns, args.latency, args.env_actors)
     workers = RolloutConfig.build(engine_workers=args.engine_workers).engine_workers
-    return {**run(args.episodes, args.turns, args.latency, args.tracemalloc, engine_workers=workers), "executor": "local"}
+    return {
+        **run(args.episodes, args.turns, args.latency, args.tracemalloc, engine_workers=workers),
+        "executor": "local",
+    }

@@ -120,8 +120,9 @@ def run(
     }
 
 
-def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int, steps: int,
-                warmup: int, seed: int) -> list[float]:
+def timed_steps(
+    model: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int, steps: int, warmup: int, seed: int
+) -> list[float]:
     """Seconds of each of ``steps`` updates (after ``warmup`` untimed ones) of ``update_step``."""
     import torch
 
@@ -138,8 +139,9 @@ def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, batch: int, s
     return times
 
 
-def update_step(model: Any, optimizer: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int,
-                seed: int) -> Any:
+def update_step(
+    model: Any, optimizer: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int, seed: int
+) -> Any:
     """A function taking one ``policy_update`` (ending with a device synchronisation) on ``batch`` x
     ``seq_len`` random token ids (the same every call), every token in the loss, as one micro-batch;
     it returns the update's statistics."""
@@ -158,8 +160,17 @@ def update_step(model: Any, optimizer: Any, pad_id: int, where: Any, compute: An
     loss_fn = ClippedPolicyLoss()
 
     def step() -> Any:
-        stats = policy_update(model, optimizer, episodes, advantages, weights, loss_fn,
-                              micro_batch_tokens=batch * seq_len, pad_id=pad_id, compute_dtype=compute)
+        stats = policy_update(
+            model,
+            optimizer,
+            episodes,
+            advantages,
+            weights,
+            loss_fn,
+            micro_batch_tokens=batch * seq_len,
+            pad_id=pad_id,
+            compute_dtype=compute,
+        )
         if where.type == "cuda":
             torch.cuda.synchronize(where)
         return stats
@@ -175,7 +186,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16 (compute precision)")
-    parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s for the MFU (default: the GPU table)")
+    parser.add_argument(
+        "--peak-flops", type=float, default=None, help="peak FLOP/s for the MFU (default: the GPU table)"
+    )
 
 
 def main(args: Any) -> dict[str, Any]:

@@ -61,8 +61,14 @@ def _samples(episodes: int, repetition: int) -> list[Sample]:
 
 
 def run(
-    model_name: str = "smollm2-135m", episodes: int = 32, turns: int = 2, max_new_tokens: int = 32,
-    repeats: int = 2, eager: bool | None = None, dtype: str = "float32", with_hf: bool = True,
+    model_name: str = "smollm2-135m",
+    episodes: int = 32,
+    turns: int = 2,
+    max_new_tokens: int = 32,
+    repeats: int = 2,
+    eager: bool | None = None,
+    dtype: str = "float32",
+    with_hf: bool = True,
 ) -> dict[str, Any]:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON result
     from ..backends.vllm import VLLMBackend
@@ -87,8 +93,14 @@ def run(
     raw_tokens, raw_seconds = min(raw_runs, key=lambda r: r[1])
     raw_tps = raw_tokens / raw_seconds
     result: dict[str, Any] = {
-        "benchmark": "vllm-throughput", "model": model_name, "episodes": episodes, "turns": turns,
-        "max_new_tokens": max_new_tokens, "requests": n_requests, "dtype": dtype, "enforce_eager": eager,
+        "benchmark": "vllm-throughput",
+        "model": model_name,
+        "episodes": episodes,
+        "turns": turns,
+        "max_new_tokens": max_new_tokens,
+        "requests": n_requests,
+        "dtype": dtype,
+        "enforce_eager": eager,
         "raw_vllm": _side(raw_tokens, raw_seconds),
         "rollforge_vllm": _side(our_tokens, our_seconds),
         "ratio_to_raw_vllm": round(our_tokens / our_seconds / raw_tps, 4),
@@ -99,8 +111,9 @@ def run(
     return result
 
 
-def ours(backend: Any, renderer: ChatRenderer, config: RolloutConfig,
-         repetition: int) -> tuple[int, float, RecordingBackend]:
+def ours(
+    backend: Any, renderer: ChatRenderer, config: RolloutConfig, repetition: int
+) -> tuple[int, float, RecordingBackend]:
     """One rollforge run on fresh prompts: (policy tokens, seconds, the recorded requests)."""
     _on_engine(backend, backend._engine.reset_prefix_cache())
     recorder = RecordingBackend(backend)
@@ -163,8 +176,9 @@ def _hf_side(path, renderer: ChatRenderer, config: RolloutConfig) -> dict[str, A
     async def run() -> tuple[Any, float]:
         async with HFBackend(model, tokenizer, max_batch_size=config.concurrency) as backend:
             started = time.perf_counter()
-            result = await arollout(_samples(config.concurrency, 0), {"default": _Conversation()}, backend, renderer,
-                                    config)
+            result = await arollout(
+                _samples(config.concurrency, 0), {"default": _Conversation()}, backend, renderer, config
+            )
             return result, time.perf_counter() - started
 
     result, seconds = asyncio.run(run())
@@ -177,8 +191,13 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2, help="alternating measurements of each side")
-    parser.add_argument("--compile", dest="eager", action="store_false", default=None,
-                        help="torch.compile the model in vLLM (default on GPU; on CPU eager is the default)")
+    parser.add_argument(
+        "--compile",
+        dest="eager",
+        action="store_false",
+        default=None,
+        help="torch.compile the model in vLLM (default on GPU; on CPU eager is the default)",
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--no-hf", action="store_true", help="skip the HF backend comparison")
 

@@ -44,27 +44,57 @@ PHASES = ("generation", "update", "other")
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--workload", choices=sorted(DEFAULTS), default="arithmetic",
-                        help="arithmetic: SmolLM2-135M, single-turn additions (default); guess-number: a 0.9M "
-                             "tool-calling model, multi-turn")
-    parser.add_argument("--model", default="smollm2-135m", help="the arithmetic workload's model (default smollm2-135m)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per run, the first one untimed (default 6; 8 for guess-number)")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(DEFAULTS),
+        default="arithmetic",
+        help="arithmetic: SmolLM2-135M, single-turn additions (default); guess-number: a 0.9M "
+        "tool-calling model, multi-turn",
+    )
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="the arithmetic workload's model (default smollm2-135m)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per run, the first one untimed (default 6; 8 for guess-number)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="runs of each trainer (default 1)")
     parser.add_argument("--batch-size", type=int, default=None, help="prompts per step (default 2; 4 for guess-number)")
-    parser.add_argument("--generations", type=int, default=None, help="completions per prompt, the GRPO group (default 4)")
+    parser.add_argument(
+        "--generations", type=int, default=None, help="completions per prompt, the GRPO group (default 4)"
+    )
     parser.add_argument("--max-completion-tokens", type=int, default=None, help="default 32; 128 for guess-number")
     parser.add_argument("--max-tool-calls", type=int, default=None, help="guess-number only (default 4)")
     parser.add_argument("--lr", type=float, default=None, help="default 1e-6; 5e-4 for guess-number")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rollforge-mode", choices=["async", "lockstep"], default="async",
-                        help="rollforge's rollout mode (default async)")
-    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf",
-                        help="rollforge's generation backend: hf (the trained model) or vllm (in-process engine)")
-    parser.add_argument("--max-staleness", type=int, default=0,
-                        help="rollforge's algorithm.max_staleness: 0 synchronous (default), k >= 1 asynchronous")
-    parser.add_argument("--best", action="store_true",
-                        help="also time each side's candidate configurations and compare the fastest of each")
-    parser.add_argument("--best-steps", type=int, default=None, help=f"steps per candidate with --best, the first untimed (default {DEFAULT_BEST_STEPS})")
+    parser.add_argument(
+        "--rollforge-mode",
+        choices=["async", "lockstep"],
+        default="async",
+        help="rollforge's rollout mode (default async)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="rollforge's generation backend: hf (the trained model) or vllm (in-process engine)",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="rollforge's algorithm.max_staleness: 0 synchronous (default), k >= 1 asynchronous",
+    )
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="also time each side's candidate configurations and compare the fastest of each",
+    )
+    parser.add_argument(
+        "--best-steps",
+        type=int,
+        default=None,
+        help=f"steps per candidate with --best, the first untimed (default {DEFAULT_BEST_STEPS})",
+    )
     parser.add_argument("--candidates", default=None, help=f"with --best (default all): {', '.join(CANDIDATES)}")
     parser.add_argument("--sides", default="trl,rollforge", help="comma-separated subset (for profiling one side)")
     parser.add_argument("--out", default=None, help="directory for result.json and learning_curves.png")
@@ -78,7 +108,9 @@ def main(args: Any) -> dict[str, Any]:
 def settings_from(args: Any) -> dict[str, Any]:
     """The run's settings: the flags given, the workload's defaults for the others."""
     if args.workload == "arithmetic" and args.max_tool_calls:
-        raise ConfigError(f"--max-tool-calls applies to the guess-number workload (arithmetic has no tools), got {args.max_tool_calls}")
+        raise ConfigError(
+            f"--max-tool-calls applies to the guess-number workload (arithmetic has no tools), got {args.max_tool_calls}"
+        )
     if args.max_staleness < 0:
         raise ConfigError(f"--max-staleness must be 0 (synchronous) or more, got {args.max_staleness}")
     if not args.best and (args.best_steps is not None or args.candidates is not None):
@@ -87,20 +119,32 @@ def settings_from(args: Any) -> dict[str, Any]:
     if best_steps < 2:
         raise ConfigError(f"--best-steps must be at least 2 (one warm-up step, then timed steps), got {best_steps}")
     given = {
-        "steps": args.steps, "batch_size": args.batch_size, "generations": args.generations,
-        "max_completion_tokens": args.max_completion_tokens, "max_tool_calls": args.max_tool_calls, "lr": args.lr,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "generations": args.generations,
+        "max_completion_tokens": args.max_completion_tokens,
+        "max_tool_calls": args.max_tool_calls,
+        "lr": args.lr,
     }
     return {
-        **DEFAULTS[args.workload], **{k: v for k, v in given.items() if v is not None},
-        "rounds": args.rounds, "seed": args.seed, "rollforge_mode": args.rollforge_mode,
-        "backend": args.backend, "max_staleness": args.max_staleness,
-        **({"best_steps": best_steps, "candidates": parse_candidates(args.candidates or ",".join(CANDIDATES))}
-           if args.best else {}),
+        **DEFAULTS[args.workload],
+        **{k: v for k, v in given.items() if v is not None},
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "rollforge_mode": args.rollforge_mode,
+        "backend": args.backend,
+        "max_staleness": args.max_staleness,
+        **(
+            {"best_steps": best_steps, "candidates": parse_candidates(args.candidates or ",".join(CANDIDATES))}
+            if args.best
+            else {}
+        ),
     }
 
 
-def run(workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = ("trl", "rollforge"),
-        out: str | None = None) -> dict[str, Any]:
+def run(
+    workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = ("trl", "rollforge"), out: str | None = None
+) -> dict[str, Any]:
     import torch
 
     _check_trl()
@@ -129,14 +173,20 @@ def run(workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = (
     result: dict[str, Any] = {
         "benchmark": "vs-trl",
         "ratio_step_time": None,
-        "settings": {**settings, "workload": workload.name, "model": str(workload.model_dir),
-                     "completions_per_step": settings["batch_size"] * settings["generations"],
-                     "torch_threads": torch.get_num_threads()},
+        "settings": {
+            **settings,
+            "workload": workload.name,
+            "model": str(workload.model_dir),
+            "completions_per_step": settings["batch_size"] * settings["generations"],
+            "torch_threads": torch.get_num_threads(),
+        },
     }
     for side in sides:
         result[side] = _summary(runs[side])
     if "trl" in result and "rollforge" in result:
-        result["ratio_step_time"] = round(result["rollforge"]["seconds_per_step"] / result["trl"]["seconds_per_step"], 4)
+        result["ratio_step_time"] = round(
+            result["rollforge"]["seconds_per_step"] / result["trl"]["seconds_per_step"], 4
+        )
     result.update(best_result)
     result["learning_curves"] = {side: [r["rewards"] for r in runs[side]] for side in sides}
     result["notes"] = _notes(workload, runs) + _configuration_notes(settings)
@@ -222,15 +272,21 @@ def _notes(workload: Workload, runs: dict[str, list[dict[str, Any]]]) -> list[st
 
 
 def _configuration_notes(settings: dict[str, Any]) -> list[str]:
-    notes = [f"rollforge side: backend {settings.get('backend', 'hf')}, max_staleness {settings.get('max_staleness', 0)}; "
-             "TRL side: model.generate"]
+    notes = [
+        f"rollforge side: backend {settings.get('backend', 'hf')}, max_staleness {settings.get('max_staleness', 0)}; "
+        "TRL side: model.generate"
+    ]
     if settings.get("max_staleness"):
-        notes.append("with max_staleness >= 1 the two trainers ran one after the other, not alternating (the "
-                     "asynchronous loop generates between its steps, which would overlap TRL's)")
+        notes.append(
+            "with max_staleness >= 1 the two trainers ran one after the other, not alternating (the "
+            "asynchronous loop generates between its steps, which would overlap TRL's)"
+        )
     if "candidates" in settings:
-        notes.append(f"--best: each candidate trained alone for {settings['best_steps']} steps (the first untimed); "
-                     f"each side's fastest then trained {settings['steps']} steps, TRL's first; ratio_step_time_best "
-                     "compares those two runs")
+        notes.append(
+            f"--best: each candidate trained alone for {settings['best_steps']} steps (the first untimed); "
+            f"each side's fastest then trained {settings['steps']} steps, TRL's first; ratio_step_time_best "
+            "compares those two runs"
+        )
     return notes
 
 
@@ -253,12 +309,20 @@ def _write(out: Path, result: dict[str, Any]) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for side, color in (("trl", "tab:orange"), ("rollforge", "tab:blue")):
         for i, curve in enumerate(result["learning_curves"].get(side, [])):
-            ax.plot(range(1, len(curve) + 1), curve, color=color, alpha=1.0 if i == 0 else 0.5,
-                    marker="o", label=f"{side} ({result[side]['seconds_per_step']:.2f} s/step)" if i == 0 else None)
+            ax.plot(
+                range(1, len(curve) + 1),
+                curve,
+                color=color,
+                alpha=1.0 if i == 0 else 0.5,
+                marker="o",
+                label=f"{side} ({result[side]['seconds_per_step']:.2f} s/step)" if i == 0 else None,
+            )
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
-    ax.set_title(f"{result['settings']['workload']}, {result['settings']['batch_size']}x{result['settings']['generations']} "
-                 f"completions/step (one line per run)")
+    ax.set_title(
+        f"{result['settings']['workload']}, {result['settings']['batch_size']}x{result['settings']['generations']} "
+        f"completions/step (one line per run)"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=100)

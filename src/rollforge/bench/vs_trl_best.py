@@ -43,15 +43,21 @@ def parse_candidates(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
-        raise ConfigError(f"--candidates: unknown candidate {unknown[0]!r}; expected names from {', '.join(CANDIDATES)}")
+        raise ConfigError(
+            f"--candidates: unknown candidate {unknown[0]!r}; expected names from {', '.join(CANDIDATES)}"
+        )
     missing = [side for side in RUNNERS if not any(CANDIDATES[n][0] == side for n in names)]
     if missing:
         raise ConfigError(f"--candidates {text!r} names no {missing[0]} candidate; --best needs one per side at least")
     return names
 
 
-def best(workload: Workload, settings: dict[str, Any], folder: Path,
-         summarize: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+def best(
+    workload: Workload,
+    settings: dict[str, Any],
+    folder: Path,
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> dict[str, Any]:
     """Time every candidate, rerun each side's fastest; ``summarize`` turns runs into a summary."""
     candidates: dict[str, dict[str, Any]] = {}
     for name in settings["candidates"]:
@@ -63,11 +69,18 @@ def best(workload: Workload, settings: dict[str, Any], folder: Path,
             candidates[name] = {"side": side, "error": _one_line(exc)}
             continue
         summary = summarize([run])
-        candidates[name] = {"side": side, "configuration": summary["configuration"],
-                            "seconds_per_step": summary["seconds_per_step"],
-                            "phases_seconds_per_step": summary["phases_seconds_per_step"],
-                            "step_seconds": summary["step_seconds"][0]}
-    result: dict[str, Any] = {"ratio_step_time_best": None, "best_steps": settings["best_steps"], "candidates": candidates}
+        candidates[name] = {
+            "side": side,
+            "configuration": summary["configuration"],
+            "seconds_per_step": summary["seconds_per_step"],
+            "phases_seconds_per_step": summary["phases_seconds_per_step"],
+            "step_seconds": summary["step_seconds"][0],
+        }
+    result: dict[str, Any] = {
+        "ratio_step_time_best": None,
+        "best_steps": settings["best_steps"],
+        "candidates": candidates,
+    }
     chosen = {}
     for side in RUNNERS:
         timed = {n: c["seconds_per_step"] for n, c in candidates.items() if c["side"] == side and "error" not in c}
@@ -80,7 +93,8 @@ def best(workload: Workload, settings: dict[str, Any], folder: Path,
             run = RUNNERS[side](workload, {**settings, **CANDIDATES[name][1]}, folder / f"best-{name}")
         result[f"best_{side}"] = {"candidate": name, **summarize([run])}
     result["ratio_step_time_best"] = round(
-        result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], 4)
+        result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], 4
+    )
     return result
 
 

@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 #: TRL 1.16's ``trl/chat_templates/qwen2_5.jinja``, verbatim (the benchmark checks it still matches).
-QWEN25_TEMPLATE = r'''{%- if tools %}
+QWEN25_TEMPLATE = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0]['role'] == 'system' %}
         {{- messages[0]['content'] }}
@@ -70,7 +70,7 @@ QWEN25_TEMPLATE = r'''{%- if tools %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
-'''
+"""
 
 #: The secret is drawn from 1..MAX_SECRET.
 MAX_SECRET = 8

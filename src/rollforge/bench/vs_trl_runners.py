@@ -110,8 +110,9 @@ def run_alternating(workload: Workload, s: dict[str, Any], out: Path, after_step
 # -- TRL -------------------------------------------------------------------------------------------
 
 
-def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None,
-            after_step: Any = None) -> dict[str, Any]:
+def run_trl(
+    workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None, after_step: Any = None
+) -> dict[str, Any]:
     """``after_step(step, model)``: called after each step's clock stopped, before TRL hands over."""
     import os
 
@@ -128,19 +129,47 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     n = s["batch_size"] * s["generations"]
     micro = math.gcd(n, s.get("trl_micro_batch", n))  # one generation of n, then n // micro loss forwards
     config = GRPOConfig(
-        output_dir=str(out), max_steps=s["steps"], seed=s["seed"], per_device_train_batch_size=micro,
-        gradient_accumulation_steps=n // micro, num_generations=s["generations"], max_completion_length=s["max_completion_tokens"],
+        output_dir=str(out),
+        max_steps=s["steps"],
+        seed=s["seed"],
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=n // micro,
+        num_generations=s["generations"],
+        max_completion_length=s["max_completion_tokens"],
         max_tool_calling_iterations=s["max_tool_calls"] if workload.multi_turn else None,
-        learning_rate=s["lr"], lr_scheduler_type="constant",
-        warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
-        epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0,
-        bf16=s.get("dtype") == "bfloat16", fp16=False, use_cpu=not cuda, gradient_checkpointing=False, logging_steps=1, report_to="none",
-        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=s.get("shuffle", True),
+        learning_rate=s["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        bf16=s.get("dtype") == "bfloat16",
+        fp16=False,
+        use_cpu=not cuda,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        shuffle_dataset=s.get("shuffle", True),
         **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if s.get("trl_vllm") else {}),
     )
     trainer = GRPOTrainer(
-        model=model, args=config, train_dataset=datasets.Dataset.from_list(workload.rows), processing_class=tokenizer,
-        reward_funcs=workload.trl_reward_funcs or None, environment_factory=workload.trl_environment_factory,
+        model=model,
+        args=config,
+        train_dataset=datasets.Dataset.from_list(workload.rows),
+        processing_class=tokenizer,
+        reward_funcs=workload.trl_reward_funcs or None,
+        environment_factory=workload.trl_environment_factory,
         callbacks=[clock],
     )
     if workload.multi_turn:
@@ -155,20 +184,27 @@ def run_trl(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | No
     steps = []
     for log, phases, tokens in zip(clock.logs, clock.phases, clock.context_tokens):
         calls = log.get("tools/call_frequency", 0.0) * n
-        steps.append({
-            "reward": log["reward"],
-            "generated_tokens": log["completions/mean_length"] * n,
-            "tool_calls": calls,
-            "tool_failures": log.get("tools/failure_frequency", 0.0) * calls,
-            "assistant_turns": calls + n,  # each episode's last generation calls no tool
-            "phases": phases,
-            "context_tokens": tokens,
-        })
+        steps.append(
+            {
+                "reward": log["reward"],
+                "generated_tokens": log["completions/mean_length"] * n,
+                "tool_calls": calls,
+                "tool_failures": log.get("tools/failure_frequency", 0.0) * calls,
+                "assistant_turns": calls + n,  # each episode's last generation calls no tool
+                "phases": phases,
+                "context_tokens": tokens,
+            }
+        )
     return {
-        "step_seconds": clock.step_seconds, "steps": steps, "rewards": [round(x["reward"], 4) for x in steps],
-        "run_seconds": run_seconds, "prompt_tokens": len(_ids(prompt)),
-        "configuration": {"generation": "vllm colocate" if trainer.use_vllm else "model.generate",
-                          "sampling": _sampling(trainer.generation_config if not trainer.use_vllm else config)},
+        "step_seconds": clock.step_seconds,
+        "steps": steps,
+        "rewards": [round(x["reward"], 4) for x in steps],
+        "run_seconds": run_seconds,
+        "prompt_tokens": len(_ids(prompt)),
+        "configuration": {
+            "generation": "vllm colocate" if trainer.use_vllm else "model.generate",
+            "sampling": _sampling(trainer.generation_config if not trainer.use_vllm else config),
+        },
     }
 
 
@@ -179,7 +215,9 @@ def _in_workload_order(trainer: Any, workload: Workload) -> None:
 
     order = [name for factory in workload.tools for name in class_tools(factory)]
     for key, tools in trainer._env_tools.items():
-        trainer._env_tools[key] = sorted(tools, key=lambda t: order.index(t.__name__) if t.__name__ in order else len(order))
+        trainer._env_tools[key] = sorted(
+            tools, key=lambda t: order.index(t.__name__) if t.__name__ in order else len(order)
+        )
 
 
 def _sampling(config: Any) -> dict[str, Any]:
@@ -213,8 +251,13 @@ def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
             step = ended - self.began
             update = self.spent["train"] - self.spent["prepare"] + (ended - self.trained)
             self.step_seconds.append(step)
-            self.phases.append({"generation": self.spent["generate"], "update": update,
-                                "other": step - self.spent["generate"] - update})
+            self.phases.append(
+                {
+                    "generation": self.spent["generate"],
+                    "update": update,
+                    "other": step - self.spent["generate"] - update,
+                }
+            )
             if after_step is not None:
                 after_step(state.global_step, kwargs["model"])
             if turns is not None:
@@ -252,12 +295,14 @@ def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
 def _timed(function: Any, clock: Any, key: str) -> Any:
     """``function``, adding the seconds each call takes to ``clock.spent[key]`` (read at call time:
     the clock starts a fresh ``spent`` every step)."""
+
     def wrapper(*args, **kwargs):
         began = time.perf_counter()
         try:
             return function(*args, **kwargs)
         finally:
             clock.spent[key] += time.perf_counter() - began
+
     return wrapper
 
 
@@ -268,8 +313,9 @@ def _ids(encoded: Any) -> list[int]:
 # -- rollforge -------------------------------------------------------------------------------------
 
 
-def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None,
-                  after_step: Any = None) -> dict[str, Any]:
+def run_rollforge(
+    workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None, after_step: Any = None
+) -> dict[str, Any]:
     """``after_step(step, model, backend)`` (async): awaited after each step, before rollforge hands over."""
     from ..chat.render import ChatRenderer
     from ..envs.tools import discover_tools
@@ -281,7 +327,10 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
     tools = tuple(t.schema() for factory in workload.tools for t in discover_tools(factory()).values())
     renderer = ChatRenderer(tokenizer)
     lengths = [
-        len(renderer.prompt_ids([Message(m["role"], m["content"]) for m in row["prompt"]], tools) + renderer.generation_prompt)
+        len(
+            renderer.prompt_ids([Message(m["role"], m["content"]) for m in row["prompt"]], tools)
+            + renderer.generation_prompt
+        )
         for row in workload.rows
     ]
     n = s["batch_size"] * s["generations"]
@@ -304,11 +353,16 @@ def run_rollforge(workload: Workload, s: dict[str, Any], out: Path, turns: "Turn
         for m in result.history
     ]
     return {
-        "step_seconds": [m["time/step"] for m in result.history], "steps": steps,
-        "rewards": [round(x["reward"], 4) for x in steps], "run_seconds": run_seconds, "prompt_tokens": lengths[0],
-        "configuration": {"backend": config.model.backend,  # as the trainer ran: its metrics name the staleness
-                          "max_staleness": result.history[-1].get("async/max_staleness", 0),
-                          "sampling": {**_sampling(config.rollout), "min_p": None, "repetition_penalty": 1.0}},
+        "step_seconds": [m["time/step"] for m in result.history],
+        "steps": steps,
+        "rewards": [round(x["reward"], 4) for x in steps],
+        "run_seconds": run_seconds,
+        "prompt_tokens": lengths[0],
+        "configuration": {
+            "backend": config.model.backend,  # as the trainer ran: its metrics name the staleness
+            "max_staleness": result.history[-1].get("async/max_staleness", 0),
+            "sampling": {**_sampling(config.rollout), "min_p": None, "repetition_penalty": 1.0},
+        },
     }
 
 
@@ -318,23 +372,49 @@ def _rollforge_config(workload: Workload, s: dict[str, Any], out: Path, max_seq_
 
     n = s["batch_size"] * s["generations"]
     return load_config(
-        out=str(out), steps=s["steps"], seed=s["seed"], checkpoint_every=0, save_trajectories=False,
-        model={"name": str(workload.model_dir), "dtype": s.get("dtype", "float32"), "device": s.get("device", "auto"),
-               "backend": s.get("backend", "hf")},
-        environments=[workload.rollforge_environment], data={"shuffle": s.get("shuffle", True)},
+        out=str(out),
+        steps=s["steps"],
+        seed=s["seed"],
+        checkpoint_every=0,
+        save_trajectories=False,
+        model={
+            "name": str(workload.model_dir),
+            "dtype": s.get("dtype", "float32"),
+            "device": s.get("device", "auto"),
+            "backend": s.get("backend", "hf"),
+        },
+        environments=[workload.rollforge_environment],
+        data={"shuffle": s.get("shuffle", True)},
         algorithm={
-            "batch_size": s["batch_size"], "group_size": s["generations"], "advantage": "grpo",
-            "loss_aggregation": "token", "clip_low": 0.2, "clip_high": 0.2, "kl_beta": 0.0, "epochs_per_batch": 1,
-            "max_staleness": s.get("max_staleness", 0), "skip_zero_advantage": s.get("skip_zero_advantage", True),
+            "batch_size": s["batch_size"],
+            "group_size": s["generations"],
+            "advantage": "grpo",
+            "loss_aggregation": "token",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "kl_beta": 0.0,
+            "epochs_per_batch": 1,
+            "max_staleness": s.get("max_staleness", 0),
+            "skip_zero_advantage": s.get("skip_zero_advantage", True),
         },
         optim={
-            "lr": s["lr"], "betas": [0.9, 0.999], "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0,
+            "lr": s["lr"],
+            "betas": [0.9, 0.999],
+            "weight_decay": 0.0,
+            "schedule": "constant",
+            "warmup_steps": 0,
             "max_grad_norm": 1.0,
         },
         rollout={
-            "mode": s.get("rollforge_mode", "async"), "max_turns": s.get("max_turns", s["max_tool_calls"] + 1),
-            "max_new_tokens": s.get("max_new_tokens", s["max_completion_tokens"]), "max_seq_len": max_seq_len,
-            "temperature": 1.0, "top_p": 1.0, "top_k": 0, "concurrency": n, "seed": s["seed"],
+            "mode": s.get("rollforge_mode", "async"),
+            "max_turns": s.get("max_turns", s["max_tool_calls"] + 1),
+            "max_new_tokens": s.get("max_new_tokens", s["max_completion_tokens"]),
+            "max_seq_len": max_seq_len,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "concurrency": n,
+            "seed": s["seed"],
         },
     )
 
@@ -355,4 +435,8 @@ def _then(first: Any, then: Any) -> Any:
 def _rollforge_phases(m: dict[str, Any]) -> dict[str, float]:
     """A step's split (module docstring): the asynchronous loop records ``time/wait``, not ``time/rollout``."""
     generation = m["time/rollout"] if "time/rollout" in m else m["time/wait"]
-    return {"generation": generation, "update": m["time/update"], "other": m["time/step"] - generation - m["time/update"]}
+    return {
+        "generation": generation,
+        "update": m["time/update"],
+        "other": m["time/step"] - generation - m["time/update"],
+    }

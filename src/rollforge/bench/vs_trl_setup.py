@@ -29,8 +29,13 @@ from .vs_trl_env import QWEN25_TEMPLATE, USER_PROMPT, render, scripted_episode
 BUILD_VERSION = 3
 
 MODEL_CONFIG = dict(
-    hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=1024, tie_word_embeddings=True,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
 )
 VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -51,20 +56,29 @@ def build_tokenizer(texts: list[str]) -> Any:
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(MARKER_TOKENS), special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE - len(MARKER_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     bpe.train_from_iterator([*texts, *CORPUS.splitlines(keepends=True)], trainer)
     trained = json.loads(bpe.to_str())["model"]
     tokenizer = Qwen2Tokenizer(
-        vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]], eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", unk_token="<|endoftext|>", clean_up_tokenization_spaces=False,
-        model_max_length=MODEL_CONFIG["max_position_embeddings"], padding_side="left",
+        vocab=trained["vocab"],
+        merges=[tuple(m) for m in trained["merges"]],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        padding_side="left",
     )
     tokenizer.add_tokens([AddedToken(token, special=True) for token in SPECIAL_TOKENS])
     tokenizer.add_tokens(list(MARKER_TOKENS))  # not special: decoding keeps them, like Qwen2.5's
@@ -77,8 +91,11 @@ def build_model(tokenizer: Any, seed: int) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), **MODEL_CONFIG, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        **MODEL_CONFIG,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -171,8 +188,13 @@ def prepare_model(root: str | Path | None = None, *, warmup_steps: int = 300, se
     from ..models import cache_dir
 
     recipe = {
-        "version": BUILD_VERSION, "model": MODEL_CONFIG, "vocab": VOCAB_SIZE, "steps": warmup_steps, "seed": seed,
-        "template": hashlib.sha256(QWEN25_TEMPLATE.encode()).hexdigest(), "prompt": USER_PROMPT,
+        "version": BUILD_VERSION,
+        "model": MODEL_CONFIG,
+        "vocab": VOCAB_SIZE,
+        "steps": warmup_steps,
+        "seed": seed,
+        "template": hashlib.sha256(QWEN25_TEMPLATE.encode()).hexdigest(),
+        "prompt": USER_PROMPT,
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(root) if root is not None else cache_dir() / "bench"

@@ -53,10 +53,22 @@ class Workload:
 
 #: Per workload: settings the CLI uses when a flag is not given.
 DEFAULTS = {
-    "arithmetic": {"batch_size": 2, "generations": 4, "max_completion_tokens": 32, "max_tool_calls": 0,
-                   "lr": 1e-6, "steps": 6},
-    "guess-number": {"batch_size": 4, "generations": 4, "max_completion_tokens": 128,
-                     "max_tool_calls": MAX_TOOL_CALLS, "lr": 5e-4, "steps": 8},
+    "arithmetic": {
+        "batch_size": 2,
+        "generations": 4,
+        "max_completion_tokens": 32,
+        "max_tool_calls": 0,
+        "lr": 1e-6,
+        "steps": 6,
+    },
+    "guess-number": {
+        "batch_size": 4,
+        "generations": 4,
+        "max_completion_tokens": 128,
+        "max_tool_calls": MAX_TOOL_CALLS,
+        "lr": 5e-4,
+        "steps": 8,
+    },
 }
 
 
@@ -73,9 +85,12 @@ def arithmetic(model: str | Path = "smollm2-135m", rows: int = 64, seed: int = 0
         for s in arithmetic_samples(rows, seed)
     ]
     return Workload(
-        name="arithmetic", model_dir=resolve_model(model), rows=rendered,
+        name="arithmetic",
+        model_dir=resolve_model(model),
+        rows=rendered,
         rollforge_environment={"name": "arithmetic", "task_name": "arithmetic"},
-        trl_reward_funcs=[arithmetic_reward], defaults=DEFAULTS["arithmetic"],
+        trl_reward_funcs=[arithmetic_reward],
+        defaults=DEFAULTS["arithmetic"],
     )
 
 
@@ -84,17 +99,25 @@ def message_rows(samples: list[Any]) -> list[dict[str, Any]]:
     return [{"prompt": [{"role": m.role, "content": m.content} for m in s.prompt], **s.row} for s in samples]
 
 
-def calculator(model_dir: Path, operations: Sequence[str] = ("plus", "times"), rows: int = 64, seed: int = 0,
-               balanced: bool = False) -> Workload:
+def calculator(
+    model_dir: Path,
+    operations: Sequence[str] = ("plus", "times"),
+    rows: int = 64,
+    seed: int = 0,
+    balanced: bool = False,
+) -> Workload:
     """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template;
     ``balanced``: the quickstart's prompts (``calculator.samples``), each block of four asking both
     operations with both tools' operands."""
     samples = calculator_samples(rows, seed, operations=list(operations), balanced=balanced)
     environment = build_calculator().factory[samples[0].row["environment"]]  # the class these rows route to
     return Workload(
-        name="calculator", model_dir=Path(model_dir), rows=message_rows(samples),
+        name="calculator",
+        model_dir=Path(model_dir),
+        rows=message_rows(samples),
         rollforge_environment={"name": "calculator"},
-        trl_environment_factory=environment, tools=(environment,),
+        trl_environment_factory=environment,
+        tools=(environment,),
     )
 
 
@@ -103,7 +126,11 @@ def guess_number(seed: int = 0, model_dir: Path | None = None) -> Workload:
     from .vs_trl_setup import prepare_model
 
     return Workload(
-        name="guess-number", model_dir=model_dir or prepare_model(), rows=prompt_rows(64, seed),
+        name="guess-number",
+        model_dir=model_dir or prepare_model(),
+        rows=prompt_rows(64, seed),
         rollforge_environment={"name": GUESS_NUMBER_ENV, "task_name": "guess"},
-        trl_environment_factory=GuessNumber, tools=(GuessNumber,), defaults=DEFAULTS["guess-number"],
+        trl_environment_factory=GuessNumber,
+        tools=(GuessNumber,),
+        defaults=DEFAULTS["guess-number"],
     )

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from ..errors import TemplateError
 
 _ESCAPE_BASE = 0xF0000  # Supplementary Private Use Area-A: one character per special token
-_ESCAPED = re.compile("([\U000F0000-\U000FFFFD])")
+_ESCAPED = re.compile("([\U000f0000-\U000ffffd])")
 
 
 class SafeEncoder:

@@ -107,7 +107,10 @@ class Family:
             out["content"] = self.empty_content if calls and not content else content
         if calls:
             if self.arguments == "json":
-                calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}} for c in calls]
+                calls = [
+                    {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                    for c in calls
+                ]
             out["tool_calls"] = calls
         return out
 
@@ -130,30 +133,84 @@ _THINK = ("<think>", "</think>")
 
 #: In detection order: the first family whose markers all occur in the template wins.
 FAMILIES: tuple[Family, ...] = (
-    Family("gpt_oss", "GPT-OSS (harmony)", "harmony", ("<|channel|>", "<|start|>"), structured_calls=True,
-           channels=True, stop_tokens=("<|call|>",), template_kwargs={"reasoning_effort": "medium"}, drops_reasoning=True),
-    Family("mistral", "Mistral v0.3 / Nemo / Small", "mistral", ("[INST]",), structured_calls=True,
-           call_ids="alnum9", call_start="[TOOL_CALLS]"),
-    Family("deepseek", "DeepSeek-V3 / R1 / R1-Distill", "deepseek", ("<｜Assistant｜>",), structured_calls=True,
-           drops_reasoning=True, reasoning=_THINK, call_start="<｜tool▁calls▁begin｜>", empty_content=None,
-           arguments="json"),
+    Family(
+        "gpt_oss",
+        "GPT-OSS (harmony)",
+        "harmony",
+        ("<|channel|>", "<|start|>"),
+        structured_calls=True,
+        channels=True,
+        stop_tokens=("<|call|>",),
+        template_kwargs={"reasoning_effort": "medium"},
+        drops_reasoning=True,
+    ),
+    Family(
+        "mistral",
+        "Mistral v0.3 / Nemo / Small",
+        "mistral",
+        ("[INST]",),
+        structured_calls=True,
+        call_ids="alnum9",
+        call_start="[TOOL_CALLS]",
+    ),
+    Family(
+        "deepseek",
+        "DeepSeek-V3 / R1 / R1-Distill",
+        "deepseek",
+        ("<｜Assistant｜>",),
+        structured_calls=True,
+        drops_reasoning=True,
+        reasoning=_THINK,
+        call_start="<｜tool▁calls▁begin｜>",
+        empty_content=None,
+        arguments="json",
+    ),
     Family("llama3", "Llama 3.1 / 3.2 / 3.3", "llama3_json", ("<|start_header_id|>",), stop_tokens=("<|eom_id|>",)),
-    Family("gemma2", "Gemma 2 (no system role)", "hermes", ("<start_of_turn>", "System role not supported"),
-           system="first_user", tool_role="user", tool_fields=()),
+    Family(
+        "gemma2",
+        "Gemma 2 (no system role)",
+        "hermes",
+        ("<start_of_turn>", "System role not supported"),
+        system="first_user",
+        tool_role="user",
+        tool_fields=(),
+    ),
     Family("gemma3", "Gemma 3", "hermes", ("<start_of_turn>",), tool_role="user", tool_fields=()),
     Family("phi4", "Phi-4", "hermes", ("<|im_sep|>",)),
-    Family("qwen3_5", "Qwen3.5 / 3.6 / 3.8", "qwen3_coder", ("<|im_start|>", "<function=", "<think>"),
-           keep_reasoning={"preserve_thinking": True}, drops_reasoning=True, reasoning=_THINK),
+    Family(
+        "qwen3_5",
+        "Qwen3.5 / 3.6 / 3.8",
+        "qwen3_coder",
+        ("<|im_start|>", "<function=", "<think>"),
+        keep_reasoning={"preserve_thinking": True},
+        drops_reasoning=True,
+        reasoning=_THINK,
+    ),
     Family("qwen3_coder", "Qwen3-Coder", "qwen3_coder", ("<|im_start|>", "<function="), reasoning=None),
-    Family("qwen3", "Qwen3", "hermes", ("<|im_start|>", "<think>"), template_kwargs={"enable_thinking": True},
-           keep_reasoning={"preserve_thinking": True}, drops_reasoning=True, reasoning=_THINK),
+    Family(
+        "qwen3",
+        "Qwen3",
+        "hermes",
+        ("<|im_start|>", "<think>"),
+        template_kwargs={"enable_thinking": True},
+        keep_reasoning={"preserve_thinking": True},
+        drops_reasoning=True,
+        reasoning=_THINK,
+    ),
     Family("qwen2_5", "Qwen2.5", "hermes", ("<|im_start|>", "<tool_call>")),
     Family("chatml", "ChatML: SmolLM2, SmolLM3, Hermes", "hermes", ("<|im_start|>",)),
 )
 
 _BY_NAME = {f.name: f for f in FAMILIES}
-_ALIASES = {"smollm": "chatml", "qwen2": "qwen2_5", "harmony": "gpt_oss", "llama": "llama3",
-            "deepseek_v3": "deepseek", "deepseek_r1": "deepseek", "gemma": "gemma3"}
+_ALIASES = {
+    "smollm": "chatml",
+    "qwen2": "qwen2_5",
+    "harmony": "gpt_oss",
+    "llama": "llama3",
+    "deepseek_v3": "deepseek",
+    "deepseek_r1": "deepseek",
+    "gemma": "gemma3",
+}
 FAMILY_NAMES: tuple[str, ...] = tuple(sorted([*_BY_NAME, *_ALIASES]))
 
 

@@ -43,10 +43,15 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
 
 def _segment_gap(segment: Segment, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
     ids, messages = list(segment.token_ids), segment.history or trajectory.messages[: segment.messages]
-    if not ids and not messages:  # an episode that failed before anything was rendered (an agent's first request refused)
+    if (
+        not ids and not messages
+    ):  # an episode that failed before anything was rendered (an agent's first request refused)
         return None
     gap = _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools), renderer, cut_allowed, closing=True)
-    if gap is None or _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools, True), renderer, cut_allowed) is None:
+    if (
+        gap is None
+        or _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools, True), renderer, cut_allowed) is None
+    ):
         return None
     mask = segment.loss_mask
     if messages and messages[-1].role == "assistant" and mask and mask[-1] == 1:
@@ -61,15 +66,21 @@ def _segment_gap(segment: Segment, trajectory: Trajectory, renderer: ChatRendere
     return gap
 
 
-def _ids_gap(ids: list[int], expected: list[int], renderer: ChatRenderer, cut_allowed: bool, closing: bool = False) -> str | None:
+def _ids_gap(
+    ids: list[int], expected: list[int], renderer: ChatRenderer, cut_allowed: bool, closing: bool = False
+) -> str | None:
     if ids == expected:
         return None
-    if expected[: len(ids)] == ids and (cut_allowed or (closing and _is_closing_tail(expected[len(ids) :], renderer.closing))):
+    if expected[: len(ids)] == ids and (
+        cut_allowed or (closing and _is_closing_tail(expected[len(ids) :], renderer.closing))
+    ):
         return None
     # The policy may have written its text in other tokens than the tokenizer would: same text and
     # same control tokens is still exact about everything the template and environment added.
     decoded, text = renderer.decode(ids), renderer.decode(expected)
-    same_text = decoded == text or (closing and text.startswith(decoded) and renderer._closing_text.endswith(text[len(decoded) :]))
+    same_text = decoded == text or (
+        closing and text.startswith(decoded) and renderer._closing_text.endswith(text[len(decoded) :])
+    )
     if cut_allowed and not same_text:
         same_text = text.startswith(decoded.rstrip("\ufffd"))
     if not same_text:
@@ -78,7 +89,9 @@ def _ids_gap(ids: list[int], expected: list[int], renderer: ChatRenderer, cut_al
     ours = [t for t in ids if t in controls]
     theirs = [t for t in expected if t in controls][: len(ours)]
     if ours != theirs:
-        return f"control tokens differ: the ids hold {renderer.decode(ours)!r}, the rendering {renderer.decode(theirs)!r}"
+        return (
+            f"control tokens differ: the ids hold {renderer.decode(ours)!r}, the rendering {renderer.decode(theirs)!r}"
+        )
     return None
 
 

@@ -77,9 +77,7 @@ class ChatRenderer:
         if not with_prompt.startswith(without):
             raise TemplateError("the chat template's generation prompt does not extend the conversation")
         self.generation_prompt = self.encode(with_prompt[len(without) :])
-        base = self._text(
-            [*user_only, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False
-        )
+        base = self._text([*user_only, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False)
         if _SENTINEL not in base:
             raise TemplateError("the chat template does not render assistant content verbatim")
         self._closing_text = base[base.index(_SENTINEL) + len(_SENTINEL) :]
@@ -147,7 +145,9 @@ class ChatRenderer:
             out["name"] = message.name
         return out
 
-    def _render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False) -> str:
+    def _render(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False
+    ) -> str:
         return self._text([self.chat(m) for m in messages], add_generation_prompt, tools)
 
     def render_text(
@@ -259,7 +259,10 @@ class ChatRenderer:
             self._frames.clear()
         probes = {
             self._delta_text([Message(message.role, _SENTINEL, name=message.name, tool_call_id=call_id)], tools, key)
-            for call_id in {message.tool_call_id, None if message.tool_call_id is None else self.family.call_id(-1, -1, -1)}
+            for call_id in {
+                message.tool_call_id,
+                None if message.tool_call_id is None else self.family.call_id(-1, -1, -1),
+            }
         }
         probe = probes.pop()
         if probes or probe.count(_SENTINEL) != 1:
@@ -276,7 +279,10 @@ class ChatRenderer:
     def supports_tools(self) -> bool:
         """Whether the template renders ``tools=`` at all (SmolLM2's ChatML does not)."""
         probe = [{"role": "user", "content": _BASE_USER}]
-        tool = {"type": "function", "function": {"name": "probe_tool_" + _SENTINEL, "description": "", "parameters": {}}}
+        tool = {
+            "type": "function",
+            "function": {"name": "probe_tool_" + _SENTINEL, "description": "", "parameters": {}},
+        }
         return self._text(probe, False, [tool]) != self._text(probe, False)
 
     def with_tool_prompt(

@@ -121,4 +121,4 @@ def _first_id_difference(renderer: ChatRenderer, expected: Sequence[int], got: S
     if whole != turns:
         return first_difference(whole, turns)
     i = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
-    return f"same text, different tokens from token {i}: {list(expected[i:i + 5])} vs {list(got[i:i + 5])}"
+    return f"same text, different tokens from token {i}: {list(expected[i : i + 5])} vs {list(got[i : i + 5])}"

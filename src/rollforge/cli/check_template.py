@@ -26,15 +26,28 @@ from typing import Any
 from ..errors import ConfigError
 
 _CONTROL = re.compile(r"<\|[\w.\-]+\|>|<｜[^｜<>]+｜>|<(?:start|end)_of_turn>|<bos>|<eos>|\[/?[A-Z][A-Z_]{2,}\]")
-_TOOL = {"type": "function", "function": {
-    "name": "lookup", "description": "Look up a number.",
-    "parameters": {"type": "object", "properties": {"x": {"type": "integer", "description": "The number."}}, "required": ["x"]}}}
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up a number.",
+        "parameters": {
+            "type": "object",
+            "properties": {"x": {"type": "integer", "description": "The number."}},
+            "required": ["x"],
+        },
+    },
+}
 
 
 def add_parser(commands: Any) -> None:
     p = commands.add_parser("check-template", help="check a model's chat template before training on it")
-    p.add_argument("model", metavar="MODEL_OR_TEMPLATE_FILE", help="a model (directory, alias, hub id) or a chat-template file")
-    p.add_argument("--tokenizer", default=None, help="tokenizer to pair with a template file (default: a built-in test tokenizer)")
+    p.add_argument(
+        "model", metavar="MODEL_OR_TEMPLATE_FILE", help="a model (directory, alias, hub id) or a chat-template file"
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer to pair with a template file (default: a built-in test tokenizer)"
+    )
     p.add_argument("--family", default=None, help="model family (default: detected from the template)")
     p.add_argument("--keep-reasoning", action="store_true", help="render with the family's keep-past-reasoning options")
     p.set_defaults(run=run)
@@ -52,8 +65,10 @@ def run(args: Any) -> int:
     options = ", ".join(f"{k}={v!r}" for k, v in renderer.template_kwargs.items()) or "none"
     print(f"options:        {options}")
     keep = ", ".join(f"{k}={v!r}" for k, v in family.keep_reasoning.items())
-    print(f"past reasoning: {'dropped by the template' if family.drops_reasoning else 'kept'}"
-          f"{f' (--keep-reasoning passes {keep})' if keep else ''}")
+    print(
+        f"past reasoning: {'dropped by the template' if family.drops_reasoning else 'kept'}"
+        f"{f' (--keep-reasoning passes {keep})' if keep else ''}"
+    )
     usable = True
     for label, tools in (("without tools", ()), ("with tools", (_TOOL,))):
         try:
@@ -64,9 +79,14 @@ def run(args: Any) -> int:
             continue
         placement = ""
         if tools:
-            placement = "tools via the template's tools=; " if report.tools_in_template else (
-                "tools described by the parser's fallback in the "
-                f"{'first user message' if family.system == 'first_user' else 'system message'}; ")
+            placement = (
+                "tools via the template's tools=; "
+                if report.tools_in_template
+                else (
+                    "tools described by the parser's fallback in the "
+                    f"{'first user message' if family.system == 'first_user' else 'system message'}; "
+                )
+            )
         mode = "prefix-preserving: turns are appended" if report.incremental else f"segments: {report.reason}"
         print(f"{label + ':':15} {placement}{mode}")
     print()
@@ -129,8 +149,10 @@ def add_control_tokens(tokenizer: Any, template: str) -> int:
     missing = [t for t in found if t not in vocab or t not in tokenizer.all_special_tokens]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing})
-    for attribute, names in (("bos_token", ("begin_of_text", "begin▁of▁sentence", "<bos>", "startoftext")),
-                             ("eos_token", ("eot_id", "end▁of▁sentence", "<end_of_turn>", "im_end", "<|end|>", "</s>"))):
+    for attribute, names in (
+        ("bos_token", ("begin_of_text", "begin▁of▁sentence", "<bos>", "startoftext")),
+        ("eos_token", ("eot_id", "end▁of▁sentence", "<end_of_turn>", "im_end", "<|end|>", "</s>")),
+    ):
         match = next((t for t in found if any(n in t for n in names)), None)
         if match:
             setattr(tokenizer, attribute, match)
@@ -185,14 +207,20 @@ def sample(renderer: Any, with_tools: bool, show: bool = True) -> int:
     env = FactoryEnvironment(_Lookup) if with_tools else Game()
     config = RolloutConfig(max_turns=3, max_new_tokens=256, max_seq_len=8192, concurrency=1)
     prompt = [{"role": "user", "content": "What does lookup give for 3?" if with_tools else "Guess a number."}]
-    result = asyncio.run(arollout([Sample(prompt=prompt)], {"default": env}, ScriptedBackend(reply, renderer), renderer, config))
+    result = asyncio.run(
+        arollout([Sample(prompt=prompt)], {"default": env}, ScriptedBackend(reply, renderer), renderer, config)
+    )
     trajectory = result.trajectories[0]
     kind = "tool" if with_tools else "(no tools)"
-    print(f"sample {kind} conversation: {trajectory.turns} turns, {len(trajectory.segments)} segment(s)"
-          + ("; policy tokens (trained on) are between ⟦ and ⟧" if show else ""))
+    print(
+        f"sample {kind} conversation: {trajectory.turns} turns, {len(trajectory.segments)} segment(s)"
+        + ("; policy tokens (trained on) are between ⟦ and ⟧" if show else "")
+    )
     for number, segment in enumerate(trajectory.segments if show else ()):
-        print(f"--- segment {number}: {len(segment.token_ids)} tokens, prompt {segment.prompt_length}, "
-              f"{sum(segment.loss_mask)} policy tokens")
+        print(
+            f"--- segment {number}: {len(segment.token_ids)} tokens, prompt {segment.prompt_length}, "
+            f"{sum(segment.loss_mask)} policy tokens"
+        )
         print(marked(renderer, segment.token_ids, segment.loss_mask))
     gap = token_fidelity_gap(trajectory, renderer)
     if trajectory.error is not None:

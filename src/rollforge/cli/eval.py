@@ -22,11 +22,17 @@ def add_parser(commands: Any) -> None:
     ev.add_argument("--max-new-tokens", type=int, default=64)
     ev.add_argument("--success-threshold", type=float, default=1.0, help="total reward counted as a pass")
     ev.add_argument("--seed", type=int, default=1234)
-    ev.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
-                    help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model")
+    ev.add_argument(
+        "--backend",
+        choices=["hf", "vllm", "openai"],
+        default="hf",
+        help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model",
+    )
     ev.add_argument("--base-url", default=None, help="server of the openai backend, e.g. http://127.0.0.1:8000")
     ev.add_argument("--served-model-name", default=None, help="model name on the openai backend's server")
-    ev.add_argument("--out", type=Path, default=None, help="write metrics.json (this result) and trajectories.jsonl here")
+    ev.add_argument(
+        "--out", type=Path, default=None, help="write metrics.json (this result) and trajectories.jsonl here"
+    )
     ev.set_defaults(run=_eval)
 
 
@@ -54,15 +60,29 @@ def _eval(args: Any) -> int:
         get_env_spec(name)
     prompts = Prompts(generated=args.episodes, seed=args.seed, counts=even_counts, env_flag="--env")
     task_to_env, samples = read_inputs([EnvConfig(name=name) for name in names], prompts)
-    config = RolloutConfig.build(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                                 greedy=args.samples == 1, seed=args.seed)
+    config = RolloutConfig.build(
+        max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, greedy=args.samples == 1, seed=args.seed
+    )
     backend_config = BackendConfig(
-        kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
-        seed=args.seed, check_reachable=True,
+        kind=args.backend,
+        model=args.model,
+        base_url=args.base_url,
+        served_model_name=args.served_model_name,
+        seed=args.seed,
+        check_reachable=True,
     )
     renderer = ChatRenderer(load_tokenizer(args.model))
-    result = run_sync(evaluate(backend_config, samples, task_to_env, renderer, config, samples_per_prompt=args.samples,
-                               success_threshold=args.success_threshold))
+    result = run_sync(
+        evaluate(
+            backend_config,
+            samples,
+            task_to_env,
+            renderer,
+            config,
+            samples_per_prompt=args.samples,
+            success_threshold=args.success_threshold,
+        )
+    )
     print(json.dumps(result.to_json(), indent=2))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,12 @@ from ..files import atomic_write
 def add_parser(commands: Any) -> None:
     p = commands.add_parser("gateway", help="serve a model over OpenAI's chat-completions API, recording each session")
     p.add_argument("--model", default="smollm2-135m", help="local model directory, hub id or alias (smollm2-135m)")
-    p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
-                   help="generation backend (openai: a vLLM/SGLang server serving the same model)")
+    p.add_argument(
+        "--backend",
+        choices=["hf", "vllm", "openai"],
+        default="hf",
+        help="generation backend (openai: a vLLM/SGLang server serving the same model)",
+    )
     p.add_argument("--base-url", default=None, help="server of the openai backend, e.g. http://127.0.0.1:8000")
     p.add_argument("--served-model-name", default=None, help="model name on the openai backend's server")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
@@ -56,8 +60,13 @@ async def _serve(args: Any) -> None:
     from ..models import load_tokenizer
 
     backend_config = BackendConfig(
-        kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
-        concurrency=args.concurrency, seed=args.seed, check_reachable=True,
+        kind=args.backend,
+        model=args.model,
+        base_url=args.base_url,
+        served_model_name=args.served_model_name,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        check_reachable=True,
     )
     tokenizer = load_tokenizer(args.model)
     renderer = ChatRenderer(tokenizer)
@@ -67,12 +76,24 @@ async def _serve(args: Any) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with open_backend(backend_config, tokenizer=tokenizer) as backend, Gateway(
-        backend, renderer, parser, model_name=os.path.basename(str(args.model).rstrip("/")), limits=limits,
-        sampling=Sampling(seed=args.seed), host=args.host, port=args.port,
-    ) as gateway:
-        print(f"rollforge gateway: serving {args.model} ({renderer.family.name} family, {args.backend} backend) "
-              f"on {gateway.base_url()}; per session: {gateway.base_url('<id>')}", flush=True)
+    async with (
+        open_backend(backend_config, tokenizer=tokenizer) as backend,
+        Gateway(
+            backend,
+            renderer,
+            parser,
+            model_name=os.path.basename(str(args.model).rstrip("/")),
+            limits=limits,
+            sampling=Sampling(seed=args.seed),
+            host=args.host,
+            port=args.port,
+        ) as gateway,
+    ):
+        print(
+            f"rollforge gateway: serving {args.model} ({renderer.family.name} family, {args.backend} backend) "
+            f"on {gateway.base_url()}; per session: {gateway.base_url('<id>')}",
+            flush=True,
+        )
         await stop.wait()
         if args.record is not None:
             _write_records(args.record, gateway)

@@ -13,7 +13,10 @@ from .train import add_run_flags, flag_overrides, load_train_config
 
 
 def add_parser(commands: Any) -> None:
-    quick = commands.add_parser("quickstart", help="SmolLM2-135M on CPU: SFT warm-up on calculator tool-call demonstrations, then GRPO that learns which tool each question needs")
+    quick = commands.add_parser(
+        "quickstart",
+        help="SmolLM2-135M on CPU: SFT warm-up on calculator tool-call demonstrations, then GRPO that learns which tool each question needs",
+    )
     quick.add_argument("--out", type=Path, default=Path("runs/quickstart"))
     quick.add_argument("--steps", type=int, default=None)
     quick.add_argument("--model", default=None, help="model directory or alias (default smollm2-135m)")
@@ -21,8 +24,12 @@ def add_parser(commands: Any) -> None:
     quick.add_argument("--base-url", default=None, help="server URL for --backend openai")
     add_run_flags(quick)
     start = quick.add_mutually_exclusive_group()
-    start.add_argument("--resume", action="store_true", help="reuse the base evaluation and a finished warm-up, continue GRPO")
-    start.add_argument("--overwrite", action="store_true", help="delete the quickstart that --out holds, then start over")
+    start.add_argument(
+        "--resume", action="store_true", help="reuse the base evaluation and a finished warm-up, continue GRPO"
+    )
+    start.add_argument(
+        "--overwrite", action="store_true", help="delete the quickstart that --out holds, then start over"
+    )
     quick.set_defaults(run=_quickstart)
 
 
@@ -33,14 +40,22 @@ def _quickstart(args: Any) -> int:
 
     check_out_dir(args.out, "--out")
     overrides = [f"out={args.out}"]
-    for key, value in (("steps", args.steps), ("model.name", args.model), ("model.backend", args.backend),
-                       ("model.base_url", args.base_url)):
+    for key, value in (
+        ("steps", args.steps),
+        ("model.name", args.model),
+        ("model.backend", args.backend),
+        ("model.base_url", args.base_url),
+    ):
         if value is not None:
             overrides.append(f"{key}={value}")
     grpo = [o for o in flag_overrides(args) if not o.startswith("warmup.")]
     warmup = [o.removeprefix("warmup.") for o in args.overrides if o.startswith("warmup.")]
     config = load_train_config(PRESETS / "quickstart.yaml", [*overrides, *grpo], args)
-    result = quickstart(config, load_sft_config(PRESETS / "quickstart_warmup.yaml", warmup), resume=args.resume,
-                        overwrite=args.overwrite)
+    result = quickstart(
+        config,
+        load_sft_config(PRESETS / "quickstart_warmup.yaml", warmup),
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     print(result.report.read_text())
     return 0

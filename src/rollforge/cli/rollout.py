@@ -37,10 +37,19 @@ from ..types import Sample, Trajectory
 def add_parser(commands: Any) -> None:
     p = commands.add_parser("rollout", help="run multi-turn rollouts of a model on environments")
     p.add_argument("--model", default="smollm2-135m", help="local model directory, hub id or alias (smollm2-135m)")
-    p.add_argument("--env", action="append", dest="envs", metavar="NAME",
-                   help="a bundled environment, an OpenEnv URL, module:attr or file.py:Class (repeatable)")
-    p.add_argument("--data", type=Path, default=None,
-                   help="prompts file (.jsonl/.json/.parquet, columns as in training); needed by non-bundled --env")
+    p.add_argument(
+        "--env",
+        action="append",
+        dest="envs",
+        metavar="NAME",
+        help="a bundled environment, an OpenEnv URL, module:attr or file.py:Class (repeatable)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="prompts file (.jsonl/.json/.parquet, columns as in training); needed by non-bundled --env",
+    )
     p.add_argument("--episodes", type=int, default=None, help="episodes (default 16; with --data, every row)")
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--out", type=Path, required=True, help="output directory")
@@ -51,29 +60,66 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--engine-workers", type=int, default=1,
-                   help="engine processes the episodes are spread over (generation stays in this one unless the "
-                        "backend can be reopened in each)")
-    p.add_argument("--step-timeout", type=float, default=None,
-                   help="seconds per environment call (default 60, or --episode-timeout when that is shorter)")
-    p.add_argument("--episode-timeout", type=float, default=1800.0,
-                   help="seconds a whole episode may take (it then fails with episode_timeout)")
+    p.add_argument(
+        "--engine-workers",
+        type=int,
+        default=1,
+        help="engine processes the episodes are spread over (generation stays in this one unless the "
+        "backend can be reopened in each)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=None,
+        help="seconds per environment call (default 60, or --episode-timeout when that is shorter)",
+    )
+    p.add_argument(
+        "--episode-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds a whole episode may take (it then fails with episode_timeout)",
+    )
     p.add_argument("--tool-parser", default=None, help="tool-call format (default: the model family's)")
-    p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
-                   help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model")
+    p.add_argument(
+        "--backend",
+        choices=["hf", "vllm", "openai"],
+        default="hf",
+        help="hf: transformers in this process; vllm: vLLM in this process; openai: a served model",
+    )
     p.add_argument("--base-url", default=None, help="server of the openai backend, e.g. http://127.0.0.1:8000")
     p.add_argument("--served-model-name", default=None, help="model name on the openai backend's server")
-    p.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="where environments run: this process, or pools of Ray actors")
-    p.add_argument("--ray-address", default=None,
-                   help="with --executor ray: the cluster to join (auto, ray://host:10001); default a private local instance")
-    p.add_argument("--env-actors", type=int, default=None, help="with --executor ray: Ray actors per environment (default 2)")
-    p.add_argument("--env-actor-cpus", type=float, default=None,
-                   help="with --executor ray: CPUs reserved per actor (default: 1 on a joined cluster, a share of a private instance's CPUs)")
-    p.add_argument("--replicas", type=int, default=None,
-                   help="with --executor ray and --backend hf|vllm: generation replicas on Ray actors behind a sticky router (default 1)")
-    p.add_argument("--replica-cpus", type=float, default=None,
-                   help="with --replicas: CPUs reserved per replica (default as for --env-actor-cpus)")
+    p.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="where environments run: this process, or pools of Ray actors",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --executor ray: the cluster to join (auto, ray://host:10001); default a private local instance",
+    )
+    p.add_argument(
+        "--env-actors", type=int, default=None, help="with --executor ray: Ray actors per environment (default 2)"
+    )
+    p.add_argument(
+        "--env-actor-cpus",
+        type=float,
+        default=None,
+        help="with --executor ray: CPUs reserved per actor (default: 1 on a joined cluster, a share of a private instance's CPUs)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="with --executor ray and --backend hf|vllm: generation replicas on Ray actors behind a sticky router (default 1)",
+    )
+    p.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=None,
+        help="with --replicas: CPUs reserved per replica (default as for --env-actor-cpus)",
+    )
     p.set_defaults(run=run)
 
 
@@ -85,8 +131,10 @@ def run(args: Any) -> int:
     check_out_dir(args.out, "--out")
     check_ray_flags(args, args.executor)
     if args.executor == "ray" and args.engine_workers != 1:
-        raise ConfigError(f"--engine-workers {args.engine_workers} runs with --executor local only (Ray actors "
-                          "already take the environments out of this process)")
+        raise ConfigError(
+            f"--engine-workers {args.engine_workers} runs with --executor local only (Ray actors "
+            "already take the environments out of this process)"
+        )
     config = RolloutConfig.build(
         mode=args.mode,
         max_turns=args.max_turns,
@@ -112,15 +160,22 @@ def run(args: Any) -> int:
     from ..rollout.checks import check_prompt_lengths
 
     backend_config = BackendConfig(
-        kind=args.backend, model=args.model, base_url=args.base_url, served_model_name=args.served_model_name,
-        concurrency=args.concurrency, seed=args.seed, replicas=1 if args.replicas is None else args.replicas, replica_cpus=args.replica_cpus,
+        kind=args.backend,
+        model=args.model,
+        base_url=args.base_url,
+        served_model_name=args.served_model_name,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        replicas=1 if args.replicas is None else args.replicas,
+        replica_cpus=args.replica_cpus,
         check_reachable=True,
     )
     tokenizer = load_tokenizer(args.model)
     renderer = ChatRenderer(tokenizer)
     # the engine's own check, made before the model loads and naming the flag
-    check_prompt_lengths(samples, renderer, config.max_seq_len, "--max-seq-len", task_to_env,
-                         renderer.parser(config.tool_parser))
+    check_prompt_lengths(
+        samples, renderer, config.max_seq_len, "--max-seq-len", task_to_env, renderer.parser(config.tool_parser)
+    )
     ray_config = _ray_config(args)
     result = asyncio.run(_rollout(samples, task_to_env, backend_config, renderer, ray_config, config, args.out))
     m = result.metrics
@@ -173,7 +228,9 @@ def check_ray_flags(args: Any, executor: str, flags: tuple[str, ...] = _RAY_ONLY
     for flag in flags:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
-            raise ConfigError(f"{flag} {value} needs --executor ray (it sets how environments or replicas run on Ray actors)")
+            raise ConfigError(
+                f"{flag} {value} needs --executor ray (it sets how environments or replicas run on Ray actors)"
+            )
 
 
 def check_out_dir(out: Path, flag: str) -> None:
@@ -183,7 +240,10 @@ def check_out_dir(out: Path, flag: str) -> None:
 
 
 def environments_and_prompts(
-    names: list[str], data: Path | None, episodes: int | None, seed: int,
+    names: list[str],
+    data: Path | None,
+    episodes: int | None,
+    seed: int,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """The samples and ``task_to_env`` of ``--env`` names and the optional ``--data`` file (see the
     module docstring), read as training reads its sections (``inputs/read.py``)."""
@@ -191,8 +251,16 @@ def environments_and_prompts(
     from ..inputs.data import even_counts
     from ..inputs.read import Prompts, read_inputs
 
-    prompts = Prompts(path=data, cycle=True, count=episodes, generated=episodes or 16, seed=seed, counts=even_counts,
-                      env_flag="--env", data_flag="--data" if data is not None else "--data FILE.jsonl")
+    prompts = Prompts(
+        path=data,
+        cycle=True,
+        count=episodes,
+        generated=episodes or 16,
+        seed=seed,
+        counts=even_counts,
+        env_flag="--env",
+        data_flag="--data" if data is not None else "--data FILE.jsonl",
+    )
     task_to_env, samples = read_inputs([EnvConfig(name=name) for name in names], prompts)
     return samples, task_to_env
 
@@ -229,7 +297,9 @@ async def run_with_progress(samples, task_to_env, backend, renderer, config, out
                 failed.append(exc)
                 rolling.cancel()
 
-        rolling = asyncio.ensure_future(arollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode))
+        rolling = asyncio.ensure_future(
+            arollout(samples, task_to_env, backend, renderer, config, on_episode=on_episode)
+        )
         try:
             result = await rolling
         except asyncio.CancelledError:

@@ -10,12 +10,23 @@ from typing import Any
 
 
 def add_parser(commands: Any) -> None:
-    p = commands.add_parser("sft", help="supervised fine-tuning on trajectories, conversations or expert demonstrations")
+    p = commands.add_parser(
+        "sft", help="supervised fine-tuning on trajectories, conversations or expert demonstrations"
+    )
     p.add_argument("config", nargs="?", type=Path, help="YAML config (omit with --help-config)")
-    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set batch_size=4 (repeatable)")
-    p.add_argument("--from-rollouts", action="store_true",
-                   help="after the sources, roll out the model and train on episodes with reward >= from_rollouts.min_reward")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set batch_size=4 (repeatable)",
+    )
+    p.add_argument(
+        "--from-rollouts",
+        action="store_true",
+        help="after the sources, roll out the model and train on episodes with reward >= from_rollouts.min_reward",
+    )
     p.add_argument("--overwrite", action="store_true", help="delete the run that config's out holds, then start over")
     p.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     p.set_defaults(run=_run)

@@ -23,22 +23,44 @@ def add_parser(commands: Any) -> None:
     start.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
     start.add_argument("--overwrite", action="store_true", help="delete the run that out holds, then start over")
     train.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
-    train.add_argument("--nproc", type=int, default=None, metavar="N",
-                       help="train on N ranks of this node with FSDP2: runs `torchrun --nproc-per-node N -m rollforge train ...`")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on N ranks of this node with FSDP2: runs `torchrun --nproc-per-node N -m rollforge train ...`",
+    )
     train.add_argument("--nnodes", type=int, default=1, help="nodes taking part (with --nproc; torchrun's rendezvous)")
-    train.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                       help="rendezvous of a several-node run (with --nnodes > 1), as torchrun's --rdzv-endpoint")
+    train.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="rendezvous of a several-node run (with --nnodes > 1), as torchrun's --rdzv-endpoint",
+    )
     train.set_defaults(run=_train)
 
 
 def add_run_flags(p: Any) -> None:
     """``--set``, ``--executor`` and ``--ray-address`` (``rollforge train`` and ``quickstart``)."""
-    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set algorithm.batch_size=4 (repeatable)")
-    p.add_argument("--executor", choices=["local", "ray"], default=None,
-                   help="where environments run (overrides the config's executor; ray: see the ray section)")
-    p.add_argument("--ray-address", default=None,
-                   help="Ray cluster to join with --executor ray (auto, ray://host:10001); default: a private local instance")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set algorithm.batch_size=4 (repeatable)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default=None,
+        help="where environments run (overrides the config's executor; ray: see the ray section)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join with --executor ray (auto, ray://host:10001); default: a private local instance",
+    )
 
 
 def flag_overrides(args: Any) -> list[str]:
@@ -105,10 +127,24 @@ def _torchrun(args: Any) -> int:
         raise ConfigError(f"--nproc and --nnodes must be >= 1, got {args.nproc} and {args.nnodes}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise ConfigError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    where = (["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
-             if args.nnodes > 1 else ["--standalone"])
-    command = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc-per-node", str(args.nproc),
-               "-m", "rollforge", "train", str(args.config), *[a for o in args.overrides for a in ("--set", o)]]
+    where = (
+        ["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+        if args.nnodes > 1
+        else ["--standalone"]
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *where,
+        "--nproc-per-node",
+        str(args.nproc),
+        "-m",
+        "rollforge",
+        "train",
+        str(args.config),
+        *[a for o in args.overrides for a in ("--set", o)],
+    ]
     if args.executor:
         command += ["--executor", args.executor]
     if args.ray_address:

@@ -10,11 +10,19 @@ from typing import Any
 
 def add_parser(commands: Any) -> None:
     p = commands.add_parser("view", help="write a self-contained HTML view of a rollout or training run")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR",
-                   help="a rollout (trajectories.jsonl) or training run (metrics.jsonl) directory, "
-                        "a trajectories .jsonl file or a directory of them")
-    p.add_argument("--out", type=Path, default=None,
-                   help="HTML file to write (default RUN_DIR/view.html; for a file, its name with .html)")
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a rollout (trajectories.jsonl) or training run (metrics.jsonl) directory, "
+        "a trajectories .jsonl file or a directory of them",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="HTML file to write (default RUN_DIR/view.html; for a file, its name with .html)",
+    )
     p.add_argument("--model", default=None, help="model directory or alias whose tokenizer decodes the tokens")
     p.set_defaults(run=_run)
 

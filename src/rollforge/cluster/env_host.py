@@ -106,7 +106,9 @@ class EnvironmentHost:
         try:
             return self._sessions[sid]
         except KeyError:
-            raise EnvironmentError_(f"session {sid} is not open on this environment actor (pid {os.getpid()})") from None
+            raise EnvironmentError_(
+                f"session {sid} is not open on this environment actor (pid {os.getpid()})"
+            ) from None
 
 
 def _picklable_or_none(value: Any) -> Any:

@@ -69,7 +69,10 @@ class RayEnvironmentPool(Environment):
         self.produces_images = environment.produces_images
         self.start_timeout = start_timeout
         options: dict[str, Any] = {
-            "num_cpus": num_cpus, "max_concurrency": 100_000, "max_restarts": 0, "runtime_env": worker_runtime_env(),
+            "num_cpus": num_cpus,
+            "max_concurrency": 100_000,
+            "max_restarts": 0,
+            "runtime_env": worker_runtime_env(),
         }
         if memory_mb is not None:
             options["memory"] = memory_mb * 1024 * 1024
@@ -88,7 +91,9 @@ class RayEnvironmentPool(Environment):
         self.replacements = 0
 
     def _start(self, slot: int) -> Channel:
-        channel = Channel(self._actor_class.remote(self._shipped), f"{slot} of {self.name!r}", lambda: self._replace(slot, channel))
+        channel = Channel(
+            self._actor_class.remote(self._shipped), f"{slot} of {self.name!r}", lambda: self._replace(slot, channel)
+        )
         return channel
 
     def _replace(self, slot: int, dead: Channel) -> None:

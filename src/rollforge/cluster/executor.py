@@ -41,8 +41,11 @@ def environments_on_ray(task_to_env: Mapping[str, Environment], config: RayConfi
         for task, env in task_to_env.items():
             if id(env) in distinct and id(env) not in pools:
                 pools[id(env)] = RayEnvironmentPool(
-                    env, actors=config.env_actors, num_cpus=cpus,
-                    memory_mb=config.env_actor_memory_mb, name=task,
+                    env,
+                    actors=config.env_actors,
+                    num_cpus=cpus,
+                    memory_mb=config.env_actor_memory_mb,
+                    name=task,
                 )
         yield {task: pools.get(id(env), env) for task, env in task_to_env.items()}
     finally:

@@ -125,8 +125,11 @@ class RayBackendReplica(Backend):
         self.weight_version = 0
         self.dead: str | None = None  # why the actor died, once it has (``Backend.dead``)
         options = {
-            "num_cpus": 1.0 if config.replica_cpus is None else config.replica_cpus, "num_gpus": config.replica_gpus,
-            "max_concurrency": 100_000, "max_restarts": 0, "runtime_env": worker_runtime_env(),
+            "num_cpus": 1.0 if config.replica_cpus is None else config.replica_cpus,
+            "num_gpus": config.replica_gpus,
+            "max_concurrency": 100_000,
+            "max_restarts": 0,
+            "runtime_env": worker_runtime_env(),
         }
         self.actor = ray.remote(BackendHost).options(**options).remote(config)
         held = Demand(f"{config.kind} replicas", 1, options["num_cpus"], config.replica_gpus, knobs=REPLICA_KNOBS)
@@ -197,16 +200,19 @@ def start_replicas(config: BackendConfig, *, start_timeout: float = 600.0) -> li
     ray = import_ray()
     count = config.replicas
     num_cpus = share_cpus(config.replica_cpus, count)
-    check_fits(Demand(
-        f"{config.kind} replicas", count, num_cpus, gpus=config.replica_gpus,
-        knobs=REPLICA_KNOBS,
-    ))
+    check_fits(
+        Demand(
+            f"{config.kind} replicas",
+            count,
+            num_cpus,
+            gpus=config.replica_gpus,
+            knobs=REPLICA_KNOBS,
+        )
+    )
     replicas: list[RayBackendReplica] = []
     try:
         for i in range(count):
-            own = dataclasses.replace(
-                config, replicas=1, replica_cpus=num_cpus, seed=replica_seed(config.seed, i)
-            )
+            own = dataclasses.replace(config, replicas=1, replica_cpus=num_cpus, seed=replica_seed(config.seed, i))
             replicas.append(RayBackendReplica(own, name=f"{config.kind} replica {i}"))
         deadline = time.monotonic() + start_timeout
         pending = [(replica, replica.actor.ready.remote()) for replica in replicas]

@@ -83,8 +83,13 @@ def sized_together(settings: RayConfig, *, workers: int, environments: int, repl
         )
     check_fits(
         Demand("training workers", workers, sized.training_worker_cpus, sized.training_worker_gpus, knobs=WORKER_KNOBS),
-        Demand("environment actors", env_actors, sized.env_actor_cpus, memory_mb=sized.env_actor_memory_mb,
-               knobs=ENV_ACTOR_KNOBS),
+        Demand(
+            "environment actors",
+            env_actors,
+            sized.env_actor_cpus,
+            memory_mb=sized.env_actor_memory_mb,
+            knobs=ENV_ACTOR_KNOBS,
+        ),
         Demand("generation replicas", workers * replicas, sized.replica_cpus, sized.replica_gpus, knobs=REPLICA_KNOBS),
     )
     return sized
@@ -117,7 +122,11 @@ def check_fits(*demands: Demand) -> None:
     ray = import_ray()
     totals = ray.cluster_resources()
     nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
-    for resource, unit, per_actor in (("CPU", "CPUs", _cpus), ("GPU", "GPUs", _gpus), ("memory", "MiB of memory", _memory)):
+    for resource, unit, per_actor in (
+        ("CPU", "CPUs", _cpus),
+        ("GPU", "GPUs", _gpus),
+        ("memory", "MiB of memory", _memory),
+    ):
         wanted = [(d, per_actor(d)) for d in demands if d.count and per_actor(d) > 0]
         if not wanted:
             continue
@@ -153,4 +162,3 @@ def _memory(demand: Demand) -> float:
 
 def _fmt(value: float) -> str:
     return f"{value:g}"
-

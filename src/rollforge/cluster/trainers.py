@@ -40,7 +40,10 @@ def train_on_ray(entry: Callable[..., Any], config: Any, kwargs: dict[str, Any],
     replicas = settings.generation_replicas if settings.generation_replicas > 1 else 0
     settings = sized_together(settings, workers=world, environments=pooled_environments, replicas=replicas)
     config = config.model_copy(update={"ray": settings})  # the workers reserve what was decided here
-    bundle = {"CPU": settings.training_worker_cpus, **({"GPU": settings.training_worker_gpus} if settings.training_worker_gpus else {})}
+    bundle = {
+        "CPU": settings.training_worker_cpus,
+        **({"GPU": settings.training_worker_gpus} if settings.training_worker_gpus else {}),
+    }
     group = placement_group([bundle] * world, strategy="PACK")
     try:
         if not _ready(ray, group, timeout=120):  # fits the cluster, but not what is free now
@@ -60,7 +63,9 @@ def _run_ranks(ray: Any, group: Any, entry: Callable[..., Any], config: Any, kwa
     worker, runtime_env = ray.remote(_Rank), worker_runtime_env()
     ranks = [
         worker.options(
-            num_cpus=settings.training_worker_cpus, num_gpus=settings.training_worker_gpus, runtime_env=runtime_env,
+            num_cpus=settings.training_worker_cpus,
+            num_gpus=settings.training_worker_gpus,
+            runtime_env=runtime_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
         ).remote()
         for i in range(world)
@@ -94,11 +99,27 @@ class _Rank:
             s.bind((address, 0))
             return address, s.getsockname()[1]
 
-    def run(self, entry: Callable[..., Any], config: Any, rank: int, world: int, address: str, port: int,
-            threads: int, kwargs: dict[str, Any]) -> Any:
+    def run(
+        self,
+        entry: Callable[..., Any],
+        config: Any,
+        rank: int,
+        world: int,
+        address: str,
+        port: int,
+        threads: int,
+        kwargs: dict[str, Any],
+    ) -> Any:
         import torch
 
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR=address, MASTER_PORT=str(port), RAY_TRAINING_RANK=str(rank))
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR=address,
+            MASTER_PORT=str(port),
+            RAY_TRAINING_RANK=str(rank),
+        )
         torch.set_num_threads(threads)
         return entry(config, **kwargs)

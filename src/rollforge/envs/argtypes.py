@@ -239,9 +239,7 @@ def compile_hint(hint: Any, where: str) -> TypeSpec:
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         values = tuple(member.value for member in hint)
         if not values or any(type(v) not in _JSON_TYPE_OF for v in values):
-            raise ConfigError(
-                f"{where}: enum {hint.__name__} needs str, int, float or bool values, got {values!r}"
-            )
+            raise ConfigError(f"{where}: enum {hint.__name__} needs str, int, float or bool values, got {values!r}")
         return ChoiceSpec(values, enum_class=hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is list or origin is list:
@@ -262,4 +260,3 @@ def compile_hint(hint: Any, where: str) -> TypeSpec:
         f"{where}: unsupported type hint {hint!r}; use str, int, float, bool, list[X], dict[str, X], "
         "Literal[...], an Enum, Optional[X] or Any"
     )
-

@@ -117,4 +117,3 @@ def invalid_arguments(rng: random.Random, parameters: Mapping[str, Any]) -> dict
         if value is not _NOT_A_VALUE:
             return {**arguments, key: value}
     return {**arguments, "__unexpected_argument__": 1}
-

@@ -112,9 +112,7 @@ class FactoryEnvironment(Environment):
             )
         name = sample.row[ENVIRONMENT_COLUMN]
         if not isinstance(name, str) or name not in self.factory:
-            raise ConfigError(
-                f"environment {name!r} (from the {ENVIRONMENT_COLUMN!r} column) is not one of: {valid}"
-            )
+            raise ConfigError(f"environment {name!r} (from the {ENVIRONMENT_COLUMN!r} column) is not one of: {valid}")
         return FactorySession(self.factory[name], run_in_thread=self.run_in_thread, name=name)
 
     def offered_tools(self, sample: Sample) -> tuple[dict[str, Any], ...] | None:
@@ -204,8 +202,7 @@ class FactorySession(BaseSession):
                 observation = await self._run(obj_reset, **_reset_kwargs(obj_reset, sample.row))
             if observation is not None and not isinstance(observation, str):
                 raise EnvironmentError_(
-                    f"{type(self._obj).__name__}.reset() must return a str or None, "
-                    f"got {type(observation).__name__}"
+                    f"{type(self._obj).__name__}.reset() must return a str or None, got {type(observation).__name__}"
                 )
             if observation:
                 prompt = append_to_last_user(prompt, observation)
@@ -227,9 +224,7 @@ class FactorySession(BaseSession):
             raise EnvironmentError_("step() was called before a successful reset()")
         if not conversation or conversation[-1].role != "assistant":
             role = conversation[-1].role if conversation else "nothing"
-            raise EnvironmentError_(
-                f"step() needs the conversation to end with an assistant message, not {role}"
-            )
+            raise EnvironmentError_(f"step() needs the conversation to end with an assistant message, not {role}")
         calls = conversation[-1].tool_calls
         if not calls or self._done():
             return Step(terminated=True)
@@ -244,8 +239,9 @@ class FactorySession(BaseSession):
                 break  # the remaining calls of this message are not run
         done = self._done()
         truncated = done and self._flag("truncated")
-        return Step(messages=tuple(messages), terminated=done and not truncated, truncated=truncated,
-                    failures=tuple(failures))
+        return Step(
+            messages=tuple(messages), terminated=done and not truncated, truncated=truncated, failures=tuple(failures)
+        )
 
     async def _execute(self, call: ToolCall) -> tuple[Message, Failure | None]:
         if call.error is not None:
@@ -367,8 +363,11 @@ def _render_result(result: Any) -> tuple[str, tuple[Any, ...]]:
     blocks = [_block(item) for item in items]
     if not any(block is not None and block[0] == "image" for block in blocks):
         return _text(result), ()
-    texts = [block[1] if block is not None else _text(item) for item, block in zip(items, blocks)
-             if block is None or block[0] == "text"]
+    texts = [
+        block[1] if block is not None else _text(item)
+        for item, block in zip(items, blocks)
+        if block is None or block[0] == "text"
+    ]
     return "\n".join(texts), tuple(block[1] for block in blocks if block is not None and block[0] == "image")
 
 

@@ -114,8 +114,7 @@ class StepwiseEnvironment(Environment):
     def __init__(self, env: Any, *, max_sessions: int | None = None, run_in_thread: bool = True):
         if not callable(getattr(env, "step", None)):
             raise ConfigError(
-                f"a step-style environment needs a step(message_logs, metadata) method; "
-                f"{type(env).__name__} has none"
+                f"a step-style environment needs a step(message_logs, metadata) method; {type(env).__name__} has none"
             )
         check_max_sessions(max_sessions)
         self.env = env
@@ -123,9 +122,7 @@ class StepwiseEnvironment(Environment):
         self.run_in_thread = run_in_thread
         self.name = type(env).__name__
         # Per event loop: the requests waiting for the next batch, and the task running batches.
-        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Request]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Request]] = weakref.WeakKeyDictionary()
         self._workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
             weakref.WeakKeyDictionary()
         )
@@ -179,9 +176,7 @@ class StepwiseEnvironment(Environment):
             self._workers.pop(loop, None)
 
     async def _run_batch(self, batch: list[_Request]) -> None:
-        call = asyncio.ensure_future(
-            self._call([r.message_log for r in batch], [r.metadata for r in batch])
-        )
+        call = asyncio.ensure_future(self._call([r.message_log for r in batch], [r.metadata for r in batch]))
 
         def abandon_when_nobody_waits(_: asyncio.Future[_Outcome]) -> None:
             # Every caller timed out: stop waiting, so a hung step cannot block later batches.
@@ -260,12 +255,8 @@ class StepwiseEnvironment(Environment):
         if not math.isfinite(reward):
             raise EnvironmentError_(f"{where}: reward must be finite, got {reward!r}")
         if stop is not None:
-            if isinstance(stop, str) or not isinstance(stop, Sequence) or not all(
-                isinstance(s, str) for s in stop
-            ):
-                raise EnvironmentError_(
-                    f"{where}: next_stop_strings must be a list of str or None, got {stop!r}"
-                )
+            if isinstance(stop, str) or not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+                raise EnvironmentError_(f"{where}: next_stop_strings must be a list of str or None, got {stop!r}")
             stop = tuple(stop)
         message = _observation_message(observation, terminated or truncated, where)
         step = Step(
@@ -292,14 +283,10 @@ class StepwiseSession(BaseSession):
 
     async def step(self, conversation: tuple[Message, ...]) -> Step:
         if self._stepping:
-            raise EnvironmentError_(
-                f"{self._environment.name}: step() called again before the previous step returned"
-            )
+            raise EnvironmentError_(f"{self._environment.name}: step() called again before the previous step returned")
         self._stepping = True
         try:
-            outcome = await self._environment.submit(
-                [m.to_chat() for m in conversation], self._metadata
-            )
+            outcome = await self._environment.submit([m.to_chat() for m in conversation], self._metadata)
         finally:
             self._stepping = False
         if outcome.metadata is not None:  # NeMo-RL's rule: None keeps the current metadata
@@ -349,23 +336,17 @@ def _flag(value: Any, name: str, where: str) -> bool:
 
 def _observation_message(observation: Any, ended: bool, where: str) -> Message | None:
     if not isinstance(observation, Mapping):
-        raise EnvironmentError_(
-            f"{where}: an observation must be a {{'role', 'content'}} dict, got {observation!r}"
-        )
+        raise EnvironmentError_(f"{where}: an observation must be a {{'role', 'content'}} dict, got {observation!r}")
     content = observation.get("content")
     if content is None:
         content = ""
     if not isinstance(content, str):
-        raise EnvironmentError_(
-            f"{where}: observation content must be a str, got {type(content).__name__}"
-        )
+        raise EnvironmentError_(f"{where}: observation content must be a str, got {type(content).__name__}")
     if ended and not content:
         return None
     role = observation.get("role") or "user"
     if role in _USER_ALIASES:
         role = "user"
     if role not in ("system", "user", "assistant", "tool"):
-        raise EnvironmentError_(
-            f"{where}: observation role {role!r} is not one of user/tool/system/assistant"
-        )
+        raise EnvironmentError_(f"{where}: observation role {role!r} is not one of user/tool/system/assistant")
     return Message(role=role, content=content, name=observation.get("name"))

@@ -109,13 +109,9 @@ def tool_from_callable(function: Callable[..., Any], name: str | None = None) ->
     for param in inspect.signature(function).parameters.values():
         where = f"tool {qualname}, parameter {param.name}"
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigError(
-                f"{where}: *args and **kwargs cannot be described to the model; name each argument"
-            )
+            raise ConfigError(f"{where}: *args and **kwargs cannot be described to the model; name each argument")
         if param.kind is param.POSITIONAL_ONLY:
-            raise ConfigError(
-                f"{where}: positional-only parameters are not supported; tools get keyword arguments"
-            )
+            raise ConfigError(f"{where}: positional-only parameters are not supported; tools get keyword arguments")
         if param.name not in hints:
             raise ConfigError(f"{where} has no type hint; annotate it (use typing.Any to accept any value)")
         type_spec = compile_hint(hints[param.name], where)

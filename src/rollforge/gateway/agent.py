@@ -72,7 +72,9 @@ class AgentEnvironment(GeneratingEnvironment):
         model_name: str = "rollforge",
     ):
         if (run is None) == (cmd is None):
-            raise ConfigError("AgentEnvironment takes either run (a callable run(base_url, row)) or cmd (a command as a list of strings)")
+            raise ConfigError(
+                "AgentEnvironment takes either run (a callable run(base_url, row)) or cmd (a command as a list of strings)"
+            )
         if run is not None and not callable(run):
             raise ConfigError(f"AgentEnvironment run must be callable as run(base_url, row), got {type(run).__name__}")
         if cmd is not None:
@@ -112,8 +114,13 @@ class AgentEnvironment(GeneratingEnvironment):
         try:
             async with asyncio.timeout(timeout):
                 reward = await self._run(gateway.base_url(session_id), row, session_id)
-            if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)):
-                error, reward = Failure("env_error", f"the agent returned {reward!r}; expected a finite number or None"), None
+            if reward is not None and (
+                isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
+            ):
+                error, reward = (
+                    Failure("env_error", f"the agent returned {reward!r}; expected a finite number or None"),
+                    None,
+                )
         except TimeoutError:
             error = Failure("episode_timeout", f"the agent ran past its time limit of {timeout}s and was stopped")
         except EpisodeFailed as exc:
@@ -124,7 +131,11 @@ class AgentEnvironment(GeneratingEnvironment):
             record = gateway.close_session(session_id)
         wall = time.perf_counter() - started
         return record.trajectory(
-            index, sample.task_name, reward, error, metadata={"session": session_id, "segments": len(record.segments)},
+            index,
+            sample.task_name,
+            reward,
+            error,
+            metadata={"session": session_id, "segments": len(record.segments)},
             environment_seconds=max(0.0, wall - record.generation_seconds),
         )
 
@@ -136,14 +147,24 @@ class AgentEnvironment(GeneratingEnvironment):
             self._starting = asyncio.Lock()
         async with self._starting:
             gateway = self._gateway
-            if gateway is not None and (gateway.backend is not context.backend or gateway.renderer is not context.renderer):
+            if gateway is not None and (
+                gateway.backend is not context.backend or gateway.renderer is not context.renderer
+            ):
                 await gateway.close()
                 gateway = None
             if gateway is None:
                 config = context.config
-                sampling = Sampling(0.0 if config.greedy else config.temperature, config.top_p, config.top_k, config.seed, fixed=True)
-                gateway = Gateway(context.backend, context.renderer, context.parser, model_name=self.model_name,
-                                  sampling=sampling, open_sessions=False)
+                sampling = Sampling(
+                    0.0 if config.greedy else config.temperature, config.top_p, config.top_k, config.seed, fixed=True
+                )
+                gateway = Gateway(
+                    context.backend,
+                    context.renderer,
+                    context.parser,
+                    model_name=self.model_name,
+                    sampling=sampling,
+                    open_sessions=False,
+                )
                 await gateway.start()
                 self._gateway = gateway
             return gateway
@@ -158,12 +179,24 @@ class AgentEnvironment(GeneratingEnvironment):
 
     async def _run_program(self, base_url: str, row: dict[str, Any], session_id: str) -> float | None:
         row_json = json.dumps(row, default=str)
-        env = {**os.environ, **self.env, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "rollforge",
-               "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": "rollforge",
-               "ROLLFORGE_SESSION": session_id, "ROLLFORGE_ROW": row_json}
+        env = {
+            **os.environ,
+            **self.env,
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_KEY": "rollforge",
+            "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": "rollforge",
+            "ROLLFORGE_SESSION": session_id,
+            "ROLLFORGE_ROW": row_json,
+        }
         process = await asyncio.create_subprocess_exec(
-            *self.cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, cwd=self.cwd, start_new_session=True,  # its own process group: stopped with its children
+            *self.cmd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,  # its own process group: stopped with its children
         )
         try:
             out, err = await process.communicate(row_json.encode())
@@ -176,10 +209,15 @@ class AgentEnvironment(GeneratingEnvironment):
                 await process.wait()
             raise
         if process.returncode != 0:
-            status = (f"was killed by signal {-process.returncode}" if process.returncode < 0
-                      else f"exited with status {process.returncode}")
+            status = (
+                f"was killed by signal {-process.returncode}"
+                if process.returncode < 0
+                else f"exited with status {process.returncode}"
+            )
             tail = err.decode("utf-8", "replace")[-_STDERR_TAIL:].strip()
-            raise EpisodeFailed(Failure("env_error", f"the agent program {self.cmd[0]!r} {status}; stderr: {tail or '(empty)'}"))
+            raise EpisodeFailed(
+                Failure("env_error", f"the agent program {self.cmd[0]!r} {status}; stderr: {tail or '(empty)'}")
+            )
         return _reward_from(out.decode("utf-8", "replace"))
 
 

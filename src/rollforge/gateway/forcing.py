@@ -38,7 +38,9 @@ def forced_opener(renderer: ChatRenderer, parser: Any, tool: str | None) -> list
     """The ids that start a call to ``tool`` (None: to any tool, for ``required``); a ``WireError``
     naming ``tool_choice`` when the family's call format has no clean opener."""
     called = tool or _PROBE_TOOL
-    bare, with_argument = (_written(renderer, parser, ToolCall(called, arguments)) for arguments in ({}, {_PROBE_ARGUMENT: 0}))
+    bare, with_argument = (
+        _written(renderer, parser, ToolCall(called, arguments)) for arguments in ({}, {_PROBE_ARGUMENT: 0})
+    )
     name_at = bare.find(called)
     cut = name_at
     if tool is not None and name_at >= 0:
@@ -63,5 +65,8 @@ def _written(renderer: ChatRenderer, parser: Any, call: ToolCall) -> str:
 
 def _refused(renderer: ChatRenderer, tool: str | None, why: str) -> WireError:
     choice = "'required'" if tool is None else f"the function {tool!r}"
-    return WireError(f"'tool_choice' {choice} cannot be honoured for the {renderer.family.name} family: {why}; "
-                     "send 'auto' or 'none'", "tool_choice")
+    return WireError(
+        f"'tool_choice' {choice} cannot be honoured for the {renderer.family.name} family: {why}; "
+        "send 'auto' or 'none'",
+        "tool_choice",
+    )

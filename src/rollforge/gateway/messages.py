@@ -54,7 +54,7 @@ def chat_body(body: Any) -> dict[str, Any]:
         raise WireError(f"'max_tokens' must be an integer >= 1, got {max_tokens!r}", "max_tokens")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise WireError("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "messages")
+        raise WireError('\'messages\' must be a non-empty list of {"role", "content"} objects', "messages")
     chat: list[dict[str, Any]] = []
     if body.get("system"):
         chat.append({"role": "system", "content": _text_parts(body["system"], "system")})
@@ -83,14 +83,20 @@ def _chat_messages(raw: Any, where: str) -> list[dict[str, Any]]:
     content = raw.get("content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     if not isinstance(blocks, list):
-        raise WireError(f"{where}.content must be a string or a list of content blocks, got {type(content).__name__}", f"{where}.content")
+        raise WireError(
+            f"{where}.content must be a string or a list of content blocks, got {type(content).__name__}",
+            f"{where}.content",
+        )
     texts, calls, results = [], [], []
     for k, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
         allowed = ("text", "tool_use") if raw["role"] == "assistant" else ("text", "tool_result")
         if kind not in allowed:
-            raise WireError(f"{where}.content[{k}] is of type {kind!r}; a {raw['role']} message takes "
-                            f"{' and '.join(allowed)} blocks here", f"{where}.content")
+            raise WireError(
+                f"{where}.content[{k}] is of type {kind!r}; a {raw['role']} message takes "
+                f"{' and '.join(allowed)} blocks here",
+                f"{where}.content",
+            )
         if kind == "text":
             texts.append(_text_block(block, f"{where}.content[{k}]"))
         elif kind == "tool_use":
@@ -104,7 +110,7 @@ def _chat_messages(raw: Any, where: str) -> list[dict[str, Any]]:
 
 def _text_block(block: Mapping[str, Any], where: str) -> dict[str, str]:
     if not isinstance(block.get("text"), str):
-        raise WireError(f"{where} must be {{\"type\": \"text\", \"text\": <string>}}", where)
+        raise WireError(f'{where} must be {{"type": "text", "text": <string>}}', where)
     return {"type": "text", "text": block["text"]}
 
 
@@ -115,36 +121,59 @@ def _text_parts(value: Any, where: str) -> list[dict[str, str]]:
     if isinstance(value, list) and all(isinstance(b, Mapping) and b.get("type") == "text" for b in value):
         return [_text_block(b, f"{where}[{k}]") for k, b in enumerate(value)]
     if isinstance(value, list):
-        kind = next(b.get("type") if isinstance(b, Mapping) else type(b).__name__
-                    for b in value if not (isinstance(b, Mapping) and b.get("type") == "text"))
+        kind = next(
+            b.get("type") if isinstance(b, Mapping) else type(b).__name__
+            for b in value
+            if not (isinstance(b, Mapping) and b.get("type") == "text")
+        )
         raise WireError(f"{where} holds a block of type {kind!r}; the gateway takes text blocks only", where)
     raise WireError(f"{where} must be a string or a list of text blocks, got {type(value).__name__}", where)
 
 
 def _call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
-    if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) or not isinstance(block.get("input"), Mapping):
-        raise WireError(f"{where} must be {{\"type\": \"tool_use\", \"id\", \"name\", \"input\": {{...}}}}", where)
-    return {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": json.dumps(block["input"])}}
+    if (
+        not isinstance(block.get("id"), str)
+        or not isinstance(block.get("name"), str)
+        or not isinstance(block.get("input"), Mapping)
+    ):
+        raise WireError(f'{where} must be {{"type": "tool_use", "id", "name", "input": {{...}}}}', where)
+    return {
+        "id": block["id"],
+        "type": "function",
+        "function": {"name": block["name"], "arguments": json.dumps(block["input"])},
+    }
 
 
 def _result(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(block.get("tool_use_id"), str):
         raise WireError(f"{where} needs the string 'tool_use_id' of the tool_use it answers", f"{where}.tool_use_id")
     content = block.get("content")
-    return {"role": "tool", "tool_call_id": block["tool_use_id"],
-            "content": _text_parts(content, f"{where}.content") if content else ""}
+    return {
+        "role": "tool",
+        "tool_call_id": block["tool_use_id"],
+        "content": _text_parts(content, f"{where}.content") if content else "",
+    }
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
     if tools is None:
         return []
     if not isinstance(tools, list):
-        raise WireError(f"'tools' must be a list of {{\"name\", \"input_schema\"}} objects, got {type(tools).__name__}", "tools")
+        raise WireError(
+            f'\'tools\' must be a list of {{"name", "input_schema"}} objects, got {type(tools).__name__}', "tools"
+        )
     out = []
     for k, tool in enumerate(tools):
-        if not isinstance(tool, Mapping) or not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), Mapping):
-            raise WireError(f"tools[{k}] must be a custom tool {{\"name\", \"description\", \"input_schema\"}}; "
-                            f"the gateway runs no server tools", f"tools[{k}]")
+        if (
+            not isinstance(tool, Mapping)
+            or not isinstance(tool.get("name"), str)
+            or not isinstance(tool.get("input_schema"), Mapping)
+        ):
+            raise WireError(
+                f'tools[{k}] must be a custom tool {{"name", "description", "input_schema"}}; '
+                f"the gateway runs no server tools",
+                f"tools[{k}]",
+            )
         function = {"name": tool["name"], "parameters": tool["input_schema"]}
         if tool.get("description"):
             function["description"] = tool["description"]
@@ -155,11 +184,16 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 def _tool_choice(choice: Any) -> Any:
     kind = choice.get("type") if isinstance(choice, Mapping) else None
     if kind not in ("auto", "any", "none", "tool") or (kind == "tool" and not isinstance(choice.get("name"), str)):
-        raise WireError(f"'tool_choice' {choice!r} is not {{\"type\": \"auto\" | \"any\" | \"none\"}} or "
-                        f"{{\"type\": \"tool\", \"name\": ...}}", "tool_choice")
+        raise WireError(
+            f'\'tool_choice\' {choice!r} is not {{"type": "auto" | "any" | "none"}} or {{"type": "tool", "name": ...}}',
+            "tool_choice",
+        )
     if choice.get("disable_parallel_tool_use"):
-        raise WireError("'tool_choice.disable_parallel_tool_use' true is not honoured: the gateway returns "
-                        "every call the model makes", "tool_choice.disable_parallel_tool_use")
+        raise WireError(
+            "'tool_choice.disable_parallel_tool_use' true is not honoured: the gateway returns "
+            "every call the model makes",
+            "tool_choice.disable_parallel_tool_use",
+        )
     if kind == "tool":
         return {"type": "function", "function": {"name": choice["name"]}}
     return {"auto": "auto", "any": "required", "none": "none"}[kind]
@@ -178,10 +212,16 @@ def message_body(message_id: str, model: str, choice: Choice, prompt_tokens: int
     }
 
 
-def message_events(message_id: str, model: str, choice: Choice, prompt_tokens: int) -> Iterator[tuple[str, dict[str, Any]]]:
+def message_events(
+    message_id: str, model: str, choice: Choice, prompt_tokens: int
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """The same reply as ``(event, data)`` pairs of the Messages SSE stream."""
-    head = {**_message_head(message_id, model), "content": [], "stop_reason": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+    head = {
+        **_message_head(message_id, model),
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+    }
     yield "message_start", {"type": "message_start", "message": head}
     for index, block in enumerate(_blocks(choice)):
         if block["type"] == "text":
@@ -192,9 +232,14 @@ def message_events(message_id: str, model: str, choice: Choice, prompt_tokens: i
         yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
         yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    yield "message_delta", {"type": "message_delta",
-                            "delta": {"stop_reason": _STOP_REASONS[choice.finish_reason], "stop_sequence": None},
-                            "usage": {"output_tokens": choice.completion_tokens}}
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": _STOP_REASONS[choice.finish_reason], "stop_sequence": None},
+            "usage": {"output_tokens": choice.completion_tokens},
+        },
+    )
     yield "message_stop", {"type": "message_stop"}
 
 

@@ -93,7 +93,9 @@ def gateway_model(base_url: str, **config: Any) -> Any:
     kwargs.update(api_base=base_url, api_key="rollforge")
     config.setdefault("model_name", "openai/rollforge")
     config.setdefault("cost_tracking", "ignore_errors")
-    require("litellm", "agents", "mini-swe-agent on rollforge").suppress_debug_info = True  # its banner per unpriced call
+    require(
+        "litellm", "agents", "mini-swe-agent on rollforge"
+    ).suppress_debug_info = True  # its banner per unpriced call
     return models.LitellmTextbasedModel(model_kwargs=kwargs, **config)
 
 
@@ -117,7 +119,9 @@ class SandboxShell:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ConfigError(f"SandboxShell timeout must be a positive number of seconds, got {timeout!r}")
         if _STATE in (files or {}):
-            raise ConfigError(f"SandboxShell files may not use the name {_STATE!r}: it holds the workspace between commands")
+            raise ConfigError(
+                f"SandboxShell files may not use the name {_STATE!r}: it holds the workspace between commands"
+            )
         self.cwd, self.env, self.timeout = cwd or SCRATCH_DIR, dict(env or {}), timeout
         self.limits = limits or SandboxLimits(cpu_seconds=max(1, int(timeout)))
         self._files: dict[str, str] = dict(files or {})  # the next command's starting workspace
@@ -128,8 +132,19 @@ class SandboxShell:
         ``Submitted`` when its output starts with the submit line and it succeeded."""
         command, timeout = action.get("command", ""), timeout or self.timeout
         limits = dataclasses.replace(self.limits, wall_seconds=timeout + _GRACE_SECONDS)
-        argv = [sys.executable, "-I", "-S", "-c", _RUNNER, command, cwd or self.cwd, str(timeout), str(MAX_WORKSPACE_BYTES),
-                _STATE, SCRATCH_DIR]
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _RUNNER,
+            command,
+            cwd or self.cwd,
+            str(timeout),
+            str(MAX_WORKSPACE_BYTES),
+            _STATE,
+            SCRATCH_DIR,
+        ]
         result = run_sandboxed(self._files, argv, limits, env=self.env)
         report = _report(result.report)
         if "state" in report:
@@ -137,11 +152,19 @@ class SandboxShell:
         if result.ok and "returncode" in report:
             output = {"output": result.stdout, "returncode": report["returncode"], "exception_info": ""}
         else:
-            why = report.get("error") or f"the sandbox ended the command ({result.describe()}); its changes to the workspace are lost"
-            output = {"output": result.stdout + result.stderr, "returncode": -1,
-                      "exception_info": f"An error occurred while executing the command: {why}"}
+            why = (
+                report.get("error")
+                or f"the sandbox ended the command ({result.describe()}); its changes to the workspace are lost"
+            )
+            output = {
+                "output": result.stdout + result.stderr,
+                "returncode": -1,
+                "exception_info": f"An error occurred while executing the command: {why}",
+            }
         if "state_error" in report:
-            output["exception_info"] = (output["exception_info"] + " " if output["exception_info"] else "") + report["state_error"]
+            output["exception_info"] = (output["exception_info"] + " " if output["exception_info"] else "") + report[
+                "state_error"
+            ]
         self._check_finished(output)
         return output
 
@@ -150,8 +173,9 @@ class SandboxShell:
         if lines and lines[0].strip() == _SUBMIT and output["returncode"] == 0:
             submission = "".join(lines[1:])
             exceptions = _import_minisweagent("minisweagent.exceptions")
-            raise exceptions.Submitted({"role": "exit", "content": submission,
-                                        "extra": {"exit_status": "Submitted", "submission": submission}})
+            raise exceptions.Submitted(
+                {"role": "exit", "content": submission, "extra": {"exit_status": "Submitted", "submission": submission}}
+            )
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
         """The config and the machine's ``uname`` (mini-swe-agent's prompts name the system), not the

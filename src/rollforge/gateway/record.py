@@ -46,8 +46,15 @@ class SessionRecord:
     ending: SessionLimit
     generation_seconds: float
 
-    def trajectory(self, index: int, task_name: str, reward: float | None, error: Failure | None = None,
-                   metadata: Any = None, environment_seconds: float = 0.0) -> Trajectory:
+    def trajectory(
+        self,
+        index: int,
+        task_name: str,
+        reward: float | None,
+        error: Failure | None = None,
+        metadata: Any = None,
+        environment_seconds: float = 0.0,
+    ) -> Trajectory:
         """The session as a trajectory: the segments' ids laid end to end, one turn per reply,
         ``reward`` (None: 0.0, for reward functions to score) on the last turn. A limit that
         refused a request ends it as truncated / max-turns-reached even when the client then failed."""
@@ -63,8 +70,10 @@ class SessionRecord:
         if rewards:
             rewards[-1] = float(reward or 0.0)
         last = self.segments[-1] if self.segments else RecordedSegment((), (), (), (), (), 0)
-        parts = [(Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)), s.messages)
-                 for s in self.segments]
+        parts = [
+            (Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)), s.messages)
+            for s in self.segments
+        ]
         return Trajectory(
             index=index,
             task_name=task_name,
@@ -87,7 +96,10 @@ def combined(session_id: str, records: Sequence[SessionRecord]) -> SessionRecord
     """The records of one session's agents as one: segments in order, turns, failures and
     generation time summed, the first ending a limit set."""
     return SessionRecord(
-        session_id, tuple(s for r in records for s in r.segments), sum(r.turns for r in records),
-        tuple(f for r in records for f in r.failures), next((r.ending for r in records if r.ending), ""),
+        session_id,
+        tuple(s for r in records for s in r.segments),
+        sum(r.turns for r in records),
+        tuple(f for r in records for f in r.failures),
+        next((r.ending for r in records if r.ending), ""),
         sum(r.generation_seconds for r in records),
     )

@@ -47,9 +47,12 @@ class ResponseStore:
         if response_id is None:
             return []
         if response_id not in self._conversations:
-            raise WireError(f"'previous_response_id' {response_id!r} is not a response of this session "
-                            "(the gateway keeps only the responses of the session it serves)",
-                            "previous_response_id", code="previous_response_not_found")
+            raise WireError(
+                f"'previous_response_id' {response_id!r} is not a response of this session "
+                "(the gateway keeps only the responses of the session it serves)",
+                "previous_response_id",
+                code="previous_response_not_found",
+            )
         return list(self._conversations[response_id])
 
     def keep(self, response_id: str, body: Mapping[str, Any], chat: Mapping[str, Any], choice: Choice) -> None:
@@ -98,23 +101,36 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
-                raise WireError(f"{where}.role {role!r} is not one of user, system, developer, assistant", f"{where}.role")
+                raise WireError(
+                    f"{where}.role {role!r} is not one of user, system, developer, assistant", f"{where}.role"
+                )
             messages.append({"role": role, "content": _text(item.get("content"), where)})
         elif kind == "function_call":
-            call = {"id": _string(item, "call_id", where), "type": "function",
-                    "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+            call = {
+                "id": _string(item, "call_id", where),
+                "type": "function",
+                "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)},
+            }
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":  # calls without text: an assistant message of their own
                 last = {"role": "assistant", "content": ""}
                 messages.append(last)
             last.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
-                             "content": _text(item.get("output"), where, "output")})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": _string(item, "call_id", where),
+                    "content": _text(item.get("output"), where, "output"),
+                }
+            )
         else:
             shown = kind if kind is not None else type(item).__name__
-            raise WireError(f"{where} is of type {shown!r}; the gateway takes message, function_call and "
-                            "function_call_output items", f"{where}.type")
+            raise WireError(
+                f"{where} is of type {shown!r}; the gateway takes message, function_call and "
+                "function_call_output items",
+                f"{where}.type",
+            )
     return messages
 
 
@@ -126,11 +142,16 @@ def _text(value: Any, where: str, field: str = "content") -> str:
         for k, part in enumerate(value):
             kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
             if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
-                raise WireError(f"{where}.{field}[{k}] is of type {kind!r}; the gateway takes input_text and "
-                                "output_text parts only", f"{where}.{field}")
+                raise WireError(
+                    f"{where}.{field}[{k}] is of type {kind!r}; the gateway takes input_text and "
+                    "output_text parts only",
+                    f"{where}.{field}",
+                )
             parts.append(part["text"])
         return "".join(parts)
-    raise WireError(f"{where}.{field} must be a string or a list of text parts, got {type(value).__name__}", f"{where}.{field}")
+    raise WireError(
+        f"{where}.{field} must be a string or a list of text parts, got {type(value).__name__}", f"{where}.{field}"
+    )
 
 
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:
@@ -147,8 +168,11 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
-            raise WireError(f"tools[{i}] of type {kind!r} is not supported: the gateway takes "
-                            "{\"type\": \"function\", \"name\": ...} tools only", f"tools[{i}]")
+            raise WireError(
+                f"tools[{i}] of type {kind!r} is not supported: the gateway takes "
+                '{"type": "function", "name": ...} tools only',
+                f"tools[{i}]",
+            )
         function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
         out.append({"type": "function", "function": function})
     return out
@@ -159,8 +183,10 @@ def _tool_choice(value: Any) -> Any:
         return {"type": "function", "function": {"name": value["name"]}}
     if isinstance(value, str):
         return value  # auto, none, required: the chat form checks them
-    raise WireError(f"'tool_choice' {value!r} is not 'auto', 'none', 'required' or {{\"type\": \"function\", \"name\": ...}}",
-                    "tool_choice")
+    raise WireError(
+        f"'tool_choice' {value!r} is not 'auto', 'none', 'required' or {{\"type\": \"function\", \"name\": ...}}",
+        "tool_choice",
+    )
 
 
 def _check_text(text: Any) -> None:
@@ -168,8 +194,11 @@ def _check_text(text: Any) -> None:
         return
     form = text.get("format") if isinstance(text, Mapping) else text
     if form is not None and (not isinstance(form, Mapping) or form.get("type") != "text"):
-        raise WireError(f"'text.format' {form!r} is not supported: the gateway does not constrain the reply to a "
-                        "format; leave it out or send {\"type\": \"text\"}", "text.format")
+        raise WireError(
+            f"'text.format' {form!r} is not supported: the gateway does not constrain the reply to a "
+            'format; leave it out or send {"type": "text"}',
+            "text.format",
+        )
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -180,31 +209,66 @@ def output_items(choice: Choice) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     if choice.content or not choice.tool_calls:
         text = {"type": "output_text", "text": choice.content or "", "annotations": [], "logprobs": []}
-        items.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
-                      "role": "assistant", "content": [text]})
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [text],
+            }
+        )
     for call in choice.tool_calls:
-        items.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call.id,
-                      "name": call.name, "arguments": call.arguments, "status": "completed"})
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+                "status": "completed",
+            }
+        )
     return items
 
 
-def response_body(response_id: str, model: str, created: int, body: Mapping[str, Any], choice: Choice,
-                  items: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
+def response_body(
+    response_id: str,
+    model: str,
+    created: int,
+    body: Mapping[str, Any],
+    choice: Choice,
+    items: list[dict[str, Any]],
+    prompt_tokens: int,
+) -> dict[str, Any]:
     """The ``response`` object; ``body``: the request (its settings are echoed)."""
     incomplete = choice.finish_reason == "length"
     return {
-        "id": response_id, "object": "response", "created_at": created, "model": model,
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "model": model,
         "status": "incomplete" if incomplete else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "error": None,
-        "instructions": body.get("instructions"), "output": items,
-        "tools": list(body.get("tools") or []), "tool_choice": body.get("tool_choice") or "auto",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "instructions": body.get("instructions"),
+        "output": items,
+        "tools": list(body.get("tools") or []),
+        "tool_choice": body.get("tool_choice") or "auto",
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-        "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": body.get("previous_response_id"),
-        "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {},
-        "usage": {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens": choice.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": prompt_tokens + choice.completion_tokens},
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "previous_response_id": body.get("previous_response_id"),
+        "text": {"format": {"type": "text"}},
+        "metadata": body.get("metadata") or {},
+        "usage": {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": choice.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + choice.completion_tokens,
+        },
     }
 
 
@@ -220,8 +284,10 @@ def stream_events(response: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """The server-sent events of a finished ``response``, in order: created, in progress, each
     output item (added, its text or arguments as one delta, done), then completed (or incomplete)."""
     started = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    events: list[dict[str, Any]] = [{"type": "response.created", "response": started},
-                                    {"type": "response.in_progress", "response": started}]
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": started},
+        {"type": "response.in_progress", "response": started},
+    ]
     for index, item in enumerate(response["output"]):
         events += _item_events(index, item)
     final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
@@ -234,15 +300,28 @@ def _item_events(index: int, item: Mapping[str, Any]) -> list[dict[str, Any]]:
     at = {"output_index": index, "item_id": item["id"]}
     if item["type"] == "function_call":
         return [
-            {"type": "response.output_item.added", "output_index": index, "item": {**item, "arguments": "", "status": "in_progress"}},
+            {
+                "type": "response.output_item.added",
+                "output_index": index,
+                "item": {**item, "arguments": "", "status": "in_progress"},
+            },
             {"type": "response.function_call_arguments.delta", **at, "delta": item["arguments"]},
-            {"type": "response.function_call_arguments.done", **at, "name": item["name"], "arguments": item["arguments"]},
+            {
+                "type": "response.function_call_arguments.done",
+                **at,
+                "name": item["name"],
+                "arguments": item["arguments"],
+            },
             {"type": "response.output_item.done", "output_index": index, "item": item},
         ]
     part = item["content"][0]
     text, part_at = part["text"], {**at, "content_index": 0}
     return [
-        {"type": "response.output_item.added", "output_index": index, "item": {**item, "content": [], "status": "in_progress"}},
+        {
+            "type": "response.output_item.added",
+            "output_index": index,
+            "item": {**item, "content": [], "status": "in_progress"},
+        },
         {"type": "response.content_part.added", **part_at, "part": {**part, "text": ""}},
         {"type": "response.output_text.delta", **part_at, "delta": text, "logprobs": []},
         {"type": "response.output_text.done", **part_at, "text": text, "logprobs": []},

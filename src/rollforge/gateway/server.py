@@ -101,7 +101,11 @@ class Gateway:
         web = require("aiohttp.web", "gateway", "the OpenAI-compatible gateway")
         app = web.Application(client_max_size=_MAX_BODY)
         for root in ("", "/sessions/{session}", "/sessions/{session}/agents/{agent}"):
-            for route, handler in (("chat/completions", self._chat), ("responses", self._responses_route), ("messages", self._messages)):
+            for route, handler in (
+                ("chat/completions", self._chat),
+                ("responses", self._responses_route),
+                ("messages", self._messages),
+            ):
                 app.router.add_post(f"{root}/v1/{route}", handler)
             app.router.add_get(f"{root}/v1/models", self._models)
         app.router.add_get("/sessions/{session}/trajectory", self._trajectory)
@@ -126,7 +130,9 @@ class Gateway:
 
     # -- sessions --------------------------------------------------------------------------------
 
-    def open_session(self, session_id: str | None = None, *, limits: SessionLimits | None = None, seed: int | None = None) -> Session:
+    def open_session(
+        self, session_id: str | None = None, *, limits: SessionLimits | None = None, seed: int | None = None
+    ) -> Session:
         session_id = session_id or uuid.uuid4().hex
         if session_id in self.sessions:
             raise ConfigError(f"session {session_id!r} is already open")
@@ -165,7 +171,12 @@ class Gateway:
 
     def _session(self, request: Any) -> Session:
         headers = request.headers
-        session_id = request.match_info.get("session") or headers.get(SESSION_HEADER) or headers.get(TRACE_HEADER) or DEFAULT_SESSION
+        session_id = (
+            request.match_info.get("session")
+            or headers.get(SESSION_HEADER)
+            or headers.get(TRACE_HEADER)
+            or DEFAULT_SESSION
+        )
         session = self.sessions.get(session_id)
         if session is None:
             if not self.open_sessions:
@@ -214,7 +225,9 @@ class Gateway:
         if not chat.stream:
             return web.json_response(completion_body(request_id, self.model_name, created, choices, prompt_tokens))
         chunks = stream_chunks(request_id, self.model_name, created, choices, prompt_tokens, chat.include_usage)
-        return await _stream(request, (b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks), b"data: [DONE]\n\n")
+        return await _stream(
+            request, (b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks), b"data: [DONE]\n\n"
+        )
 
     async def _responses_route(self, request: Any) -> Any:
         from aiohttp import web
@@ -229,13 +242,16 @@ class Gateway:
         except WireError as exc:
             return web.json_response(exc.body(), status=exc.status)
         response_id, body, [choice] = f"resp_{uuid.uuid4().hex}", served.body, served.choices
-        self._responses.setdefault(served.session.session_id, ResponseStore()).keep(response_id, body, served.raw, choice)
-        response = response_body(response_id, self.model_name, int(time.time()), body, choice, output_items(choice), served.prompt_tokens)
+        self._responses.setdefault(served.session.session_id, ResponseStore()).keep(
+            response_id, body, served.raw, choice
+        )
+        response = response_body(
+            response_id, self.model_name, int(time.time()), body, choice, output_items(choice), served.prompt_tokens
+        )
         if not served.chat.stream:
             return web.json_response(response)
         events = stream_events(response)
         return await _stream(request, (f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events))
-
 
     async def _messages(self, request: Any) -> Any:
         from aiohttp import web
@@ -248,7 +264,9 @@ class Gateway:
         if not served.chat.stream:
             return web.json_response(anthropic.message_body(message_id, self.model_name, choice, served.prompt_tokens))
         events = anthropic.message_events(message_id, self.model_name, choice, served.prompt_tokens)
-        return await _stream(request, (f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events))
+        return await _stream(
+            request, (f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events)
+        )
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,9 @@ class Sampling:
     seed: int | None = None
     fixed: bool = False
 
-    def params(self, request: ChatRequest, budget: int, stop_ids: tuple[int, ...], session_seed: int, turn: int, k: int) -> SamplingParams:
+    def params(
+        self, request: ChatRequest, budget: int, stop_ids: tuple[int, ...], session_seed: int, turn: int, k: int
+    ) -> SamplingParams:
         temperature = self.temperature if self.fixed or request.temperature is None else request.temperature
         top_p = self.top_p if self.fixed or request.top_p is None else request.top_p
         if request.seed is not None and not self.fixed:
@@ -103,8 +105,16 @@ class _Reply:
 class Session:
     """Records one client's conversation; ``complete`` answers one request (see the module docstring)."""
 
-    def __init__(self, session_id: str, renderer: ChatRenderer, parser: ToolCallParser,
-                 limits: SessionLimits = SessionLimits(), sampling: Sampling = Sampling(), seed: int = 0, agent: str = ""):
+    def __init__(
+        self,
+        session_id: str,
+        renderer: ChatRenderer,
+        parser: ToolCallParser,
+        limits: SessionLimits = SessionLimits(),
+        sampling: Sampling = Sampling(),
+        seed: int = 0,
+        agent: str = "",
+    ):
         self.session_id, self.agent_name = session_id, agent
         #: The session's agents by name, each with its own conversation (``agent``).
         self.agents: dict[str, Session] = {}
@@ -144,11 +154,16 @@ class Session:
                 budget = self._prepare(request, len(forced))
             except TemplateError as exc:
                 self._failures.append(Failure("template_error", str(exc)))
-                raise WireError(f"the chat template cannot render this conversation: {exc}", code="template_error") from None
+                raise WireError(
+                    f"the chat template cannot render this conversation: {exc}", code="template_error"
+                ) from None
             turn = self._requests
             self._requests += 1
             prompt = self._tokens.ids + forced
-            params = [self.sampling.params(request, budget, self.renderer.stop_token_ids, self.seed, turn, k) for k in range(request.n)]
+            params = [
+                self.sampling.params(request, budget, self.renderer.stop_token_ids, self.seed, turn, k)
+                for k in range(request.n)
+            ]
             started = time.perf_counter()
             results = await asyncio.gather(*(backend.generate(prompt, p) for p in params), return_exceptions=True)
             self._generation_seconds += time.perf_counter() - started
@@ -157,7 +172,9 @@ class Session:
                 if not isinstance(failed, Exception):
                     raise failed
                 self._failures.append(Failure("backend_error", f"{type(failed).__name__}: {failed}"))
-                raise WireError(f"generation failed: {type(failed).__name__}: {failed}", status=502, code="backend_error")
+                raise WireError(
+                    f"generation failed: {type(failed).__name__}: {failed}", status=502, code="backend_error"
+                )
             self._pending = [self._reply(request, forced, c, turn, k) for k, c in enumerate(results)]
             return [self._choice(request, r, c) for r, c in zip(self._pending, results)], len(prompt) - len(forced)
 
@@ -166,8 +183,15 @@ class Session:
         this session's record after the segments of the requests that name no agent."""
         child = self.agents.get(name)
         if child is None:
-            child = self.agents[name] = Session(f"{self.session_id}/agents/{name}", self.renderer, self.parser, self.limits,
-                                                self.sampling, mix(self.seed, len(self.agents) + 1), name)
+            child = self.agents[name] = Session(
+                f"{self.session_id}/agents/{name}",
+                self.renderer,
+                self.parser,
+                self.limits,
+                self.sampling,
+                mix(self.seed, len(self.agents) + 1),
+                name,
+            )
         return child
 
     def record(self) -> SessionRecord:
@@ -182,14 +206,20 @@ class Session:
             if pending:  # without mutating: a record may be taken while the session goes on
                 reply, forced = pending[0], len(pending[0].forced)
                 current = RecordedSegment(
-                    (*current.messages, reply.message), current.tools, current.token_ids + tuple(reply.forced + reply.ids),
+                    (*current.messages, reply.message),
+                    current.tools,
+                    current.token_ids + tuple(reply.forced + reply.ids),
                     current.loss_mask + (0,) * forced + (1,) * len(reply.ids),
-                    current.logprobs + (None,) * forced + reply.logprobs, current.prompt_length, self.agent_name,
+                    current.logprobs + (None,) * forced + reply.logprobs,
+                    current.prompt_length,
+                    self.agent_name,
                 )
             if 1 in current.loss_mask:
                 segments.append(current)
         turns = self._turns + (1 if self._pending else 0)
-        return SessionRecord(self.session_id, tuple(segments), turns, tuple(self._failures), self._ending, self._generation_seconds)
+        return SessionRecord(
+            self.session_id, tuple(segments), turns, tuple(self._failures), self._ending, self._generation_seconds
+        )
 
     # -- the conversation ------------------------------------------------------------------------
 
@@ -209,11 +239,16 @@ class Session:
         if not self._continues(messages, request.tools_key):
             self._close_segment(messages)
             self._start_segment(request)
-        budget = min(request.max_tokens or self.limits.max_new_tokens, self.limits.max_new_tokens,
-                     self.limits.max_seq_len - len(self._tokens.ids) - forced)
+        budget = min(
+            request.max_tokens or self.limits.max_new_tokens,
+            self.limits.max_new_tokens,
+            self.limits.max_seq_len - len(self._tokens.ids) - forced,
+        )
         if budget <= 0:
             self._ending = "truncated"
-            raise self._limit(f"the session's conversation has {len(self._tokens.ids)} tokens; its limit is max_seq_len={self.limits.max_seq_len}")
+            raise self._limit(
+                f"the session's conversation has {len(self._tokens.ids)} tokens; its limit is max_seq_len={self.limits.max_seq_len}"
+            )
         return budget
 
     def _continues(self, messages: list[WireMessage], tools_key: str) -> bool:
@@ -245,7 +280,10 @@ class Session:
             raise self._limit(f"the session exceeded its time limit of {self.limits.timeout}s")
 
     def _limit(self, message: str) -> WireError:
-        return WireError(f"session {self.session_id!r}: {message}", code="context_length_exceeded" if self._ending == "truncated" else "session_limit")
+        return WireError(
+            f"session {self.session_id!r}: {message}",
+            code="context_length_exceeded" if self._ending == "truncated" else "session_limit",
+        )
 
     def _adopt(self, reply: _Reply) -> None:
         """The client continued with ``reply``: its forced (mask 0) and generated ids join the conversation."""
@@ -274,8 +312,10 @@ class Session:
             observation = whole[len(ids) :]
         if len(ids) + len(observation) >= self.limits.max_seq_len:
             self._ending = "truncated"
-            raise self._limit(f"the new messages ({len(observation)} tokens) do not fit in max_seq_len={self.limits.max_seq_len} "
-                              f"after the {len(ids)} tokens so far")
+            raise self._limit(
+                f"the new messages ({len(observation)} tokens) do not fit in max_seq_len={self.limits.max_seq_len} "
+                f"after the {len(ids)} tokens so far"
+            )
         self._tokens.extend(observation)
         self._messages += messages
         self._wire += new
@@ -288,7 +328,12 @@ class Session:
         incremental = self.renderer.report(request.tools, self.parser).incremental
         self._reset_segment()
         self._incremental = incremental
-        self._wire, self._messages, self._tools, self._tools_key = list(request.messages), list(prompt), tools, request.tools_key
+        self._wire, self._messages, self._tools, self._tools_key = (
+            list(request.messages),
+            list(prompt),
+            tools,
+            request.tools_key,
+        )
         self._tokens.begin(self.renderer.conversation_ids(prompt, tools, add_generation_prompt=True))
 
     def _close_segment(self, next_messages: Sequence[WireMessage]) -> None:
@@ -302,21 +347,41 @@ class Session:
 
     def _current_segment(self) -> RecordedSegment:
         t = self._tokens
-        return RecordedSegment(tuple(self._messages), self._tools, tuple(t.ids), tuple(t.mask), tuple(t.logprobs),
-                               t.prompt_length, self.agent_name)
+        return RecordedSegment(
+            tuple(self._messages),
+            self._tools,
+            tuple(t.ids),
+            tuple(t.mask),
+            tuple(t.logprobs),
+            t.prompt_length,
+            self.agent_name,
+        )
 
     def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
         """Messages as the template renders them: replies the gateway sent keep their raw text;
         a tool result is named after the call it answers."""
-        names = {c.id: c.name for m in (*before, *wire) for c in m.tool_calls} if any(m.role == "tool" for m in wire) else {}
+        names = (
+            {c.id: c.name for m in (*before, *wire) for c in m.tool_calls}
+            if any(m.role == "tool" for m in wire)
+            else {}
+        )
         out = []
         for m in wire:
             if m.role == "assistant":
                 ours = self._ours.get(m)
-                out.append(ours if ours is not None else Message("assistant", m.content, tool_calls=tuple(
-                    ToolCall(c.name, _arguments(c.arguments), c.id or None) for c in m.tool_calls)))
+                out.append(
+                    ours
+                    if ours is not None
+                    else Message(
+                        "assistant",
+                        m.content,
+                        tool_calls=tuple(ToolCall(c.name, _arguments(c.arguments), c.id or None) for c in m.tool_calls),
+                    )
+                )
             elif m.role == "tool":
-                out.append(Message("tool", m.content, name=m.name or names.get(m.tool_call_id), tool_call_id=m.tool_call_id))
+                out.append(
+                    Message("tool", m.content, name=m.name or names.get(m.tool_call_id), tool_call_id=m.tool_call_id)
+                )
             else:
                 out.append(Message(m.role, m.content))
         return out
@@ -351,7 +416,9 @@ class Session:
             content = self.renderer.content_ids(reply.forced + reply.ids)
             sampled = (0.0,) * len(reply.forced) + reply.logprobs
             logprobs = tuple((self.renderer.decode([t]), lp) for t, lp in zip(content, sampled))
-        return Choice(reply.wire.content or None, reply.wire.tool_calls, finish, logprobs, len(reply.forced) + len(reply.ids))
+        return Choice(
+            reply.wire.content or None, reply.wire.tool_calls, finish, logprobs, len(reply.forced) + len(reply.ids)
+        )
 
 
 def _visible_text(text: str, message: Message, renderer: ChatRenderer) -> str:

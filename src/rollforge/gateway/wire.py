@@ -112,10 +112,12 @@ def parse_request(body: Any, known: tuple[Sequence[Any], Sequence[WireMessage]] 
         raise WireError("'messages' must be a non-empty list of chat messages", "messages")
     tools = body.get("tools") or []
     if not isinstance(tools, list) or not all(_is_function_tool(t) for t in tools):
-        raise WireError("'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\": ...}} objects", "tools")
+        raise WireError('\'tools\' must be a list of {"type": "function", "function": {"name": ...}} objects', "tools")
     n = _integer(body, "n", 1, 1, MAX_CHOICES)
     if body.get("top_logprobs"):
-        raise WireError("'top_logprobs' is not supported: the gateway returns the logprob of each sampled token", "top_logprobs")
+        raise WireError(
+            "'top_logprobs' is not supported: the gateway returns the logprob of each sampled token", "top_logprobs"
+        )
     _refuse_response_format(body.get("response_format"))
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, Mapping):
@@ -157,13 +159,17 @@ def _message(raw: Any, index: int) -> WireMessage:
     role = raw.get("role")
     role = "system" if role == "developer" else role
     if role not in ("system", "user", "assistant", "tool"):
-        raise WireError(f"{where}.role {role!r} is not one of system, developer, user, assistant, tool", f"{where}.role")
+        raise WireError(
+            f"{where}.role {role!r} is not one of system, developer, user, assistant, tool", f"{where}.role"
+        )
     calls = raw.get("tool_calls") or []
     if role != "assistant" and calls:
         raise WireError(f"{where}: only assistant messages carry tool_calls", f"{where}.tool_calls")
     tool_call_id = raw.get("tool_call_id")
     if role == "tool" and not isinstance(tool_call_id, str):
-        raise WireError(f"{where}: a tool message needs the string 'tool_call_id' of the call it answers", f"{where}.tool_call_id")
+        raise WireError(
+            f"{where}: a tool message needs the string 'tool_call_id' of the call it answers", f"{where}.tool_call_id"
+        )
     name = raw.get("name")
     return WireMessage(
         role=role,
@@ -184,15 +190,20 @@ def _content(value: Any, where: str) -> str:
                 parts.append(part["text"])
             else:
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise WireError(f"{where}.content[{k}] is of type {kind!r}; the gateway takes text parts only", f"{where}.content")
+                raise WireError(
+                    f"{where}.content[{k}] is of type {kind!r}; the gateway takes text parts only", f"{where}.content"
+                )
         return "".join(parts)
-    raise WireError(f"{where}.content must be a string, null or a list of text parts, got {type(value).__name__}", f"{where}.content")
+    raise WireError(
+        f"{where}.content must be a string, null or a list of text parts, got {type(value).__name__}",
+        f"{where}.content",
+    )
 
 
 def _call(raw: Any, where: str) -> WireCall:
     function = raw.get("function") if isinstance(raw, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise WireError(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", where)
+        raise WireError(f'{where} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', where)
     return WireCall(str(raw.get("id") or ""), function["name"], canonical_arguments(function.get("arguments")))
 
 
@@ -215,8 +226,10 @@ def _canonical_text(arguments: str) -> str:
 
 def _is_function_tool(tool: Any) -> bool:
     return (
-        isinstance(tool, Mapping) and tool.get("type") == "function"
-        and isinstance(tool.get("function"), Mapping) and isinstance(tool["function"].get("name"), str)
+        isinstance(tool, Mapping)
+        and tool.get("type") == "function"
+        and isinstance(tool.get("function"), Mapping)
+        and isinstance(tool["function"].get("name"), str)
     )
 
 
@@ -227,24 +240,35 @@ def _tool_choice(value: Any, tools: list[Any]) -> tuple[str, str | None]:
     named = value.get("function") if isinstance(value, Mapping) and value.get("type") == "function" else None
     if value != "required" and not (isinstance(named, Mapping) and isinstance(named.get("name"), str)):
         if isinstance(value, Mapping) and value.get("type") in ("allowed_tools", "custom"):
-            raise WireError(f"'tool_choice' {value!r} is not honoured: the gateway forces a call to one function or to "
-                            f"any; send 'auto', 'required', 'none' or {{\"type\": \"function\", ...}}", "tool_choice")
-        raise WireError(f"'tool_choice' {value!r} is not 'auto', 'none', 'required' or {{\"type\": \"function\", ...}}", "tool_choice")
+            raise WireError(
+                f"'tool_choice' {value!r} is not honoured: the gateway forces a call to one function or to "
+                f"any; send 'auto', 'required', 'none' or {{\"type\": \"function\", ...}}",
+                "tool_choice",
+            )
+        raise WireError(
+            f"'tool_choice' {value!r} is not 'auto', 'none', 'required' or {{\"type\": \"function\", ...}}",
+            "tool_choice",
+        )
     names = [t["function"]["name"] for t in tools]
     if named is None:
         if not names:
             raise WireError("'tool_choice' 'required' needs 'tools': there is no tool to call", "tool_choice")
         return "required", None
     if named["name"] not in names:
-        raise WireError(f"'tool_choice' names the function {named['name']!r}, which is not one of the tools {names}", "tool_choice")
+        raise WireError(
+            f"'tool_choice' names the function {named['name']!r}, which is not one of the tools {names}", "tool_choice"
+        )
     return "function", named["name"]
 
 
 def _refuse_response_format(value: Any) -> None:
     """Only plain text is honoured: a schema or JSON mode would need constrained decoding."""
     if value is not None and value != {"type": "text"}:
-        raise WireError(f"'response_format' {value!r} is not honoured: the gateway does not constrain decoding; "
-                        f"leave it out (or send {{\"type\": \"text\"}}) and parse the reply's text", "response_format")
+        raise WireError(
+            f"'response_format' {value!r} is not honoured: the gateway does not constrain decoding; "
+            f'leave it out (or send {{"type": "text"}}) and parse the reply\'s text',
+            "response_format",
+        )
 
 
 def _optional(body: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -254,11 +278,18 @@ def _optional(body: Mapping[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _integer(body: Mapping[str, Any], key: str, default: int | None, low: int | None = None, high: int | None = None) -> int | None:
+def _integer(
+    body: Mapping[str, Any], key: str, default: int | None, low: int | None = None, high: int | None = None
+) -> int | None:
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) or (high is not None and value > high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or (low is not None and value < low)
+        or (high is not None and value > high)
+    ):
         bounds = f" between {low} and {high}" if high is not None else (f" >= {low}" if low is not None else "")
         raise WireError(f"'{key}' must be an integer{bounds}, got {value!r}", key)
     return value
@@ -287,7 +318,9 @@ def _stop(value: Any) -> tuple[str, ...]:
 # -- responses ---------------------------------------------------------------------------------
 
 
-def completion_body(request_id: str, model: str, created: int, choices: Sequence[Choice], prompt_tokens: int) -> dict[str, Any]:
+def completion_body(
+    request_id: str, model: str, created: int, choices: Sequence[Choice], prompt_tokens: int
+) -> dict[str, Any]:
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -308,7 +341,10 @@ def stream_chunks(
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {
-            "id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
             "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
         }
 
@@ -320,8 +356,14 @@ def stream_chunks(
             yield chunk(i, {"tool_calls": [{"index": k, **call.to_json()}]})
         yield chunk(i, {}, c.finish_reason)
     if include_usage:
-        yield {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [], "usage": _usage(choices, prompt_tokens)}
+        yield {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": _usage(choices, prompt_tokens),
+        }
 
 
 def models_body(model: str, created: int) -> dict[str, Any]:
@@ -338,10 +380,12 @@ def _message_json(choice: Choice) -> dict[str, Any]:
 def _logprobs_json(choice: Choice) -> dict[str, Any] | None:
     if choice.logprobs is None:
         return None
-    return {"content": [
-        {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
-        for token, logprob in choice.logprobs
-    ]}
+    return {
+        "content": [
+            {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+            for token, logprob in choice.logprobs
+        ]
+    }
 
 
 def _usage(choices: Sequence[Choice], prompt_tokens: int) -> dict[str, int]:

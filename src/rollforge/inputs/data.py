@@ -90,7 +90,9 @@ def even_counts(envs: Sequence[EnvConfig], size: int) -> list[int]:
 
 
 def generated_samples(
-    envs: Sequence[EnvConfig], size: int, seed: int,
+    envs: Sequence[EnvConfig],
+    size: int,
+    seed: int,
     counts: Callable[[Sequence[EnvConfig], int], list[int]] = weighted_counts,
 ) -> list[Sample]:
     """``size`` prompts from bundled environments' generators, shared by ``counts``, interleaved."""
@@ -154,7 +156,9 @@ def _row(row: Any, path: Path, line: int) -> dict[str, Any]:
     return row
 
 
-def rows_to_samples(rows: Iterable[Mapping[str, Any]], tasks: Sequence[str], system_prompt: str | None = None) -> list[Sample]:
+def rows_to_samples(
+    rows: Iterable[Mapping[str, Any]], tasks: Sequence[str], system_prompt: str | None = None
+) -> list[Sample]:
     out = []
     for n, row in enumerate(rows, 1):
         if "prompt" not in row and nemo_gym_wire.PARAMS in row:  # a NeMo Gym dataset row, unchanged
@@ -186,4 +190,6 @@ def _messages(prompt: Any, system_prompt: str | None, n: int) -> tuple[Message, 
             return tuple(Message(m["role"], m["content"]) for m in prompt)
         except (KeyError, TypeError, InvariantError) as exc:
             raise ConfigError(f"prompt row {n}: bad message list ({exc})") from None
-    raise ConfigError(f"prompt row {n}: 'prompt' must be text or a list of {{role, content}} messages, got {prompt!r:.80}")
+    raise ConfigError(
+        f"prompt row {n}: 'prompt' must be text or a list of {{role, content}} messages, got {prompt!r:.80}"
+    )

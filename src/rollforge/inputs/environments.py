@@ -37,8 +37,15 @@ from ..envs.stepwise import StepwiseEnvironment
 from ..errors import ConfigError
 from .config import EnvConfig
 
-__all__ = ["as_environment", "build_environments", "check_routes", "import_attribute", "is_bundled",
-           "named_environments", "task_name"]
+__all__ = [
+    "as_environment",
+    "build_environments",
+    "check_routes",
+    "import_attribute",
+    "is_bundled",
+    "named_environments",
+    "task_name",
+]
 
 
 def task_name(config: EnvConfig) -> str:
@@ -120,8 +127,9 @@ def import_attribute(path: str) -> Any:
     except ImportError as exc:
         raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from None
     except SyntaxError as exc:
-        raise ConfigError(f"cannot import module {module_name!r} (from {path!r}): {exc.msg} "
-                          f"({exc.filename}, line {exc.lineno})") from None
+        raise ConfigError(
+            f"cannot import module {module_name!r} (from {path!r}): {exc.msg} ({exc.filename}, line {exc.lineno})"
+        ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (from {path!r})")

@@ -98,5 +98,12 @@ async def evaluate(
     """``aevaluate`` on the backend ``generation`` describes, opened for it (on ``hf_model``, a loaded
     model, when given; the renderer's tokenizer) and closed after."""
     async with open_generation(generation, hf_model=hf_model, tokenizer=renderer.tokenizer) as backend:
-        return await aevaluate(prompts, task_to_env, backend, renderer, config, samples_per_prompt=samples_per_prompt,
-                               success_threshold=success_threshold)
+        return await aevaluate(
+            prompts,
+            task_to_env,
+            backend,
+            renderer,
+            config,
+            samples_per_prompt=samples_per_prompt,
+            success_threshold=success_threshold,
+        )

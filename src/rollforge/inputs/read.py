@@ -58,7 +58,9 @@ class Prompts:
 
 
 def read_inputs(
-    environments: Sequence[EnvConfig], prompts: Prompts, given: Mapping[str, Any] | None = None,
+    environments: Sequence[EnvConfig],
+    prompts: Prompts,
+    given: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Environment], list[Sample]]:
     """The environments by task (the configured ones, then the ``given`` objects) and the samples."""
     if prompts.rows is None and prompts.path is None and not given:
@@ -70,7 +72,10 @@ def read_inputs(
 
 
 def read_samples(
-    environments: Sequence[EnvConfig], prompts: Prompts, tasks: list[str], given: Mapping[str, Any] | None = None,
+    environments: Sequence[EnvConfig],
+    prompts: Prompts,
+    tasks: list[str],
+    given: Mapping[str, Any] | None = None,
 ) -> list[Sample]:
     """The samples alone, routed to ``tasks`` (the environments' task names)."""
     if prompts.rows is not None or prompts.path is not None:

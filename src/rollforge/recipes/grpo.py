@@ -54,15 +54,32 @@ async def train_step(run: Run, step: int) -> dict[str, Any] | None:
     if not algo.dynamic_sampling:
         samples = run.ranks.share(draw(run), algo.group_size)
         return await learn(run, step, await roll(run, step, samples), {}, push=lambda: push_weights(run))
-    scored, sampling = await fill(partial(draw, run), partial(roll, run, step), batch_size=algo.batch_size,
-                                  group_size=algo.group_size, max_rounds=algo.dynamic_sampling_max_rounds)
-    return await learn(run, step, scored, {}, push=lambda: push_weights(run),
-                       extra=lambda done, dropped: sampling.metrics(algo.batch_size))
+    scored, sampling = await fill(
+        partial(draw, run),
+        partial(roll, run, step),
+        batch_size=algo.batch_size,
+        group_size=algo.group_size,
+        max_rounds=algo.dynamic_sampling_max_rounds,
+    )
+    return await learn(
+        run,
+        step,
+        scored,
+        {},
+        push=lambda: push_weights(run),
+        extra=lambda done, dropped: sampling.metrics(algo.batch_size),
+    )
 
 
 async def roll(run: Run, step: int, samples: list[Sample], first: int = 0) -> Scored:
     """``samples`` rolled out (their episode indices after the step's ``first`` episodes) and scored."""
     began = time.perf_counter()
-    result = await arollout(samples, run.task_to_env, run.backend, run.renderer,
-                            rollout_config(run, step, len(samples), first), workers=run.workers)
+    result = await arollout(
+        samples,
+        run.task_to_env,
+        run.backend,
+        run.renderer,
+        rollout_config(run, step, len(samples), first),
+        workers=run.workers,
+    )
     return await score(run, samples, result, {"rollout": time.perf_counter() - began})

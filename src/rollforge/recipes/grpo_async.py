@@ -59,9 +59,15 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
 
     async def rollout(step: int, samples: list) -> tuple[Any, float]:
         began = time.perf_counter()
-        result = await arollout(samples, run.task_to_env, versions, run.renderer,
-                                rollout_config(run, step, len(samples)), session=session,
-                                on_episode=lambda t: ledger.finish(step, t))
+        result = await arollout(
+            samples,
+            run.task_to_env,
+            versions,
+            run.renderer,
+            rollout_config(run, step, len(samples)),
+            session=session,
+            on_episode=lambda t: ledger.finish(step, t),
+        )
         return result, time.perf_counter() - began
 
     async def produce() -> None:
@@ -87,14 +93,28 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
                 result, seconds = await task
                 waited = time.perf_counter() - waiting
 
-                def extra(done: Any, dropped: dict[str, int], step: int = step, seconds: float = seconds) -> dict[str, Any]:
-                    return {**_lag(done.trajectories, step - 1), "async/max_staleness": k,
-                            "async/rollout_seconds": seconds,
-                            **ledger.admit(step, done.trajectories, {**dropped, **_dropped(done.trajectories, algo.group_size)})}
+                def extra(
+                    done: Any, dropped: dict[str, int], step: int = step, seconds: float = seconds
+                ) -> dict[str, Any]:
+                    return {
+                        **_lag(done.trajectories, step - 1),
+                        "async/max_staleness": k,
+                        "async/rollout_seconds": seconds,
+                        **ledger.admit(
+                            step, done.trajectories, {**dropped, **_dropped(done.trajectories, algo.group_size)}
+                        ),
+                    }
 
-                metrics = await learn(run, step, await score(run, samples, result), {"wait": waited},
-                                      push=lambda step=step: _push(run, versions, batches, step),
-                                      oldest=step - 1 - k, extra=extra, data_state=state)
+                metrics = await learn(
+                    run,
+                    step,
+                    await score(run, samples, result),
+                    {"wait": waited},
+                    push=lambda step=step: _push(run, versions, batches, step),
+                    oldest=step - 1 - k,
+                    extra=extra,
+                    data_state=state,
+                )
                 await after_step(on_step, step, metrics, run, versions)
                 if evaluation_due(run, step):
                     async with versions.pinned() as version:  # no update while the held-out episodes run

@@ -79,8 +79,16 @@ async def atrain(
     ``Backend`` to generate with instead of the one ``model.backend`` opens (whoever opened it
     closes it); it must generate with the trained model object or take ``update_weights``. Without
     ``resume``, an ``out`` that holds a run already is refused, or with ``overwrite`` cleared."""
-    async with open_run(config, environments=environments, dataset=dataset, reward_functions=reward_functions,
-                        resume=resume, overwrite=overwrite, console=console, backend=backend) as run:
+    async with open_run(
+        config,
+        environments=environments,
+        dataset=dataset,
+        reward_functions=reward_functions,
+        resume=resume,
+        overwrite=overwrite,
+        console=console,
+        backend=backend,
+    ) as run:
         if run.eval_prompts and run.start == 0:
             await evaluate(run, "before", run.start)
         loop = train_async if config.algorithm.max_staleness else train_sync
@@ -96,7 +104,9 @@ def _started_by_torchrun() -> bool:
     not both). A ``WORLD_SIZE`` of 1 (a job scheduler's, another library's) is a process alone."""
     world = os.environ.get("WORLD_SIZE", "1")
     if not world.strip().isdigit():
-        raise ConfigError(f"WORLD_SIZE={world!r} in the environment: expected a whole number of ranks (torchrun sets it)")
+        raise ConfigError(
+            f"WORLD_SIZE={world!r} in the environment: expected a whole number of ranks (torchrun sets it)"
+        )
     return int(world) > 1
 
 

@@ -44,7 +44,9 @@ class QuickstartResult:
     seconds: dict[str, float]  # wall time of each phase run by this call: evaluation, warmup, grpo, total
 
 
-def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, overwrite: bool = False) -> QuickstartResult:
+def quickstart(
+    config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, overwrite: bool = False
+) -> QuickstartResult:
     """Evaluate the base model, warm it up with ``warmup`` (its ``out`` and ``model`` are replaced
     by ``OUT/warmup`` and ``config.model``), then train ``config`` from the warmed-up weights.
     Without ``resume``, an ``OUT`` that holds a run already is refused, or with ``overwrite`` cleared."""
@@ -67,7 +69,9 @@ def quickstart(config: TrainConfig, warmup: SFTConfig, *, resume: bool = False, 
     checkpoint = ckpt.latest_checkpoint(warm / "checkpoints") if resume else None
     if checkpoint is None:
         started = time.perf_counter()
-        sft(warmup.model_copy(update={"out": str(warm), "model": config.model}), overwrite=True)  # an unfinished one starts over
+        sft(
+            warmup.model_copy(update={"out": str(warm), "model": config.model}), overwrite=True
+        )  # an unfinished one starts over
         checkpoint = ckpt.latest_checkpoint(warm / "checkpoints")
         seconds["warmup"] = time.perf_counter() - started
     started = time.perf_counter()
@@ -89,12 +93,14 @@ async def evaluate_base(config: TrainConfig) -> dict[str, Any]:
 
     model, tokenizer = load_policy(config.model, LoraConfig())
     model.requires_grad_(False)
-    task_to_env, prompts = read_inputs(config.environments,
-                                       held_out(training_prompts(config.data, config.seed), config.eval_episodes))
+    task_to_env, prompts = read_inputs(
+        config.environments, held_out(training_prompts(config.data, config.seed), config.eval_episodes)
+    )
     generation = backend_config(config.model, config.rollout, config.ray, "local", config.seed, False, config.vllm)
     greedy = config.rollout.model_copy(update={"greedy": True, "seed": config.seed})
-    result = await evaluate(generation, prompts, task_to_env, ChatRenderer(tokenizer), greedy,
-                            hf_model=shared_model(generation, model))
+    result = await evaluate(
+        generation, prompts, task_to_env, ChatRenderer(tokenizer), greedy, hf_model=shared_model(generation, model)
+    )
     return result.to_json()
 
 
@@ -121,12 +127,18 @@ def write_quickstart_report(out: Path, warm: Path, evaluations: dict[str, Any], 
     if shown:
         episodes = evaluations[shown[-1][0]]["episodes"]
         tasks = sorted({t for key, _ in shown for t in evaluations[key]["per_task"]})
-        lines += ["", f"## Held-out greedy evaluation ({episodes} episodes): mean reward", "",
-                  "| environment | " + " | ".join(name for _, name in shown) + " |",
-                  "|---" * (len(shown) + 1) + "|"]
+        lines += [
+            "",
+            f"## Held-out greedy evaluation ({episodes} episodes): mean reward",
+            "",
+            "| environment | " + " | ".join(name for _, name in shown) + " |",
+            "|---" * (len(shown) + 1) + "|",
+        ]
         for task in [*tasks, "all"]:
-            cells = [evaluations[key]["mean_reward"] if task == "all" else evaluations[key]["per_task"].get(task)
-                     for key, _ in shown]
+            cells = [
+                evaluations[key]["mean_reward"] if task == "all" else evaluations[key]["per_task"].get(task)
+                for key, _ in shown
+            ]
             lines.append(f"| {task} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
     if "total" in seconds:
         parts = ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items() if k != "total")

@@ -47,8 +47,14 @@ from ..types import Trajectory
 from ..workers import run_sync
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
 from .sft_data import (
-    Example, expert_demonstrations, message_rows, read_records, record_examples, row_examples,
-    select_trajectories, trajectory_examples,
+    Example,
+    expert_demonstrations,
+    message_rows,
+    read_records,
+    record_examples,
+    row_examples,
+    select_trajectories,
+    trajectory_examples,
 )
 
 
@@ -84,8 +90,15 @@ class SFTStats:
 
 
 def sft_update(
-    model: Any, optimizer: torch.optim.Optimizer, examples: Sequence[Example], *, micro_batch_tokens: int,
-    pad_id: int, max_grad_norm: float | None = None, compute_dtype: torch.dtype = torch.float32, scheduler: Any = None,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    examples: Sequence[Example],
+    *,
+    micro_batch_tokens: int,
+    pad_id: int,
+    max_grad_norm: float | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+    scheduler: Any = None,
 ) -> SFTStats:
     """One optimizer (and ``scheduler``) step on ``examples``: micro-batches, accumulated NLL, clip,
     step; on the model's device, the forward passes in ``compute_dtype`` (bfloat16: under autocast)."""
@@ -98,7 +111,9 @@ def sft_update(
     total, tokens = 0.0, 0
     batches = plan_micro_batches(episodes, 1, micro_batch_tokens)
     for batch in batches:
-        ids, attention, _, w = collate([episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id, device)
+        ids, attention, _, w = collate(
+            [episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id, device
+        )
         with mixed_precision(device, compute_dtype):
             logprobs = sequence_logprobs(model, ids, attention, w != 0)  # (B, T)
             loss = loss_fn(logprobs, w)
@@ -161,17 +176,35 @@ async def asft(
             if step >= total:
                 break
             result, kept, rollout_metrics = await rejection_sample(config, model, tokenizer, renderer, phase)
-            logbook.save_trajectories(step + 1, result.trajectories, [t.total_reward for t in result.trajectories],
-                                      [None] * len(result.trajectories))
+            logbook.save_trajectories(
+                step + 1,
+                result.trajectories,
+                [t.total_reward for t in result.trajectories],
+                [None] * len(result.trajectories),
+            )
             if console:
                 mean = rollout_metrics.get("rollout/mean_total_reward")
-                print(f"sft round {phase}: kept {len(kept)} of {rollout_metrics['rollout/episodes']} episodes "
-                      f"(mean reward {'n/a' if mean is None else f'{mean:.3f}'})", file=sys.stderr, flush=True)
+                print(
+                    f"sft round {phase}: kept {len(kept)} of {rollout_metrics['rollout/episodes']} episodes "
+                    f"(mean reward {'n/a' if mean is None else f'{mean:.3f}'})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if kept:
-                step = trainer.train([e for t in kept for e in trajectory_examples(t)], phase=phase, step=step, extra=rollout_metrics)
+                step = trainer.train(
+                    [e for t in kept for e in trajectory_examples(t)], phase=phase, step=step, extra=rollout_metrics
+                )
         if step:
-            ckpt.save_checkpoint(out / "checkpoints", step, model, tokenizer, optimizer, scheduler,
-                                 {"step": step}, config.keep_checkpoints)
+            ckpt.save_checkpoint(
+                out / "checkpoints",
+                step,
+                model,
+                tokenizer,
+                optimizer,
+                scheduler,
+                {"step": step},
+                config.keep_checkpoints,
+            )
     finally:
         logbook.close()
     return SFTResult(out, step, read_metrics(out / "metrics.jsonl"))
@@ -190,9 +223,12 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
         elif isinstance(source, MessagesSource):
             found = row_examples(renderer, message_rows(source.path), source.column, parser)
         else:  # ExpertSource
-            result = await expert_demonstrations(source.env, source.episodes, renderer, config.rollout,
-                                                 seed=config.seed + n, options=source.options)
-            found = [e for t in select_trajectories(result.trajectories, source.min_reward) for e in trajectory_examples(t)]
+            result = await expert_demonstrations(
+                source.env, source.episodes, renderer, config.rollout, seed=config.seed + n, options=source.options
+            )
+            found = [
+                e for t in select_trajectories(result.trajectories, source.min_reward) for e in trajectory_examples(t)
+            ]
             if not found:
                 best = max(t.total_reward for t in result.trajectories)
                 raise ConfigError(
@@ -217,8 +253,9 @@ async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, render
     from ..train.generation_backend import backend_config
 
     rollouts = config.from_rollouts
-    task_to_env, prompts = read_inputs(rollouts.environments,
-                                       Prompts(generated=rollouts.prompts, seed=held_out_seed(config.seed, phase)))
+    task_to_env, prompts = read_inputs(
+        rollouts.environments, Prompts(generated=rollouts.prompts, seed=held_out_seed(config.seed, phase))
+    )
     samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
     generation = backend_config(config.model, config.rollout, RayConfig(), "local", config.seed, config.lora.enabled)
     async with open_backend(generation, hf_model=model, tokenizer=tokenizer) as backend:
@@ -235,7 +272,9 @@ async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, render
 class _Trainer:
     """Epochs of seeded batches over one phase's examples; logs and checkpoints each step."""
 
-    def __init__(self, config: SFTConfig, model, tokenizer, optimizer, scheduler, logbook: Logbook, total: int, console: bool):
+    def __init__(
+        self, config: SFTConfig, model, tokenizer, optimizer, scheduler, logbook: Logbook, total: int, console: bool
+    ):
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.optimizer, self.scheduler, self.logbook = optimizer, scheduler, logbook
         self.total, self.console = total, console
@@ -252,23 +291,50 @@ class _Trainer:
                     return step
                 began = time.perf_counter()
                 batch = [examples[i] for i in order[start : start + config.batch_size]]
-                stats = sft_update(self.model, self.optimizer, batch, micro_batch_tokens=config.optim.micro_batch_tokens,
-                                   pad_id=self.tokenizer.pad_token_id, max_grad_norm=config.optim.max_grad_norm,
-                                   compute_dtype=compute_dtype(config.model), scheduler=self.scheduler)
+                stats = sft_update(
+                    self.model,
+                    self.optimizer,
+                    batch,
+                    micro_batch_tokens=config.optim.micro_batch_tokens,
+                    pad_id=self.tokenizer.pad_token_id,
+                    max_grad_norm=config.optim.max_grad_norm,
+                    compute_dtype=compute_dtype(config.model),
+                    scheduler=self.scheduler,
+                )
                 step += 1
                 metrics = {
-                    "step": step, "phase": phase, "epoch": epoch, "loss": stats.loss, "grad_norm": stats.grad_norm,
-                    "lr": self.scheduler.get_last_lr()[0], "examples": len(batch), "tokens": stats.tokens,
-                    "loss_tokens": stats.loss_tokens, "micro_batches": stats.micro_batches,
-                    "time/step": time.perf_counter() - began, **extra,
+                    "step": step,
+                    "phase": phase,
+                    "epoch": epoch,
+                    "loss": stats.loss,
+                    "grad_norm": stats.grad_norm,
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "examples": len(batch),
+                    "tokens": stats.tokens,
+                    "loss_tokens": stats.loss_tokens,
+                    "micro_batches": stats.micro_batches,
+                    "time/step": time.perf_counter() - began,
+                    **extra,
                 }
                 extra = {}
                 self.logbook.log(metrics)
                 if self.console:
-                    print(f"sft step {step:>4}/{self.total}  phase {phase}  loss {stats.loss:.4f}  "
-                          f"gnorm {stats.grad_norm:.3f}  tokens {stats.loss_tokens}/{stats.tokens}  "
-                          f"{metrics['time/step']:.2f}s", file=sys.stderr, flush=True)
+                    print(
+                        f"sft step {step:>4}/{self.total}  phase {phase}  loss {stats.loss:.4f}  "
+                        f"gnorm {stats.grad_norm:.3f}  tokens {stats.loss_tokens}/{stats.tokens}  "
+                        f"{metrics['time/step']:.2f}s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 if config.checkpoint_every and step % config.checkpoint_every == 0 and step < self.total:
-                    ckpt.save_checkpoint(Path(config.out) / "checkpoints", step, self.model, self.tokenizer,
-                                         self.optimizer, self.scheduler, {"step": step}, config.keep_checkpoints)
+                    ckpt.save_checkpoint(
+                        Path(config.out) / "checkpoints",
+                        step,
+                        self.model,
+                        self.tokenizer,
+                        self.optimizer,
+                        self.scheduler,
+                        {"step": step},
+                        config.keep_checkpoints,
+                    )
         return step

@@ -186,7 +186,10 @@ def message_rows(path: str | Path) -> list[dict[str, Any]]:
 
 
 def row_examples(
-    renderer: ChatRenderer, rows: Iterable[Mapping[str, Any]], column: str = "messages", parser: ToolCallParser | None = None
+    renderer: ChatRenderer,
+    rows: Iterable[Mapping[str, Any]],
+    column: str = "messages",
+    parser: ToolCallParser | None = None,
 ) -> list[Example]:
     out = []
     for n, row in enumerate(rows, 1):
@@ -217,7 +220,12 @@ def expert_backend(expert: Any, renderer: ChatRenderer, parser: ToolCallParser) 
 
 
 async def expert_demonstrations(
-    env: str, episodes: int, renderer: ChatRenderer, config: RolloutConfig, *, seed: int = 0,
+    env: str,
+    episodes: int,
+    renderer: ChatRenderer,
+    config: RolloutConfig,
+    *,
+    seed: int = 0,
     options: Mapping[str, Any] | None = None,
 ) -> RolloutResult:
     """``episodes`` episodes of the bundled environment ``env`` played by its expert, in the

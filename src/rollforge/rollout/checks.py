@@ -18,16 +18,25 @@ from ..types import Sample
 from .config import RolloutConfig
 
 
-def check_rollout(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend,
-                  renderer: ChatRenderer, config: RolloutConfig, capacity: bool = True) -> None:
+def check_rollout(
+    samples: Sequence[Sample],
+    task_to_env: Mapping[str, Environment],
+    backend: Backend,
+    renderer: ChatRenderer,
+    config: RolloutConfig,
+    capacity: bool = True,
+) -> None:
     """Every check of ``arollout``'s inputs (see ``engine``'s docstring), one ``ConfigError`` for the
     first that fails; ``capacity``: also environments' session limits (not for a shared session)."""
     check_tasks(samples, task_to_env)
     check_contracts(task_to_env, backend)
     check_routes(samples, task_to_env)
     if capacity:
-        check_capacity(task_to_env, sessions_needed(samples, task_to_env, config),
-                       f"concurrency={config.concurrency}, {len(samples)} samples")
+        check_capacity(
+            task_to_env,
+            sessions_needed(samples, task_to_env, config),
+            f"concurrency={config.concurrency}, {len(samples)} samples",
+        )
     parser = renderer.parser(config.tool_parser)
     check_prompt_lengths(samples, renderer, config.max_seq_len, "max_seq_len", task_to_env, parser)
     if config.check_template:  # tools are checked when an environment first offers them
@@ -40,12 +49,20 @@ def check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environment
         raise ConfigError("no samples to roll out: expected at least one Sample")
     unknown = sorted({s.task_name for s in samples} - set(task_to_env))
     if unknown:
-        raise ConfigError(f"unknown task name(s) {unknown}: no environment is registered for them; "
-                          f"task_to_env has {sorted(task_to_env)}")
+        raise ConfigError(
+            f"unknown task name(s) {unknown}: no environment is registered for them; "
+            f"task_to_env has {sorted(task_to_env)}"
+        )
 
 
-def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: int, setting: str,
-                         task_to_env: Mapping[str, Environment] | None = None, parser: Any = None) -> None:
+def check_prompt_lengths(
+    samples: Sequence[Sample],
+    renderer: Any,
+    max_seq_len: int,
+    setting: str,
+    task_to_env: Mapping[str, Environment] | None = None,
+    parser: Any = None,
+) -> None:
     """Refuse prompts that leave no room to generate under ``max_seq_len`` (``setting`` names the
     option to raise), measured as the episode will render them: with ``task_to_env`` and
     ``parser``, with the tools each environment offers (``Environment.offered_tools``; in the
@@ -81,13 +98,17 @@ def check_prompt_lengths(samples: Sequence[Sample], renderer: Any, max_seq_len: 
         )
 
 
-def sessions_needed(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig) -> dict[int, int]:
+def sessions_needed(
+    samples: Sequence[Sample], task_to_env: Mapping[str, Environment], config: RolloutConfig
+) -> dict[int, int]:
     """Per environment object (by id): how many of its sessions may run at once."""
     counts = Counter(id(task_to_env[s.task_name]) for s in samples)
     return {env_id: min(count, config.concurrency) for env_id, count in counts.items()}
 
 
-def check_backend_takes_images(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend) -> None:
+def check_backend_takes_images(
+    samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend
+) -> None:
     """An environment that declares ``produces_images`` needs a backend with ``accepts_images``."""
     if backend.accepts_images:
         return

@@ -67,8 +67,10 @@ class RolloutResult:
     metrics: dict[str, Any]
 
     def __repr__(self) -> str:  # short: asyncio and loggers repr results, and trajectories are big
-        return (f"RolloutResult({len(self.trajectories)} trajectories, "
-                f"mean_total_reward={self.metrics.get('mean_total_reward')})")
+        return (
+            f"RolloutResult({len(self.trajectories)} trajectories, "
+            f"mean_total_reward={self.metrics.get('mean_total_reward')})"
+        )
 
 
 class LockstepGate:
@@ -129,10 +131,16 @@ async def arollout(
     return await run_checked(samples, task_to_env, backend, renderer, config, on_episode=on_episode, session=session)
 
 
-async def run_checked(samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend,
-                      renderer: ChatRenderer, config: RolloutConfig, *,
-                      on_episode: Callable[[Trajectory], None] | None = None,
-                      session: RolloutSession | None = None) -> RolloutResult:
+async def run_checked(
+    samples: Sequence[Sample],
+    task_to_env: Mapping[str, Environment],
+    backend: Backend,
+    renderer: ChatRenderer,
+    config: RolloutConfig,
+    *,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    session: RolloutSession | None = None,
+) -> RolloutResult:
     """``arollout``'s episodes in this process, for inputs ``check_rollout`` has passed (an engine
     worker's shard: its rollout's process checked the whole batch)."""
     ctx = EpisodeContext(backend, renderer, renderer.parser(config.tool_parser), config)
@@ -142,8 +150,9 @@ async def run_checked(samples: Sequence[Sample], task_to_env: Mapping[str, Envir
         check_backend_takes_images(samples, task_to_env, backend)
         started = time.perf_counter()
         with _quiet_collector():
-            callback_errors = await _schedule(samples, task_to_env, ctx, results, on_episode,
-                                              session.limit if session else None)
+            callback_errors = await _schedule(
+                samples, task_to_env, ctx, results, on_episode, session.limit if session else None
+            )
     trajectories = tuple(t for t in results if t is not None)
     metrics = rollout_metrics(trajectories, time.perf_counter() - started)
     metrics["on_episode_errors"] = callback_errors
@@ -153,16 +162,21 @@ async def run_checked(samples: Sequence[Sample], task_to_env: Mapping[str, Envir
     return RolloutResult(trajectories, metrics)
 
 
-async def _in_workers(samples, task_to_env, backend, renderer, config: RolloutConfig, on_episode, session,
-                      workers) -> RolloutResult:
+async def _in_workers(
+    samples, task_to_env, backend, renderer, config: RolloutConfig, on_episode, session, workers
+) -> RolloutResult:
     """The checked rollout spread over worker processes (``engine_workers.py``)."""
     if session is not None:
-        raise ConfigError(f"engine workers (engine_workers={config.engine_workers}) cannot share a session's "
-                          "prepared environments with other rollouts (asynchronous training); set engine_workers=1 there")
+        raise ConfigError(
+            f"engine workers (engine_workers={config.engine_workers}) cannot share a session's "
+            "prepared environments with other rollouts (asynchronous training); set engine_workers=1 there"
+        )
     from .engine_workers import run_in_workers
 
     with _quiet_collector():  # this process holds every trajectory coming back
-        return RolloutResult(*await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode, workers))
+        return RolloutResult(
+            *await run_in_workers(samples, task_to_env, backend, renderer, config, on_episode, workers)
+        )
 
 
 _COLLECTOR = {"users": 0, "thresholds": (0, 0, 0)}
@@ -208,8 +222,9 @@ async def open_session(task_to_env: Mapping[str, Environment], concurrency: int)
         yield RolloutSession(asyncio.Semaphore(concurrency))
 
 
-async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on_episode,
-                    limit: asyncio.Semaphore | None = None) -> int:
+async def _schedule(
+    samples, task_to_env, ctx: EpisodeContext, results: list, on_episode, limit: asyncio.Semaphore | None = None
+) -> int:
     """Run every episode; returns how many ``on_episode`` calls raised. ``limit``: a concurrency
     limit shared with other rollouts (async mode)."""
     config = ctx.config
@@ -218,16 +233,18 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
     async def run(index: int, gate) -> None:
         nonlocal callback_errors
         sample = samples[index]
-        trajectory = await run_sample(config.first_index + index, sample, task_to_env[sample.task_name], ctx, gate,
-                                      config.infra_retries)
+        trajectory = await run_sample(
+            config.first_index + index, sample, task_to_env[sample.task_name], ctx, gate, config.infra_retries
+        )
         results[index] = trajectory
         if on_episode is not None:
             try:
                 on_episode(trajectory)
             except Exception as exc:  # the caller's callback (a full disk): reported, never fatal
                 callback_errors += 1
-                logger.warning("on_episode raised for episode %d (the rollout goes on): %s: %s",
-                               index, type(exc).__name__, exc)
+                logger.warning(
+                    "on_episode raised for episode %d (the rollout goes on): %s: %s", index, type(exc).__name__, exc
+                )
 
     if config.mode == "async":
         limit = limit or asyncio.Semaphore(config.concurrency)
@@ -246,8 +263,9 @@ async def _schedule(samples, task_to_env, ctx: EpisodeContext, results: list, on
     return callback_errors
 
 
-async def run_sample(index: int, sample: Sample, env: Environment, ctx: EpisodeContext, gate: Gate,
-                     retries: int = 0) -> Trajectory:
+async def run_sample(
+    index: int, sample: Sample, env: Environment, ctx: EpisodeContext, gate: Gate, retries: int = 0
+) -> Trajectory:
     """One sample's episode, run again (up to ``retries`` times) while it ends in an infrastructure
     failure (``Trajectory.outcome``); the trajectory returned is the last run's, with ``retries``
     set to the number of reruns. A rerun has the same index, hence the same sampling seeds and
@@ -264,8 +282,14 @@ async def run_sample(index: int, sample: Sample, env: Environment, ctx: EpisodeC
         if trajectory.outcome != "infra_failure" or attempt >= retries:
             return replace(trajectory, retries=attempt) if attempt else trajectory
         attempt += 1
-        logger.warning("episode %d failed for infrastructure reasons (%s: %s); running it again (retry %d of %d)",
-                       index, trajectory.error.kind, trajectory.error.message, attempt, retries)
+        logger.warning(
+            "episode %d failed for infrastructure reasons (%s: %s); running it again (retry %d of %d)",
+            index,
+            trajectory.error.kind,
+            trajectory.error.message,
+            attempt,
+            retries,
+        )
         gate = OpenGate()
 
 

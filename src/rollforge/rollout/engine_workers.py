@@ -76,8 +76,13 @@ logger = logging.getLogger(__name__)
 
 
 async def run_in_workers(
-    samples: Sequence[Sample], task_to_env: Mapping[str, Any], backend: Backend, renderer: Any,
-    config: RolloutConfig, on_episode: Callable[[Trajectory], None] | None, workers: EngineWorkers | None = None,
+    samples: Sequence[Sample],
+    task_to_env: Mapping[str, Any],
+    backend: Backend,
+    renderer: Any,
+    config: RolloutConfig,
+    on_episode: Callable[[Trajectory], None] | None,
+    workers: EngineWorkers | None = None,
 ) -> tuple[tuple[Trajectory, ...], dict[str, Any]]:
     """Run ``samples`` on the pool ``workers``, or on ``config.engine_workers`` processes started
     for this rollout alone (see the module docstring); the caller has checked the inputs. Returns
@@ -91,8 +96,14 @@ async def run_in_workers(
         return await _run(workers, samples, backend, config, on_episode, started)
 
 
-async def _run(pool: EngineWorkers, samples: Sequence[Sample], backend: Backend, config: RolloutConfig,
-               on_episode: Callable[[Trajectory], None] | None, started: float):
+async def _run(
+    pool: EngineWorkers,
+    samples: Sequence[Sample],
+    backend: Backend,
+    config: RolloutConfig,
+    on_episode: Callable[[Trajectory], None] | None,
+    started: float,
+):
     shards = _shards(len(samples), pool.count, config.concurrency)
     payloads = [_payload(samples, config, *shard) for shard in shards]  # refusals first
     results: list[Trajectory | None] = [None] * len(samples)
@@ -106,8 +117,12 @@ async def _run(pool: EngineWorkers, samples: Sequence[Sample], backend: Backend,
                 on_episode(trajectory)
             except Exception as exc:  # the caller's callback: reported, never fatal (as in engine.py)
                 callback_errors += 1
-                logger.warning("on_episode raised for episode %d (the rollout goes on): %s: %s",
-                               trajectory.index, type(exc).__name__, exc)
+                logger.warning(
+                    "on_episode raised for episode %d (the rollout goes on): %s: %s",
+                    trajectory.index,
+                    type(exc).__name__,
+                    exc,
+                )
 
     async with pool.lease(len(shards)) as leased:
         drives = [_Drive(worker, channel, start, stop) for (worker, channel), (start, stop, _) in zip(leased, shards)]
@@ -145,8 +160,9 @@ def _shards(count: int, workers: int, concurrency: int) -> list[tuple[int, int, 
 
 
 def _payload(samples, config: RolloutConfig, start: int, stop: int, concurrency: int) -> bytes:
-    shard_config = config.model_copy(update={
-        "first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1})
+    shard_config = config.model_copy(
+        update={"first_index": config.first_index + start, "concurrency": concurrency, "engine_workers": 1}
+    )
     return pickled(Shard(samples[start:stop], shard_config), f"engine_workers={config.engine_workers}")
 
 
@@ -165,7 +181,9 @@ async def _drive(drive: _Drive, backend: Backend, config: RolloutConfig, deliver
                 if kind == "generate":
                     request, episode, *call = rest
                     episode = None if episode is None else episodes.setdefault(episode, _Episode())
-                    task = requests[request] = asyncio.ensure_future(_answer(drive.channel, backend, request, episode, *call))
+                    task = requests[request] = asyncio.ensure_future(
+                        _answer(drive.channel, backend, request, episode, *call)
+                    )
                     task.add_done_callback(lambda _, request=request: requests.pop(request, None))
                 elif kind == "cancel" and rest[0] in requests:
                     requests[rest[0]].cancel()
@@ -188,8 +206,9 @@ class _Episode:
     """A worker's episode as this process's ``CURRENT_EPISODE`` (a router's sticky placement)."""
 
 
-async def _answer(channel: Channel, backend: Backend, request: int, episode: _Episode | None, prompt_ids, params,
-                  images) -> None:
+async def _answer(
+    channel: Channel, backend: Backend, request: int, episode: _Episode | None, prompt_ids, params, images
+) -> None:
     """One request of a worker's episode, generated here inside the episode's own boundary."""
     CURRENT_EPISODE.set(episode)  # this task's own context
     try:
@@ -220,8 +239,20 @@ def _lost(sample: Sample, index: int, worker: PoolWorker) -> Trajectory:
     """The episode of a worker that died before it ended: an infrastructure failure."""
     code = worker.process.returncode
     return Trajectory(
-        index=index, task_name=sample.task_name, messages=(), token_ids=(), loss_mask=(), logprobs=(),
-        prompt_length=0, rewards=(), total_reward=0.0, turns=0, ending="error",
-        error=Failure("env_error", f"engine worker {worker.number} (pid {worker.process.pid}) died with exit "
-                                   f"code {code} before this episode ended"),
+        index=index,
+        task_name=sample.task_name,
+        messages=(),
+        token_ids=(),
+        loss_mask=(),
+        logprobs=(),
+        prompt_length=0,
+        rewards=(),
+        total_reward=0.0,
+        turns=0,
+        ending="error",
+        error=Failure(
+            "env_error",
+            f"engine worker {worker.number} (pid {worker.process.pid}) died with exit "
+            f"code {code} before this episode ended",
+        ),
     )

@@ -118,12 +118,14 @@ def _fail_on_images_for_text_backend(messages: Sequence[Message], ctx: EpisodeCo
         return
     count = sum(len(m.images) for m in messages)
     if count:
-        raise EpisodeFailed(Failure(
-            "env_error",
-            f"the environment returned {count} image(s) but the backend {type(ctx.backend).__name__} is "
-            "text-only (accepts_images=False); declare produces_images=True on the environment to have "
-            "this checked before the rollout starts",
-        ))
+        raise EpisodeFailed(
+            Failure(
+                "env_error",
+                f"the environment returned {count} image(s) but the backend {type(ctx.backend).__name__} is "
+                "text-only (accepts_images=False); declare produces_images=True on the environment to have "
+                "this checked before the rollout starts",
+            )
+        )
 
 
 @dataclass
@@ -179,7 +181,10 @@ async def run_episode(index: int, sample: Sample, env: Environment, ctx: Episode
     except EpisodeFailed as failed:
         state.error, state.ending = failed.failure, "error"
     except TimeoutError:
-        state.error, state.ending = Failure("episode_timeout", f"episode exceeded {ctx.config.episode_timeout}s"), "error"
+        state.error, state.ending = (
+            Failure("episode_timeout", f"episode exceeded {ctx.config.episode_timeout}s"),
+            "error",
+        )
     except TemplateError as exc:
         state.error, state.ending = Failure("template_error", str(exc)), "error"
     # anything else is a bug in rollforge: it propagates (boundary.is_own_bug)
@@ -236,8 +241,9 @@ async def _turns(state: _State, session: Any, ctx: EpisodeContext, gate: Gate) -
     state.ending = "max_turns_reached"
 
 
-async def _observation(state: _State, step: Any, covered: int, generated: list[int], incremental: bool,
-                       ctx: EpisodeContext) -> list[int] | None:
+async def _observation(
+    state: _State, step: Any, covered: int, generated: list[int], incremental: bool, ctx: EpisodeContext
+) -> list[int] | None:
     """The ids to append after a turn; None when there are none to append because the episode
     ended (``state.ending`` set) or the conversation went on in a new segment."""
     renderer, tokens = ctx.renderer, state.tokens
@@ -333,18 +339,24 @@ async def _generate(state: _State, ctx: EpisodeContext, params: SamplingParams):
                     completion = await ctx.backend.generate(state.tokens.ids, params)
     except EpisodeFailed:
         if limit.expired():
-            raise EpisodeFailed(Failure(
-                "backend_error", f"generation exceeded the request timeout of {ctx.config.request_timeout}s",
-            )) from None
+            raise EpisodeFailed(
+                Failure(
+                    "backend_error",
+                    f"generation exceeded the request timeout of {ctx.config.request_timeout}s",
+                )
+            ) from None
         raise
     finally:
         state.generation_seconds += time.perf_counter() - started
     ids = completion.token_ids
     if ids and (min(ids) < 0 or max(ids) >= ctx.vocab_size):  # min/max: C speed on long replies
         bad = next(i for i in ids if not 0 <= i < ctx.vocab_size)
-        raise EpisodeFailed(Failure(
-            "backend_error", f"the backend returned token id {bad}, outside the vocabulary of {ctx.vocab_size} tokens",
-        ))
+        raise EpisodeFailed(
+            Failure(
+                "backend_error",
+                f"the backend returned token id {bad}, outside the vocabulary of {ctx.vocab_size} tokens",
+            )
+        )
     return completion
 
 
@@ -357,9 +369,12 @@ async def _env_call(state: _State, call: Awaitable[T], what: str, config: Rollou
                 return await call
     except EpisodeFailed:
         if limit.expired():
-            raise EpisodeFailed(Failure(
-                "env_timeout", f"environment {what} exceeded the step timeout of {config.step_timeout}s",
-            )) from None
+            raise EpisodeFailed(
+                Failure(
+                    "env_timeout",
+                    f"environment {what} exceeded the step timeout of {config.step_timeout}s",
+                )
+            ) from None
         raise
     finally:
         state.environment_seconds += time.perf_counter() - started
@@ -386,5 +401,7 @@ def _finite(reward: Any, what: str) -> float:
     except (TypeError, ValueError):
         value = math.nan
     if not math.isfinite(value):
-        raise EpisodeFailed(Failure("env_error", f"environment {what} returned the reward {reward!r}; expected a finite number"))
+        raise EpisodeFailed(
+            Failure("env_error", f"environment {what} returned the reward {reward!r}; expected a finite number")
+        )
     return value

@@ -73,14 +73,20 @@ class Ledger:
         current segment rendering the first ``covers`` of them (all by default)."""
         if not self.closed and covers is None:
             policy = sum(self.mask)
-            return {"token_ids": tuple(self.ids), "loss_mask": tuple(self.mask), "logprobs": tuple(self.logprobs),
-                    "prompt_length": self.prompt_length, "versions": _versions(self.versions, policy)}
+            return {
+                "token_ids": tuple(self.ids),
+                "loss_mask": tuple(self.mask),
+                "logprobs": tuple(self.logprobs),
+                "prompt_length": self.prompt_length,
+                "versions": _versions(self.versions, policy),
+            }
         current = (self.segment(len(messages) if covers is None else covers), ())
         return lay_out([*self.closed, current], messages, self.versions)
 
 
-def lay_out(parts: Sequence[tuple[Segment, tuple[Message, ...]]], messages: Sequence[Message],
-            versions: Sequence[int] = ()) -> dict[str, Any]:
+def lay_out(
+    parts: Sequence[tuple[Segment, tuple[Message, ...]]], messages: Sequence[Message], versions: Sequence[int] = ()
+) -> dict[str, Any]:
     """The ``Trajectory`` token fields of segments laid end to end, each with the messages it
     renders (empty: the first ``Segment.messages`` of ``messages``); a segment whose messages are
     not the first of ``messages`` keeps them as its ``history``."""
@@ -90,9 +96,14 @@ def lay_out(parts: Sequence[tuple[Segment, tuple[Message, ...]]], messages: Sequ
     )
     ids = tuple(t for s in segments for t in s.token_ids)
     mask = tuple(b for s in segments for b in s.loss_mask)
-    return {"token_ids": ids, "loss_mask": mask, "logprobs": tuple(lp for s in segments for lp in s.logprobs),
-            "prompt_length": segments[0].prompt_length if segments else 0, "segments": segments,
-            "versions": _versions(versions, sum(mask))}
+    return {
+        "token_ids": ids,
+        "loss_mask": mask,
+        "logprobs": tuple(lp for s in segments for lp in s.logprobs),
+        "prompt_length": segments[0].prompt_length if segments else 0,
+        "segments": segments,
+        "versions": _versions(versions, sum(mask)),
+    }
 
 
 def _ids(segment: Segment) -> tuple:

@@ -29,6 +29,8 @@ from .config import RolloutConfig
 _FRAME = struct.Struct("!Q")
 #: Seconds ``Channel.close`` waits for the other end to take what is queued.
 _CLOSE_WAIT = 30.0
+
+
 def _mapping_proxy(items: dict) -> MappingProxyType:
     return MappingProxyType(items)
 

@@ -68,7 +68,9 @@ class EngineWorkers:
 
     def __init__(self, count: int, task_to_env: Mapping[str, Any], backend: Backend, renderer: Any):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(f"EngineWorkers(count={count!r}): expected a whole number of worker processes, at least 1")
+            raise ConfigError(
+                f"EngineWorkers(count={count!r}): expected a whole number of worker processes, at least 1"
+            )
         self.count = count
         self._served = (dict(task_to_env), backend, renderer)
         self._setup = _setup_payload(task_to_env, backend, renderer, count)  # a refusal before any process
@@ -119,22 +121,35 @@ class EngineWorkers:
     def check(self, task_to_env: Mapping[str, Any], backend: Backend, renderer: Any, engine_workers: int) -> None:
         """Refuse, in one line, a rollout this pool cannot serve."""
         if self._closed or not self._workers:
-            raise ConfigError("these EngineWorkers are not open (closed, never opened, or a rollout on them raised "
-                              "or was cancelled); open a new pool")
+            raise ConfigError(
+                "these EngineWorkers are not open (closed, never opened, or a rollout on them raised "
+                "or was cancelled); open a new pool"
+            )
         if self._busy:
-            raise ConfigError("these EngineWorkers are serving another rollout; a pool serves one rollout at a time "
-                              "(await it first, or open a pool for each)")
+            raise ConfigError(
+                "these EngineWorkers are serving another rollout; a pool serves one rollout at a time "
+                "(await it first, or open a pool for each)"
+            )
         if engine_workers not in (1, self.count):
-            raise ConfigError(f"engine_workers={engine_workers} but the pool given (workers=) has {self.count} "
-                              f"workers; leave engine_workers at 1 or set it to {self.count}")
+            raise ConfigError(
+                f"engine_workers={engine_workers} but the pool given (workers=) has {self.count} "
+                f"workers; leave engine_workers at 1 or set it to {self.count}"
+            )
         envs, served_backend, served_renderer = self._served
-        differ = [name for name, same in (
-            ("task_to_env", envs.keys() == task_to_env.keys() and all(envs[k] is task_to_env[k] for k in envs)),
-            ("backend", served_backend is backend), ("renderer", served_renderer is renderer)) if not same]
+        differ = [
+            name
+            for name, same in (
+                ("task_to_env", envs.keys() == task_to_env.keys() and all(envs[k] is task_to_env[k] for k in envs)),
+                ("backend", served_backend is backend),
+                ("renderer", served_renderer is renderer),
+            )
+            if not same
+        ]
         if differ:
             raise ConfigError(
                 f"these EngineWorkers were opened for another {' and '.join(differ)}: the workers hold copies of the "
-                "environments, backend and renderer the pool was opened with; pass those, or open a pool for these")
+                "environments, backend and renderer the pool was opened with; pass those, or open a pool for these"
+            )
 
     @contextlib.asynccontextmanager
     async def lease(self, count: int) -> AsyncIterator[list[tuple[PoolWorker, Channel]]]:
@@ -162,8 +177,12 @@ class EngineWorkers:
         """Start again, in its place, each of ``workers`` that has exited."""
         dead = [worker for worker in workers if worker.process.poll() is not None]
         for worker in dead:
-            logger.warning("engine worker %d (pid %d) exited with code %s; starting it again",
-                           worker.number, worker.process.pid, worker.process.returncode)
+            logger.warning(
+                "engine worker %d (pid %d) exited with code %s; starting it again",
+                worker.number,
+                worker.process.pid,
+                worker.process.returncode,
+            )
             await stop([worker])
             self._workers[worker.number] = _spawn(worker.number)
         await asyncio.gather(*(self._set_up(self._workers[worker.number]) for worker in dead))
@@ -174,11 +193,13 @@ class EngineWorkers:
             channel.send(("setup", self._setup))
             self.setups_sent += 1
             try:
-                (kind, value), = await channel.receive()
+                ((kind, value),) = await channel.receive()
             except EOFError:
                 await stop([worker])
-                raise ConfigError(f"engine worker {worker.number} (pid {worker.process.pid}) exited with code "
-                                  f"{worker.process.returncode} before it was ready") from None
+                raise ConfigError(
+                    f"engine worker {worker.number} (pid {worker.process.pid}) exited with code "
+                    f"{worker.process.returncode} before it was ready"
+                ) from None
             if kind == "raised":
                 raise value
             worker.start_cpu = value
@@ -189,8 +210,12 @@ class EngineWorkers:
 def _setup_payload(task_to_env: Mapping[str, Any], backend: Backend, renderer: Any, count: int) -> bytes:
     family = renderer.family
     keep_reasoning = bool(family.keep_reasoning) and renderer.template_kwargs == {
-        **family.template_kwargs, **family.keep_reasoning}
-    setup = Setup(dict(task_to_env), renderer.tokenizer, family, keep_reasoning, backend.accepts_images, _opener(backend))
+        **family.template_kwargs,
+        **family.keep_reasoning,
+    }
+    setup = Setup(
+        dict(task_to_env), renderer.tokenizer, family, keep_reasoning, backend.accepts_images, _opener(backend)
+    )
     return pickled(setup, f"engine_workers={count}")
 
 
@@ -213,8 +238,12 @@ def _opener(backend: Backend) -> Callable[[], Backend] | None:
         try:
             dumps(opener)
         except Exception as exc:
-            logger.warning("%s cannot be reopened in the engine workers (%s: %s); their requests come to "
-                           "this process instead", type(backend).__name__, type(exc).__name__, exc)
+            logger.warning(
+                "%s cannot be reopened in the engine workers (%s: %s); their requests come to this process instead",
+                type(backend).__name__,
+                type(exc).__name__,
+                exc,
+            )
             return None
     return opener
 
@@ -223,8 +252,10 @@ def _spawn(number: int) -> PoolWorker:
     """A fresh interpreter (not a fork, and not multiprocessing's spawn, which re-runs the
     caller's script), given this one's import path."""
     child_end, parent_end = socket.socketpair()
-    code = (f"import sys; sys.path[:0] = {sys.path!r}; "
-            f"from rollforge.rollout.worker_process import worker_main; worker_main({child_end.fileno()})")
+    code = (
+        f"import sys; sys.path[:0] = {sys.path!r}; "
+        f"from rollforge.rollout.worker_process import worker_main; worker_main({child_end.fileno()})"
+    )
     with child_end:
         process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_end.fileno(),))
     return PoolWorker(number, process, parent_end)
@@ -244,4 +275,3 @@ async def stop(workers: list[PoolWorker]) -> None:
         deadline = time.monotonic() + _EXIT_GRACE
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-

@@ -115,7 +115,8 @@ def _unpickled(payload: bytes, what: str) -> Any:
     except Exception as exc:
         raise ConfigError(
             f"an engine worker could not load {what} ({type(exc).__name__}: {exc}); environment classes "
-            "and factories must be importable: define them in a module, not in the script that runs") from None
+            "and factories must be importable: define them in a module, not in the script that runs"
+        ) from None
 
 
 class _Worker:
@@ -134,7 +135,7 @@ class _Worker:
         """The worker once its setup has arrived and loaded (``ready`` sent, with the CPU seconds
         its start took), or None (the reason sent as ``raised``)."""
         try:
-            (_, payload), = await channel.receive()
+            ((_, payload),) = await channel.receive()
             worker = cls(channel, _unpickled(payload, "the environments and tokenizer"))
         except EOFError:
             return None
@@ -171,8 +172,9 @@ class _Worker:
         self.proxy.active = True
         try:
             shard: Shard = _unpickled(payload, "the rollout's samples")
-            result = await run_checked(shard.samples, self.task_to_env, self.backend, self.renderer, shard.config,
-                                       on_episode=finished.add)  # the rollout's process checked them
+            result = await run_checked(
+                shard.samples, self.task_to_env, self.backend, self.renderer, shard.config, on_episode=finished.add
+            )  # the rollout's process checked them
             self.channel.send(("done", result.metrics["abandoned_worker_calls"]))
         except asyncio.CancelledError:
             raise
@@ -207,6 +209,10 @@ def _portable(trajectory: Trajectory) -> Trajectory | None:
             return candidate
         except Exception as exc:
             error = exc
-    logger.warning("episode %d's trajectory does not pickle (%s: %s); it cannot leave this engine worker",
-                   trajectory.index, type(error).__name__, error)
+    logger.warning(
+        "episode %d's trajectory does not pickle (%s: %s); it cannot leave this engine worker",
+        trajectory.index,
+        type(error).__name__,
+        error,
+    )
     return None

@@ -80,8 +80,8 @@ def renders_its_messages(segment: Any, renderer: ChatRenderer) -> bool:
     that it ends on the policy's own tokens: the closing text after the last reply may be absent."""
     expected = renderer.conversation_ids(segment.messages, segment.tools)
     ids = list(segment.token_ids)
-    rest = expected[len(ids):]
-    return expected[: len(ids)] == ids and rest == renderer.closing[len(renderer.closing) - len(rest):]
+    rest = expected[len(ids) :]
+    return expected[: len(ids)] == ids and rest == renderer.closing[len(renderer.closing) - len(rest) :]
 
 
 def assert_segment_exact(segment: Any, renderer: ChatRenderer, prompt_messages: int) -> None:

@@ -88,7 +88,10 @@ ESTIMATORS = {
 
 
 def compute_advantages(
-    rewards: list[float] | torch.Tensor, group_size: int, estimator: str = "grpo", keep: Sequence[bool] | None = None,
+    rewards: list[float] | torch.Tensor,
+    group_size: int,
+    estimator: str = "grpo",
+    keep: Sequence[bool] | None = None,
 ) -> Advantages:
     """Advantages of ``rewards`` (N = groups x group_size, grouped consecutively); ``keep`` (N
     booleans, None: all) marks the members that count (see the module docstring)."""
@@ -108,11 +111,17 @@ def compute_advantages(
     kept = torch.as_tensor(list(keep), dtype=torch.bool).view(-1, group_size)  # (G, K)
     count = kept.sum(dim=1)  # (G,)
     lost = count < 2
-    spread = groups.masked_fill(~kept, -torch.inf).max(dim=1).values - groups.masked_fill(~kept, torch.inf).min(dim=1).values
+    spread = (
+        groups.masked_fill(~kept, -torch.inf).max(dim=1).values - groups.masked_fill(~kept, torch.inf).min(dim=1).values
+    )
     flat = (spread == 0) & ~lost  # (G,)
     values = ESTIMATORS[estimator]()(groups, kept)
     values[flat | lost] = 0.0
     return Advantages(
-        values.reshape(-1).float(), int(flat.sum()), groups.shape[0], excluded=int((~kept).sum()),
-        shrunk_groups=int(((count < group_size) & ~lost).sum()), lost_groups=int(lost.sum()),
+        values.reshape(-1).float(),
+        int(flat.sum()),
+        groups.shape[0],
+        excluded=int((~kept).sum()),
+        shrunk_groups=int(((count < group_size) & ~lost).sum()),
+        lost_groups=int(lost.sum()),
     )

@@ -72,8 +72,17 @@ class Loaded:
 
 
 def save_checkpoint(
-    root: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-    data_state: dict[str, int], keep: int, *, ranks: Ranks = Ranks(), plain: Any = None,
+    root: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    data_state: dict[str, int],
+    keep: int,
+    *,
+    ranks: Ranks = Ranks(),
+    plain: Any = None,
 ) -> Path:
     """Write checkpoint ``step`` (every rank calls it: the optimizer state is written by each rank
     for its shard). ``plain``: a model holding the full weights, written as ``model/`` (default
@@ -94,14 +103,24 @@ def save_checkpoint(
         raise
     if ranks.main:
         older = [p for p in _step_dirs(root) if step_of(p) < step]
-        for old in older[keep - 1:]:
+        for old in older[keep - 1 :]:
             shutil.rmtree(old, ignore_errors=True)
     ranks.barrier()
     return final
 
 
-def _write(tmp: Path, final: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-           data_state: dict[str, int], ranks: Ranks, plain: Any) -> None:
+def _write(
+    tmp: Path,
+    final: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    data_state: dict[str, int],
+    ranks: Ranks,
+    plain: Any,
+) -> None:
     """Every file of the checkpoint under ``tmp``, then (rank 0) renamed to ``final`` and named by
     ``latest``."""
     root = final.parent
@@ -184,7 +203,7 @@ def load_newest(root: Path) -> tuple[Loaded | None, list[str]]:
         else:  # 'latest' first: a newer directory is another run's, or was never named (the run was killed)
             newer = [p for p in candidates if step_of(p) > step_of(root / named)]
             skipped += [f"{p.name} is newer than the {named} that 'latest' names" for p in newer]
-            candidates = candidates[len(newer):]
+            candidates = candidates[len(newer) :]
     for path in candidates:
         try:
             return read_checkpoint(path), skipped
@@ -313,8 +332,17 @@ def resumable(out: Path) -> Loaded | None:
 
 #: What runs write in their directory, and all that ``overwrite`` deletes: the files of ``train``
 #: and ``sft``, the quickstart's report and its warm-up run.
-RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "tensorboard", "config.yaml", "eval.json",
-             "report.md", "reward_curve.png", "warmup")
+RUN_FILES = (
+    "metrics.jsonl",
+    "checkpoints",
+    "trajectories",
+    "tensorboard",
+    "config.yaml",
+    "eval.json",
+    "report.md",
+    "reward_curve.png",
+    "warmup",
+)
 
 
 def start_fresh(out: Path, overwrite: bool, *, can_resume: bool = True) -> None:

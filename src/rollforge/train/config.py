@@ -72,7 +72,9 @@ class VLLMConfig(_Section):
         and a GPU memory share (its KV cache sized from that share)."""
         options: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
         if self.colocate:
-            options.update(sleep_level=self.sleep_level, gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_gib=None)
+            options.update(
+                sleep_level=self.sleep_level, gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_gib=None
+            )
         return options
 
 
@@ -252,11 +254,16 @@ class TrainConfig(_Section):
         ``eval_episodes``; a ``ray`` key given a value of its own under ``executor: local`` (keys set
         to their defaults pass: the ``config.yaml`` a local run writes has them all)."""
         if self.eval_every and not self.eval_episodes:
-            raise ValueError(f"eval_every={self.eval_every} needs eval_episodes > 0: the held-out episodes it evaluates")
+            raise ValueError(
+                f"eval_every={self.eval_every} needs eval_episodes > 0: the held-out episodes it evaluates"
+            )
         if self.executor == "ray":
             return self
-        given = [k for k in type(self.ray).model_fields if k in self.ray.model_fields_set
-                 and getattr(self.ray, k) != getattr(RayConfig(), k)]
+        given = [
+            k
+            for k in type(self.ray).model_fields
+            if k in self.ray.model_fields_set and getattr(self.ray, k) != getattr(RayConfig(), k)
+        ]
         if given:
             raise ValueError(
                 f"ray.{given[0]}={getattr(self.ray, given[0])!r} needs executor: ray (or --executor ray); "
@@ -271,14 +278,20 @@ class TrainConfig(_Section):
         if not algo.dynamic_sampling:
             rounds, default = algo.dynamic_sampling_max_rounds, AlgorithmConfig().dynamic_sampling_max_rounds
             if "dynamic_sampling_max_rounds" in algo.model_fields_set and rounds != default:
-                raise ValueError(f"algorithm.dynamic_sampling_max_rounds={rounds} needs algorithm.dynamic_sampling: true")
+                raise ValueError(
+                    f"algorithm.dynamic_sampling_max_rounds={rounds} needs algorithm.dynamic_sampling: true"
+                )
             return self
         if algo.max_staleness:
-            raise ValueError(f"algorithm.dynamic_sampling with max_staleness={algo.max_staleness} is not supported "
-                             "yet: set max_staleness 0 (the synchronous loop) or dynamic_sampling false")
+            raise ValueError(
+                f"algorithm.dynamic_sampling with max_staleness={algo.max_staleness} is not supported "
+                "yet: set max_staleness 0 (the synchronous loop) or dynamic_sampling false"
+            )
         if self.executor == "ray" and self.ray.training_workers > 1:
-            raise ValueError(f"algorithm.dynamic_sampling with ray.training_workers={self.ray.training_workers} is "
-                             "not supported yet: train on one rank or set dynamic_sampling false")
+            raise ValueError(
+                f"algorithm.dynamic_sampling with ray.training_workers={self.ray.training_workers} is "
+                "not supported yet: train on one rank or set dynamic_sampling false"
+            )
         return self
 
     @model_validator(mode="after")
@@ -300,7 +313,9 @@ class TrainConfig(_Section):
                 "sleeps while the trainer updates, so nothing can overlap; set max_staleness 0 or serve the model apart"
             )
         if self.lora.enabled and self.vllm.sleep_level == 2:
-            raise ValueError("vllm.sleep_level 2 discards the engine's base weights, which a LoRA run never re-sends; use vllm.sleep_level 1")
+            raise ValueError(
+                "vllm.sleep_level 2 discards the engine's base weights, which a LoRA run never re-sends; use vllm.sleep_level 1"
+            )
         return self
 
 

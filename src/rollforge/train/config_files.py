@@ -30,7 +30,9 @@ def read_config_data(path: str | Path | None, overrides: Sequence[str], values: 
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(exc)}") from None
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            raise ConfigError(
+                f"config file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(loaded).__name__}")
         data = loaded
@@ -115,11 +117,17 @@ def _describe(model: type[BaseModel], prefix: str, defaults: BaseModel | None, h
             shown = [item.model_dump(exclude_unset=True) for item in default or ()]
             each = "has a kind and that kind's keys" if len(kinds) > 1 else "has these keys"
             doc = " ".join((field.description or "").split())
-            sections.append([f"{key}: a list (default {shown}); each item {each}; --set {key}=[{{...}}] sets it whole"
-                             + (f"  # {doc}" if doc else "")])
+            sections.append(
+                [
+                    f"{key}: a list (default {shown}); each item {each}; --set {key}=[{{...}}] sets it whole"
+                    + (f"  # {doc}" if doc else "")
+                ]
+            )
             sections += [_describe(kind, f"{key}[].", None, _item_heading(kind, key)) for kind in kinds]
         elif kinds:
-            sections.append(_describe(kinds[0], f"{key}.", default if isinstance(default, BaseModel) else None, f"{key}:"))
+            sections.append(
+                _describe(kinds[0], f"{key}.", default if isinstance(default, BaseModel) else None, f"{key}:")
+            )
         elif not (name == "kind" and typing.get_origin(field.annotation) is Literal):  # in the item's heading
             doc = " ".join((field.description or "").split())
             value = "(required)" if field.is_required() else repr(default)

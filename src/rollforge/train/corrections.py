@@ -106,8 +106,11 @@ class MaskedPolicyLoss(ClippedPolicyLoss):
 
 
 #: ``algorithm.off_policy_correction`` -> its class (``auto`` resolves to one of them).
-CORRECTIONS: dict[str, type[Correction]] = {"none": Correction, "decoupled": TruncatedImportance,
-                                            "masked": MaskedImportance}
+CORRECTIONS: dict[str, type[Correction]] = {
+    "none": Correction,
+    "decoupled": TruncatedImportance,
+    "masked": MaskedImportance,
+}
 
 #: Backends that generate with the trained model object itself: with max_staleness 0 their
 #: behaviour logprobs are the trainer's (up to batching noise), so ``auto`` needs no correction.

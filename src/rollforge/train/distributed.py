@@ -87,7 +87,7 @@ class Ranks:
     def share(self, items: Sequence[Any], group_size: int) -> list[Any]:
         """This rank's contiguous share of a global batch of whole groups."""
         per_rank = self.groups_per_rank(len(items) // group_size) * group_size
-        return list(items[self.rank * per_rank:(self.rank + 1) * per_rank])
+        return list(items[self.rank * per_rank : (self.rank + 1) * per_rank])
 
     def total(self, value: float) -> float:
         """The sum of ``value`` over ranks."""
@@ -185,9 +185,7 @@ def _decoder_layers(model: Any) -> list[Any]:
     decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
     layers = getattr(decoder, "layers", None)
     if layers is None:
-        raise ConfigError(
-            f"cannot shard {type(base).__name__} over ranks: its decoder has no 'layers' list of blocks"
-        )
+        raise ConfigError(f"cannot shard {type(base).__name__} over ranks: its decoder has no 'layers' list of blocks")
     return list(layers)
 
 

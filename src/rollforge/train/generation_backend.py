@@ -26,7 +26,12 @@ from .policy import generation_dtype
 
 
 def backend_config(
-    model: ModelConfig, rollout: RolloutConfig, ray: RayConfig, executor: str, seed: int, lora_enabled: bool,
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    ray: RayConfig,
+    executor: str,
+    seed: int,
+    lora_enabled: bool,
     vllm: VLLMConfig = VLLMConfig(),
 ) -> BackendConfig:
     """The training run's backend (see the module docstring)."""
@@ -38,10 +43,16 @@ def backend_config(
     elif kind == "vllm":
         options = {**vllm.backend_options(dtype), **({"enable_lora": True} if lora_enabled else {})}
     return BackendConfig(
-        kind=kind, model=model.name, base_url=model.base_url, served_model_name=model.served_model_name,
-        concurrency=rollout.concurrency, seed=seed, options=options,
+        kind=kind,
+        model=model.name,
+        base_url=model.base_url,
+        served_model_name=model.served_model_name,
+        concurrency=rollout.concurrency,
+        seed=seed,
+        options=options,
         replicas=ray.generation_replicas if executor == "ray" else 1,
-        replica_cpus=ray.replica_cpus, replica_gpus=ray.replica_gpus,
+        replica_cpus=ray.replica_cpus,
+        replica_gpus=ray.replica_gpus,
     )
 
 

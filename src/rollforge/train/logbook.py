@@ -24,8 +24,15 @@ from .trackers import completion_rows, open_trackers
 
 
 class Logbook:
-    def __init__(self, out: Path, total_steps: int, start_step: int = 0, console: bool = True,
-                 report_to: Sequence[str] | None = None, config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        out: Path,
+        total_steps: int,
+        start_step: int = 0,
+        console: bool = True,
+        report_to: Sequence[str] | None = None,
+        config: dict[str, Any] | None = None,
+    ):
         self.out = out
         self.total_steps = total_steps
         self.console = console
@@ -43,10 +50,14 @@ class Logbook:
         with space_for(self.metrics_path):
             self._metrics.write(json.dumps(metrics) + "\n")
             self._metrics.flush()
-        self.trackers.log_metrics(metrics["step"], {
-            key: value for key, value in metrics.items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"
-        })
+        self.trackers.log_metrics(
+            metrics["step"],
+            {
+                key: value
+                for key, value in metrics.items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"
+            },
+        )
         if self.console:
             print(console_line(metrics, self.total_steps), file=sys.stderr, flush=True)
 
@@ -56,8 +67,13 @@ class Logbook:
         folder = self.out / "trajectories"
         folder.mkdir(exist_ok=True)
         path = folder / f"step-{step:06d}.jsonl"
-        atomic_write(path, "".join(json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n"
-                                   for t, reward, advantage in zip(trajectories, rewards, advantages)))
+        atomic_write(
+            path,
+            "".join(
+                json.dumps({**t.to_json(), "reward": reward, "advantage": advantage}) + "\n"
+                for t, reward, advantage in zip(trajectories, rewards, advantages)
+            ),
+        )
         self.trackers.log_completions(step, completion_rows(step, trajectories, rewards, advantages))
 
     def close(self) -> None:
@@ -67,7 +83,9 @@ class Logbook:
 
 def console_line(m: dict[str, Any], total_steps: int) -> str:
     per_env = "  ".join(
-        f"{k.removeprefix('reward/env/')} {v:.2f}" for k, v in m.items() if k.startswith("reward/env/") and v is not None
+        f"{k.removeprefix('reward/env/')} {v:.2f}"
+        for k, v in m.items()
+        if k.startswith("reward/env/") and v is not None
     )
     reward = "n/a" if m["reward/mean"] is None else f"{m['reward/mean']:.3f}"  # every episode failed (infra)
     if "async/rollout_seconds" in m:  # asynchronous: the batch's rollout overlapped the previous updates

@@ -125,8 +125,9 @@ class Correction:
 
     needs_proximal = False
 
-    def correct(self, old_logprobs: torch.Tensor, proximal_logprobs: torch.Tensor | None, on: torch.Tensor,
-                level: Level) -> Corrected:
+    def correct(
+        self, old_logprobs: torch.Tensor, proximal_logprobs: torch.Tensor | None, on: torch.Tensor, level: Level
+    ) -> Corrected:
         """What the ratio is taken against (B, T), the detached factor on each token's pg (None: 1
         everywhere) and where it truncated or masked (bool, None: nowhere). ``level(values, on)``
         takes per-token log weights to the loss's level (per token, or per sequence)."""
@@ -140,15 +141,21 @@ class PolicyLoss(abc.ABC):
     name: ClassVar[str]
     default_clip: ClassVar[tuple[float, float]]
 
-    def __init__(self, clip_low: float | None = None, clip_high: float | None = None, kl_beta: float = 0.0,
-                 correction: Correction | None = None):
+    def __init__(
+        self,
+        clip_low: float | None = None,
+        clip_high: float | None = None,
+        kl_beta: float = 0.0,
+        correction: Correction | None = None,
+    ):
         low, high = self.default_clip
         self.clip_low = low if clip_low is None else clip_low
         self.clip_high = high if clip_high is None else clip_high
         self.kl_beta, self.correction = kl_beta, correction or Correction()
         if self.clip_low < 0 or self.clip_high < 0 or kl_beta < 0:
-            raise ConfigError(f"clip_low, clip_high and kl_beta must be >= 0, got {self.clip_low}, {self.clip_high}, "
-                              f"{kl_beta}")
+            raise ConfigError(
+                f"clip_low, clip_high and kl_beta must be >= 0, got {self.clip_low}, {self.clip_high}, {kl_beta}"
+            )
 
     @property
     def needs_proximal(self) -> bool:
@@ -189,8 +196,9 @@ class PolicyLoss(abc.ABC):
         )
 
     @abc.abstractmethod
-    def objective(self, logprobs: torch.Tensor, log_ratio: torch.Tensor, advantages: torch.Tensor,
-                  on: torch.Tensor) -> Objective:
+    def objective(
+        self, logprobs: torch.Tensor, log_ratio: torch.Tensor, advantages: torch.Tensor, on: torch.Tensor
+    ) -> Objective:
         """The per-token terms from the current ``logprobs``, their log-ratios to the correction's
         anchor (0 off the policy tokens ``on``) and the advantages ((B, 1) or (B, T))."""
 
@@ -198,8 +206,9 @@ class PolicyLoss(abc.ABC):
         """Per-token log weights at the loss's level: per token, as they are."""
         return values
 
-    def kl_term(self, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, weights: torch.Tensor,
-                on: torch.Tensor) -> torch.Tensor | None:
+    def kl_term(
+        self, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, weights: torch.Tensor, on: torch.Tensor
+    ) -> torch.Tensor | None:
         """sum_t w_t kl_t (k3 to the reference), or None without the KL term (kl_beta 0)."""
         if self.kl_beta == 0:
             return None

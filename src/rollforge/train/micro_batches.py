@@ -15,8 +15,9 @@ class MicroBatch:
     prefix: int = 0  # length of a prompt all rows share, computed once (0: none)
 
 
-def plan_micro_batches(episodes: Sequence[Any], group_size: int, micro_batch_tokens: int,
-                       skip: Collection[int] = ()) -> list[MicroBatch]:
+def plan_micro_batches(
+    episodes: Sequence[Any], group_size: int, micro_batch_tokens: int, skip: Collection[int] = ()
+) -> list[MicroBatch]:
     """Groups (``group_size`` consecutive episodes of one prompt) whose prompt tokens are identical
     share one forward pass of that prompt: the group's rows run as a batch on top of its cached
     keys and values (gradients flow back through them), so a prompt is computed once instead of
@@ -25,8 +26,10 @@ def plan_micro_batches(episodes: Sequence[Any], group_size: int, micro_batch_tok
     out (``silent_rows``)."""
     if group_size < 2:
         kept = [i for i in range(len(episodes)) if i not in skip]
-        return [MicroBatch([kept[j] for j in rows])
-                for rows in pack_micro_batches([episodes[i].ids.numel() for i in kept], micro_batch_tokens)]
+        return [
+            MicroBatch([kept[j] for j in rows])
+            for rows in pack_micro_batches([episodes[i].ids.numel() for i in kept], micro_batch_tokens)
+        ]
     out = []
     for start in range(0, len(episodes), group_size):
         members = [i for i in range(start, min(start + group_size, len(episodes))) if i not in skip]
@@ -72,8 +75,9 @@ def pack_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[
     return batches
 
 
-def silent_rows(advantages: torch.Tensor, weights: Sequence[torch.Tensor], loss_fn: Any, reference: Any,
-                zero_advantage: bool = True) -> set[int]:
+def silent_rows(
+    advantages: torch.Tensor, weights: Sequence[torch.Tensor], loss_fn: Any, reference: Any, zero_advantage: bool = True
+) -> set[int]:
     """Rows whose loss and gradient are exactly zero, which are not forwarded: rows with no token in
     the loss (every weight 0: a failed or stale episode), and, with ``zero_advantage`` and no KL
     term, rows with no advantage on any token (a GRPO group whose rewards are all equal)."""

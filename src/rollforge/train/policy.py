@@ -66,7 +66,11 @@ def make_optimizer(model: Any, optim: OptimConfig, optimizer_steps: int) -> tupl
     # what transformers' Trainer uses by default ("adamw_torch_fused").
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(
-        params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, fused=fused or None,
+        params,
+        lr=optim.lr,
+        betas=optim.betas,
+        weight_decay=optim.weight_decay,
+        fused=fused or None,
     )
     scheduler = get_scheduler(
         "constant_with_warmup" if optim.schedule == "constant" else optim.schedule,

@@ -85,8 +85,15 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {kind.name: kind for kind in (Clipp
 
 
 def policy_loss(
-    name: str = "ppo", *, correction: str = "auto", clip_low: float | None = None, clip_high: float | None = None,
-    kl_beta: float = 0.0, cap: float = 2.0, max_staleness: int = 0, backend: str = "hf",
+    name: str = "ppo",
+    *,
+    correction: str = "auto",
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    kl_beta: float = 0.0,
+    cap: float = 2.0,
+    max_staleness: int = 0,
+    backend: str = "hf",
 ) -> PolicyLoss:
     """The policy loss ``name`` (``algorithm.policy_loss``) with the off-policy ``correction``
     (``auto`` resolved for ``max_staleness`` and the generation ``backend``: ``resolve_correction``).

@@ -31,8 +31,10 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
             "yet: train asynchronously on one rank, or set max_staleness=0"
         )
     if config.algorithm.dynamic_sampling:
-        raise ConfigError(f"algorithm.dynamic_sampling with {ranks.world} ranks is not supported yet: "
-                          "train on one rank or set dynamic_sampling false")
+        raise ConfigError(
+            f"algorithm.dynamic_sampling with {ranks.world} ranks is not supported yet: "
+            "train on one rank or set dynamic_sampling false"
+        )
     ranks.groups_per_rank(config.algorithm.batch_size)  # before the model loads
     if config.ray.training_workers > 1 and config.executor == "ray" and "RAY_TRAINING_RANK" not in os.environ:
         raise ConfigError(
@@ -53,8 +55,9 @@ def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrit
     that leave no room to generate, an OpenAI-compatible server that does not answer, and the run
     directory: with ``resume`` the checkpoint to continue from, else one that holds no run yet
     (``overwrite``: deleting the one it holds)."""
-    check_prompt_lengths(prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len,
-                         "rollout.max_seq_len")
+    check_prompt_lengths(
+        prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len, "rollout.max_seq_len"
+    )
     if config.model.backend == "openai" and config.model.base_url:
         from ..backends.openai_compat import check_server
         from ..backends.opening import server_urls
@@ -62,7 +65,9 @@ def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrit
         for url in server_urls(config.model.base_url):
             check_server(url)
     if resume and overwrite:
-        raise ConfigError("resume and overwrite exclude each other: continue the run in out, or delete it and start over")
+        raise ConfigError(
+            "resume and overwrite exclude each other: continue the run in out, or delete it and start over"
+        )
     if resume:
         return ckpt.resumable(Path(config.out))
     ckpt.start_fresh(Path(config.out), overwrite)

@@ -13,8 +13,13 @@ from typing import Any, Sequence
 from .logbook import read_metrics
 
 
-def write_report(out: Path, eval_before: dict | None = None, eval_after: dict | None = None, wall_seconds: float | None = None,
-                 evaluations: dict | None = None) -> Path:
+def write_report(
+    out: Path,
+    eval_before: dict | None = None,
+    eval_after: dict | None = None,
+    wall_seconds: float | None = None,
+    evaluations: dict | None = None,
+) -> Path:
     history = read_metrics(out / "metrics.jsonl")
     lines = ["# Training report", ""]
     if history:
@@ -29,10 +34,13 @@ def write_report(out: Path, eval_before: dict | None = None, eval_after: dict | 
             seq = [m[key] for m in history if m.get(key) is not None]
             if seq:
                 w = max(1, min(window, len(seq)))
-                lines.append(f"  - {key.removeprefix('reward/env/')}: {statistics.fmean(seq[:w]):.3f} -> {statistics.fmean(seq[-w:]):.3f}")
+                lines.append(
+                    f"  - {key.removeprefix('reward/env/')}: {statistics.fmean(seq[:w]):.3f} -> {statistics.fmean(seq[-w:]):.3f}"
+                )
         split = {k: sum(m.get(f"time/{k}", 0.0) for m in history) for k in ("rollout", "update", "sync")}
         lines.append(
-            "- Time in steps: " + ", ".join(f"{k} {v:.0f}s" for k, v in split.items())
+            "- Time in steps: "
+            + ", ".join(f"{k} {v:.0f}s" for k, v in split.items())
             + f" (mean {statistics.fmean(m['time/step'] for m in history):.1f}s/step)"
         )
     if eval_before is not None and eval_after is not None:
@@ -45,7 +53,12 @@ def write_report(out: Path, eval_before: dict | None = None, eval_after: dict | 
     if wall_seconds is not None:
         lines.append(f"- Wall time: {wall_seconds:.0f}s")
     png = plot_rewards(history, out / "reward_curve.png")
-    lines += ["", f"![reward curve]({png.name})" if png else "(reward_curve.png needs matplotlib: pip install 'rollforge[train]')"]
+    lines += [
+        "",
+        f"![reward curve]({png.name})"
+        if png
+        else "(reward_curve.png needs matplotlib: pip install 'rollforge[train]')",
+    ]
     curve = held_out_curve(evaluations or {})
     if len(curve) > 2 and (held := plot_held_out(curve, out / "held_out_curve.png")):
         lines += ["", f"![held-out greedy reward]({held.name})"]
@@ -85,7 +98,9 @@ def held_out_curve(evaluations: dict[str, Any]) -> list[tuple[int, dict[str, Any
     return sorted(points, key=lambda point: point[0])
 
 
-def plot_held_out(curve: Sequence[tuple[int, dict[str, Any]]], path: Path, phases: Sequence[tuple[int, str]] = ()) -> Path | None:
+def plot_held_out(
+    curve: Sequence[tuple[int, dict[str, Any]]], path: Path, phases: Sequence[tuple[int, str]] = ()
+) -> Path | None:
     """The held-out curve; ``phases``: (first step, name) of each phase, marked on the step axis."""
     plt = _pyplot()
     if plt is None:

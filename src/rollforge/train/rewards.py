@@ -92,8 +92,10 @@ def _built(name: str, factory: Any, options: Mapping[str, Any]) -> Any:
         named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key in options:
             if key not in {p.name for p in named}:
-                raise ConfigError(f"reward function {name!r} has no option {key!r}; "
-                                  f"expected one of: {', '.join(p.name for p in named)}")
+                raise ConfigError(
+                    f"reward function {name!r} has no option {key!r}; "
+                    f"expected one of: {', '.join(p.name for p in named)}"
+                )
         for p in named:
             if p.default is p.empty and p.name not in options:
                 raise ConfigError(f"reward function {name!r} needs the option {p.name!r}")

@@ -90,7 +90,9 @@ class Run:
     start: int  # the last step already done (a resumed run's checkpoint)
     eval_prompts: list[Sample] = field(default_factory=list)
     evaluations: dict[str, Any] = field(default_factory=dict)
-    workers: EngineWorkers | None = None  # engine worker processes started once (rollout.engine_workers > 1, synchronous)
+    workers: EngineWorkers | None = (
+        None  # engine worker processes started once (rollout.engine_workers > 1, synchronous)
+    )
 
     @property
     def out(self) -> Path:
@@ -108,8 +110,11 @@ def rollout_config(run: Run, step: int, share: int, first: int = 0):
     """The step's rollout settings: its sampling seed, and this rank's episode indices (``share``
     episodes per rank) as if the batch were whole, after the ``first`` episodes the step already
     rolled out (dynamic sampling's earlier rounds): every episode of a step has its own seeds."""
-    where = {"seed": mix(run.config.seed, step), "first_index": first + run.ranks.rank * share,
-             "infra_retries": run.config.algorithm.infra_retries}
+    where = {
+        "seed": mix(run.config.seed, step),
+        "first_index": first + run.ranks.rank * share,
+        "infra_retries": run.config.algorithm.infra_retries,
+    }
     return run.config.rollout.model_copy(update=where)
 
 
@@ -124,8 +129,14 @@ async def score(run: Run, samples: Sequence[Sample], result: Any, times: dict[st
 
 
 async def learn(
-    run: Run, step: int, scored: Scored, times: dict[str, float], *, push: Callable[[], Awaitable[Any]],
-    oldest: int | None = None, extra: Callable[[Any, dict[str, int]], dict[str, Any]] | None = None,
+    run: Run,
+    step: int,
+    scored: Scored,
+    times: dict[str, float],
+    *,
+    push: Callable[[], Awaitable[Any]],
+    oldest: int | None = None,
+    extra: Callable[[Any, dict[str, int]], dict[str, Any]] | None = None,
     data_state: dict[str, int] | None = None,
 ) -> dict[str, Any] | None:
     """The rest of a step, on a ``scored`` batch (``score``): advantages -> update -> ``push``
@@ -151,10 +162,22 @@ async def learn(
     proximal = Proximal(len(episodes))  # the weights before this update's logprobs, for a correction that needs them
     for _ in range(algo.epochs_per_batch):
         stats = await uninterrupted(  # its own thread: never behind a hung tool
-            policy_update, run.model, run.optimizer, episodes, advantages.values[owners], weights, run.loss_fn,
-            micro_batch_tokens=config.optim.micro_batch_tokens, pad_id=run.tokenizer.pad_token_id,
-            max_grad_norm=config.optim.max_grad_norm, reference=run.reference, group_size=shared,
-            compute_dtype=run.dtype, ranks=ranks, scheduler=run.scheduler, proximal=proximal,
+            policy_update,
+            run.model,
+            run.optimizer,
+            episodes,
+            advantages.values[owners],
+            weights,
+            run.loss_fn,
+            micro_batch_tokens=config.optim.micro_batch_tokens,
+            pad_id=run.tokenizer.pad_token_id,
+            max_grad_norm=config.optim.max_grad_norm,
+            reference=run.reference,
+            group_size=shared,
+            compute_dtype=run.dtype,
+            ranks=ranks,
+            scheduler=run.scheduler,
+            proximal=proximal,
             skip_zero_advantage=algo.skip_zero_advantage,
         )
     updated = time.perf_counter()
@@ -165,8 +188,16 @@ async def learn(
     metrics = None
     if (parts := ranks.gather(RankStep(trajectories, rewards, advantages, stats, scored.rollout, times))) is not None:
         done = merge_ranks(parts)  # rank 0: the global batch
-        metrics = step_metrics(step, done.trajectories, done.rewards, done.advantages, done.update, done.rollout,
-                               lr=run.scheduler.get_last_lr()[0], times=done.times)
+        metrics = step_metrics(
+            step,
+            done.trajectories,
+            done.rewards,
+            done.advantages,
+            done.update,
+            done.rollout,
+            lr=run.scheduler.get_last_lr()[0],
+            times=done.times,
+        )
         if ranks.distributed:
             metrics["ranks"] = ranks.world
         if extra is not None:
@@ -176,14 +207,24 @@ async def learn(
             run.logbook.save_trajectories(step, done.trajectories, done.rewards.totals, done.advantages.values.tolist())
     if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
         await uninterrupted(
-            ckpt.save_checkpoint, run.out / "checkpoints", step, run.model, run.tokenizer, run.optimizer,
-            run.scheduler, data_state or run.source.state(), config.keep_checkpoints, ranks=ranks, plain=run.generator,
+            ckpt.save_checkpoint,
+            run.out / "checkpoints",
+            step,
+            run.model,
+            run.tokenizer,
+            run.optimizer,
+            run.scheduler,
+            data_state or run.source.state(),
+            config.keep_checkpoints,
+            ranks=ranks,
+            plain=run.generator,
         )
     return metrics
 
 
-async def after_step(on_step: Callable[..., Any] | None, step: int, metrics: dict[str, Any] | None, run: Run,
-                     backend: Backend) -> None:
+async def after_step(
+    on_step: Callable[..., Any] | None, step: int, metrics: dict[str, Any] | None, run: Run, backend: Backend
+) -> None:
     """The user's ``on_step(step, metrics, model, backend)`` hook (sync or async), on rank 0 only
     (the rank that has the step's metrics)."""
     if metrics is not None and on_step is not None:
@@ -252,11 +293,25 @@ async def open_run(
             backend = await _open_backend(stack, config, generator, tokenizer)
         loss_fn, aggregation = _objective(config)
         run = Run(
-            config=config, ranks=ranks, model=model, generator=generator, tokenizer=tokenizer,
-            renderer=ChatRenderer(tokenizer), optimizer=optimizer, scheduler=scheduler, reference=reference,
-            dtype=compute_dtype(config.model), loss_fn=loss_fn, aggregation=aggregation, source=source,
-            functions=functions, task_to_env=task_to_env, backend=backend, sync=PolicySync(backend, generator),
-            logbook=logbook, start=start,
+            config=config,
+            ranks=ranks,
+            model=model,
+            generator=generator,
+            tokenizer=tokenizer,
+            renderer=ChatRenderer(tokenizer),
+            optimizer=optimizer,
+            scheduler=scheduler,
+            reference=reference,
+            dtype=compute_dtype(config.model),
+            loss_fn=loss_fn,
+            aggregation=aggregation,
+            source=source,
+            functions=functions,
+            task_to_env=task_to_env,
+            backend=backend,
+            sync=PolicySync(backend, generator),
+            logbook=logbook,
+            start=start,
         )
         if start or config.lora.enabled or ranks.distributed or served:
             # a resumed, adapter-wrapped or sharded policy differs from what the engine loaded, and a
@@ -264,7 +319,8 @@ async def open_run(
             await push_weights(run)
         if config.rollout.engine_workers > 1 and not config.algorithm.max_staleness:  # every rollout and evaluation
             run.workers = await stack.enter_async_context(
-                EngineWorkers(config.rollout.engine_workers, task_to_env, backend, run.renderer))
+                EngineWorkers(config.rollout.engine_workers, task_to_env, backend, run.renderer)
+            )
         _read_evaluations(run, dataset, given)
         yield run
 
@@ -279,8 +335,12 @@ def given_environments(config: TrainConfig, environments: Any) -> tuple[TrainCon
 
 
 def _read_inputs(
-    config: TrainConfig, given: dict[str, Any], dataset: Sequence[dict[str, Any]] | None,
-    reward_functions: Sequence[RewardFunction], resume: bool, overwrite: bool,
+    config: TrainConfig,
+    given: dict[str, Any],
+    dataset: Sequence[dict[str, Any]] | None,
+    reward_functions: Sequence[RewardFunction],
+    resume: bool,
+    overwrite: bool,
 ) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], ckpt.Loaded | None]:
     """What the run reads before the model loads: the environments by task, the prompt source (at
     the checkpoint's position when resuming), the reward functions, and the checkpoint to resume."""
@@ -300,28 +360,39 @@ def _load_policy(config: TrainConfig, ranks: Ranks, backend: Backend | None) -> 
     model, tokenizer = load_policy(config.model, config.lora)
     # a sharded policy cannot generate, nor can one that trains while generation goes on
     # (max_staleness >= 1): the backend generates from a plain copy, refreshed at every sync
-    apart = ranks.distributed or (config.algorithm.max_staleness > 0 and backend is None
-                                  and config.model.backend == "hf")
+    apart = ranks.distributed or (
+        config.algorithm.max_staleness > 0 and backend is None and config.model.backend == "hf"
+    )
     generator = copy.deepcopy(model).requires_grad_(False) if apart else model
     return shard(model, ranks), generator, tokenizer
 
 
-def _open_logbook(stack: contextlib.AsyncExitStack, config: TrainConfig, ranks: Ranks, start: int,
-                  console: bool) -> Logbook | None:
+def _open_logbook(
+    stack: contextlib.AsyncExitStack, config: TrainConfig, ranks: Ranks, start: int, console: bool
+) -> Logbook | None:
     """Rank 0's logbook, closed with the run; the other ranks log nothing. Opened before the model
     loads: a tracker of ``report_to`` that is not installed or cannot start its run fails quickly."""
     if not ranks.main:
         return None
-    logbook = Logbook(Path(config.out), config.steps, start, console,
-                      report_to=config.report_to, config=config.model_dump(mode="json"))
+    logbook = Logbook(
+        Path(config.out),
+        config.steps,
+        start,
+        console,
+        report_to=config.report_to,
+        config=config.model_dump(mode="json"),
+    )
     stack.callback(logbook.close)
     return logbook
 
 
-async def _open_backend(stack: contextlib.AsyncExitStack, config: TrainConfig, generator: Any, tokenizer: Any) -> Backend:
+async def _open_backend(
+    stack: contextlib.AsyncExitStack, config: TrainConfig, generator: Any, tokenizer: Any
+) -> Backend:
     """The backend ``model.backend`` names, generating from ``generator`` when it runs in process."""
-    generation = backend_config(config.model, config.rollout, config.ray, config.executor, config.seed,
-                                config.lora.enabled, config.vllm)
+    generation = backend_config(
+        config.model, config.rollout, config.ray, config.executor, config.seed, config.lora.enabled, config.vllm
+    )
     return await stack.enter_async_context(
         open_generation(generation, hf_model=shared_model(generation, generator), tokenizer=tokenizer)
     )
@@ -331,9 +402,16 @@ def _objective(config: TrainConfig) -> tuple[PolicyLoss, Any]:
     """The policy loss (with its off-policy correction: ``auto`` corrects where generation runs on
     older weights or another engine than the update) and how it aggregates over tokens."""
     algo = config.algorithm
-    loss_fn = policy_loss(algo.policy_loss, correction=algo.off_policy_correction, clip_low=algo.clip_low,
-                          clip_high=algo.clip_high, kl_beta=algo.kl_beta, cap=algo.importance_cap,
-                          max_staleness=algo.max_staleness, backend=config.model.backend)
+    loss_fn = policy_loss(
+        algo.policy_loss,
+        correction=algo.off_policy_correction,
+        clip_low=algo.clip_low,
+        clip_high=algo.clip_high,
+        kl_beta=algo.kl_beta,
+        cap=algo.importance_cap,
+        max_staleness=algo.max_staleness,
+        backend=config.model.backend,
+    )
     longest = algo.max_loss_tokens or config.rollout.max_new_tokens * config.rollout.max_turns
     return loss_fn, get_aggregation(algo.loss_aggregation, longest)
 
@@ -359,7 +437,9 @@ async def evaluate(run: Run, when: str, version: int) -> None:
     with the weight version they ran on (the number of updates behind it)."""
     if run.ranks.main:
         greedy = run.config.rollout.model_copy(update={"greedy": True, "seed": run.config.seed})
-        result = await aevaluate(run.eval_prompts, run.task_to_env, run.backend, run.renderer, greedy, workers=run.workers)
+        result = await aevaluate(
+            run.eval_prompts, run.task_to_env, run.backend, run.renderer, greedy, workers=run.workers
+        )
         run.evaluations[when] = {**result.to_json(), "weight_version": version}
         write_json(run.out / "eval.json", run.evaluations)
     run.ranks.barrier()

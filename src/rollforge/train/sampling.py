@@ -110,9 +110,12 @@ def take(scored: Scored, groups: Sequence[int], group_size: int) -> Scored:
     times stay those of the whole."""
     rows = [g * group_size + i for g in groups for i in range(group_size)]
     rewards, moved = scored.rewards, {old: new for new, old in enumerate(rows)}
-    picked = Rewards([rewards.totals[r] for r in rows],
-                     {name: [values[r] for r in rows] for name, values in rewards.per_function.items()},
-                     rewards.errors, {moved[i]: why for i, why in rewards.unavailable.items() if i in moved})
+    picked = Rewards(
+        [rewards.totals[r] for r in rows],
+        {name: [values[r] for r in rows] for name, values in rewards.per_function.items()},
+        rewards.errors,
+        {moved[i]: why for i, why in rewards.unavailable.items() if i in moved},
+    )
     return Scored(tuple(scored.trajectories[r] for r in rows), picked, scored.rollout, scored.times)
 
 
@@ -126,14 +129,18 @@ def join(parts: Sequence[Scored]) -> Scored:
     trajectories = tuple(t for p in parts for t in p.trajectories)
     names = parts[0].rewards.per_function
     starts = [sum(len(p.trajectories) for p in parts[:n]) for n in range(len(parts))]
-    rewards = Rewards([r for p in parts for r in p.rewards.totals],
-                      {name: [v for p in parts for v in p.rewards.per_function[name]] for name in names},
-                      {k: v for p in parts for k, v in p.rewards.errors.items()},
-                      {start + i: why for p, start in zip(parts, starts) for i, why in p.rewards.unavailable.items()})
+    rewards = Rewards(
+        [r for p in parts for r in p.rewards.totals],
+        {name: [v for p in parts for v in p.rewards.per_function[name]] for name in names},
+        {k: v for p in parts for k, v in p.rewards.errors.items()},
+        {start + i: why for p, start in zip(parts, starts) for i, why in p.rewards.unavailable.items()},
+    )
     walls = [p.rollout.get("wall_seconds") for p in parts]
-    rollout = {**parts[-1].rollout,
-               **rollout_metrics(trajectories, sum(walls) if None not in walls else None),
-               "on_episode_errors": sum(p.rollout.get("on_episode_errors", 0) for p in parts)}
+    rollout = {
+        **parts[-1].rollout,
+        **rollout_metrics(trajectories, sum(walls) if None not in walls else None),
+        "on_episode_errors": sum(p.rollout.get("on_episode_errors", 0) for p in parts),
+    }
     times: dict[str, float] = {}
     for p in parts:
         for phase, seconds in p.times.items():

@@ -129,26 +129,30 @@ def step_metrics(
         out[f"reward/fn/{name}"] = mean_or_none(values)
     out["reward/errors"] = len(rewards.errors)
     values = advantages.values
-    out.update({
-        "advantage/mean": float(values.mean()) if values.numel() else None,  # no episode: dynamic sampling kept none
-        "advantage/abs_mean": float(values.abs().mean()) if values.numel() else None,
-        "advantage/zero_variance_groups": advantages.zero_variance_groups,
-        "advantage/groups": advantages.groups,
-        **infra_metrics(trajectories, advantages),
-        "loss": update.loss,
-        "policy_loss": update.policy_loss,
-        "kl": update.kl,
-        "clip_fraction": update.clip_fraction,
-        "mean_ratio": update.mean_ratio,
-        "behaviour_weight_mean": update.behaviour_weight_mean,
-        "off_policy_tokens": update.off_policy_tokens,
-        **mismatch_metrics(update),
-        "grad_norm": update.grad_norm,
-        "lr": lr,
-        "policy_tokens": update.policy_tokens,
-        "trained_tokens": update.tokens,
-        "micro_batches": update.micro_batches,
-    })
+    out.update(
+        {
+            "advantage/mean": float(values.mean())
+            if values.numel()
+            else None,  # no episode: dynamic sampling kept none
+            "advantage/abs_mean": float(values.abs().mean()) if values.numel() else None,
+            "advantage/zero_variance_groups": advantages.zero_variance_groups,
+            "advantage/groups": advantages.groups,
+            **infra_metrics(trajectories, advantages),
+            "loss": update.loss,
+            "policy_loss": update.policy_loss,
+            "kl": update.kl,
+            "clip_fraction": update.clip_fraction,
+            "mean_ratio": update.mean_ratio,
+            "behaviour_weight_mean": update.behaviour_weight_mean,
+            "off_policy_tokens": update.off_policy_tokens,
+            **mismatch_metrics(update),
+            "grad_norm": update.grad_norm,
+            "lr": lr,
+            "policy_tokens": update.policy_tokens,
+            "trained_tokens": update.tokens,
+            "micro_batches": update.micro_batches,
+        }
+    )
     step_seconds = sum(times.values())
     out["tokens_per_second"] = sum(len(t.token_ids) for t in trajectories) / step_seconds if step_seconds else None
     out.update({f"time/{k}": v for k, v in times.items()})

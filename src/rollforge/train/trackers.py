@@ -165,8 +165,11 @@ class TrackioTracker:
     def _started(self, config: Mapping[str, Any] | None = None):
         if self._run is None:
             with contextlib.redirect_stdout(sys.stderr):
-                self._run = self._trackio.init(project=self._info.project("TRACKIO_PROJECT"), name=self._info.name,
-                                               config=None if config is None else dict(config))
+                self._run = self._trackio.init(
+                    project=self._info.project("TRACKIO_PROJECT"),
+                    name=self._info.name,
+                    config=None if config is None else dict(config),
+                )
         return self._run
 
 
@@ -189,7 +192,7 @@ class MLflowTracker:
     def log_config(self, config: Mapping[str, Any]) -> None:
         params = [self._entities.Param(key, str(value)[: self.MAX_VALUE]) for key, value in _flat(config).items()]
         for first in range(0, len(params), self.MAX_PARAMS):
-            self._client.log_batch(self._id, params=params[first:first + self.MAX_PARAMS])
+            self._client.log_batch(self._id, params=params[first : first + self.MAX_PARAMS])
         self._client.log_dict(self._id, dict(config), "config.json")
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -236,8 +239,12 @@ class Trackers:
                 call(tracker)
             except Exception as error:  # a dashboard's failure is not the run's: metrics.jsonl has it all
                 self._live.remove(tracker)
-                print(f"rollforge: report_to {tracker.name} failed on {what} ({_one_line(error)}); "
-                      f"{tracker.name} gets nothing more from this run", file=sys.stderr, flush=True)
+                print(
+                    f"rollforge: report_to {tracker.name} failed on {what} ({_one_line(error)}); "
+                    f"{tracker.name} gets nothing more from this run",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 def open_trackers(report_to: Sequence[str] | None, out: Path, config: Mapping[str, Any] | None = None) -> Trackers:
@@ -280,8 +287,13 @@ def _start(kind: type, run: RunInfo, config: Mapping[str, Any] | None) -> Tracke
         raise ConfigError(f"report_to: {kind.name} could not start its run: {_one_line(error)}") from error
 
 
-def completion_rows(step: int, trajectories: Sequence[Trajectory], rewards: Sequence[float],
-                    advantages: Sequence[float], count: int = COMPLETIONS_PER_STEP) -> list[CompletionRow]:
+def completion_rows(
+    step: int,
+    trajectories: Sequence[Trajectory],
+    rewards: Sequence[float],
+    advantages: Sequence[float],
+    count: int = COMPLETIONS_PER_STEP,
+) -> list[CompletionRow]:
     """``count`` episodes of a step, evenly spaced over the batch (a group's episodes are adjacent,
     so they come from different groups while there are as many groups)."""
     total = len(trajectories)
@@ -295,8 +307,9 @@ def _row(step: int, trajectory: Trajectory, reward: float | None, advantage: flo
     if split is None:  # not recorded: the prompt ends where the policy first speaks
         split = next((i for i, m in enumerate(messages) if m.role == "assistant"), len(messages))
     prompt = [m for m in messages[:split] if m.role != "system"]
-    return CompletionRow(step, trajectory.task_name, _text(prompt), _text(messages[split:]),
-                         _number(reward), _number(advantage))
+    return CompletionRow(
+        step, trajectory.task_name, _text(prompt), _text(messages[split:]), _number(reward), _number(advantage)
+    )
 
 
 def _text(messages: Sequence[Message]) -> str:

@@ -159,8 +159,15 @@ def _target_logprobs(head: Any, hidden: torch.Tensor, picked: torch.Tensor) -> t
     return torch.cat([checkpoint(_head_and_logprobs, head, h, p, use_reentrant=False) for h, p in chunks])
 
 
-def _head_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                   picked: torch.Tensor, prefix: int) -> torch.Tensor:
+def _head_logprobs(
+    model: Any,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    picked: torch.Tensor,
+    prefix: int,
+) -> torch.Tensor:
     """(N,) logprobs of the ids ``picked`` at the positions (rows, cols) only: the decoder over every
     token (the shared ``prefix`` once), then the head on the hidden states that predict a target."""
     batch = ids.shape[0]
@@ -193,7 +200,9 @@ def _sharded_forward(model: Any) -> Any:
     return getattr(model, SHARDED_FORWARD)
 
 
-def _packed_continuations(decoder: Any, ids: torch.Tensor, lengths: torch.Tensor, prefix: int, cache: Any) -> torch.Tensor:
+def _packed_continuations(
+    decoder: Any, ids: torch.Tensor, lengths: torch.Tensor, prefix: int, cache: Any
+) -> torch.Tensor:
     """(B, T - prefix, H) hidden states of every row's tokens after the shared ``prefix`` (whose keys
     and values are in ``cache``, batch 1), zero on padding. The rows run unpadded, end to end as one
     sequence: each token attends to the prefix and to its own row's earlier tokens (a block-causal
@@ -205,8 +214,9 @@ def _packed_continuations(decoder: Any, ids: torch.Tensor, lengths: torch.Tensor
     flat = ids[owner, prefix + offset][None]  # (1, S)
     own_past = (owner[:, None] == owner[None, :]) & (offset[:, None] >= offset[None, :])  # (S, S)
     mask = torch.cat([own_past.new_ones(len(owner), prefix), own_past], dim=1)[None, None]  # (1, 1, S, prefix + S)
-    out = decoder(input_ids=flat, attention_mask=mask, position_ids=(prefix + offset)[None],
-                  past_key_values=cache, use_cache=True)
+    out = decoder(
+        input_ids=flat, attention_mask=mask, position_ids=(prefix + offset)[None], past_key_values=cache, use_cache=True
+    )
     hidden = out.last_hidden_state[0]  # (S, H)
     return hidden.new_zeros(batch, length - prefix, hidden.shape[-1]).index_put((owner, offset), hidden)
 
@@ -214,7 +224,9 @@ def _packed_continuations(decoder: Any, ids: torch.Tensor, lengths: torch.Tensor
 def _plain_lm_head(model: Any) -> bool:
     """Whether the model's logits are exactly ``get_output_embeddings()(decoder output)``."""
     config = model.config.get_text_config(decoder=True)
-    scaled = any(getattr(config, name, None) not in (None, 1, 1.0) for name in ("final_logit_softcapping", "logit_scale"))
+    scaled = any(
+        getattr(config, name, None) not in (None, 1, 1.0) for name in ("final_logit_softcapping", "logit_scale")
+    )
     return not scaled and callable(getattr(model, "get_decoder", None)) and model.get_output_embeddings() is not None
 
 
@@ -267,8 +279,10 @@ def policy_update(
     global batch. Rows without a gradient are not forwarded (``silent_rows``; those without advantage
     only with ``skip_zero_advantage``), and without other rows no optimizer step is taken."""
     if (proximal is None and loss_fn.needs_proximal) or (proximal is not None and len(proximal) != len(episodes)):
-        raise ValueError(f"{type(loss_fn).__name__} needs proximal=Proximal({len(episodes)}) (one per batch, "
-                         f"shared by its epochs), got {proximal!r}")
+        raise ValueError(
+            f"{type(loss_fn).__name__} needs proximal=Proximal({len(episodes)}) (one per batch, "
+            f"shared by its epochs), got {proximal!r}"
+        )
     device = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)

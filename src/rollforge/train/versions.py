@@ -71,8 +71,9 @@ class VersionedBackend(BackendWrapper):
             yield self.version
 
 
-def fresh_masks(masks: Sequence[torch.Tensor], owners: Sequence[int], trajectories: Sequence[Trajectory],
-                oldest: int) -> tuple[list[torch.Tensor], int]:
+def fresh_masks(
+    masks: Sequence[torch.Tensor], owners: Sequence[int], trajectories: Sequence[Trajectory], oldest: int
+) -> tuple[list[torch.Tensor], int]:
     """``masks`` (one per segment of the trajectory ``owners`` names) without the policy tokens that
     a weight version older than ``oldest`` generated, and how many were removed. A trajectory
     without versions (its backend did not say) keeps its tokens."""

@@ -29,7 +29,9 @@ from .run import Payload, load_run, tokenizer_for
 __all__ = ["render_html", "write_view"]
 
 
-def write_view(run_dir: str | Path, out: str | Path | None = None, *, model: str | None = None, tokenizer: Any = None) -> Path:
+def write_view(
+    run_dir: str | Path, out: str | Path | None = None, *, model: str | None = None, tokenizer: Any = None
+) -> Path:
     """Write the viewer of ``run_dir`` (or of a trajectories file) to ``out`` (default
     ``RUN_DIR/view.html``, or the file's name with ``.html``) and return its path.
     Token text comes from ``tokenizer``, else ``model``'s, else the run's configured model; else ids."""

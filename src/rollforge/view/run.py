@@ -56,8 +56,10 @@ def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
         kind, records = "training", _read_files(sorted((run / "trajectories").glob("step-*.jsonl")))
         metrics = _json(run / "eval.json")
         curve = [_numbers(m) for m in _jsonl(run / "metrics.jsonl")]
-        held_out = [{"step": step, "mean": r.get("mean_reward"), **r.get("per_task", {})}
-                    for step, r in held_out_curve(metrics or {})]
+        held_out = [
+            {"step": step, "mean": r.get("mean_reward"), **r.get("per_task", {})}
+            for step, r in held_out_curve(metrics or {})
+        ]
     else:  # a rollout's own trajectories.jsonl keeps its metrics.json
         kind, records, curve, held_out = "rollout", _read_files(trajectory_files(run)), [], []
         metrics = _json(run.parent / "metrics.json") if run.name == "trajectories.jsonl" else None
@@ -67,12 +69,21 @@ def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
         details.append(_detail(record))
         ids.update(record["token_ids"])
     if not rows and run.is_file() and run.stat().st_size:
-        raise ConfigError(f"{str(run)!r} holds no trajectories: expected records with token_ids and loss_mask, "
-                          "as trajectories.jsonl holds")
+        raise ConfigError(
+            f"{str(run)!r} holds no trajectories: expected records with token_ids and loss_mask, "
+            "as trajectories.jsonl holds"
+        )
     title = run.resolve().name if run.is_dir() else f"{run.resolve().parent.name}/{run.name}"
     summary = {
-        "kind": kind, "title": title, "metrics": metrics, "curve": curve, "held_out": held_out, "chunk": CHUNK,
-        "columns": list(_COLUMNS), "rows": rows, "tokenizer": getattr(tokenizer, "name_or_path", None),
+        "kind": kind,
+        "title": title,
+        "metrics": metrics,
+        "curve": curve,
+        "held_out": held_out,
+        "chunk": CHUNK,
+        "columns": list(_COLUMNS),
+        "rows": rows,
+        "tokenizer": getattr(tokenizer, "name_or_path", None),
     }
     chunks = [_pack(details[i : i + CHUNK]) for i in range(0, len(details), CHUNK)]
     vocab = _pack(_vocab(tokenizer, ids)) if tokenizer is not None else None
@@ -120,14 +131,22 @@ _COLUMNS = ("i", "step", "task", "reward", "adv", "turns", "end", "error", "fail
 
 def _row(i: int, r: Mapping[str, Any], step: int | None) -> list[Any]:
     error = r.get("error")
-    end = "error" if error else next(
-        (k for k in ("terminated", "truncated", "max_turns_reached") if r.get(k)), "running"
+    end = (
+        "error" if error else next((k for k in ("terminated", "truncated", "max_turns_reached") if r.get(k)), "running")
     )
     reward = r.get("reward", r.get("total_reward"))
     return [
-        i, step, r.get("task_name", "default"), _round(reward), _round(r.get("advantage")), r.get("turns", 0), end,
-        error["kind"] if error else None, sorted({f["kind"] for f in r.get("failures", [])}),
-        len(r["token_ids"]), sum(r["loss_mask"]),
+        i,
+        step,
+        r.get("task_name", "default"),
+        _round(reward),
+        _round(r.get("advantage")),
+        r.get("turns", 0),
+        end,
+        error["kind"] if error else None,
+        sorted({f["kind"] for f in r.get("failures", [])}),
+        len(r["token_ids"]),
+        sum(r["loss_mask"]),
     ]
 
 
@@ -143,9 +162,16 @@ def _detail(r: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "index": r.get("index"),
         "messages": [
-            {"role": m["role"], "content": m["content"], "name": m.get("name"),
-             "calls": [{"name": c.get("name"), "arguments": c.get("arguments"), "error": c.get("error")} for c in m.get("tool_calls", [])],
-             "images": len(m.get("images", []))}
+            {
+                "role": m["role"],
+                "content": m["content"],
+                "name": m.get("name"),
+                "calls": [
+                    {"name": c.get("name"), "arguments": c.get("arguments"), "error": c.get("error")}
+                    for c in m.get("tool_calls", [])
+                ],
+                "images": len(m.get("images", [])),
+            }
             for m in r.get("messages", [])
         ],
         "ids": r["token_ids"],

@@ -37,4 +37,4 @@ def _rendered_reply(template: str, assistant: dict[str, Any], **options: Any) ->
 
     base, full = render([user]), render([user, assistant])
     assert full.startswith(base), "the template must render the user turn the same either way"
-    return full[len(base):]
+    return full[len(base) :]

@@ -46,9 +46,12 @@ def test_call_after_analysis(parser):
 
 
 def test_recipient_in_the_role_header_and_final_answers(parser):
-    text = '<|start|>assistant to=functions.look<|channel|>commentary json<|message|>{}<|call|>'
+    text = "<|start|>assistant to=functions.look<|channel|>commentary json<|message|>{}<|call|>"
     assert parser.parse(text) == (ToolCall("look", {}),)
-    assert parser.parse("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>") == ()
+    assert (
+        parser.parse("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>")
+        == ()
+    )
 
 
 def test_other_recipients_pass_through_as_unknown_tools(parser):
@@ -83,7 +86,10 @@ def test_malformed_arguments_are_error_calls(parser, body, error):
 def test_parses_what_the_gpt_oss_template_renders(parser, trl_template, rendered_reply):
     call = {"type": "function", "function": {"name": "move", "arguments": {"direction": "left", "steps": 2}}}
     reply = rendered_reply(trl_template("gptoss"), {"role": "assistant", "content": "", "tool_calls": [call]})
-    assert reply == '<|start|>assistant to=functions.move<|channel|>commentary json<|message|>{"direction": "left", "steps": 2}<|call|>'
+    assert (
+        reply
+        == '<|start|>assistant to=functions.move<|channel|>commentary json<|message|>{"direction": "left", "steps": 2}<|call|>'
+    )
     assert parser.parse(reply) == (ToolCall("move", {"direction": "left", "steps": 2}),)
 
 
@@ -99,7 +105,7 @@ def _offline_harmony():
     "text",
     [
         REPLY,
-        '<|start|>assistant to=functions.look<|channel|>commentary json<|message|>{}<|call|>',
+        "<|start|>assistant to=functions.look<|channel|>commentary json<|message|>{}<|call|>",
         '<|channel|>commentary to=functions.a <|constrain|>json<|message|>{"x": [1, 2]}<|end|>'
         '<|start|>assistant<|channel|>commentary to=functions.b<|message|>{"y": {"z": "w"}}<|call|>',
     ],
@@ -110,9 +116,7 @@ def test_agrees_with_openai_harmony(parser, text):
     # a completion starts after "<|start|>assistant" unless it writes its own header
     role = None if text.startswith("<|start|>") else harmony.Role.ASSISTANT
     messages = encoding.parse_messages_from_completion_tokens(tokens, role)
-    expected = [
-        (m.recipient.removeprefix("functions."), m.content[0].text) for m in messages if m.recipient
-    ]
+    expected = [(m.recipient.removeprefix("functions."), m.content[0].text) for m in messages if m.recipient]
     calls = parser.parse(text)
     assert [(c.name, c.arguments) for c in calls] == [(name, json.loads(body)) for name, body in expected]
 
@@ -140,7 +144,9 @@ def test_system_prompt_matches_openai_harmony_rendering(parser):
     function = MOVE["function"]
     tool = harmony.ToolDescription.new(function["name"], function["description"], parameters=function["parameters"])
     developer = harmony.DeveloperContent.new().with_function_tools([tool])
-    conversation = harmony.Conversation.from_messages([harmony.Message.from_role_and_content(harmony.Role.DEVELOPER, developer)])
+    conversation = harmony.Conversation.from_messages(
+        [harmony.Message.from_role_and_content(harmony.Role.DEVELOPER, developer)]
+    )
     rendered = encoding.decode_utf8(encoding.render_conversation(conversation))
     declared = rendered.removeprefix("<|start|>developer<|message|>").removesuffix("<|end|>")
     assert parser.system_prompt([MOVE]).startswith(declared + "\n\n")

@@ -65,7 +65,10 @@ def test_plain_answers_are_not_calls(parser):
             '[TOOL_CALLS] [{"name": "move", "arguments": {"direction": "left"}, "id": "short"}]',
             ToolCall("move", {}, error='tool call move: id "short" must be 9 letters and digits'),
         ),
-        ("[TOOL_CALLS]move", ToolCall("move", {}, error="tool call move: expected [ARGS] and a JSON object after the name")),
+        (
+            "[TOOL_CALLS]move",
+            ToolCall("move", {}, error="tool call move: expected [ARGS] and a JSON object after the name"),
+        ),
         (
             '[TOOL_CALLS]move[ARGS]{"direction": ',
             ToolCall("move", {}, error="invalid JSON in the arguments of tool call move: Expecting value at char 14"),
@@ -76,7 +79,11 @@ def test_plain_answers_are_not_calls(parser):
         ),
         (
             "[TOOL_CALLS]two words[ARGS]{}",
-            ToolCall("", {}, error='the tool name after [TOOL_CALLS] must be one word without spaces or markup, got "two words"'),
+            ToolCall(
+                "",
+                {},
+                error='the tool name after [TOOL_CALLS] must be one word without spaces or markup, got "two words"',
+            ),
         ),
         ("[TOOL_CALLS] []", ToolCall("", {}, error="[TOOL_CALLS] is followed by an empty list")),
         (
@@ -109,10 +116,17 @@ def _instruct_tokenizer(version: str):
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
     special = [dict(t) for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
-    special += [{"rank": 20, "token_str": "[ARGS]", "is_control": True}, {"rank": 21, "token_str": "[CALL_ID]", "is_control": True}]
+    special += [
+        {"rank": 20, "token_str": "[ARGS]", "is_control": True},
+        {"rank": 21, "token_str": "[CALL_ID]", "is_control": True},
+    ]
     vocab = [{"rank": i, "token_bytes": base64.b64encode(bytes([i])).decode(), "token_str": None} for i in range(256)]
     tokenizer = Tekkenizer(
-        vocab, special, pattern=r"\s+|\S+", vocab_size=256 + 100, num_special_tokens=100,
+        vocab,
+        special,
+        pattern=r"\s+|\S+",
+        vocab_size=256 + 100,
+        num_special_tokens=100,
         version=TokenizerVersion(version),
     )
     return (InstructTokenizerV11 if version == "v11" else InstructTokenizerV3)(tokenizer)
@@ -125,10 +139,12 @@ def _encoded_text(version: str, calls: list[tuple[str, dict, str | None]]) -> st
     from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
     instruct = _instruct_tokenizer(version)
-    message = AssistantMessage(tool_calls=[
-        MistralToolCall(function=FunctionCall(name=name, arguments=arguments), **({"id": i} if i else {}))
-        for name, arguments, i in calls
-    ])
+    message = AssistantMessage(
+        tool_calls=[
+            MistralToolCall(function=FunctionCall(name=name, arguments=arguments), **({"id": i} if i else {}))
+            for name, arguments, i in calls
+        ]
+    )
     ids = instruct.encode_assistant_message(message, is_before_last_user_message=False)
     return instruct.tokenizer.decode(ids, special_token_policy=SpecialTokenPolicy.KEEP)
 

@@ -35,7 +35,7 @@ def parser() -> Qwen3CoderParser:
 def test_one_call_with_typed_values(parser):
     text = (
         "I will move.\n<tool_call>\n<function=move>\n<parameter=direction>\nleft\n</parameter>\n"
-        "<parameter=steps>\n2\n</parameter>\n<parameter=path>\n[1, {\"a\": null}]\n</parameter>\n"
+        '<parameter=steps>\n2\n</parameter>\n<parameter=path>\n[1, {"a": null}]\n</parameter>\n'
         "<parameter=text>\nline one\nline two\n</parameter>\n</function>\n</tool_call><|im_end|>"
     )
     assert parser.parse(text) == (
@@ -67,8 +67,18 @@ def test_values_by_schema_when_the_parser_knows_the_tools():
         "<parameter=note>\n42\n</parameter>\n<parameter=fast>\nTrue\n</parameter>\n</function>\n</tool_call>"
     )
     # without the schema "42" reads as a number; with it, a string parameter keeps its text
-    assert get_parser("qwen3_coder").parse(text)[0].arguments == {"direction": "left", "steps": 2, "note": 42, "fast": "True"}
-    assert Qwen3CoderParser([MOVE]).parse(text)[0].arguments == {"direction": "left", "steps": 2, "note": "42", "fast": True}
+    assert get_parser("qwen3_coder").parse(text)[0].arguments == {
+        "direction": "left",
+        "steps": 2,
+        "note": 42,
+        "fast": "True",
+    }
+    assert Qwen3CoderParser([MOVE]).parse(text)[0].arguments == {
+        "direction": "left",
+        "steps": 2,
+        "note": "42",
+        "fast": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -78,13 +88,20 @@ def test_values_by_schema_when_the_parser_knows_the_tools():
         ("<tool_call>\n<function=move", ToolCall("", {}, error="unterminated <function=NAME> tag")),
         (
             "<tool_call><function=go left>\n</function></tool_call>",
-            ToolCall("", {}, error='the function name in <function=NAME> must be one word without spaces or markup, got "go left"'),
+            ToolCall(
+                "",
+                {},
+                error='the function name in <function=NAME> must be one word without spaces or markup, got "go left"',
+            ),
         ),
         (
             "<tool_call><function=move><parameter=a>\n1\n</parameter><parameter=a>\n2\n</parameter></function></tool_call>",
             ToolCall("move", {}, error='tool call move: parameter "a" is given twice'),
         ),
-        ("<tool_call><function=move><parameter=a", ToolCall("move", {}, error="tool call move: unterminated <parameter=NAME> tag")),
+        (
+            "<tool_call><function=move><parameter=a",
+            ToolCall("move", {}, error="tool call move: unterminated <parameter=NAME> tag"),
+        ),
     ],
 )
 def test_malformed_calls_are_error_calls(parser, text, expected):
@@ -99,7 +116,10 @@ def test_unreadable_numbers_stay_text_for_validation_to_reject(parser):
 
 def test_parses_what_the_qwen3_5_template_renders(parser, trl_template, rendered_reply):
     calls = [
-        {"type": "function", "function": {"name": "move", "arguments": {"direction": "left", "steps": 2, "tags": ["a", "b"]}}},
+        {
+            "type": "function",
+            "function": {"name": "move", "arguments": {"direction": "left", "steps": 2, "tags": ["a", "b"]}},
+        },
         {"type": "function", "function": {"name": "look", "arguments": {}}},
     ]
     reply = rendered_reply(trl_template("qwen3_5_nothink"), {"role": "assistant", "content": "", "tool_calls": calls})
@@ -112,8 +132,8 @@ def test_parses_what_the_qwen3_5_template_renders(parser, trl_template, rendered
 
 def test_system_prompt_example_parses_back(parser):
     prompt = parser.system_prompt([MOVE])
-    assert "<name>move</name>" in prompt and "<required>[\"direction\"]</required>" in prompt
+    assert "<name>move</name>" in prompt and '<required>["direction"]</required>' in prompt
     start = prompt.index("<tool_call>\n<function=move>")
-    example = prompt[start:prompt.index("</tool_call>", start) + len("</tool_call>")]
+    example = prompt[start : prompt.index("</tool_call>", start) + len("</tool_call>")]
     assert parser.parse(example) == (ToolCall("move", {"direction": "left"}),)
     assert parser.system_prompt([]) == ""

@@ -53,7 +53,9 @@ def test_hostile_arguments_become_error_calls(family, problem):
 def test_qwen3_coder_never_raises_on_hostile_values():
     parser = get_parser("qwen3_coder")
     for value in HOSTILE_ARGUMENTS.values():
-        (call,) = parser.parse(f"<tool_call>\n<function=move>\n<parameter=a>\n{value}\n</parameter>\n</function>\n</tool_call>")
+        (call,) = parser.parse(
+            f"<tool_call>\n<function=move>\n<parameter=a>\n{value}\n</parameter>\n</function>\n</tool_call>"
+        )
         assert call.name == "move" and call.error is None and call.arguments == {"a": value}  # left to validation
 
 
@@ -62,10 +64,17 @@ def test_error_messages_say_what_is_wrong():
     error = lambda args: parse(CALL["hermes"].replace("@ARGS@", args))[0].error  # noqa: E731
     assert error('{"x": NaN}') == "invalid JSON in <tool_call>: NaN is not a JSON number"
     assert error('{"x": 1e999}') == "invalid JSON in <tool_call>: number 1e999 is out of range for a double"
-    assert error(HOSTILE_ARGUMENTS["deep nesting"]) == "invalid JSON in <tool_call>: JSON nested more than 64 levels deep"
-    assert error(HOSTILE_ARGUMENTS["nesting past the limit"]) == "invalid JSON in <tool_call>: JSON nested more than 64 levels deep"
+    assert (
+        error(HOSTILE_ARGUMENTS["deep nesting"]) == "invalid JSON in <tool_call>: JSON nested more than 64 levels deep"
+    )
+    assert (
+        error(HOSTILE_ARGUMENTS["nesting past the limit"])
+        == "invalid JSON in <tool_call>: JSON nested more than 64 levels deep"
+    )
     assert error('{"s": "\\ud800"}') == "invalid JSON in <tool_call>: string holds a lone UTF-16 surrogate"
-    assert error(HOSTILE_ARGUMENTS["5,000-digit integer"]).startswith("invalid JSON in <tool_call>: unreadable number: ")
+    assert error(HOSTILE_ARGUMENTS["5,000-digit integer"]).startswith(
+        "invalid JSON in <tool_call>: unreadable number: "
+    )
     # 64 levels are fine: the call object, its arguments and 62 arrays
     assert parse(CALL["hermes"].replace("@ARGS@", '{"a": ' + "[" * 62 + "]" * 62 + "}"))[0].error is None
 
@@ -79,11 +88,30 @@ def test_a_generation_cut_inside_the_closing_tag_keeps_the_call():
 
 #: Fragments that, repeated to 200 KB, send a careless parser into quadratic time.
 ADVERSARIAL_UNITS = (
-    "<tool_call>", "<tool_call>{", '<tool_call>{"name": "', "</tool_call><tool_call>", "[TOOL_CALLS]",
-    "[TOOL_CALLS]a[ARGS]{", "[TOOL_CALLS] [{", "<function=", "<function=f>", "<function=f><parameter=",
-    "<function=f><parameter=a>\n1", "<｜tool▁call▁begin｜>", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n",
-    "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{", "<|message|>", " to=functions.f<|message|>", ' to=functions.f<|message|>{"',
-    "<|start|>assistant to=", "{", "[", '{"a":', '"', "\\", " ",
+    "<tool_call>",
+    "<tool_call>{",
+    '<tool_call>{"name": "',
+    "</tool_call><tool_call>",
+    "[TOOL_CALLS]",
+    "[TOOL_CALLS]a[ARGS]{",
+    "[TOOL_CALLS] [{",
+    "<function=",
+    "<function=f>",
+    "<function=f><parameter=",
+    "<function=f><parameter=a>\n1",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n",
+    "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{",
+    "<|message|>",
+    " to=functions.f<|message|>",
+    ' to=functions.f<|message|>{"',
+    "<|start|>assistant to=",
+    "{",
+    "[",
+    '{"a":',
+    '"',
+    "\\",
+    " ",
 )
 
 
@@ -116,11 +144,46 @@ def test_parsing_without_the_call_cap_is_linear_too(name, monkeypatch):
 
 #: Pieces of every family's markup and of JSON, hostile values and stray characters.
 FRAGMENTS = (
-    *ADVERSARIAL_UNITS, "</tool_call>", "</function>", "</parameter>", "[ARGS]", "[CALL_ID]", "</s>",
-    "<｜tool▁calls▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "```json\n", "```", "<|channel|>", "commentary",
-    "<|constrain|>json", "<|call|>", "<|end|>", "<|return|>", "<|python_tag|>", '"name": "move"', '"arguments": ',
-    '"parameters": ', "}", "]", ",", ":", "NaN", "-Infinity", "1e999", "9" * 4400, "\\ud800", "\ud800", "null", "true",
-    '"\\u0000"', "\n", "move", "é", "𝔘", "\x00",
+    *ADVERSARIAL_UNITS,
+    "</tool_call>",
+    "</function>",
+    "</parameter>",
+    "[ARGS]",
+    "[CALL_ID]",
+    "</s>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "```json\n",
+    "```",
+    "<|channel|>",
+    "commentary",
+    "<|constrain|>json",
+    "<|call|>",
+    "<|end|>",
+    "<|return|>",
+    "<|python_tag|>",
+    '"name": "move"',
+    '"arguments": ',
+    '"parameters": ',
+    "}",
+    "]",
+    ",",
+    ":",
+    "NaN",
+    "-Infinity",
+    "1e999",
+    "9" * 4400,
+    "\\ud800",
+    "\ud800",
+    "null",
+    "true",
+    '"\\u0000"',
+    "\n",
+    "move",
+    "é",
+    "𝔘",
+    "\x00",
 )
 
 

@@ -37,6 +37,7 @@ def require_openenv() -> None:
     if problem:  # pragma: no cover - CI installs the extras
         pytest.skip(problem)
 
+
 STARTUP_SECONDS = 90  # openenv's import alone takes ~5 s on a busy 2-core machine
 
 
@@ -57,8 +58,14 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
 class Servers:
     """One process serving ``{name: (app, max_concurrent)}`` on free ports; ``url[name]``."""
 
-    def __init__(self, apps: dict[str, tuple[str, int]], tmp: Path, *, command: list[str] | None = None,
-                 ports: dict[str, int] | None = None):
+    def __init__(
+        self,
+        apps: dict[str, tuple[str, int]],
+        tmp: Path,
+        *,
+        command: list[str] | None = None,
+        ports: dict[str, int] | None = None,
+    ):
         self.apps = apps
         self.ports = ports or {name: free_port() for name in apps}
         self.url = {name: f"http://127.0.0.1:{port}" for name, port in self.ports.items()}
@@ -127,7 +134,18 @@ def catch_url(tmp_path_factory):
     """`rollforge env serve catch --max-concurrent 8` on a free port."""
     require_openenv()
     port = free_port()
-    command = [sys.executable, "-m", "rollforge.cli.main", "env", "serve", "catch", "--port", str(port), "--max-concurrent", "8"]
+    command = [
+        sys.executable,
+        "-m",
+        "rollforge.cli.main",
+        "env",
+        "serve",
+        "catch",
+        "--port",
+        str(port),
+        "--max-concurrent",
+        "8",
+    ]
     running = Servers({"catch": ("catch", 8)}, tmp_path_factory.mktemp("serve"), command=command, ports={"catch": port})
     yield running.start().url["catch"]
     running.kill()

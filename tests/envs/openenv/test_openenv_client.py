@@ -48,7 +48,11 @@ async def test_multi_turn_rollout_async_and_lockstep_identical_and_faithful(serv
     assert [t.index for t in a] == list(range(8))
     for x, y in zip(a, b):
         assert (x.token_ids, x.loss_mask, x.logprobs, x.rewards, x.messages) == (
-            y.token_ids, y.loss_mask, y.logprobs, y.rewards, y.messages
+            y.token_ids,
+            y.loss_mask,
+            y.logprobs,
+            y.rewards,
+            y.messages,
         )
     # the counter starts at seed % 3 and needs 5 - start calls of add(1); the last one is rewarded
     assert [t.turns for t in a] == [5 - i % 3 for i in range(8)]
@@ -84,11 +88,18 @@ async def test_single_turn_text_mode(servers, renderer, scripted):
         return f"The answer is {a + b + request.call % 2}."
 
     samples = [Sample(prompt=prompt(i), task_name="quiz", row={"seed": s}) for i, s in enumerate(seeds)]
-    result = await arollout(samples, {"quiz": env}, scripted(script), renderer, RolloutConfig(max_turns=3, concurrency=1))
+    result = await arollout(
+        samples, {"quiz": env}, scripted(script), renderer, RolloutConfig(max_turns=3, concurrency=1)
+    )
     assert [t.total_reward for t in result.trajectories] == [1.0, 0.0, 1.0, 0.0]
     assert all(t.turns == 1 and t.terminated for t in result.trajectories)
-    assert result.trajectories[0].tools == () and "Error" not in json.dumps(result.trajectories[0].to_json()["messages"])
-    assert result.trajectories[1].messages[-1].content == "Wrong: 7." and result.trajectories[1].messages[-1].role == "user"
+    assert result.trajectories[0].tools == () and "Error" not in json.dumps(
+        result.trajectories[0].to_json()["messages"]
+    )
+    assert (
+        result.trajectories[1].messages[-1].content == "Wrong: 7."
+        and result.trajectories[1].messages[-1].role == "user"
+    )
     assert_faithful(result.trajectories, renderer)
 
 
@@ -101,8 +112,13 @@ async def test_validation_and_execution_errors_are_counted_failures_not_crashes(
         '<tool_call>\n{"name": "add", "arguments": {"n": 5}}\n</tool_call>',
     ]
     env = OpenEnvEnvironment(servers.url["counter"])
-    result = await arollout([Sample(prompt=prompt(0), task_name="c", row={"seed": 0})], {"c": env},
-                            scripted(lambda r: replies[r.call]), renderer, RolloutConfig(max_turns=8))
+    result = await arollout(
+        [Sample(prompt=prompt(0), task_name="c", row={"seed": 0})],
+        {"c": env},
+        scripted(lambda r: replies[r.call]),
+        renderer,
+        RolloutConfig(max_turns=8),
+    )
     t = result.trajectories[0]
     assert [f.kind for f in t.failures] == ["tool_bad_arguments", "tool_raised", "tool_unknown", "tool_bad_arguments"]
     assert "n=99 is too large" in t.failures[1].message and "n:" in t.failures[0].message

@@ -36,7 +36,9 @@ async def test_server_killed_mid_run_fails_only_the_running_episodes(server, ren
         return ADD_ONE
 
     env = OpenEnvEnvironment(server.url["counter"], connect_timeout=90)
-    samples = [Sample(prompt=[{"role": "user", "content": f"Task {i}."}], task_name="c", row={"seed": 3 * i}) for i in range(8)]
+    samples = [
+        Sample(prompt=[{"role": "user", "content": f"Task {i}."}], task_name="c", row={"seed": 3 * i}) for i in range(8)
+    ]
     result = await arollout(samples, {"c": env}, scripted(script), renderer, RolloutConfig(concurrency=4, max_turns=8))
     assert len(result.trajectories) == 8 and killed
 

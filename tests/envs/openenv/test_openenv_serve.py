@@ -39,7 +39,9 @@ def test_openenv_client_and_a_trl_style_class_play_served_catch(catch_url):
         result = client.reset(seed=7)
         assert [t["function"]["name"] for t in result.observation["tools"]] == ["move"]
         while not result.done:
-            action = {"tool_calls": [{"name": "move", "arguments": {"direction": best_move(result.observation["text"])}}]}
+            action = {
+                "tool_calls": [{"name": "move", "arguments": {"direction": best_move(result.observation["text"])}}]
+            }
             result = client.step(action)
         assert result.reward == 1.0 and "you caught it!" in result.observation["text"]
 
@@ -90,7 +92,12 @@ async def test_rollforge_client_on_served_catch_matches_the_local_environment(ca
     remote = await arollout(samples, {"catch": OpenEnvEnvironment(catch_url)}, scripted(play), renderer, config)
     for x, y in zip(local.trajectories, remote.trajectories):
         assert (x.token_ids, x.loss_mask, x.logprobs, x.rewards, x.messages, x.tools) == (
-            y.token_ids, y.loss_mask, y.logprobs, y.rewards, y.messages, y.tools
+            y.token_ids,
+            y.loss_mask,
+            y.logprobs,
+            y.rewards,
+            y.messages,
+            y.tools,
         )
         assert y.terminated and y.total_reward == 1.0 and token_fidelity_gap(y, renderer) is None
 
@@ -110,7 +117,12 @@ async def test_openenv_client_on_ray_actors_matches_the_local_environment(catch_
         pool.shutdown()
     for x, y in zip(local.trajectories, remote.trajectories, strict=True):
         assert (x.token_ids, x.loss_mask, x.logprobs, x.rewards, x.messages, x.tools) == (
-            y.token_ids, y.loss_mask, y.logprobs, y.rewards, y.messages, y.tools
+            y.token_ids,
+            y.loss_mask,
+            y.logprobs,
+            y.rewards,
+            y.messages,
+            y.tools,
         )
         assert y.terminated and y.total_reward == 1.0
 

@@ -53,7 +53,7 @@ class DeepSeekParser:
         if head == "function":  # V3 / R1: the name is the rest of the line, then fenced JSON
             line_end = text.find("\n", sep, stop)
             name_end = stop if line_end == -1 else line_end
-            name, args_at = text[sep + len(SEP):name_end].strip(), name_end
+            name, args_at = text[sep + len(SEP) : name_end].strip(), name_end
         else:
             name, args_at = head, sep + len(SEP)
         problem = valid_name(name, word=True)
@@ -61,7 +61,7 @@ class DeepSeekParser:
             return broken(f"the tool name in {CALL_BEGIN} {problem}")
         payload = text[args_at:stop].lstrip()
         if payload.startswith(_FENCE_OPEN):
-            payload = payload[len(_FENCE_OPEN):]
+            payload = payload[len(_FENCE_OPEN) :]
         try:
             data, end = decode_prefix(payload)
         except BadJSON as exc:

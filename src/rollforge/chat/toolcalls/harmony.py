@@ -63,11 +63,13 @@ class HarmonyParser:
             header = stop if closer == START else stop + len(closer)
             at = scan.find(MESSAGE, header)
         cut = _RECIPIENT.search(text, header)
-        if cut is not None and "<|" in text[header:cut.start()]:  # a header, not prose saying "to="
+        if cut is not None and "<|" in text[header : cut.start()]:  # a header, not prose saying "to="
             name = _tool_name(cut.group(1))
             if valid_name(name, word=True) is not None:
                 name = ""
-            calls.append(broken(f"tool call {name or '(unnamed)'}: the reply ends before {MESSAGE} and the arguments", name))
+            calls.append(
+                broken(f"tool call {name or '(unnamed)'}: the reply ends before {MESSAGE} and the arguments", name)
+            )
         return tuple(calls)
 
     def _call(self, recipient: str, text: str, body: int, stop: int, closer: str) -> ToolCall:
@@ -124,7 +126,7 @@ class HarmonyParser:
 
 
 def _tool_name(recipient: str) -> str:
-    return recipient[len(_NAMESPACE):] if recipient.startswith(_NAMESPACE) else recipient
+    return recipient[len(_NAMESPACE) :] if recipient.startswith(_NAMESPACE) else recipient
 
 
 def _typescript(schema: Mapping[str, Any]) -> str:
@@ -139,5 +141,11 @@ def _typescript(schema: Mapping[str, Any]) -> str:
     if kind == "array":
         items = schema.get("items")
         return f"{_typescript(items)}[]" if isinstance(items, Mapping) and items else "any[]"
-    return {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
-            "null": "null", "object": "object"}.get(kind, "any")
+    return {
+        "string": "string",
+        "integer": "number",
+        "number": "number",
+        "boolean": "boolean",
+        "null": "null",
+        "object": "object",
+    }.get(kind, "any")

@@ -67,7 +67,7 @@ class HermesParser:
         return (
             "You can call the following tools:\n"
             f"{tool_list(functions)}\n\n"
-            f"To call a tool, write a JSON object with its \"name\" and its \"arguments\" between "
+            f'To call a tool, write a JSON object with its "name" and its "arguments" between '
             f"{self.OPEN} and {self.CLOSE} tags, exactly like this:\n"
             f"{self.OPEN}\n{example}\n{self.CLOSE}\n"
             "You may call several tools in one message, one tag pair per call. Each result comes back "

@@ -25,7 +25,7 @@ class Llama3JsonParser:
     def parse(self, text: str) -> tuple[ToolCall, ...]:
         body = text.strip()
         if body.startswith(self.PYTHON_TAG):
-            body = body[len(self.PYTHON_TAG):].lstrip()
+            body = body[len(self.PYTHON_TAG) :].lstrip()
         if not body.startswith("{"):
             return ()
         try:
@@ -51,7 +51,7 @@ class Llama3JsonParser:
         return (
             "You can call the following tools:\n"
             f"{tool_list(functions)}\n\n"
-            "To call a tool, reply with only a JSON object with its \"name\" and its \"parameters\", "
+            'To call a tool, reply with only a JSON object with its "name" and its "parameters", '
             "and nothing else, exactly like this:\n"
             f"{example}\n"
             f"Call one tool per message. Each result comes back to you in a tool message. {DONE}"

@@ -26,7 +26,15 @@ from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
 from ._decode import (
-    MAX_CALLS, BadJSON, arguments_object, broken, call_from_object, decode_prefix, full, salvage_name, valid_name,
+    MAX_CALLS,
+    BadJSON,
+    arguments_object,
+    broken,
+    call_from_object,
+    decode_prefix,
+    full,
+    salvage_name,
+    valid_name,
 )
 from ._prompt import DONE, dumps, example_arguments, tool_functions
 
@@ -60,7 +68,7 @@ class MistralParser:
         items = data if isinstance(data, list) else [data]
         if not items:
             return [broken(f"{self.TOOL_CALLS} is followed by an empty list")]
-        return [self._checked_id(call_from_object(item)) for item in items[:MAX_CALLS + 1]]
+        return [self._checked_id(call_from_object(item)) for item in items[: MAX_CALLS + 1]]
 
     def _named_form(self, chunk: str) -> ToolCall:
         args_at = chunk.find(self.ARGS)

@@ -97,7 +97,7 @@ class Qwen3CoderParser:
             value_end, closer = scan.first((self.PARAMETER_END, self.PARAMETER), key_end + 1)
             if value_end == -1 or value_end > stop:
                 value_end, closer = stop, ""
-            value = text[key_end + 1:value_end]
+            value = text[key_end + 1 : value_end]
             if not closer:  # cut off: drop the start of a closing tag the generation stopped in
                 value = _without_cut_tag(value, (self.PARAMETER_END, self.FUNCTION_END, self.CLOSE))
             if key in arguments:
@@ -145,7 +145,8 @@ class Qwen3CoderParser:
         return (
             "\n".join(lines) + "\n\n"
             "To call a function, write exactly this format, one <parameter=...> element per argument:\n"
-            + "\n".join(example) + "\n"
+            + "\n".join(example)
+            + "\n"
             f"You may call several functions in one message, one {self.OPEN} block each. Each result "
             f"comes back to you in a tool message. {DONE}"
         )

@@ -89,8 +89,10 @@ def _local_seat(vf, taskset: str, seat: str, pinned) -> dict:
     ident = pinned.id if pinned is not None else vf.default_harness_id(taskset)
     ident = "null" if pinned is None and ident == "bash" else ident
     if harness_class(ident).EXECUTES_CODE and os.environ.get(HOST_CODE) != "1":
-        raise SystemExit(f"the verifiers harness {ident!r} (seat {seat!r}) runs the model's code, and rollforge runs "
-                         f"verifiers harnesses on this machine; set {HOST_CODE}=1 to allow it")
+        raise SystemExit(
+            f"the verifiers harness {ident!r} (seat {seat!r}) runs the model's code, and rollforge runs "
+            f"verifiers harnesses on this machine; set {HOST_CODE}=1 to allow it"
+        )
     return {"runtime": {"type": "subprocess"}, **({"harness": {"id": ident}} if pinned is None else {})}
 
 
@@ -99,8 +101,11 @@ def _load(env: str):
 
     taskset = _taskset_id(env)
     fields = vf.env_config_type(taskset).model_fields.items()
-    seats = {name: _local_seat(vf, taskset, name, field.default.harness)
-             for name, field in fields if isinstance(field.default, vf.AgentConfig)}
+    seats = {
+        name: _local_seat(vf, taskset, name, field.default.harness)
+        for name, field in fields
+        if isinstance(field.default, vf.AgentConfig)
+    }
     return vf, vf.load_environment(vf.resolve_env_config({"taskset": {"id": taskset}, **seats}))
 
 
@@ -110,7 +115,9 @@ def _prompt(task) -> list[dict]:
     if isinstance(data.prompt, str):
         messages.append({"role": "user", "content": data.prompt})
     elif data.prompt:
-        messages += [m.model_dump(mode="json", exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in data.prompt]
+        messages += [
+            m.model_dump(mode="json", exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in data.prompt
+        ]
     return messages
 
 
@@ -128,7 +135,9 @@ def _tasks(env: str, n: int, seed: int) -> None:
 async def _episode(env: str, row: dict) -> float:
     vf, environment = _load(env)
     if not isinstance(row.get("vf_task"), int):
-        raise SystemExit(f"a row of verifiers environment {env!r} needs vf_task (the task's position in the taskset), got {row.get('vf_task')!r}")
+        raise SystemExit(
+            f"a row of verifiers environment {env!r} needs vf_task (the task's position in the taskset), got {row.get('vf_task')!r}"
+        )
     position = row["vf_task"]
     task = next(itertools.islice(environment.taskset, position, position + 1), None)
     if task is None:

@@ -26,10 +26,7 @@ def _latex(value: Fraction) -> str:
 
 def _fraction_sum(rng: random.Random) -> tuple[str, str]:
     a, b = Fraction(rng.randint(1, 9), rng.randint(2, 9)), Fraction(rng.randint(1, 9), rng.randint(2, 9))
-    question = (
-        f"Compute {a.numerator}/{a.denominator} + {b.numerator}/{b.denominator} "
-        f"as a fraction in lowest terms."
-    )
+    question = f"Compute {a.numerator}/{a.denominator} + {b.numerator}/{b.denominator} as a fraction in lowest terms."
     return question, _latex(a + b)
 
 

@@ -71,9 +71,7 @@ def build(url: str) -> NemoGymEnvironment:
 
 
 def samples(url: str, n: int, seed: int) -> list[Sample]:
-    raise ConfigError(
-        f"{FAMILY}:{url} has no prompt generator; give the server's dataset rows with --data FILE.jsonl"
-    )
+    raise ConfigError(f"{FAMILY}:{url} has no prompt generator; give the server's dataset rows with --data FILE.jsonl")
 
 
 def sample(row: Mapping[str, Any], task_name: str = "default") -> Sample:
@@ -166,7 +164,9 @@ class NemoGymSession(BaseSession):
         try:
             answer = await self._client.post(path, json=body)
         except httpx.TimeoutException as exc:
-            raise EpisodeFailed(Failure("env_timeout", f"NeMo Gym {self.env.url}{path} timed out: {type(exc).__name__}")) from None
+            raise EpisodeFailed(
+                Failure("env_timeout", f"NeMo Gym {self.env.url}{path} timed out: {type(exc).__name__}")
+            ) from None
         except httpx.HTTPError as exc:
             raise EnvironmentError_(f"NeMo Gym {self.env.url}{path} failed: {type(exc).__name__}: {exc}") from None
         if check and answer.status_code >= 400:
@@ -180,7 +180,9 @@ class NemoGymSession(BaseSession):
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise EnvironmentError_(f"NeMo Gym {self.env.url}{path} did not answer a JSON object: {answer.text[:200]!r}")
+            raise EnvironmentError_(
+                f"NeMo Gym {self.env.url}{path} did not answer a JSON object: {answer.text[:200]!r}"
+            )
         return data
 
     async def reset(self, sample: Sample) -> Reset:
@@ -212,7 +214,9 @@ class NemoGymSession(BaseSession):
         messages, failures = [], []
         for index, call in enumerate(calls):
             content, failure = await self._call_tool(call)
-            messages.append(Message("tool", content, name=call.name or None, tool_call_id=call_id(position, index, call)))
+            messages.append(
+                Message("tool", content, name=call.name or None, tool_call_id=call_id(position, index, call))
+            )
             failures += [failure] if failure is not None else []
         self._conversation = (*conversation, *messages)  # /verify sees the last results too
         return Step(messages=tuple(messages), failures=tuple(failures))
@@ -224,7 +228,9 @@ class NemoGymSession(BaseSession):
             return Failure("tool_invalid_json", call.error)
         tool = self._tools.get(call.name)
         if tool is None:
-            return Failure("tool_unknown", f"unknown tool {call.name!r}; available tools: {', '.join(self._tools) or 'none'}")
+            return Failure(
+                "tool_unknown", f"unknown tool {call.name!r}; available tools: {', '.join(self._tools) or 'none'}"
+            )
         problem = argument_problem(tool["function"]["parameters"], call.arguments) if check_arguments else None
         return Failure("tool_bad_arguments", f"{call.name}: {problem}") if problem else None
 
@@ -247,18 +253,28 @@ class NemoGymSession(BaseSession):
         data = await self._json("/step", {**self._row, "response": response})
         info = data.get("info") if isinstance(data.get("info"), dict) else {}
         names = dict(zip(ids, (call.name for call in calls)))
-        messages = [Message("tool", f"Error: {f.message}", name=c.name or None, tool_call_id=i) for i, (c, f) in invalid.items()]
+        messages = [
+            Message("tool", f"Error: {f.message}", name=c.name or None, tool_call_id=i) for i, (c, f) in invalid.items()
+        ]
         messages += [
-            Message("tool", str(out.get("output", "")), name=names.get(out.get("call_id")), tool_call_id=out.get("call_id"))
-            for out in info.get("tool_outputs", ()) if isinstance(out, Mapping)
+            Message(
+                "tool", str(out.get("output", "")), name=names.get(out.get("call_id")), tool_call_id=out.get("call_id")
+            )
+            for out in info.get("tool_outputs", ())
+            if isinstance(out, Mapping)
         ]
         if data.get("observation"):
             messages.append(Message("user", str(data["observation"])))
         terminated, truncated = bool(data.get("terminated")), bool(data.get("truncated"))
         self._metadata = {**info, "terminated": terminated, "truncated": truncated}
         reward = _number(data.get("reward", 0.0), "/step reward")
-        return Step(messages=tuple(messages), reward=reward, terminated=terminated, truncated=truncated,
-                    failures=tuple(f for _, f in invalid.values()))
+        return Step(
+            messages=tuple(messages),
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            failures=tuple(f for _, f in invalid.values()),
+        )
 
     async def finish(self) -> float:
         if self.env.protocol == "gymnasium":

@@ -74,14 +74,22 @@ def tools_of(row: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     for n, tool in enumerate(tools):
         if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise ConfigError(f"{PARAMS}.tools[{n}] must be a function tool with a name, got {tool!r:.80}")
-        function = {"name": tool["name"], "description": tool.get("description") or "",
-                    "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+        function = {
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+        }
         out.append({"type": "function", "function": function})
     return tuple(out)
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,), "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
 }
 
 
@@ -115,15 +123,31 @@ def output_items(messages: Sequence[Message], start: int) -> list[dict[str, Any]
         message = messages[position]
         if message.role == "assistant" and message.tool_calls:
             items += [
-                {"type": "function_call", "id": f"fc_{position}_{i}", "call_id": call_id(position, i, call),
-                 "name": call.name, "arguments": json.dumps(dict(call.arguments)), "status": "completed"}
-                for i, call in enumerate(message.tool_calls) if call.error is None
+                {
+                    "type": "function_call",
+                    "id": f"fc_{position}_{i}",
+                    "call_id": call_id(position, i, call),
+                    "name": call.name,
+                    "arguments": json.dumps(dict(call.arguments)),
+                    "status": "completed",
+                }
+                for i, call in enumerate(message.tool_calls)
+                if call.error is None
             ]
         elif message.role == "assistant":
-            items.append({"type": "message", "id": f"msg_{position}", "role": "assistant", "status": "completed",
-                          "content": [{"type": "output_text", "text": message.content, "annotations": []}]})
+            items.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{position}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": message.content, "annotations": []}],
+                }
+            )
         elif message.role == "tool":
-            items.append({"type": "function_call_output", "call_id": message.tool_call_id or "", "output": message.content})
+            items.append(
+                {"type": "function_call_output", "call_id": message.tool_call_id or "", "output": message.content}
+            )
         else:
             items.append({"type": "message", "role": message.role, "content": message.content})
     return items

@@ -136,14 +136,18 @@ class SkyRLSession(BaseSession):
         action = last.content if last is not None and last.role == "assistant" else ""
         out = await run_blocking(self._env.step, action)
         if not isinstance(out, Mapping):
-            raise EnvironmentError_(f"{self.spec.id}.step returned {type(out).__name__}; expected a BaseTextEnvStepOutput dict")
+            raise EnvironmentError_(
+                f"{self.spec.id}.step returned {type(out).__name__}; expected a BaseTextEnvStepOutput dict"
+            )
         self._metadata = dict(out.get("metadata") or {})
         if out.get("postprocessed_action") is not None:
             self._metadata["postprocessed_action"] = out["postprocessed_action"]
         reward = out.get("reward", 0.0)
         if isinstance(reward, numbers.Real) and not isinstance(reward, bool):
             reward = float(reward)  # SkyRL scorers return ints (0) and numpy numbers too
-        return Step(messages=_messages(out.get("observations") or [], "step"), reward=reward, terminated=bool(out.get("done")))
+        return Step(
+            messages=_messages(out.get("observations") or [], "step"), reward=reward, terminated=bool(out.get("done"))
+        )
 
     async def close(self) -> None:
         env, self._env = self._env, None
@@ -155,7 +159,9 @@ def _messages(dicts: Any, where: str) -> tuple[Message, ...]:
     try:
         return tuple(Message(m["role"], m["content"]) for m in dicts)
     except (KeyError, TypeError) as exc:
-        raise EnvironmentError_(f"SkyRL-Gym {where} must give {{role, content}} messages, got {dicts!r:.120} ({exc})") from None
+        raise EnvironmentError_(
+            f"SkyRL-Gym {where} must give {{role, content}} messages, got {dicts!r:.120} ({exc})"
+        ) from None
 
 
 def gsm8k_rows(env: str, n: int, seed: int) -> list[dict[str, Any]]:
@@ -165,13 +171,15 @@ def gsm8k_rows(env: str, n: int, seed: int) -> list[dict[str, Any]]:
     for index in range(n):
         apples, more, eaten = rng.randint(2, 20), rng.randint(2, 20), rng.randint(1, 5)
         question = f"Tom has {apples} apples, buys {more} more and eats {eaten}. How many apples does Tom have now?"
-        rows.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
-            "env_class": env,
-            "reward_spec": {"method": "rule", "ground_truth": str(apples + more - eaten)},
-            "extra_info": {"split": "train", "index": index},
-        })
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
+                "env_class": env,
+                "reward_spec": {"method": "rule", "ground_truth": str(apples + more - eaten)},
+                "extra_info": {"split": "train", "index": index},
+            }
+        )
     return rows
 
 
@@ -183,8 +191,11 @@ def samples(env: str, n: int, seed: int) -> list[Sample]:
             "prompt, env_class, reward_spec, extra_info)"
         )
     return [
-        Sample(prompt=tuple(Message(**m) for m in row["prompt"]), task_name=f"{FAMILY}:{env}",
-               row={k: v for k, v in row.items() if k != "prompt"})
+        Sample(
+            prompt=tuple(Message(**m) for m in row["prompt"]),
+            task_name=f"{FAMILY}:{env}",
+            row={k: v for k, v in row.items() if k != "prompt"},
+        )
         for row in gsm8k_rows(env, n, seed)
     ]
 

@@ -174,7 +174,11 @@ class TextArenaSession(BaseSession):
             rewards, info = self._game.close()
         reward = float((rewards or {}).get(0, 0.0))
         reason = ((info or {}).get(0) or {}).get("reason")
-        return "\n".join(part for part in (text, f"Game over: {reason}" if reason else "Game over.") if part), True, reward
+        return (
+            "\n".join(part for part in (text, f"Game over: {reason}" if reason else "Game over.") if part),
+            True,
+            reward,
+        )
 
 
 def samples(env_id: str, n: int, seed: int) -> list[Sample]:
@@ -182,10 +186,7 @@ def samples(env_id: str, n: int, seed: int) -> list[Sample]:
     rng = random.Random(seed)
     name = env_id.split("-")[0]
     prompt = (Message("system", SYSTEM_PROMPT), Message("user", f"Let's play {name}."))
-    return [
-        Sample(prompt=prompt, task_name=f"{FAMILY}:{env_id}", row={"seed": rng.randrange(2**31)})
-        for _ in range(n)
-    ]
+    return [Sample(prompt=prompt, task_name=f"{FAMILY}:{env_id}", row={"seed": rng.randrange(2**31)}) for _ in range(n)]
 
 
 def build(env_id: str) -> TextArenaEnvironment:

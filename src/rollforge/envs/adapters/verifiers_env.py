@@ -82,10 +82,13 @@ def build(env: str, *, timeout: float = 600.0):
 def samples(env: str, n: int, seed: int) -> list[Sample]:
     """``n`` tasks of the taskset, from position ``seed`` on (wrapping around a finite one)."""
     try:
-        listed = subprocess.run([*command(env), "tasks", str(n), str(seed)],
-                                capture_output=True, text=True, timeout=_LISTING_TIMEOUT)
+        listed = subprocess.run(
+            [*command(env), "tasks", str(n), str(seed)], capture_output=True, text=True, timeout=_LISTING_TIMEOUT
+        )
     except subprocess.TimeoutExpired:
-        raise EnvironmentError_(f"listing the tasks of verifiers environment {env!r} took over {_LISTING_TIMEOUT:g}s") from None
+        raise EnvironmentError_(
+            f"listing the tasks of verifiers environment {env!r} took over {_LISTING_TIMEOUT:g}s"
+        ) from None
     if listed.returncode != 0:
         lines = listed.stderr.strip().splitlines() or ["(no output)"]
         raise ConfigError(f"verifiers environment {env!r} does not load: {lines[-1]}")

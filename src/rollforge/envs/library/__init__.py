@@ -69,26 +69,93 @@ class EnvSpec:
 _SPECS: dict[str, EnvSpec] = {
     spec.name: spec
     for spec in (
-        EnvSpec("echo", "Call the echo tool with the requested word (one tool call).", echo.build, echo.samples, expert=echo.expert),
-        EnvSpec("arithmetic", "One-digit addition in one turn; 1.0 when the last number is the sum.", arithmetic.build, arithmetic.samples),
-        EnvSpec("calculator", "Three-digit plus/minus/times: call the add/subtract/multiply tool it needs, then answer the result.", calculator.build, calculator.samples, expert=calculator.expert),
-        EnvSpec("catch", "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).", catch.build, catch.samples, expert=catch.expert),
-        EnvSpec("wordle", "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).", wordle.build, wordle.samples, expert=wordle.expert),
-        EnvSpec("guess_number", "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).", guess_number.build, guess_number.samples, expert=guess_number.expert),
-        EnvSpec("python_code", "Write a Python function; run and submit code in a sandbox; hidden tests grade it.", python_code.build, python_code.samples, best_trivial_answer=python_code.best_trivial_answer),
-        EnvSpec("math", "Generated math problems; the answer is verified symbolically by math-verify.", math_env.build, math_env.samples),
-        EnvSpec("frozenlake", "Gymnasium FrozenLake 4x4 (not slippery) as a tool game: move(direction).", gymnasium_env.build_frozenlake, gymnasium_env.samples_frozenlake),
+        EnvSpec(
+            "echo",
+            "Call the echo tool with the requested word (one tool call).",
+            echo.build,
+            echo.samples,
+            expert=echo.expert,
+        ),
+        EnvSpec(
+            "arithmetic",
+            "One-digit addition in one turn; 1.0 when the last number is the sum.",
+            arithmetic.build,
+            arithmetic.samples,
+        ),
+        EnvSpec(
+            "calculator",
+            "Three-digit plus/minus/times: call the add/subtract/multiply tool it needs, then answer the result.",
+            calculator.build,
+            calculator.samples,
+            expert=calculator.expert,
+        ),
+        EnvSpec(
+            "catch",
+            "Move a paddle under a falling ball on a 5x5 board (multi-turn tool game).",
+            catch.build,
+            catch.samples,
+            expert=catch.expert,
+        ),
+        EnvSpec(
+            "wordle",
+            "Find a five-letter word in six guesses with G/Y/_ feedback (tool game).",
+            wordle.build,
+            wordle.samples,
+            expert=wordle.expert,
+        ),
+        EnvSpec(
+            "guess_number",
+            "Find a number between 1 and 20 from 'Too high.'/'Too low.' (multi-turn).",
+            guess_number.build,
+            guess_number.samples,
+            expert=guess_number.expert,
+        ),
+        EnvSpec(
+            "python_code",
+            "Write a Python function; run and submit code in a sandbox; hidden tests grade it.",
+            python_code.build,
+            python_code.samples,
+            best_trivial_answer=python_code.best_trivial_answer,
+        ),
+        EnvSpec(
+            "math",
+            "Generated math problems; the answer is verified symbolically by math-verify.",
+            math_env.build,
+            math_env.samples,
+        ),
+        EnvSpec(
+            "frozenlake",
+            "Gymnasium FrozenLake 4x4 (not slippery) as a tool game: move(direction).",
+            gymnasium_env.build_frozenlake,
+            gymnasium_env.samples_frozenlake,
+        ),
     )
 }
 
 #: ``family:item`` names: (what the family is, the check that raises for a bad item, the adapter).
 _FAMILIES = {
-    "reasoning_gym": ("reasoning-gym dataset {}: one turn, scored by the dataset's score_answer.", reasoning_gym_env.check_dataset, reasoning_gym_env),
-    "textarena": ("textarena single-player game {} (multi-turn; moves in square brackets).", textarena_env.check_game, textarena_env),
+    "reasoning_gym": (
+        "reasoning-gym dataset {}: one turn, scored by the dataset's score_answer.",
+        reasoning_gym_env.check_dataset,
+        reasoning_gym_env,
+    ),
+    "textarena": (
+        "textarena single-player game {} (multi-turn; moves in square brackets).",
+        textarena_env.check_game,
+        textarena_env,
+    ),
     "gymnasium": ("gymnasium environment {} as a tool game: act(action).", gymnasium_env.check_env_id, gymnasium_env),
-    "skyrl": ("SkyRL-Gym environment {} (BaseTextEnv, run unchanged; per-turn rewards).", skyrl_env.check_env_id, skyrl_env),
+    "skyrl": (
+        "SkyRL-Gym environment {} (BaseTextEnv, run unchanged; per-turn rewards).",
+        skyrl_env.check_env_id,
+        skyrl_env,
+    ),
     "nemogym": ("NeMo Gym resources server at {} (prompts: its dataset rows, --data).", nemo_gym.check_url, nemo_gym),
-    "verifiers": ("verifiers taskset {}, run unchanged in its own venv; verifiers' own reward.", verifiers_env.check_env_id, verifiers_env),
+    "verifiers": (
+        "verifiers taskset {}, run unchanged in its own venv; verifiers' own reward.",
+        verifiers_env.check_env_id,
+        verifiers_env,
+    ),
 }
 
 #: Family members checked in CI like the bundled environments (all run offline).
@@ -118,8 +185,7 @@ def get_env_spec(name: str) -> EnvSpec:
         return _family_member(family, item)
     families = ", ".join(f"{f}:<name>" for f in _FAMILIES)
     raise ConfigError(
-        f"unknown environment {name!r}; bundled environments are: {', '.join(ENV_NAMES)}; "
-        f"families: {families}"
+        f"unknown environment {name!r}; bundled environments are: {', '.join(ENV_NAMES)}; families: {families}"
     )
 
 

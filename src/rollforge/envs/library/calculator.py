@@ -132,8 +132,15 @@ def _classes() -> dict[str, type]:
     out = {}
     for mask in range(1, 2 ** len(names)):
         tools = [n for i, n in enumerate(names) if mask >> i & 1]
-        cls = CalculatorEnv if len(tools) == len(names) else type(
-            f"CalculatorEnv_{'_'.join(tools)}", (_Calculator,), {"__module__": __name__, **{t: _TOOLS[t] for t in tools}})
+        cls = (
+            CalculatorEnv
+            if len(tools) == len(names)
+            else type(
+                f"CalculatorEnv_{'_'.join(tools)}",
+                (_Calculator,),
+                {"__module__": __name__, **{t: _TOOLS[t] for t in tools}},
+            )
+        )
         out[_tool_set(tools)] = cls
     return out
 
@@ -151,7 +158,9 @@ def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
     results = [m.content for m in messages if m.role == "tool"]
     if results:
         found = re.fullmatch(r"-?\d+", results[-1].strip())
-        return format_tool_call(parser, "answer", {"value": int(found.group())}) if found else "I cannot read the result."
+        return (
+            format_tool_call(parser, "answer", {"value": int(found.group())}) if found else "I cannot read the result."
+        )
     question = next((m.content for m in reversed(messages) if m.role == "user"), "")
     found = _QUESTION.search(question)
     if found is None:
@@ -179,8 +188,14 @@ def _check_operations(operations: object) -> tuple[str, ...]:
     return words
 
 
-def samples(n: int, seed: int, *, digits: int = 3, operations: Sequence[str] = ("plus", "minus", "times"),
-            balanced: bool = False) -> list[Sample]:
+def samples(
+    n: int,
+    seed: int,
+    *,
+    digits: int = 3,
+    operations: Sequence[str] = ("plus", "minus", "times"),
+    balanced: bool = False,
+) -> list[Sample]:
     """``n`` questions, the operation uniform over ``operations``, operands of ``digits`` digits.
 
     Only the tools of ``operations`` are offered (``("plus", "times")``: add or multiply, a binary choice).

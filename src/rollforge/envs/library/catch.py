@@ -90,9 +90,7 @@ class CatchEnv:
 
     def _status(self) -> str:
         if self.done:
-            return "The ball reached the bottom: " + (
-                "you caught it!" if self._caught() else "you missed it."
-            )
+            return "The ball reached the bottom: " + ("you caught it!" if self._caught() else "you missed it.")
         moves_left = HEIGHT - 1 - self._ball_row
         return (
             f"Ball: column {self._ball_col + 1}, row {self._ball_row + 1} of {HEIGHT}. "

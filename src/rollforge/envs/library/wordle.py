@@ -99,13 +99,11 @@ class WordleEnv:
         left = MAX_GUESSES - self._used
         if len(word) != 5 or not word.isalpha():
             return (
-                f"Invalid guess {word!r}: a guess must be exactly five letters. "
-                f"This did not use a guess; {left} left."
+                f"Invalid guess {word!r}: a guess must be exactly five letters. This did not use a guess; {left} left."
             )
         if word not in WORD_SET:
             return (
-                f"{word!r} is not in the word list; try a common English word. "
-                f"This did not use a guess; {left} left."
+                f"{word!r} is not in the word list; try a common English word. This did not use a guess; {left} left."
             )
         self._used += 1
         marks = score_guess(word, self._target)
@@ -141,7 +139,8 @@ def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
     """Guess the word that best splits the candidates left by the results in tool messages."""
     history = tuple(
         (found.group(1).replace(" ", "").lower(), found.group(2).replace(" ", ""))
-        for m in messages if m.role == "tool" and (found := _RESULT.search(m.content))
+        for m in messages
+        if m.role == "tool" and (found := _RESULT.search(m.content))
     )
     if history and history[-1][1] == "G" * 5:
         return "I found the word."

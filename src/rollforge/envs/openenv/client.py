@@ -91,7 +91,9 @@ class OpenEnvEnvironment(Environment):
         check_max_sessions(max_sessions)
         self.base_url = base_url.rstrip("/")
         self.ws_url = websocket_url(self.base_url)
-        self.http_url = self.base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).removesuffix("/ws")
+        self.http_url = (
+            self.base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).removesuffix("/ws")
+        )
         self.tool_name, self.tool_description = tool_name, tool_description
         self.text_field = text_field
         self.render = render
@@ -102,7 +104,9 @@ class OpenEnvEnvironment(Environment):
         self.tools: tuple[dict[str, Any], ...] = ()
         self.image_fields: frozenset[str] = frozenset()
         self.mode = "tool"
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Connection]] = weakref.WeakKeyDictionary()
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Connection]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (shipped to an environment actor) opens its own connections."""
@@ -145,7 +149,10 @@ class OpenEnvEnvironment(Environment):
                 )
             self.mode, self.tools = "text", ()
         else:
-            self.mode, self.tools = "tool", (action_tool(action, name=self.tool_name, description=self.tool_description),)
+            self.mode, self.tools = (
+                "tool",
+                (action_tool(action, name=self.tool_name, description=self.tool_description),),
+            )
         self.image_fields = image_fields(schema.get("observation"), self._declared_images)
         self.schema = schema
         return schema

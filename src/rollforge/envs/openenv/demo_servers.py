@@ -47,7 +47,9 @@ class TextObservation(Observation):
 
 class PictureObservation(Observation):
     text: str = ""
-    image: Optional[str] = Field(default=None, json_schema_extra={"contentMediaType": "image/png", "contentEncoding": "base64"})
+    image: Optional[str] = Field(
+        default=None, json_schema_extra={"contentMediaType": "image/png", "contentEncoding": "base64"}
+    )
 
 
 class _Base(Environment):
@@ -88,7 +90,9 @@ class CounterEnv(_Base):
         self.total += action.n
         self._state.step_count += 1
         done = self.target is not None and self.total >= self.target
-        return self._observe(f"total={self.total}", done=done, reward=(1.0 if self.total == self.target else 0.0) if done else 0.0)
+        return self._observe(
+            f"total={self.total}", done=done, reward=(1.0 if self.total == self.target else 0.0) if done else 0.0
+        )
 
     def _observe(self, text: str, *, done: bool, reward: float | None) -> Any:
         return self.observation_cls(text=text, done=done, reward=reward, metadata={"live": _LIVE, "total": self.total})
@@ -102,7 +106,9 @@ class PictureEnv(CounterEnv):
     observation_cls = PictureObservation
 
     def _observe(self, text: str, *, done: bool, reward: float | None) -> Any:
-        return PictureObservation(text=text, image=base64.b64encode(_png(self.total)).decode(), done=done, reward=reward)
+        return PictureObservation(
+            text=text, image=base64.b64encode(_png(self.total)).decode(), done=done, reward=reward
+        )
 
 
 class QuizEnv(_Base):
@@ -113,16 +119,24 @@ class QuizEnv(_Base):
     async def step_async(self, action: AnswerAction, timeout_s: float | None = None, **_: Any) -> Any:
         numbers = re.findall(r"-?\d+", action.answer)
         right = bool(numbers) and int(numbers[-1]) == self.a + self.b
-        return TextObservation(text="Correct." if right else f"Wrong: {self.a + self.b}.", done=True, reward=float(right))
+        return TextObservation(
+            text="Correct." if right else f"Wrong: {self.a + self.b}.", done=True, reward=float(right)
+        )
 
 
 def _png(value: int) -> bytes:
     """A 1x1 grey PNG whose shade is ``value`` (no PIL needed)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     pixel = zlib.compress(bytes([0, (value * 40) % 256]))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)) + chunk(b"IDAT", pixel) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", pixel)
+        + chunk(b"IEND", b"")
+    )
 
 
 APPS = {

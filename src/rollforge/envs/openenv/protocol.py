@@ -75,8 +75,7 @@ class Connection:
                 left = deadline - asyncio.get_running_loop().time()
                 if not retry_refused or left <= 0 or not isinstance(exc, OSError):
                     raise ConnectionLost(
-                        f"cannot connect to the OpenEnv server at {url} within {timeout}s: "
-                        f"{type(exc).__name__}: {exc}"
+                        f"cannot connect to the OpenEnv server at {url} within {timeout}s: {type(exc).__name__}: {exc}"
                     ) from None
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, 0.5)

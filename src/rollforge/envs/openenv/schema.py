@@ -65,7 +65,9 @@ def _inline(schema: Any, defs: Mapping[str, Any], depth: int = 0) -> Any:
     return {k: _inline(v, defs, depth + 1) for k, v in schema.items() if k not in ("title", "$defs")}
 
 
-def action_tool(action_schema: Mapping[str, Any], *, name: str | None = None, description: str | None = None) -> dict[str, Any]:
+def action_tool(
+    action_schema: Mapping[str, Any], *, name: str | None = None, description: str | None = None
+) -> dict[str, Any]:
     """The OpenAI function schema offering the action described by ``action_schema``."""
     if not isinstance(action_schema, Mapping) or not isinstance(action_schema.get("properties", {}), Mapping):
         raise EnvironmentError_(f"the OpenEnv server's action schema is not an object schema: {action_schema!r}")
@@ -77,7 +79,9 @@ def action_tool(action_schema: Mapping[str, Any], *, name: str | None = None, de
     }
     required = [key for key in action_schema.get("required", []) if key in properties]
     title = action_schema.get("title")
-    text = description or action_schema.get("description") or f"Take one action ({title or 'Action'}) in the environment."
+    text = (
+        description or action_schema.get("description") or f"Take one action ({title or 'Action'}) in the environment."
+    )
     return {
         "type": "function",
         "function": {
@@ -138,7 +142,10 @@ def render_observation(observation: Mapping[str, Any], images_in: frozenset[str]
         shown[key] = value
     if len(shown) == 1 and isinstance(next(iter(shown.values())), str):
         return next(iter(shown.values())), tuple(images)
-    lines = [f"{key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}" for key, value in shown.items()]
+    lines = [
+        f"{key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
+        for key, value in shown.items()
+    ]
     return "\n".join(lines), tuple(images)
 
 

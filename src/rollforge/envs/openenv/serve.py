@@ -58,11 +58,19 @@ def build_app(
         """One assistant message: its text and the tool calls in it ([{"name", "arguments"}])."""
 
         content: str = Field(default="", description="The text of the assistant message")
-        tool_calls: list[dict[str, Any]] = Field(default_factory=list, description='[{"name": ..., "arguments": {...}}]')
+        tool_calls: list[dict[str, Any]] = Field(
+            default_factory=list, description='[{"name": ..., "arguments": {...}}]'
+        )
 
     image_field: dict[str, Any] = {}
     if produces_images:
-        image_field["images"] = (list[str], Field(default_factory=list, json_schema_extra={"items": {"contentMediaType": "image/png", "contentEncoding": "base64"}}))
+        image_field["images"] = (
+            list[str],
+            Field(
+                default_factory=list,
+                json_schema_extra={"items": {"contentMediaType": "image/png", "contentEncoding": "base64"}},
+            ),
+        )
     RollforgeObservation = create_model(  # noqa: N806 - a class
         "RollforgeObservation",
         __base__=Observation,
@@ -74,6 +82,7 @@ def build_app(
         failures=(list[dict[str, str]], Field(default_factory=list)),
         **image_field,
     )
+
     class ServedEnvironment(_ServedSessions, OpenEnvBase):
         SUPPORTS_CONCURRENT_SESSIONS = True
         _environment = environment_factory()  # one rollforge Environment; one session per OpenEnv session
@@ -81,7 +90,9 @@ def build_app(
         _observation_type, _state_type = RollforgeObservation, State
 
     ServedEnvironment.__name__ = ServedEnvironment.__qualname__ = f"Served_{name}"
-    return create_app(ServedEnvironment, RollforgeAction, RollforgeObservation, env_name=name, max_concurrent_envs=max_concurrent)
+    return create_app(
+        ServedEnvironment, RollforgeAction, RollforgeObservation, env_name=name, max_concurrent_envs=max_concurrent
+    )
 
 
 class _ServedSessions:
@@ -121,7 +132,9 @@ class _ServedSessions:
         if self._session is None:
             raise RuntimeError("step before reset: send a reset first")
         calls = tuple(
-            ToolCall(name=str(c.get("name", "")), arguments=c.get("arguments") or {}, id=c.get("id"), error=c.get("error"))
+            ToolCall(
+                name=str(c.get("name", "")), arguments=c.get("arguments") or {}, id=c.get("id"), error=c.get("error")
+            )
             for c in action.tool_calls
         )
         self._conversation.append(Message("assistant", action.content, tool_calls=calls))
@@ -132,7 +145,9 @@ class _ServedSessions:
         if step.ending:  # OpenEnv's ``done`` is either ending
             reward += float(await self._session.finish())
             await self._end_episode()
-        return self._observation(step.messages, stop=step.stop, failures=step.failures, done=bool(step.ending), reward=reward)
+        return self._observation(
+            step.messages, stop=step.stop, failures=step.failures, done=bool(step.ending), reward=reward
+        )
 
     def _observation(self, messages, *, tools=(), stop=None, failures=(), done=False, reward=None) -> Any:
         encoded = [_message_json(m) for m in messages]
@@ -178,8 +193,13 @@ def serve(name: str, *, host: str = "127.0.0.1", port: int = 8000, max_concurren
     from ..library import get_env_spec
 
     spec = get_env_spec(name)
-    app = build_app(spec.build, name=spec.name, samples=spec.samples, max_concurrent=max_concurrent,
-                    produces_images=spec.build().produces_images)
+    app = build_app(
+        spec.build,
+        name=spec.name,
+        samples=spec.samples,
+        max_concurrent=max_concurrent,
+        produces_images=spec.build().produces_images,
+    )
     uvicorn = require("uvicorn", "openenv-server", "rollforge env serve")
     print(f"serving {name!r} on http://{host}:{port} (at most {max_concurrent} sessions at once)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

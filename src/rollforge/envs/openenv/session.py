@@ -64,7 +64,9 @@ class OpenEnvSession(BaseSession):
                     raise
                 await self.connection.close(timeout=1.0)
             except ServerError as exc:
-                raise EnvironmentError_(f"the OpenEnv server at {env.base_url} could not reset: {_explain(exc)}") from None
+                raise EnvironmentError_(
+                    f"the OpenEnv server at {env.base_url} could not reset: {_explain(exc)}"
+                ) from None
         if env.mode == "rollforge":
             return _rollforge_reset(self.observation)
         text, images = self._render(reply)
@@ -147,12 +149,15 @@ def _explain(exc: ServerError) -> str:
     if exc.code == VALIDATION_ERROR and exc.data.get("errors"):
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'action') or 'action'}: {e.get('msg')}"
-            for e in exc.data["errors"] if isinstance(e, Mapping)
+            for e in exc.data["errors"]
+            if isinstance(e, Mapping)
         )
         return f"{exc.code}: {problems}"
     if exc.code == CAPACITY_REACHED:
-        return (f"{exc} (the server allows max_sessions={exc.data.get('max_sessions', '?')}; raise its "
-                "max_concurrent_envs or lower the rollout's concurrency)")
+        return (
+            f"{exc} (the server allows max_sessions={exc.data.get('max_sessions', '?')}; raise its "
+            "max_concurrent_envs or lower the rollout's concurrency)"
+        )
     return str(exc)
 
 
@@ -176,8 +181,15 @@ def _messages(items: Any) -> tuple[Message, ...]:
     out = []
     for item in items or ():
         images = tuple(decode_image(i, "images") for i in item.get("images") or ())
-        out.append(Message(item["role"], item.get("content") or "", name=item.get("name"), images=images,
-                           tool_call_id=item.get("tool_call_id")))
+        out.append(
+            Message(
+                item["role"],
+                item.get("content") or "",
+                name=item.get("name"),
+                images=images,
+                tool_call_id=item.get("tool_call_id"),
+            )
+        )
     return tuple(out)
 
 
@@ -186,14 +198,22 @@ def _stop(value: Any) -> tuple[str, ...] | None:
 
 
 def _rollforge_reset(observation: Mapping[str, Any]) -> Reset:
-    return Reset(prompt=_messages(observation.get("messages")), tools=tuple(observation.get("tools") or ()),
-                 stop=_stop(observation.get("stop")))
+    return Reset(
+        prompt=_messages(observation.get("messages")),
+        tools=tuple(observation.get("tools") or ()),
+        stop=_stop(observation.get("stop")),
+    )
 
 
 def _rollforge_step(observation: Mapping[str, Any], data: Mapping[str, Any]) -> Step:
     failures = tuple(Failure(f["kind"], f["message"]) for f in observation.get("failures") or ())
-    return Step(messages=_messages(observation.get("messages")), reward=_reward(data), terminated=bool(data.get("done")),
-                stop=_stop(observation.get("stop")), failures=failures)
+    return Step(
+        messages=_messages(observation.get("messages")),
+        reward=_reward(data),
+        terminated=bool(data.get("done")),
+        stop=_stop(observation.get("stop")),
+        failures=failures,
+    )
 
 
 def _short(value: Any, limit: int = 200) -> str:

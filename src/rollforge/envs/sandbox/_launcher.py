@@ -148,8 +148,10 @@ def _build_root(job):
     new_root, scratch, limits = job["root"], job["scratch"], job["limits"]
     for path in job["binds"]:  # the scratch tmpfs would cover it
         if path == scratch or path.startswith(scratch + "/"):
-            raise SetupError(f"the jail needs {path}, which lies under its scratch folder {scratch}: "
-                             "use a Python installed elsewhere")
+            raise SetupError(
+                f"the jail needs {path}, which lies under its scratch folder {scratch}: "
+                "use a Python installed elsewhere"
+            )
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
     _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for path in job["binds"]:
