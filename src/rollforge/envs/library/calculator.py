@@ -226,13 +226,16 @@ def samples(
 
 
 def _balanced_kinds(n: int, words: Sequence[str], tools: Sequence[str], rng: random.Random) -> list[tuple[str, str]]:
-    """``n`` (operation, tool the expert calls) pairs: each consecutive block of ``len(words) *
-    len(tools)`` holds every pair once, in a seeded order (so unshuffled batches of a multiple of
-    ``len(words)`` are balanced too)."""
-    pairs = [(word, tool) for word in words for tool in tools]
+    """``n`` (operation, tool the expert calls) pairs in a seeded order: each consecutive block of
+    ``len(words) * len(tools)`` holds every pair once, and each consecutive run of ``len(words)``
+    within it asks every operation once (so unshuffled batches of any multiple of ``len(words)``
+    are balanced too). A block is ``len(tools)`` runs; each operation meets the tools in its own
+    shuffled order over them."""
     kinds: list[tuple[str, str]] = []
     while len(kinds) < n:
-        block = list(pairs)
-        rng.shuffle(block)
-        kinds += block
+        orders = {word: rng.sample(list(tools), len(tools)) for word in words}
+        for run in range(len(tools)):
+            pairs = [(word, orders[word][run]) for word in words]
+            rng.shuffle(pairs)
+            kinds += pairs
     return kinds[:n]
