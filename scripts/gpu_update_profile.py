@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from rollforge.bench import gpu_sections
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import UpdateRow, policy_update
+from rollforge.train.update import TrainedPolicy, UpdateRow, UpdateSettings, policy_update
 
 BUDGETS = (4096, 16384)  # micro_batch_tokens
 
@@ -55,17 +55,18 @@ def main() -> None:
             def update() -> tuple[float, int]:
                 began = time.perf_counter()
                 stats = policy_update(
-                    model,
-                    optimizer,
+                    TrainedPolicy(model, optimizer),
                     episodes,
                     advantages,
                     weights,
                     ClippedPolicyLoss(),
-                    micro_batch_tokens=budget,
-                    pad_id=0,
+                    UpdateSettings(
+                        micro_batch_tokens=budget,
+                        pad_id=0,
+                        compute_dtype=torch.bfloat16 if cuda else torch.float32,
+                        skip_zero_advantage=False,
+                    ),
                     group_size=group,
-                    compute_dtype=torch.bfloat16 if cuda else torch.float32,
-                    skip_zero_advantage=False,
                 )
                 if cuda:
                     torch.cuda.synchronize(where)

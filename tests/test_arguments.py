@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import rollforge
-from rollforge import ChatRenderer, ConfigError, HFBackend, OpenAICompatBackend, VLLMBackend
+from rollforge import ChatRenderer, ConfigError, HFBackend, OpenAICompatSettings, VLLMBackend
 from rollforge.backends.scripted import ScriptedBackend
 
 
@@ -61,6 +61,4 @@ def test_backends_that_load_the_model_themselves_want_a_name(loaded):
     assert "VLLMBackend: model must be a model name, hub id or directory, got LlamaForCausalLM" in _one_line_error(
         VLLMBackend, model
     )
-    assert "OpenAICompatBackend: model must be a model name" in _one_line_error(
-        OpenAICompatBackend, "http://127.0.0.1:9", model=model
-    )
+    assert "OpenAICompatBackend: model must be a model name" in _one_line_error(OpenAICompatSettings, model=model)

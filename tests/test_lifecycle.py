@@ -49,9 +49,10 @@ def test_a_script_that_never_closes_a_busy_hf_backend_exits_0(tiny_model_dir):
         import rollforge
         from rollforge.backends.base import SamplingParams
         from rollforge.backends.hf import HFBackend
+        from rollforge.backends.settings import HFSettings
 
         model, tokenizer = rollforge.load_model(sys.argv[1])
-        backend = HFBackend(model, tokenizer, prefix_cache_mb=0)
+        backend = HFBackend(model, tokenizer, HFSettings(prefix_cache_mb=0))
         busy = threading.Event()
 
         async def generate_forever():

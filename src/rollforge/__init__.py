@@ -12,6 +12,7 @@ from typing import Any
 from .backends.base import Backend, SamplingParams, WeightSync
 from .backends.config import BackendConfig
 from .backends.scripted import ScriptedBackend
+from .backends.settings import HFSettings, OpenAICompatSettings, VLLMSettings
 from .chat.families import Family, detect_family, get_family
 from .chat.fidelity import token_fidelity_gap
 from .chat.render import ChatRenderer, TemplateReport
@@ -27,6 +28,7 @@ from .errors import (
     CheckpointError,
     ConfigError,
     ConnectionLost,
+    ContextExceeded,
     EnvironmentError_,
     InvariantError,
     MissingDependency,
@@ -69,6 +71,7 @@ __all__ = [
     "Completion",
     "ConfigError",
     "ConnectionLost",
+    "ContextExceeded",
     "ENV_NAMES",
     "EngineWorkers",
     "EnvSession",
@@ -80,11 +83,13 @@ __all__ = [
     "Family",
     "GeneratingEnvironment",
     "HFBackend",
+    "HFSettings",
     "InvariantError",
     "Message",
     "MissingDependency",
     "ModelError",
     "OpenAICompatBackend",
+    "OpenAICompatSettings",
     "OpenEnvEnvironment",
     "Reset",
     "RewardUnavailable",
@@ -107,6 +112,7 @@ __all__ = [
     "ToolCallParser",
     "Trajectory",
     "VLLMBackend",
+    "VLLMSettings",
     "WeightSync",
     "acheck_env",
     "arollout",

@@ -25,6 +25,7 @@ from rollforge.backends.hf import (
     release_idle_openmp_threads,
     sample,
 )
+from rollforge.backends.settings import HFSettings
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
 from rollforge.testing import HANG_SECONDS
@@ -62,7 +63,7 @@ def prompts(tokenizer):
 
 @pytest.fixture
 async def backend(model, tokenizer):
-    backend = HFBackend(model, tokenizer, max_wait_ms=20)
+    backend = HFBackend(model, tokenizer, HFSettings(max_wait_ms=20))
     yield backend
     await backend.close()
 
@@ -159,7 +160,7 @@ async def test_greedy_with_staggered_arrivals_equals_model_generate(backend, mod
 
 
 async def test_simultaneous_requests_share_every_forward_pass(model, tokenizer, prompts):
-    backend = HFBackend(model, tokenizer, max_wait_ms=50)
+    backend = HFBackend(model, tokenizer, HFSettings(max_wait_ms=50))
     params = unstopped(12)
     try:
         completions = await asyncio.gather(*(backend.generate(p, params) for p in prompts))
@@ -176,7 +177,7 @@ async def test_simultaneous_requests_share_every_forward_pass(model, tokenizer, 
 
 
 async def test_max_batch_size_caps_the_running_batch(model, tokenizer, prompts):
-    backend = HFBackend(model, tokenizer, max_batch_size=2)
+    backend = HFBackend(model, tokenizer, HFSettings(max_batch_size=2))
     params = SamplingParams(max_new_tokens=10, temperature=0)
     try:
         completions = await asyncio.gather(*(backend.generate(p, params) for p in prompts))
@@ -188,7 +189,7 @@ async def test_max_batch_size_caps_the_running_batch(model, tokenizer, prompts):
 
 
 async def test_max_prefill_tokens_splits_a_large_admission(model, tokenizer, prompts):
-    backend = HFBackend(model, tokenizer, max_wait_ms=50, max_prefill_tokens=12)
+    backend = HFBackend(model, tokenizer, HFSettings(max_wait_ms=50, max_prefill_tokens=12))
     params = SamplingParams(max_new_tokens=8, temperature=0)
     long_prompt = prompts[4]  # 12 tokens or more: it is prefilled alone
     assert len(long_prompt) >= 12
@@ -206,7 +207,7 @@ async def test_fast_gqa_attention_is_exact_and_restored_on_close(model, tokenize
     params = unstopped(20)
     results = {}
     for fast in (True, False):
-        backend = HFBackend(model, tokenizer, fast_gqa=fast)
+        backend = HFBackend(model, tokenizer, HFSettings(fast_gqa=fast))
         expected = FAST_GQA_ATTENTION if fast else "sdpa"
         assert model.config._attn_implementation == expected
         try:
@@ -233,7 +234,7 @@ async def test_identical_prompts_share_one_prefill_row(model, tokenizer, prompts
     """A GRPO group: four requests with one prompt (different seeds) and one other prompt. The pass
     computes two prompts; every row still samples with its own seed and scores its own tokens."""
     group = [SamplingParams(max_new_tokens=10, temperature=1.0, seed=s, stop_token_ids=NEVER) for s in range(4)]
-    backend = HFBackend(model, tokenizer, max_wait_ms=50)
+    backend = HFBackend(model, tokenizer, HFSettings(max_wait_ms=50))
     try:
         together = await asyncio.gather(
             *(backend.generate(prompts[2], p) for p in group), backend.generate(prompts[0], unstopped(10))
@@ -285,7 +286,7 @@ async def test_unseeded_requests_draw_from_the_backend_seed(model, tokenizer, pr
     params = SamplingParams(max_new_tokens=20, temperature=1.0, stop_token_ids=NEVER)
     runs = []
     for _ in range(2):
-        backend = HFBackend(model, tokenizer, seed=7)
+        backend = HFBackend(model, tokenizer, HFSettings(seed=7))
         try:
             runs.append([(await backend.generate(prompts[0], params)).token_ids for _ in range(2)])
         finally:
@@ -485,7 +486,7 @@ async def test_worker_crash_fails_pending_and_later_requests(model, tokenizer, p
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(type(model), "forward", forward)
-    backend = HFBackend(model, tokenizer, max_wait_ms=50)
+    backend = HFBackend(model, tokenizer, HFSettings(max_wait_ms=50))
     params = unstopped(20)
     try:
         results = await asyncio.wait_for(
@@ -537,7 +538,7 @@ async def test_close_fails_pending_requests_and_refuses_new_ones(model, tokenize
 )
 def test_bad_options_are_config_errors(model, tokenizer, option, value):
     with pytest.raises(ConfigError, match=option):
-        HFBackend(model, tokenizer, **{option: value})
+        HFBackend(model, tokenizer, HFSettings(**{option: value}))
 
 
 def test_sliding_window_models_are_rejected(tokenizer):
@@ -585,7 +586,7 @@ async def test_compute_dtype_runs_generation_under_autocast_like_the_trainer(tin
     model, tokenizer = load_model(tiny_model_dir)  # float32 weights: the trainer's master copy
     seen = []
     model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    backend = HFBackend(model, tokenizer, compute_dtype=torch.bfloat16)
+    backend = HFBackend(model, tokenizer, HFSettings(compute_dtype=torch.bfloat16))
     try:
         completion = await backend.generate(prompts[0], unstopped(6))
     finally:

@@ -3,7 +3,7 @@ turn of an episode): same tokens, same logprobs, fewer tokens prefilled."""
 
 import pytest
 
-from rollforge import ChatRenderer, HFBackend, RolloutConfig, arollout
+from rollforge import ChatRenderer, HFBackend, HFSettings, RolloutConfig, arollout
 from rollforge.backends.base import SamplingParams
 from rollforge.backends.hf_prefix import CachedPrefix, PrefixStore
 from rollforge.envs.library import get_env_spec
@@ -13,7 +13,7 @@ from rollforge.models import load_model
 async def _rollout(model, tokenizer, prefix_cache_mb):
     spec = get_env_spec("guess_number")
     samples = [s for s in spec.samples(3, 0) for _ in range(2)]
-    backend = HFBackend(model, tokenizer, prefix_cache_mb=prefix_cache_mb)
+    backend = HFBackend(model, tokenizer, HFSettings(prefix_cache_mb=prefix_cache_mb))
     try:
         result = await arollout(
             samples,
@@ -42,7 +42,7 @@ async def test_multi_turn_rollouts_are_identical_with_and_without_reuse(tiny_mod
 
 async def test_invalidated_caches_are_not_reused(tiny_model_dir):
     model, tokenizer = load_model(tiny_model_dir)
-    backend = HFBackend(model, tokenizer, prefix_cache_mb=64)
+    backend = HFBackend(model, tokenizer, HFSettings(prefix_cache_mb=64))
     try:
         prompt = tuple(tokenizer.encode("The quick brown fox"))
         first = await backend.generate(prompt, SamplingParams(max_new_tokens=4, temperature=0))

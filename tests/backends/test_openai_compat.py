@@ -16,6 +16,7 @@ import pytest
 from rollforge.backends import openai_compat
 from rollforge.backends.base import Backend, SamplingParams, WeightSync
 from rollforge.backends.openai_compat import OpenAICompatBackend, completion_from_response
+from rollforge.backends.settings import OpenAICompatSettings
 from rollforge.chat.render import ChatRenderer
 from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.errors import BackendError, ConfigError
@@ -97,7 +98,7 @@ async def serve():
 
 def backend(url, **options) -> OpenAICompatBackend:
     options = {"max_retries": 2, "backoff": 0.01, "max_backoff": 0.05, "request_timeout": 5.0, **options}
-    return OpenAICompatBackend(url, **options)
+    return OpenAICompatBackend(url, OpenAICompatSettings(**options))
 
 
 async def test_well_formed_answer_and_request_body(serve, reply):
@@ -331,8 +332,9 @@ def test_completion_parsing_accepts_what_vllm_sends():
     ],
 )
 def test_bad_options_name_the_value(kwargs, message):
+    options = {name: value for name, value in kwargs.items() if name != "base_url"}
     with pytest.raises(ConfigError, match=message):
-        OpenAICompatBackend(**kwargs)
+        OpenAICompatBackend(kwargs["base_url"], OpenAICompatSettings(**options))
 
 
 async def test_weight_sync_choreography_and_stale_policy_detection(tiny_model_dir, reply, tmp_path, monkeypatch):

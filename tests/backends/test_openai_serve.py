@@ -12,6 +12,7 @@ import torch
 
 from rollforge.backends.base import SamplingParams
 from rollforge.backends.openai_compat import OpenAICompatBackend
+from rollforge.backends.settings import OpenAICompatSettings
 from rollforge.cli.rollout import split_samples
 from rollforge.endings import ending_of
 from rollforge.envs.library import get_env_spec
@@ -32,7 +33,7 @@ def prompt(renderer):
 
 
 def client(url: str, **options) -> OpenAICompatBackend:
-    return OpenAICompatBackend(url, model="smollm2", seed=0, request_timeout=120, **options)
+    return OpenAICompatBackend(url, OpenAICompatSettings(model="smollm2", seed=0, request_timeout=120, **options))
 
 
 def teacher_forced(model, ids: list[int], start: int) -> torch.Tensor:
@@ -156,7 +157,7 @@ def test_two_training_ranks_push_their_weights_to_the_server(vllm_server, smollm
     import subprocess
     import sys
 
-    from rollforge.train.update import sequence_logprobs
+    from rollforge.train.logprobs import sequence_logprobs
 
     config = tmp_path / "train.yaml"
     config.write_text(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rollforge.backends.base import Backend, SamplingParams, WeightSync
+from rollforge.backends.settings import VLLMSettings
 from rollforge.cli.rollout import split_samples
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import BackendError
@@ -30,8 +31,7 @@ pytestmark = pytest.mark.slow
 def engine(smollm2_dir):
     from rollforge.backends.vllm import VLLMBackend
 
-    backend = VLLMBackend(
-        smollm2_dir,
+    settings = VLLMSettings(
         seed=0,
         enforce_eager=True,
         max_num_seqs=32,
@@ -40,6 +40,7 @@ def engine(smollm2_dir):
         enable_lora=True,
         max_lora_rank=8,
     )
+    backend = VLLMBackend(smollm2_dir, settings)
     yield backend
     asyncio.run(backend.close())
 

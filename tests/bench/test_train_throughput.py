@@ -23,7 +23,7 @@ def _tiny_flops(tiny_model_dir, seq_len):
 
 
 def test_two_steps_on_the_tiny_model(tiny_model_dir):
-    result = bench.run(str(tiny_model_dir), batch=3, seq_len=16, steps=2, warmup=1, device="cpu")
+    result = bench.run(str(tiny_model_dir), bench.Workload(batch=3, seq_len=16, steps=2, warmup=1), device="cpu")
     assert result["tokens"] == 3 * 16 * 2
     n, flops = _tiny_flops(tiny_model_dir, 16)
     assert (result["matmul_params"], result["flops_per_token"]) == (n, flops)
@@ -37,7 +37,7 @@ def test_two_steps_on_the_tiny_model(tiny_model_dir):
         None,
     )
     given = bench.run(
-        str(tiny_model_dir), batch=1, seq_len=8, steps=2, warmup=0, device="cpu", dtype="bfloat16", peak=1e12
+        str(tiny_model_dir), bench.Workload(batch=1, seq_len=8, steps=2, warmup=0), "cpu", "bfloat16", peak=1e12
     )
     assert given["dtype"] == "bfloat16" and given["peak_source"] == "--peak-flops"
     assert given["mfu"] == pytest.approx(given["achieved_flops_per_s"] / 1e12)
@@ -57,7 +57,7 @@ def test_the_peak_comes_from_the_gpu_table_for_bfloat16_only(monkeypatch):
 
 def test_bad_sizes_are_named(tiny_model_dir):
     with pytest.raises(ConfigError, match="seq_len must be >= 2, got 1"):
-        bench.run(str(tiny_model_dir), seq_len=1, device="cpu")
+        bench.run(str(tiny_model_dir), bench.Workload(seq_len=1), device="cpu")
     with pytest.raises(ConfigError, match="unknown device 'gpu'"):
         bench.run(str(tiny_model_dir), device="gpu")
 

@@ -24,7 +24,7 @@ from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
-from rollforge.train.update import sequence_logprobs
+from rollforge.train.logprobs import sequence_logprobs
 from rollforge.types import Message, Sample
 
 pytestmark = pytest.mark.slow

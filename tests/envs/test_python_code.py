@@ -153,17 +153,19 @@ def test_grade_report_ignores_garbage_and_out_of_range_cases():
     assert score == 0.5 and text.splitlines() == ["Hidden tests: 1 of 2 passed.", "test 1: passed", "test 2: not run"]
 
 
-#: The submission that read the hidden tests in a regular install: it loads the task module from
-#: where rollforge is installed and runs the reference solution.
+#: The submission that read the hidden tests in a regular install: it reads the task tables in the
+#: folder where rollforge installed them and runs the reference solution it finds there.
 STEAL = """
-import os, sys, types
+import ast, os, sys
 def _steal(name):
     try:
-        module = sys.modules["stolen"] = types.ModuleType("stolen")
-        exec(open({path!r}).read(), module.__dict__)
-        namespace = {{}}
-        exec(module.TASKS_BY_NAME[name].reference, namespace)
-        return namespace[name]
+        for file in sorted(os.listdir({folder!r})):
+            if file.endswith(".py"):
+                for node in ast.walk(ast.parse(open(os.path.join({folder!r}, file)).read())):
+                    if isinstance(node, ast.Constant) and str(node.value).startswith("def " + name + "("):
+                        namespace = {{}}
+                        exec(node.value, namespace)
+                        return namespace[name]
     except OSError as exc:
         print(exc, file=sys.stderr)
 {name} = _steal({name!r})
@@ -176,9 +178,8 @@ def test_the_task_module_is_hidden_in_a_regular_install(monkeypatch, tmp_path, h
     # A regular install puts rollforge in site-packages, inside the interpreter's bound prefix.
     # Lay one out under tmp_path, bind it into the jail and tell the sandbox rollforge lives there.
     package = tmp_path / "site-packages" / "rollforge"
-    module = package / "envs" / "library" / "python_code_tasks.py"
-    module.parent.mkdir(parents=True)
-    shutil.copy(python_code_tasks.__file__, module)
+    library = package / "envs" / "library"
+    shutil.copytree(Path(python_code_tasks.__file__).parent, library, ignore=shutil.ignore_patterns("__pycache__"))
     binds = runner._binds
     monkeypatch.setattr(runner, "_binds", lambda: [*binds(), str(package.parent)])
     monkeypatch.setattr(runner, "_PACKAGE_DIR", package)
@@ -186,9 +187,9 @@ def test_the_task_module_is_hidden_in_a_regular_install(monkeypatch, tmp_path, h
         monkeypatch.setattr(runner, "_masks", lambda: [])
     for name in ["is_prime", "word_counts", "transpose"] if hidden else ["is_prime"]:
         env = env_for(name)
-        text = env.submit(STEAL.format(path=str(module), name=name))
+        text = env.submit(STEAL.format(folder=str(library), name=name))
         assert env.get_reward() == (0.0 if hidden else 1.0), text
-        if hidden:  # the module could not be read, so the stolen function is None
+        if hidden:  # the tables could not be read, so the stolen function is None
             assert "test 1: raised TypeError" in text
 
 
@@ -274,7 +275,7 @@ def test_check_env_reports_the_best_trivial_answer():
 
 
 REGULAR_INSTALL = """
-import json, sys
+import json, os, sys
 from rollforge.envs.sandbox import run_sandboxed, runner
 from rollforge.envs.library import python_code_tasks
 from rollforge.envs.library.python_code import PythonCodeEnv
@@ -283,7 +284,7 @@ scores = []
 for name in ("is_prime", "rotate"):
     env = PythonCodeEnv()
     env.reset(task=name)
-    env.submit({steal!r}.format(path=python_code_tasks.__file__, name=name))
+    env.submit({steal!r}.format(folder=os.path.dirname(python_code_tasks.__file__), name=name))
     scores.append(env.get_reward())
 code = "import json, math, select, _json; print(json.dumps(sorted(__import__('os').listdir({site!r}))))"
 result = run_sandboxed({{"main.py": code}}, [sys.executable, "-I", "-S", "main.py"])

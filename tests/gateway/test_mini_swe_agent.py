@@ -19,7 +19,7 @@ from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.train.advantages import compute_advantages
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import policy_update, sequences
+from rollforge.train.update import TrainedPolicy, UpdateSettings, policy_update, sequences
 from rollforge.types import Sample
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at litellm's import
@@ -191,14 +191,12 @@ async def test_one_grpo_step_on_mini_swe_agent_trajectories(tiny_model_dir, toke
     advantages = compute_advantages(rewards, group_size=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     stats = policy_update(
-        model,
-        optimizer,
+        TrainedPolicy(model, optimizer),
         episodes,
         advantages.values[owners],
         TokenMean().weights([e.mask for e in episodes]),
         ClippedPolicyLoss(),
-        micro_batch_tokens=32_768,
-        pad_id=tokenizer.pad_token_id or 0,
+        UpdateSettings(micro_batch_tokens=32_768, pad_id=tokenizer.pad_token_id or 0),
     )
     assert stats.policy_tokens == sum(sum(t.loss_mask) for t in result.trajectories) and stats.grad_norm > 0
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())

@@ -13,7 +13,7 @@ from rollforge.errors import ConfigError
 from rollforge.recipes.grpo_async import train_async
 from rollforge.recipes.launch import atrain, train
 from rollforge.train.admission import AdmissionLedger
-from rollforge.train.run import open_run
+from rollforge.train.run_setup import open_run
 from rollforge.types import Trajectory
 
 TIMING = (

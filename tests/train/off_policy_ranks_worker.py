@@ -20,7 +20,7 @@ from rollforge.train.corrections import DecoupledPolicyLoss, Proximal
 from rollforge.train.distributed import Ranks, full_state_dict, shard
 from rollforge.train.losses import TokenMean
 from rollforge.train.step_metrics import merge_update_stats
-from rollforge.train.update import policy_update
+from rollforge.train.update import TrainedPolicy, UpdateSettings, policy_update
 
 
 def update(model_dir: str, ranks: Ranks):
@@ -38,16 +38,13 @@ def update(model_dir: str, ranks: Ranks):
     epochs = []
     for _ in range(2):
         stats = policy_update(
-            model,
-            optimizer,
+            TrainedPolicy(model, optimizer, ranks=ranks),
             part,
             advantages[mine],
             weights,
             DecoupledPolicyLoss(cap=2.0),
-            micro_batch_tokens=64,
-            pad_id=0,
+            UpdateSettings(micro_batch_tokens=64, pad_id=0),
             group_size=GROUP,
-            ranks=ranks,
             proximal=proximal,
         )
         gathered = ranks.gather(stats)

@@ -17,7 +17,7 @@ from rollforge.models import load_model
 from rollforge.train import checkpoint as ckpt
 from rollforge.train.distributed import Ranks, full_state_dict, shard
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
-from rollforge.train.update import UpdateRow, policy_update
+from rollforge.train.update import TrainedPolicy, UpdateRow, UpdateSettings, policy_update
 
 GROUP = 4
 
@@ -50,17 +50,13 @@ def update(model_dir: str, ranks: Ranks) -> tuple[torch.nn.Module, torch.optim.O
     part = [episodes[i] for i in mine]
     weights = TokenMean().weights([e.mask for e in part], ranks.total)
     stats = policy_update(
-        model,
-        optimizer,
+        TrainedPolicy(model, optimizer, ranks=ranks),
         part,
         advantages[mine],
         weights,
         ClippedPolicyLoss(),
-        micro_batch_tokens=64,
-        pad_id=0,
-        max_grad_norm=0.05,
+        UpdateSettings(micro_batch_tokens=64, pad_id=0, max_grad_norm=0.05),
         group_size=GROUP,
-        ranks=ranks,
     )
     print(f"rank {ranks.rank} grad_norm {stats.grad_norm:.6f}", flush=True)
     return model, optimizer
@@ -84,13 +80,10 @@ def main(model_dir: str, out: str, fault: str = "") -> None:
         ckpt.save_checkpoint(
             Path(out) / "checkpoints",
             1,
-            model,
+            TrainedPolicy(model, optimizer, scheduler, ranks=ranks),
             tokenizer,
-            optimizer,
-            scheduler,
             {"epoch": 0, "index": 0},
             keep=1,
-            ranks=ranks,
             plain=plain,
         )
 

@@ -29,7 +29,8 @@ from rollforge.train.distributed import Ranks
 from rollforge.train.losses import ClippedPolicyLoss, LossParts, TokenMean
 from rollforge.train.policy_losses import CISPOLoss, GSPOLoss, policy_loss
 from rollforge.train.step_metrics import merge_update_stats
-from rollforge.train.update import UpdateRow, UpdateStats, policy_update, sequence_logprobs
+from rollforge.train.logprobs import sequence_logprobs
+from rollforge.train.update import TrainedPolicy, UpdateRow, UpdateSettings, UpdateStats, policy_update
 
 from grouped_rows import grouped_rows
 
@@ -163,10 +164,10 @@ def test_policy_loss_by_name():
 )
 def test_the_runs_objective_follows_the_algorithm_section(name, backend, staleness, kind, correction):
     from rollforge.train.config import TrainConfig
-    from rollforge.train.run import _objective  # the run's own wiring
+    from rollforge.train.run_setup import objective  # the run's own wiring
 
     config = TrainConfig(model={"backend": backend}, algorithm={"policy_loss": name, "max_staleness": staleness})
-    loss_fn, _ = _objective(config)
+    loss_fn, _ = objective(config)
     assert type(loss_fn) is kind and type(loss_fn.correction) is correction
     assert (
         (loss_fn.clip_low, loss_fn.clip_high)
@@ -218,20 +219,11 @@ def _update(model, episodes, loss_fn, proximal, group_size, budget, reference=No
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5, -0.25])
+    policy = TrainedPolicy(model, optimizer, reference=reference)
+    settings = UpdateSettings(micro_batch_tokens=budget, pad_id=0, max_grad_norm=1.0)
     return [
         policy_update(
-            model,
-            optimizer,
-            episodes,
-            advantages,
-            weights,
-            loss_fn,
-            micro_batch_tokens=budget,
-            pad_id=0,
-            max_grad_norm=1.0,
-            group_size=group_size,
-            proximal=proximal,
-            reference=reference,
+            policy, episodes, advantages, weights, loss_fn, settings, group_size=group_size, proximal=proximal
         )
         for _ in range(2)
     ]  # epochs_per_batch 2: one call per epoch, one Proximal for the batch
@@ -271,19 +263,20 @@ def test_the_second_epochs_loss_is_taken_against_the_recorded_proximal_policy(ti
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5, -0.25])
-    kwargs = dict(micro_batch_tokens=100_000, pad_id=0, group_size=3, proximal=proximal)
-    policy_update(model, optimizer, episodes, advantages, weights, loss_fn, **kwargs)
+    policy, settings = TrainedPolicy(model, optimizer), UpdateSettings(micro_batch_tokens=100_000, pad_id=0)
+    kwargs = dict(group_size=3, proximal=proximal)
+    policy_update(policy, episodes, advantages, weights, loss_fn, settings, **kwargs)
     after = _logprobs(model, episodes)  # the weights the second epoch starts from
     expected = sum(
         float(loss_fn(lp[None], e.old_logprobs[None], advantages[i : i + 1], w[None], None, prox[None]).loss)
         for i, (e, lp, w, prox) in enumerate(zip(episodes, after, weights, before))
     )
-    second = policy_update(model, optimizer, episodes, advantages, weights, loss_fn, **kwargs)
+    second = policy_update(policy, episodes, advantages, weights, loss_fn, settings, **kwargs)
     assert second.loss == pytest.approx(expected, abs=1e-5)
     with pytest.raises(
         ValueError, match=r"needs proximal=Proximal\(6\) \(one per batch, shared by its epochs\), got None"
     ):
-        policy_update(model, optimizer, episodes, advantages, weights, loss_fn, micro_batch_tokens=100_000, pad_id=0)
+        policy_update(policy, episodes, advantages, weights, loss_fn, settings)
 
 
 def test_lora_records_the_adapted_policy(tiny_model_dir):

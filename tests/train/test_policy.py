@@ -8,7 +8,7 @@ import torch
 from rollforge.train.config import load_config
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
 from rollforge.train.policy import compute_dtype, load_policy, make_optimizer, make_reference
-from rollforge.train.update import UpdateRow, policy_update
+from rollforge.train.update import TrainedPolicy, UpdateRow, UpdateSettings, policy_update
 
 
 def _config(tiny_model_dir, *overrides):
@@ -36,16 +36,12 @@ def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights_and_adam
     hook = model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     episodes = _episodes()
     stats = policy_update(
-        model,
-        optimizer,
+        TrainedPolicy(model, optimizer, reference=reference),
         episodes,
         torch.tensor([1.0, -1.0]),
         TokenMean().weights([e.mask for e in episodes]),
         ClippedPolicyLoss(kl_beta=0.1),
-        micro_batch_tokens=1000,
-        pad_id=0,
-        reference=reference,
-        compute_dtype=compute_dtype(config.model),
+        UpdateSettings(micro_batch_tokens=1000, pad_id=0, compute_dtype=compute_dtype(config.model)),
     )
     hook.remove()
     assert seen == [torch.bfloat16]  # one forward pass of the policy, under autocast
@@ -63,15 +59,12 @@ def test_float32_computes_in_float32(tiny_model_dir):
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     episodes = _episodes()
     policy_update(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
+        TrainedPolicy(model, torch.optim.SGD(model.parameters(), lr=0.0)),
         episodes,
         torch.tensor([1.0, -1.0]),
         TokenMean().weights([e.mask for e in episodes]),
         ClippedPolicyLoss(),
-        micro_batch_tokens=1000,
-        pad_id=0,
-        compute_dtype=compute_dtype(config.model),
+        UpdateSettings(micro_batch_tokens=1000, pad_id=0, compute_dtype=compute_dtype(config.model)),
     )
     assert seen == [torch.float32]
 

@@ -22,6 +22,7 @@ from rollforge.train import checkpoint as ckpt
 from rollforge.train.config import LoraConfig, ModelConfig, OptimConfig
 from rollforge.train.logbook import Logbook
 from rollforge.train.policy import load_policy, make_optimizer
+from rollforge.train.update import TrainedPolicy
 
 
 def _steps(out):
@@ -117,7 +118,7 @@ def test_resume_follows_latest_not_the_newest_directory(tiny_config):
     assert skipped == ["step-000003 is newer than the step-000002 that 'latest' names"]
 
 
-def test_sft_into_a_used_out_is_refused_without_a_resume_hint(tiny_model_dir, tmp_path, capsys):
+def test_sft_into_a_used_out_is_refused_with_the_resume_hint(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "sft"
     config = tmp_path / "sft.yaml"
     config.write_text(
@@ -129,7 +130,7 @@ def test_sft_into_a_used_out_is_refused_without_a_resume_hint(tiny_model_dir, tm
     line = _one_line(capsys, ["sft", str(config)])
     assert line == (
         f"rollforge: error: out {str(out)!r} already holds a run (checkpoint step-000007); "
-        "start over with --overwrite (deletes it) or another out"
+        "continue it with --resume, or start over with --overwrite (deletes it) or another out"
     )
     assert main(["sft", str(config), "--overwrite"]) == 0
     assert _names(out / "checkpoints") == ["step-000001"] and _steps(out) == [1]
@@ -152,10 +153,10 @@ def test_quickstart_into_a_used_out_is_refused_before_it_evaluates(tiny_model_di
 
 @pytest.fixture
 def pieces(tiny_model_dir):
-    """What ``save_checkpoint`` writes: the tiny model, its tokenizer, AdamW and its schedule."""
+    """What ``save_checkpoint`` writes: the tiny model with AdamW and its schedule, and its tokenizer."""
     model, tokenizer = load_policy(ModelConfig(name=str(tiny_model_dir)), LoraConfig())
     optimizer, scheduler = make_optimizer(model, OptimConfig(), 4)
-    return model, tokenizer, optimizer, scheduler
+    return TrainedPolicy(model, optimizer, scheduler), tokenizer
 
 
 def _full_disk(monkeypatch):
@@ -195,9 +196,9 @@ def test_one_process_checkpoints_whatever_process_group_state_another_library_le
     root = tmp_path / "checkpoints"
     monkeypatch.setattr(dist, "is_initialized", ghost_group)
     ckpt.save_checkpoint(root, 1, *pieces, {"cursor": 4}, keep=2)
-    model, _, optimizer, scheduler = pieces
+    policy, _ = pieces
     loaded, _ = ckpt.load_newest(root)
-    ckpt.restore(loaded, model, optimizer, scheduler)
+    ckpt.restore(loaded, policy.model, policy.optimizer, policy.scheduler)
     assert loaded.step == 1
 
 

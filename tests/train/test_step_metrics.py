@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rollforge.train.advantages import Advantages
-from rollforge.train.rewards import Rewards
+from rollforge.inputs.rewards import Rewards
 from rollforge.train.step_metrics import RankStep, merge_ranks
 from rollforge.train.update import UpdateStats
 

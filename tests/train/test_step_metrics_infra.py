@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rollforge.train.advantages import Advantages, compute_advantages
-from rollforge.train.rewards import Rewards
+from rollforge.inputs.rewards import Rewards
 from rollforge.train.step_metrics import RankStep, infra_metrics, merge_ranks, step_metrics
 from rollforge.train.update import UpdateStats
 from rollforge.types import Failure, Message, Trajectory

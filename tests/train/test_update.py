@@ -9,11 +9,13 @@ from rollforge.envs.library import get_env_spec
 from rollforge.models import load_model
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
 from rollforge.train.micro_batches import pack_micro_batches
+from rollforge.train.logprobs import sequence_logprobs
 from rollforge.train.update import (
     Reference,
+    TrainedPolicy,
     UpdateRow,
+    UpdateSettings,
     policy_update,
-    sequence_logprobs,
     sequences,
 )
 
@@ -75,14 +77,12 @@ def test_micro_batching_and_shared_prompts_give_the_full_batch_gradient(rolled):
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
         stats = policy_update(
-            model,
-            Capture(model.parameters(), lr=0.0),
+            TrainedPolicy(model, Capture(model.parameters(), lr=0.0)),
             episodes,
             advantages,
             weights,
             ClippedPolicyLoss(),
-            micro_batch_tokens=budget,
-            pad_id=tokenizer.pad_token_id,
+            UpdateSettings(micro_batch_tokens=budget, pad_id=tokenizer.pad_token_id),
             group_size=group_size,
         )
         grads.append(captured)
@@ -103,7 +103,7 @@ def test_micro_batching_and_shared_prompts_give_the_full_batch_gradient(rolled):
 def test_a_head_over_its_logit_budget_runs_in_chunks_with_the_same_loss_and_gradient(rolled, monkeypatch):
     # On an H100 a 16k-token pack of Qwen3-0.6B ran out of memory at the (16384 x 151936) float32
     # logits: above LOGIT_BUDGET the head and the log-softmax run chunk by chunk.
-    from rollforge.train import update
+    from rollforge.train import logprobs
 
     model, tokenizer, trajectories = rolled
     episodes, _ = sequences(trajectories)
@@ -111,13 +111,13 @@ def test_a_head_over_its_logit_budget_runs_in_chunks_with_the_same_loss_and_grad
     advantages = torch.linspace(-1, 1, len(episodes))
     vocab = model.get_output_embeddings().weight.shape[0]
     seen, results = [], []
-    original = update._head_and_logprobs
+    original = logprobs._head_and_logprobs
     monkeypatch.setattr(
-        update, "_head_and_logprobs", lambda head, h, p: seen.append(h.shape[0]) or original(head, h, p)
+        logprobs, "_head_and_logprobs", lambda head, h, p: seen.append(h.shape[0]) or original(head, h, p)
     )
     for budget in (10**9, 5 * vocab):  # whole, then 5 tokens' logits at a time
-        monkeypatch.setattr(update, "LOGIT_BUDGET", budget)
-        monkeypatch.setattr(update, "LOGIT_CHUNK", 5 * vocab)
+        monkeypatch.setattr(logprobs, "LOGIT_BUDGET", budget)
+        monkeypatch.setattr(logprobs, "LOGIT_CHUNK", 5 * vocab)
         seen.clear()
         captured = []
 
@@ -126,14 +126,12 @@ def test_a_head_over_its_logit_budget_runs_in_chunks_with_the_same_loss_and_grad
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
         stats = policy_update(
-            model,
-            Capture(model.parameters(), lr=0.0),
+            TrainedPolicy(model, Capture(model.parameters(), lr=0.0)),
             episodes,
             advantages,
             weights,
             ClippedPolicyLoss(),
-            micro_batch_tokens=100_000,
-            pad_id=tokenizer.pad_token_id,
+            UpdateSettings(micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id),
         )
         results.append((stats.loss, captured, max(seen)))
     (whole_loss, whole, widest), (loss, chunked, chunk_widest) = results
@@ -249,15 +247,12 @@ def test_the_update_builds_every_tensor_on_the_models_device(tiny_model_dir):
         with torch.device("meta"):
             results.append(
                 policy_update(
-                    model,
-                    torch.optim.SGD(model.parameters(), lr=0.0),
+                    TrainedPolicy(model, torch.optim.SGD(model.parameters(), lr=0.0)),
                     episodes,
                     advantages,
                     weights,
                     ClippedPolicyLoss(),
-                    micro_batch_tokens=1000,
-                    pad_id=0,
-                    max_grad_norm=1.0,
+                    UpdateSettings(micro_batch_tokens=1000, pad_id=0, max_grad_norm=1.0),
                     group_size=group_size,
                 )
             )
@@ -286,14 +281,12 @@ def test_rows_without_advantage_are_not_forwarded_and_change_no_gradient(rolled)
 
         stats.append(
             policy_update(
-                model,
-                Capture(model.parameters(), lr=0.0),
+                TrainedPolicy(model, Capture(model.parameters(), lr=0.0)),
                 [episodes[i] for i in rows],
                 advantages[list(rows)],
                 [weights[i] for i in rows],
                 ClippedPolicyLoss(),
-                micro_batch_tokens=100_000,
-                pad_id=tokenizer.pad_token_id,
+                UpdateSettings(micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id),
                 group_size=3,
             )
         )
@@ -315,11 +308,12 @@ def test_a_batch_without_any_advantage_leaves_the_weights_and_the_optimizer_as_t
     weights = TokenMean().weights([e.mask for e in episodes])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
-    args = dict(micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id, group_size=3, scheduler=schedule)
-    policy_update(model, optimizer, episodes, torch.linspace(-1, 1, 6), weights, ClippedPolicyLoss(), **args)
+    policy = TrainedPolicy(model, optimizer, schedule)
+    settings = UpdateSettings(micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id)
+    policy_update(policy, episodes, torch.linspace(-1, 1, 6), weights, ClippedPolicyLoss(), settings, group_size=3)
     before = [p.detach().clone() for p in model.parameters()]
     moments = [s["exp_avg"].clone() for s in optimizer.state.values()]
-    stats = policy_update(model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(), **args)
+    stats = policy_update(policy, episodes, torch.zeros(6), weights, ClippedPolicyLoss(), settings, group_size=3)
     assert stats.micro_batches == 0 and stats.grad_norm == 0.0 and stats.policy_tokens == 0
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(torch.equal(m, s["exp_avg"]) for m, s in zip(moments, optimizer.state.values()))
@@ -330,30 +324,22 @@ def test_a_batch_without_any_advantage_leaves_the_weights_and_the_optimizer_as_t
     optimizer.zero_grad(set_to_none=True)
     assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     reference = Reference(load_model(tiny_model_dir)[0])
+    with_kl = TrainedPolicy(model, optimizer, schedule, reference)
     kl = policy_update(
-        model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(kl_beta=0.1), reference=reference, **args
+        with_kl, episodes, torch.zeros(6), weights, ClippedPolicyLoss(kl_beta=0.1), settings, group_size=3
     )
     assert kl.micro_batches == 2 and kl.grad_norm > 0
+    every_row = UpdateSettings(micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id, skip_zero_advantage=False)
     every = policy_update(
-        model, optimizer, episodes, torch.zeros(6), weights, ClippedPolicyLoss(), skip_zero_advantage=False, **args
+        policy, episodes, torch.zeros(6), weights, ClippedPolicyLoss(), every_row, group_size=3
     )  # algorithm.skip_zero_advantage: false
     assert every.micro_batches == 2 and every.policy_tokens == sum(int(e.mask.sum()) for e in episodes)
     # No token in the loss (every episode failed or too stale): nothing forwarded and no step, KL
     # term or not (``silent_rows`` knows these rows; the update has no second check of its own).
     before = [p.detach().clone() for p in model.parameters()]
     none = [torch.zeros_like(w) for w in weights]
-    for loss, ref in ((ClippedPolicyLoss(), None), (ClippedPolicyLoss(kl_beta=0.1), reference)):
-        stats = policy_update(
-            model,
-            optimizer,
-            episodes,
-            torch.linspace(-1, 1, 6),
-            none,
-            loss,
-            reference=ref,
-            skip_zero_advantage=False,
-            **args,
-        )
+    for loss, trained in ((ClippedPolicyLoss(), policy), (ClippedPolicyLoss(kl_beta=0.1), with_kl)):
+        stats = policy_update(trained, episodes, torch.linspace(-1, 1, 6), none, loss, every_row, group_size=3)
         assert stats.micro_batches == 0 and stats.grad_norm == 0.0
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 

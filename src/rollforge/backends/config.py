@@ -49,8 +49,8 @@ class BackendConfig:
     request_timeout: float | None = None
     """Seconds one request may take (``vllm``, ``openai``; None: the backend's default)."""
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    """Extra keyword arguments of the chosen backend's constructor (``HFBackend``, ``VLLMBackend``,
-    ``OpenAICompatBackend``), e.g. ``{"enable_lora": True}`` or ``{"weights_dir": ...}``."""
+    """Extra fields of the chosen backend's settings (``HFSettings``, ``VLLMSettings``,
+    ``OpenAICompatSettings`` in ``settings.py``), e.g. ``{"enable_lora": True}`` or ``{"weights_dir": ...}``."""
     replicas: int = 1
     """Generation replicas. ``openai``: 1 or the number of URLs. ``hf``/``vllm``: more than 1 runs
     that many Ray actors (``cluster.generation.open_generation``)."""

@@ -51,7 +51,7 @@ from typing import Any, Sequence
 import torch
 
 from ..arguments import check_model, check_tokenizer
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError, ContextExceeded
 from ..types import Completion
 from .base import Backend, SamplingParams, StopStrings
 from .cpu_speedups import FAST_GQA_ATTENTION, can_switch_to_fast_gqa, release_idle_openmp_threads
@@ -59,6 +59,7 @@ from .hf_batch import BackendStats, Request, Row, RunningBatch, check_cache_supp
 from .hf_inbox import FORGET_PREFIXES, SHUTDOWN, drain_requests, stop_worker
 from .hf_prefix import PrefixStore
 from .sampling import RowSampling, filtered_probs, sample
+from .settings import HFSettings
 
 # RowSampling, filtered_probs and sample are re-exported: callers import them from here.
 __all__ = [
@@ -77,72 +78,37 @@ logger = logging.getLogger(__name__)
 class HFBackend(Backend):
     """Continuous-batching generation with a transformers causal LM (see the module docstring).
 
-    - ``max_batch_size``: rows in the running batch at most; later arrivals wait.
-    - ``max_wait_ms``: how long an idle worker waits after a first arrival for others to share
-      its prefill.
-    - ``max_prefill_tokens``: bound on one prefill pass (rows x longest prompt, padding included);
-      a single longer prompt still runs, alone.
-    - ``num_threads``: torch intra-op threads for the worker. By default the current setting is
-      kept, which already honours ``OMP_NUM_THREADS`` and a user's ``torch.set_num_threads``.
-    - ``seed``: seeds the generators of requests that carry no seed of their own.
-    - ``fast_gqa``: while the backend is open, a CPU model with grouped-query attention runs the
-      numerically identical ``FAST_GQA_ATTENTION`` instead of "sdpa" (``close`` switches it back).
-    - ``release_openmp``: on CPU, ``generate`` releases the idle OpenMP threads of the calling
-      (event-loop) thread; see ``release_idle_openmp_threads``.
-    - ``compute_dtype``: run the forward passes under ``torch.autocast`` in this precision (e.g.
-      bfloat16 on float32 weights); None: in the weights' own precision.
-    - ``prefix_cache_mb``: memory for the caches of finished requests, which requests that extend
-      them (the next turn of an episode) reuse instead of prefilling their history again
-      (``hf_prefix``); 0 disables it. After changing the weights in place, call
-      ``invalidate_cache()``.
+    ``settings`` (``HFSettings``): the batch size, how long an idle worker waits for company, the
+    prefill bound, threads, the seed of requests without one, the CPU speed-ups, the prefix cache
+    and the compute precision. After changing the weights in place, call ``invalidate_cache()``.
 
     Call ``close()`` when done: the worker holds the model until then (or until interpreter exit).
     """
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        *,
-        max_batch_size: int = 64,
-        max_wait_ms: float = 2.0,
-        max_prefill_tokens: int = 16384,
-        num_threads: int | None = None,
-        seed: int | None = None,
-        fast_gqa: bool = True,
-        release_openmp: bool = True,
-        prefix_cache_mb: float = 512.0,
-        compute_dtype: torch.dtype | None = None,
-    ):
-        if max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if max_wait_ms < 0:
-            raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
-        if max_prefill_tokens < 1:
-            raise ConfigError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
-        if num_threads is not None and num_threads < 1:
-            raise ConfigError(f"num_threads must be >= 1 or None, got {num_threads}")
+    def __init__(self, model: Any, tokenizer: Any, settings: HFSettings = HFSettings()):
         check_model(model, "HFBackend")
         check_tokenizer(tokenizer, "HFBackend", needs=("decode", "eos_token_id", "pad_token_id"))
         check_cache_support(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.max_batch_size = max_batch_size
-        self.max_wait_ms = max_wait_ms
-        self.max_prefill_tokens = max_prefill_tokens
-        self._num_threads = num_threads
+        self.settings = settings
+        self.max_batch_size = settings.max_batch_size
+        self.max_wait_ms = settings.max_wait_ms
+        self.max_prefill_tokens = settings.max_prefill_tokens
+        self._num_threads = settings.num_threads
         self._device = next(model.parameters()).device
         weights_dtype = next(model.parameters()).dtype
+        compute_dtype = settings.compute_dtype
         self._autocast = compute_dtype if compute_dtype not in (None, weights_dtype) else None
         config = model.config.get_text_config(decoder=True)
         self._max_positions: int | None = getattr(config, "max_position_embeddings", None)
         self._vocab_size: int = model.get_input_embeddings().num_embeddings
         self._eos_ids = _eos_ids(tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._seeds = random.Random(seed)
-        self._prefixes = PrefixStore(int(prefix_cache_mb * 2**20))  # worker-owned
-        self._release_openmp = release_openmp and self._device.type == "cpu"
-        self._switched_attention = fast_gqa and can_switch_to_fast_gqa(model, self._device)
+        self._seeds = random.Random(settings.seed)
+        self._prefixes = PrefixStore(int(settings.prefix_cache_mb * 2**20))  # worker-owned
+        self._release_openmp = settings.release_openmp and self._device.type == "cpu"
+        self._switched_attention = settings.fast_gqa and can_switch_to_fast_gqa(model, self._device)
         if self._switched_attention:
             model.set_attn_implementation(FAST_GQA_ATTENTION)
 
@@ -277,7 +243,8 @@ class HFBackend(Backend):
         """Validate a request; fail it alone (and return None) when it cannot run."""
         problem = prompt_problem(request.prompt_ids, self._max_positions, self._vocab_size)
         if problem is not None:
-            self._fail(request, BackendError(problem))
+            too_long = self._max_positions is not None and len(request.prompt_ids) >= self._max_positions
+            self._fail(request, (ContextExceeded if too_long else BackendError)(problem))
             return None
         params = request.params
         budget = params.max_new_tokens

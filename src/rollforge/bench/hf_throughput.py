@@ -61,7 +61,6 @@ def run(
 ) -> dict[str, Any]:
     import torch
 
-    from ..backends.hf import HFBackend
     from ..models import load_model
 
     model, tokenizer = load_model(model_name)
@@ -71,60 +70,73 @@ def run(
         for i in range(episodes)
     ]
     prompts = [renderer.prompt_ids(s.prompt) + renderer.generation_prompt for s in samples]
-    stop_ids = list(renderer.stop_token_ids)
     config = RolloutConfig(max_turns=1, greedy=True, max_new_tokens=max_new_tokens, concurrency=episodes)
-
-    def raw() -> tuple[int, float]:
-        width = max(map(len, prompts))
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, T) left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        started = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=stop_ids,
-                pad_token_id=pad,
-            )
-        seconds = time.perf_counter() - started
-        return sum(_useful(row[width:].tolist(), stop_ids) for row in out), seconds
-
-    async def ours() -> tuple[int, float]:
-        async with HFBackend(model, tokenizer, max_batch_size=episodes) as backend:
-            started = time.perf_counter()
-            result = await arollout(samples, {"default": _SingleTurn()}, backend, renderer, config)
-            seconds = time.perf_counter() - started
-        return sum(t.generated_tokens for t in result.trajectories), seconds
-
-    raw()  # warm-up (allocations, kernels)
+    stop_ids = list(renderer.stop_token_ids)
+    raw_generate(model, tokenizer, prompts, stop_ids, max_new_tokens)  # warm-up (allocations, kernels)
     raw_runs, our_runs = [], []
     for _ in range(repeats):
-        raw_runs.append(raw())
-        our_runs.append(asyncio.run(ours()))
-    raw_tokens, raw_seconds = min(raw_runs, key=lambda r: r[1])
-    our_tokens, our_seconds = min(our_runs, key=lambda r: r[1])
-    raw_tps, our_tps = raw_tokens / raw_seconds, our_tokens / our_seconds
+        raw_runs.append(raw_generate(model, tokenizer, prompts, stop_ids, max_new_tokens))
+        our_runs.append(asyncio.run(rollforge_generate(model, tokenizer, renderer, samples, config)))
+    (raw_tokens, raw_seconds), (our_tokens, our_seconds) = _fastest(raw_runs), _fastest(our_runs)
     return {
         "benchmark": "hf-throughput",
         "model": model_name,
         "episodes": episodes,
         "max_new_tokens": max_new_tokens,
         "torch_threads": torch.get_num_threads(),
-        "raw_generate": {
-            "tokens": raw_tokens,
-            "seconds": round(raw_seconds, 3),
-            "tokens_per_second": round(raw_tps, 2),
-        },
-        "rollforge_hf": {
-            "tokens": our_tokens,
-            "seconds": round(our_seconds, 3),
-            "tokens_per_second": round(our_tps, 2),
-        },
-        "ratio_to_raw_generate": round(our_tps / raw_tps, 4),
+        "raw_generate": _figures(raw_tokens, raw_seconds),
+        "rollforge_hf": _figures(our_tokens, our_seconds),
+        "ratio_to_raw_generate": round((our_tokens / our_seconds) / (raw_tokens / raw_seconds), 4),
     }
+
+
+def raw_generate(
+    model: Any, tokenizer: Any, prompts: list[list[int]], stop_ids: list[int], max_new_tokens: int
+) -> tuple[int, float]:
+    """The raw side: one left-padded greedy ``model.generate`` over all ``prompts``; its useful
+    tokens (each row's up to and including its end-of-turn) and seconds."""
+    import torch
+
+    width = max(map(len, prompts))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, T) left-padded
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stop_ids,
+            pad_token_id=pad,
+        )
+    seconds = time.perf_counter() - started
+    return sum(_useful(row[width:].tolist(), stop_ids) for row in out), seconds
+
+
+async def rollforge_generate(
+    model: Any, tokenizer: Any, renderer: ChatRenderer, samples: list[Sample], config: RolloutConfig
+) -> tuple[int, float]:
+    """rollforge's side: single-turn episodes through the engine and the dynamic-batching HF backend
+    on the same model; the policy tokens generated and seconds."""
+    from ..backends.hf import HFBackend
+    from ..backends.settings import HFSettings
+
+    async with HFBackend(model, tokenizer, HFSettings(max_batch_size=len(samples))) as backend:
+        started = time.perf_counter()
+        result = await arollout(samples, {"default": _SingleTurn()}, backend, renderer, config)
+        seconds = time.perf_counter() - started
+    return sum(t.generated_tokens for t in result.trajectories), seconds
+
+
+def _fastest(runs: list[tuple[int, float]]) -> tuple[int, float]:
+    """The fastest of a side's ``(tokens, seconds)`` runs (the machine's noise only ever slows a run)."""
+    return min(runs, key=lambda r: r[1])
+
+
+def _figures(tokens: int, seconds: float) -> dict[str, Any]:
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_second": round(tokens / seconds, 2)}
 
 
 def _useful(row: list[int], stop_ids: list[int]) -> int:

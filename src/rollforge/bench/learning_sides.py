@@ -113,7 +113,8 @@ def trainer_side(side: str):
     """The ``rollforge`` or ``trl`` side: its run (``vs_trl_runners``) and held-out rewards by step."""
 
     def run(spec: dict[str, Any]) -> dict[str, Any]:
-        from .vs_trl_runners import run_rollforge, run_trl
+        from .vs_trl_runners import run_rollforge
+        from .vs_trl_trl_side import run_trl
 
         settings, model_dir = spec["settings"], Path(spec["model_dir"])
         workload = calculator(

@@ -32,7 +32,7 @@ import asyncio
 import threading
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Sequence
 
 from ..backends.scripted import ScriptedBackend
 from ..chat.render import ChatRenderer
@@ -117,12 +117,7 @@ def run(
 ) -> dict[str, Any]:
     """``tokenizer_dir``: a model directory or alias whose tokenizer and template to use (None: the
     tiny test model's)."""
-    if tokenizer_dir is None:
-        tokenizer = make_tokenizer()
-    else:
-        from ..models import load_tokenizer
-
-        tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = _tokenizer(tokenizer_dir)
     renderer = TimedRenderer(tokenizer)
     backend = ScriptedBackend(
         code_script(12),
@@ -141,13 +136,6 @@ def run(
     result = asyncio.run(arollout(samples, {"code": env}, backend, renderer, config))
     wall = time.perf_counter() - started
     trajectories = result.trajectories
-    render = sum(renderer.per_turn.values())
-    window = max(turns // 8, 1)
-
-    def ms_per_turn(first: int, last: int) -> float:
-        done = sum(min(t.turns, last) - first + 1 for t in trajectories if t.turns >= first)
-        return round(1000 * sum(renderer.per_turn[k] for k in range(first, last + 1)) / max(done, 1), 4)
-
     longest = max(trajectories, key=lambda t: len(t.token_ids))
     rerender, matches = full_rerender_seconds(longest, tokenizer)
     return {
@@ -162,17 +150,43 @@ def run(
         "mean_tokens_per_episode": round(result.metrics["mean_total_tokens_per_sample"]),
         "wall_seconds": round(wall, 3),
         "lower_bound_seconds": round(bounds(trajectories, latency, per_token_latency)[0], 3),
-        "render_seconds": round(render, 4),
-        "render_fraction": round(render / wall, 5),
-        "render_seconds_off_loop": round(renderer.off_loop, 4),
-        f"render_ms_per_turn_turns_1_{window}": ms_per_turn(1, window),
-        f"render_ms_per_turn_turns_{turns - window + 1}_{turns}": ms_per_turn(turns - window + 1, turns),
-        "render_seconds_per_episode": round(render / episodes, 4),
+        **render_figures(renderer, trajectories, turns, wall),
         "full_rerender_seconds_per_episode": round(rerender, 4),
         "full_rerender_tokens": len(longest.token_ids),
         "full_rerender_matches": matches,
         "errors": result.metrics["errors"],
         "tool_failures": result.metrics["failures"],
+    }
+
+
+def _tokenizer(tokenizer_dir: str | None) -> Any:
+    """The tokenizer of ``tokenizer_dir`` (a model directory or alias), or the tiny test model's."""
+    if tokenizer_dir is None:
+        return make_tokenizer()
+    from ..models import load_tokenizer
+
+    return load_tokenizer(tokenizer_dir)
+
+
+def render_figures(
+    renderer: TimedRenderer, trajectories: Sequence[Trajectory], turns: int, wall: float
+) -> dict[str, Any]:
+    """What rendering cost on the event loop (in total, as a share of the rollout's ``wall`` seconds,
+    per turn over the first and the last eighth of the ``turns``, per episode) and off it."""
+    render = sum(renderer.per_turn.values())
+    window = max(turns // 8, 1)
+
+    def ms_per_turn(first: int, last: int) -> float:
+        done = sum(min(t.turns, last) - first + 1 for t in trajectories if t.turns >= first)
+        return round(1000 * sum(renderer.per_turn[k] for k in range(first, last + 1)) / max(done, 1), 4)
+
+    return {
+        "render_seconds": round(render, 4),
+        "render_fraction": round(render / wall, 5),
+        "render_seconds_off_loop": round(renderer.off_loop, 4),
+        f"render_ms_per_turn_turns_1_{window}": ms_per_turn(1, window),
+        f"render_ms_per_turn_turns_{turns - window + 1}_{turns}": ms_per_turn(turns - window + 1, turns),
+        "render_seconds_per_episode": round(render / len(trajectories), 4),
     }
 
 

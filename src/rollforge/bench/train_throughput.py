@@ -26,7 +26,10 @@ vendors' data sheets), that entry. Otherwise (CPU, float32, an unknown GPU) ``mf
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
+
+from ..errors import ConfigError
 
 #: Dense bfloat16 tensor-core peaks (FLOP/s), matched against ``torch.cuda.get_device_name()``.
 PEAK_BF16_FLOPS: dict[str, float] = {
@@ -64,31 +67,41 @@ def peak_flops(device: Any, dtype: Any) -> tuple[float | None, str | None]:
     return None, None
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What the benchmark updates on: ``steps`` timed updates (after ``warmup`` untimed ones) of
+    ``batch`` sequences of ``seq_len`` random token ids drawn with ``seed``."""
+
+    batch: int = 8
+    seq_len: int = 512
+    steps: int = 5
+    warmup: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("batch", 1), ("seq_len", 2), ("steps", 1), ("warmup", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
+
+
 def run(
     model_name: str = "smollm2-135m",
-    batch: int = 8,
-    seq_len: int = 512,
-    steps: int = 5,
-    warmup: int = 1,
+    workload: Workload = Workload(),
     device: str = "auto",
     dtype: str = "auto",
     peak: float | None = None,
-    seed: int = 0,
 ) -> dict[str, Any]:
     import torch
 
-    from ..errors import ConfigError
     from ..models import load_model, resolve_device, resolve_dtype
 
-    for name, value, low in (("batch", batch, 1), ("seq_len", seq_len, 2), ("steps", steps, 1), ("warmup", warmup, 0)):
-        if value < low:
-            raise ConfigError(f"{name} must be >= {low}, got {value}")
     if peak is not None and peak <= 0:
         raise ConfigError(f"peak FLOP/s must be > 0, got {peak}")
     where = resolve_device(device)
     compute = resolve_dtype(dtype, where)
     model, tokenizer = load_model(model_name, dtype=torch.float32, device=where)
-    times = timed_steps(model, tokenizer.pad_token_id or 0, where, compute, batch, seq_len, steps, warmup, seed)
+    times = timed_steps(model, tokenizer.pad_token_id or 0, where, compute, workload)
+    batch, seq_len, steps = workload.batch, workload.seq_len, workload.steps
     tokens = batch * seq_len * steps
     seconds = sum(times)
     n, flops_per_token = model_flops_per_token(model, seq_len)
@@ -120,19 +133,17 @@ def run(
     }
 
 
-def timed_steps(
-    model: Any, pad_id: int, where: Any, compute: Any, batch: int, seq_len: int, steps: int, warmup: int, seed: int
-) -> list[float]:
-    """Seconds of each of ``steps`` updates (after ``warmup`` untimed ones) of ``update_step``."""
+def timed_steps(model: Any, pad_id: int, where: Any, compute: Any, workload: Workload) -> list[float]:
+    """Seconds of each of the workload's ``steps`` updates (after ``warmup`` untimed ones) of ``update_step``."""
     import torch
 
     model.requires_grad_(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    step = update_step(model, optimizer, pad_id, where, compute, batch, seq_len, seed)
-    for _ in range(warmup):
+    step = update_step(model, optimizer, pad_id, where, compute, workload.batch, workload.seq_len, workload.seed)
+    for _ in range(workload.warmup):
         step()
     times = []
-    for _ in range(steps):
+    for _ in range(workload.steps):
         began = time.perf_counter()
         step()
         times.append(time.perf_counter() - began)
@@ -148,7 +159,7 @@ def update_step(
     import torch
 
     from ..train.losses import ClippedPolicyLoss, TokenMean
-    from ..train.update import UpdateRow, policy_update
+    from ..train.update import TrainedPolicy, UpdateRow, UpdateSettings, policy_update
 
     generator = torch.Generator().manual_seed(seed)
     vocab = model.get_input_embeddings().num_embeddings
@@ -158,19 +169,11 @@ def update_step(
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.ones(batch)
     loss_fn = ClippedPolicyLoss()
+    policy = TrainedPolicy(model, optimizer)
+    settings = UpdateSettings(micro_batch_tokens=batch * seq_len, pad_id=pad_id, compute_dtype=compute)
 
     def step() -> Any:
-        stats = policy_update(
-            model,
-            optimizer,
-            episodes,
-            advantages,
-            weights,
-            loss_fn,
-            micro_batch_tokens=batch * seq_len,
-            pad_id=pad_id,
-            compute_dtype=compute,
-        )
+        stats = policy_update(policy, episodes, advantages, weights, loss_fn, settings)
         if where.type == "cuda":
             torch.cuda.synchronize(where)
         return stats
@@ -192,4 +195,5 @@ def add_arguments(parser: Any) -> None:
 
 
 def main(args: Any) -> dict[str, Any]:
-    return run(args.model, args.batch, args.seq_len, args.steps, args.warmup, args.device, args.dtype, args.peak_flops)
+    workload = Workload(args.batch, args.seq_len, args.steps, args.warmup)
+    return run(args.model, workload, args.device, args.dtype, args.peak_flops)

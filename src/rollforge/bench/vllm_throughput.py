@@ -71,6 +71,7 @@ def run(
     with_hf: bool = True,
 ) -> dict[str, Any]:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON result
+    from ..backends.settings import VLLMSettings
     from ..backends.vllm import VLLMBackend
     from ..backends.vllm_engine import default_enforce_eager
     from ..models import load_tokenizer, resolve_model
@@ -79,7 +80,8 @@ def run(
     renderer = ChatRenderer(load_tokenizer(path))
     config = RolloutConfig(max_turns=turns, greedy=True, max_new_tokens=max_new_tokens, concurrency=episodes)
     eager = default_enforce_eager() if eager is None else eager
-    backend = VLLMBackend(path, dtype=dtype, seed=0, max_num_seqs=episodes, enforce_eager=eager, kv_cache_gib=1.0)
+    settings = VLLMSettings(dtype=dtype, seed=0, max_num_seqs=episodes, enforce_eager=eager, kv_cache_gib=1.0)
+    backend = VLLMBackend(path, settings)
     try:
         ours(backend, renderer, config, -1)  # warm-up
         our_runs, raw_runs = [], []
@@ -169,12 +171,13 @@ def _side(tokens: int, seconds: float) -> dict[str, Any]:
 
 def _hf_side(path, renderer: ChatRenderer, config: RolloutConfig) -> dict[str, Any]:
     from ..backends.hf import HFBackend
+    from ..backends.settings import HFSettings
     from ..models import load_model
 
     model, tokenizer = load_model(path)
 
     async def run() -> tuple[Any, float]:
-        async with HFBackend(model, tokenizer, max_batch_size=config.concurrency) as backend:
+        async with HFBackend(model, tokenizer, HFSettings(max_batch_size=config.concurrency)) as backend:
             started = time.perf_counter()
             result = await arollout(
                 _samples(config.concurrency, 0), {"default": _Conversation()}, backend, renderer, config

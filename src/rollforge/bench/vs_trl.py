@@ -37,7 +37,8 @@ from typing import Any
 from ..errors import ConfigError
 from .vs_trl_env import QWEN25_TEMPLATE
 from .vs_trl_best import CANDIDATES, DEFAULT_BEST_STEPS, best, parse_candidates
-from .vs_trl_runners import run_alternating, run_rollforge, run_trl
+from .vs_trl_runners import run_alternating, run_rollforge
+from .vs_trl_trl_side import run_trl
 from .vs_trl_workloads import DEFAULTS, Workload, arithmetic, guess_number
 
 PHASES = ("generation", "update", "other")

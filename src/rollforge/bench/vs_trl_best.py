@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import ConfigError
-from .vs_trl_runners import run_rollforge, run_trl
+from .vs_trl_runners import run_rollforge
+from .vs_trl_trl_side import run_trl
 from .vs_trl_workloads import Workload
 
 #: Steps per candidate with ``--best`` (the first untimed).

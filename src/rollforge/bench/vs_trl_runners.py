@@ -1,15 +1,16 @@
-"""The two sides of ``rollforge bench vs-trl``: a TRL ``GRPOTrainer`` run, a rollforge ``train`` run,
-each returning per-step seconds (with where they went), rewards and work counts, and ``Turns``,
-which makes the two take strictly alternating steps when they run together (see ``vs_trl``'s
-docstring for the settings and ``vs_trl_workloads`` for what they train on).
+"""The two sides of ``rollforge bench vs-trl``: a TRL ``GRPOTrainer`` run (``run_trl``, in
+``vs_trl_trl_side``), a rollforge ``train`` run (``run_rollforge``, here), each returning per-step
+seconds (with where they went), rewards and work counts, and ``Turns``, which makes the two take
+strictly alternating steps when they run together (``run_alternating``; see ``vs_trl``'s docstring
+for the settings and ``vs_trl_workloads`` for what they train on).
 
 Where a step's time goes, per side (seconds; ``other`` is the step minus the two):
 
 - TRL: ``generation`` is ``_generate`` (prompt tokenizing, ``model.generate``, tool calls);
   ``update`` is ``training_step`` (summed over the step's micro-batches) less its ``_prepare_inputs``
-  (the loss forwards and backwards) plus
-  what follows up to ``on_step_end`` (gradient clipping, optimizer and scheduler steps);
-  ``other`` is mostly ``_prepare_inputs`` less ``_generate`` (rewards, advantages, padding).
+  (the loss forwards and backwards) plus what follows up to ``on_step_end`` (gradient clipping,
+  optimizer and scheduler steps); ``other`` is mostly ``_prepare_inputs`` less ``_generate``
+  (rewards, advantages, padding). ``vs_trl_trl_side.StepClock`` measures them.
 - rollforge: ``generation`` is ``time/rollout`` (generation, environment steps, rewards,
   advantages), or with ``max_staleness`` >= 1 ``time/wait`` (the part of the batch's generation the
   update did not hide); ``update`` is ``time/update``; ``other`` is the rest (scoring, and
@@ -30,15 +31,13 @@ generation and one optimizer step per step), as rollforge's update splits by ``m
 
 from __future__ import annotations
 
-import contextlib
-import math
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import OtherSideFailed
+from .vs_trl_trl_side import run_trl, sampling_settings
 from .vs_trl_workloads import Workload
 
 # -- alternation -----------------------------------------------------------------------------------
@@ -107,209 +106,6 @@ def run_alternating(workload: Workload, s: dict[str, Any], out: Path, after_step
     return trl_run, outcome["run"]
 
 
-# -- TRL -------------------------------------------------------------------------------------------
-
-
-def run_trl(
-    workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None, after_step: Any = None
-) -> dict[str, Any]:
-    """``after_step(step, model)``: called after each step's clock stopped, before TRL hands over."""
-    import os
-
-    import datasets
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    cuda = s.get("device", "cpu") == "cuda"  # bench gpu: CUDA, float32 master weights, bfloat16 autocast
-    tokenizer = AutoTokenizer.from_pretrained(workload.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(workload.model_dir, dtype=torch.float32)
-    clock = _trl_clock(turns, after_step)
-    n = s["batch_size"] * s["generations"]
-    micro = math.gcd(n, s.get("trl_micro_batch", n))  # one generation of n, then n // micro loss forwards
-    config = GRPOConfig(
-        output_dir=str(out),
-        max_steps=s["steps"],
-        seed=s["seed"],
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=n // micro,
-        num_generations=s["generations"],
-        max_completion_length=s["max_completion_tokens"],
-        max_tool_calling_iterations=s["max_tool_calls"] if workload.multi_turn else None,
-        learning_rate=s["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        epsilon=0.2,
-        loss_type="dapo",
-        scale_rewards="group",
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        bf16=s.get("dtype") == "bfloat16",
-        fp16=False,
-        use_cpu=not cuda,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        shuffle_dataset=s.get("shuffle", True),
-        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if s.get("trl_vllm") else {}),
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        args=config,
-        train_dataset=datasets.Dataset.from_list(workload.rows),
-        processing_class=tokenizer,
-        reward_funcs=workload.trl_reward_funcs or None,
-        environment_factory=workload.trl_environment_factory,
-        callbacks=[clock],
-    )
-    if workload.multi_turn:
-        _in_workload_order(trainer, workload)
-    tools = trainer._env_tools[None] if workload.multi_turn else None
-    prompt = tokenizer.apply_chat_template(workload.rows[0]["prompt"], tools=tools, add_generation_prompt=True)
-    clock.instrument(trainer)
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout is for the JSON
-        trainer.train()
-    run_seconds = time.perf_counter() - started
-    steps = []
-    for log, phases, tokens in zip(clock.logs, clock.phases, clock.context_tokens):
-        calls = log.get("tools/call_frequency", 0.0) * n
-        steps.append(
-            {
-                "reward": log["reward"],
-                "generated_tokens": log["completions/mean_length"] * n,
-                "tool_calls": calls,
-                "tool_failures": log.get("tools/failure_frequency", 0.0) * calls,
-                "assistant_turns": calls + n,  # each episode's last generation calls no tool
-                "phases": phases,
-                "context_tokens": tokens,
-            }
-        )
-    return {
-        "step_seconds": clock.step_seconds,
-        "steps": steps,
-        "rewards": [round(x["reward"], 4) for x in steps],
-        "run_seconds": run_seconds,
-        "prompt_tokens": len(_ids(prompt)),
-        "configuration": {
-            "generation": "vllm colocate" if trainer.use_vllm else "model.generate",
-            "sampling": _sampling(trainer.generation_config if not trainer.use_vllm else config),
-        },
-    }
-
-
-def _in_workload_order(trainer: Any, workload: Workload) -> None:
-    """TRL lists an environment's tools alphabetically; rollforge in the class's order. TRL gets
-    rollforge's order, so that both render the same prompt (the one a warm-up was trained on)."""
-    from ..envs.tools import class_tools
-
-    order = [name for factory in workload.tools for name in class_tools(factory)]
-    for key, tools in trainer._env_tools.items():
-        trainer._env_tools[key] = sorted(
-            tools, key=lambda t: order.index(t.__name__) if t.__name__ in order else len(order)
-        )
-
-
-def _sampling(config: Any) -> dict[str, Any]:
-    """The sampling settings a side generates with (TRL's ``GenerationConfig``, rollforge's rollout config)."""
-    return {key: getattr(config, key, None) for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
-
-
-def _trl_clock(turns: "Turns | None", after_step: Any = None) -> Any:
-    """A callback that records step times (``on_step_begin`` -> ``on_step_end``), their phases (see
-    the module docstring), the logs and, per step, the context tokens handed to ``model.generate``
-    (every turn re-reads its history); ``instrument(trainer)`` wraps the methods it times."""
-    from transformers import TrainerCallback
-
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.step_seconds: list[float] = []
-            self.phases: list[dict[str, float]] = []
-            self.logs: list[dict[str, float]] = []
-            self.context_tokens: list[int] = []
-            self.spent = {"generate": 0.0, "prepare": 0.0, "train": 0.0}
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if turns is not None:
-                turns.wait(turns.trl_turn)
-            self.began = time.perf_counter()
-            self.spent = {"generate": 0.0, "prepare": 0.0, "train": 0.0}
-            self.context_tokens.append(0)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            ended = time.perf_counter()
-            step = ended - self.began
-            update = self.spent["train"] - self.spent["prepare"] + (ended - self.trained)
-            self.step_seconds.append(step)
-            self.phases.append(
-                {
-                    "generation": self.spent["generate"],
-                    "update": update,
-                    "other": step - self.spent["generate"] - update,
-                }
-            )
-            if after_step is not None:
-                after_step(state.global_step, kwargs["model"])
-            if turns is not None:
-                turns.rollforge_turn.set()
-                if state.global_step == args.max_steps:
-                    turns.wait(turns.rollforge_done)  # its last step runs now; nothing of TRL's may overlap it
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "reward" in logs:
-                self.logs.append(dict(logs))
-
-        def instrument(self, trainer: Any) -> None:
-            generate, prepare, training_step = trainer._generate, trainer._prepare_inputs, trainer.training_step
-            single_turn = trainer._generate_single_turn
-
-            def timed_training_step(*args, **kwargs):  # once per micro-batch
-                began = time.perf_counter()
-                try:
-                    return training_step(*args, **kwargs)
-                finally:
-                    self.trained = time.perf_counter()
-                    self.spent["train"] += self.trained - began
-
-            def counted_single_turn(prompt_ids, *args, **kwargs):
-                self.context_tokens[-1] += sum(len(ids) for ids in prompt_ids)
-                return single_turn(prompt_ids, *args, **kwargs)
-
-            trainer._generate = _timed(generate, self, "generate")
-            trainer._prepare_inputs = _timed(prepare, self, "prepare")
-            trainer.training_step, trainer._generate_single_turn = timed_training_step, counted_single_turn
-
-    return Clock()
-
-
-def _timed(function: Any, clock: Any, key: str) -> Any:
-    """``function``, adding the seconds each call takes to ``clock.spent[key]`` (read at call time:
-    the clock starts a fresh ``spent`` every step)."""
-
-    def wrapper(*args, **kwargs):
-        began = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            clock.spent[key] += time.perf_counter() - began
-
-    return wrapper
-
-
-def _ids(encoded: Any) -> list[int]:
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-
-
 # -- rollforge -------------------------------------------------------------------------------------
 
 
@@ -361,7 +157,7 @@ def run_rollforge(
         "configuration": {
             "backend": config.model.backend,  # as the trainer ran: its metrics name the staleness
             "max_staleness": result.history[-1].get("async/max_staleness", 0),
-            "sampling": {**_sampling(config.rollout), "min_p": None, "repetition_penalty": 1.0},
+            "sampling": {**sampling_settings(config.rollout), "min_p": None, "repetition_penalty": 1.0},
         },
     }
 

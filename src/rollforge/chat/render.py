@@ -27,7 +27,8 @@ tokens. Assistant contents are the model's own text.
 
 Families (``chat/families.py``) supply the template options, the tool-message shape, where system
 prompts and the fallback tool description go (templates that ignore ``tools=``, such as SmolLM2's
-ChatML, get the tool-call parser's description of the tools, see ``with_tool_prompt``).
+ChatML, get the tool-call parser's description of the tools, see ``with_tool_prompt``);
+``chat/shaping.py`` applies them to messages and finds the ids that end a turn.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .encoding import SafeEncoder
 from .families import Family, detect_family, get_family
 from .fidelity import first_difference as _first_difference
 from .fidelity import token_fidelity_gap  # noqa: F401  (re-exported: rollforge.chat.render.token_fidelity_gap)
+from .shaping import system_in_first_user, template_message, turn_end_ids, with_fallback_tools
 from .template_check import TemplateReport
 from .toolcalls import get_parser
 
@@ -56,6 +58,10 @@ class ChatRenderer:
     ``family``: a ``chat/families.py`` name or ``Family`` (default: detected from the template).
     ``keep_reasoning``: pass the family's keep-past-reasoning template options (training-time
     rendering; the inference template drops past reasoning, see the README)."""
+
+    #: What the model's processor makes of images (``images.ImageProcessing``) for a renderer that
+    #: renders them (``chat/vision.py``); None: text only.
+    images: Any = None
 
     def __init__(self, tokenizer: Any, family: str | Family | None = None, *, keep_reasoning: bool = False):
         check_tokenizer(tokenizer, "ChatRenderer", needs=("encode", "decode", "apply_chat_template"))
@@ -82,7 +88,7 @@ class ChatRenderer:
             raise TemplateError("the chat template does not render assistant content verbatim")
         self._closing_text = base[base.index(_SENTINEL) + len(_SENTINEL) :]
         self.closing = self.encode(self._closing_text)
-        self.stop_token_ids = _turn_end_ids(tokenizer, self.closing, self.family.stop_tokens)
+        self.stop_token_ids = turn_end_ids(tokenizer, self.closing, self.family.stop_tokens)
         self._base_cache: dict[str, str] = {}
         self._supports_tools: bool | None = None
         self._prompt_cache: dict[tuple, tuple] = {}
@@ -125,25 +131,9 @@ class ChatRenderer:
             raise TemplateError(f"the chat template failed on roles {roles}: {exc}") from exc
 
     def chat(self, message: Message) -> dict[str, Any]:
-        """The dict the template renders for ``message``, shaped for the family (see
-        ``chat/families.py``); contents from outside the model are escaped."""
-        family = self.family
-        if message.role == "assistant":
-            out = message.to_chat()
-            calls = out.pop("tool_calls", None)
-            if family.structured_calls:
-                return {**out, **family.assistant_chat(message.content, calls)}
-            return out
-        out = {"role": message.role, "content": self.escape(message.content)}
-        if message.role == "tool":
-            out["role"] = family.tool_role
-            if family.tool_role != "user":
-                for key in family.tool_fields:
-                    if getattr(message, key) is not None:
-                        out[key] = getattr(message, key)
-        elif message.name is not None:
-            out["name"] = message.name
-        return out
+        """The dict the template renders for ``message``, shaped for the family
+        (``shaping.template_message``); contents from outside the model are escaped."""
+        return template_message(message, self.family, self.escape)
 
     def _render(
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), add_generation_prompt: bool = False
@@ -172,7 +162,7 @@ class ChatRenderer:
         prompt describing the tools). That shared part is rendered and tokenized once; the last
         message is then framed by the text the template puts around its content. Both shortcuts are
         checked once against a full rendering and dropped for templates where they do not hold."""
-        if len(messages) < 2:
+        if len(messages) < 2 or any(m.images for m in messages):  # the shortcuts frame text only
             return self.conversation_ids(messages, tools)
         last = messages[-1]
         key = (tuple((m.role, m.content, m.name) for m in messages[:-1]), self._tools_key(tools), last.role, last.name)
@@ -225,13 +215,14 @@ class ChatRenderer:
         if not messages:
             return []
         key = self._tools_key(tools)
-        if len(messages) == 1:
+        framed = len(messages) == 1 and not messages[0].images  # a frame holds text only
+        if framed:
             shape = (messages[0].role, messages[0].name, messages[0].tool_call_id is None, key)
             frame = self._frames.get(shape)
             if frame:
                 return self.encode(frame[0] + self.escape(messages[0].content) + frame[1])
         text = self._delta_text(messages, tools, key)
-        if len(messages) == 1 and shape not in self._frames:
+        if framed and shape not in self._frames:
             self._frames[shape] = self._frame(messages[0], tools, key, text)
         return self.encode(text)
 
@@ -305,16 +296,9 @@ class ChatRenderer:
                 template_tools = tuple(tools)
             else:
                 fallback = self._memo((tools, parser), lambda: self._encoding.trust(parser.system_prompt(tools)))
-                if messages and messages[0].role == "system":
-                    messages = (Message("system", f"{messages[0].content}\n\n{fallback}"), *messages[1:])
-                else:
-                    messages = (Message("system", fallback), *messages)
-        if self.family.system == "first_user" and messages and messages[0].role == "system":
-            system, rest = messages[0], messages[1:]
-            if rest and rest[0].role == "user":
-                messages = (Message("user", f"{system.content}\n\n{rest[0].content}"), *rest[1:])
-            else:
-                messages = (Message("user", system.content), *rest)
+                messages = with_fallback_tools(messages, fallback)
+        if self.family.system == "first_user":
+            messages = system_in_first_user(messages)
         return messages, template_tools
 
     def _tools_key(self, tools: Sequence[Mapping[str, Any]]) -> str:
@@ -383,20 +367,3 @@ class ChatRenderer:
         if self.decode(self.generation_prompt).endswith(think[0] + "\n"):
             return text[len(think[0]) + 1 :]  # the template opens the block (DeepSeek-R1)
         return text
-
-
-def _turn_end_ids(tokenizer: Any, closing: Sequence[int], extra: Sequence[str] = ()) -> tuple[int, ...]:
-    """Token ids that end an assistant turn: the first closing token when it is a special token
-    (e.g. ``<|im_end|>``; never a plain newline), the eos token(s) and the family's ``extra``
-    tokens that the vocabulary has."""
-    special = set(getattr(tokenizer, "all_special_ids", ())) | set(tokenizer.get_added_vocab().values())
-    ids: list[int] = []
-    if closing and closing[0] in special:
-        ids.append(closing[0])
-    eos = getattr(tokenizer, "eos_token_id", None)
-    for token in eos if isinstance(eos, (list, tuple)) else [eos]:
-        if token is not None and token not in ids:
-            ids.append(int(token))
-    vocab = tokenizer.get_added_vocab()
-    ids += [vocab[text] for text in extra if text in vocab and vocab[text] not in ids]
-    return tuple(ids)

@@ -56,7 +56,7 @@ async def _serve(args: Any) -> None:
     from ..backends.config import BackendConfig
     from ..backends.opening import open_backend
     from ..chat.render import ChatRenderer
-    from ..gateway import Gateway, Sampling, SessionLimits
+    from ..gateway import Address, Gateway, Sampling, SessionLimits
     from ..models import load_tokenizer
 
     backend_config = BackendConfig(
@@ -85,8 +85,7 @@ async def _serve(args: Any) -> None:
             model_name=os.path.basename(str(args.model).rstrip("/")),
             limits=limits,
             sampling=Sampling(seed=args.seed),
-            host=args.host,
-            port=args.port,
+            address=Address(args.host, args.port),
         ) as gateway,
     ):
         print(

@@ -5,8 +5,17 @@ endpoint, trained as an environment. See ``server.py`` (routes), ``session.py`` 
 format) and ``agent.py`` (the environment)."""
 
 from .agent import AgentEnvironment
-from .server import Gateway
+from .server import Address, Gateway
 from .record import RecordedSegment, SessionRecord
 from .session import Sampling, Session, SessionLimits
 
-__all__ = ["AgentEnvironment", "Gateway", "RecordedSegment", "Sampling", "Session", "SessionLimits", "SessionRecord"]
+__all__ = [
+    "Address",
+    "AgentEnvironment",
+    "Gateway",
+    "RecordedSegment",
+    "Sampling",
+    "Session",
+    "SessionLimits",
+    "SessionRecord",
+]

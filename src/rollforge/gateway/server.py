@@ -61,6 +61,18 @@ DEFAULT_SESSION = "default"
 _MAX_BODY = 64 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class Address:
+    """Where a gateway listens: ``host`` (127.0.0.1 unless asked) and ``port`` (0: a free one)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (0: a free port), got {self.port}")
+
+
 class Gateway:
     """Serves chat completions for ``model_name`` from ``backend``, rendered with ``renderer``."""
 
@@ -73,15 +85,12 @@ class Gateway:
         model_name: str = "rollforge",
         limits: SessionLimits = SessionLimits(),
         sampling: Sampling = Sampling(),
-        host: str = "127.0.0.1",
-        port: int = 0,
+        address: Address = Address(),
         open_sessions: bool = True,
     ):
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"port must be in 0..65535 (0: a free port), got {port}")
         self.backend, self.renderer, self.parser = backend, renderer, parser
         self.model_name, self.limits, self.sampling = model_name, limits, sampling
-        self.host, self.port, self.open_sessions = host, port, open_sessions
+        self.host, self.port, self.open_sessions = address.host, address.port, open_sessions
         self.sessions: dict[str, Session] = {}
         self._responses: dict[str, ResponseStore] = {}  # per session, for previous_response_id
         self._created = int(time.time())

@@ -28,12 +28,14 @@ generation (``forcing.py``) and recorded under mask 0, out of the loss. Several 
 session (a planner and an executor, each with its own history): ``agent(name)`` is the named
 agent's own conversation, recorded in its own segments with the session's limits; the session's
 record lays its own segments and then each agent's end to end (``record.py``).
+
+A generated completion becomes a reply, a reply a choice, and a request's wire messages template
+messages in ``replies.py`` (no state); the session keeps the conversation and its tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -44,10 +46,11 @@ from ..chat.toolcalls import ToolCallParser
 from ..errors import TemplateError, WireError
 from ..rollout.ledger import Ledger
 from ..seeds import mix, sampling_seed
-from ..types import Completion, Failure, Message, ToolCall
+from ..types import Completion, Failure, Message
 from .forcing import forced_opener
 from .record import RecordedSegment, SessionLimit, SessionRecord, combined
-from .wire import ChatRequest, Choice, WireCall, WireMessage, canonical_arguments
+from .replies import Reply, build_reply, reply_choice, template_messages
+from .wire import ChatRequest, Choice, WireMessage
 
 
 @dataclass(frozen=True)
@@ -90,18 +93,6 @@ class Sampling:
         return SamplingParams(budget, temperature, top_p, self.top_k, request.stop, stop_ids, seed)
 
 
-@dataclass
-class _Reply:
-    """A reply sent and not yet continued: its wire form, template form, the tokens forced before
-    the generation (mask 0) and the generated ones."""
-
-    wire: WireMessage
-    message: Message
-    forced: list[int]
-    ids: list[int]
-    logprobs: tuple[float, ...]
-
-
 class Session:
     """Records one client's conversation; ``complete`` answers one request (see the module docstring)."""
 
@@ -139,7 +130,7 @@ class Session:
         self._tools: tuple[Mapping[str, Any], ...] = ()
         self._tools_key: str | None = None
         self._tokens = Ledger()  # the current segment's ids
-        self._pending: list[_Reply] = []
+        self._pending: list[Reply] = []
         self._last_generated: list[int] = []
         self._incremental = True
 
@@ -176,7 +167,8 @@ class Session:
                     f"generation failed: {type(failed).__name__}: {failed}", status=502, code="backend_error"
                 )
             self._pending = [self._reply(request, forced, c, turn, k) for k, c in enumerate(results)]
-            return [self._choice(request, r, c) for r, c in zip(self._pending, results)], len(prompt) - len(forced)
+            choices = [reply_choice(self.renderer, request, r, c) for r, c in zip(self._pending, results)]
+            return choices, len(prompt) - len(forced)
 
     def agent(self, name: str) -> "Session":
         """The conversation of agent ``name`` in this session: its own history and segments, in
@@ -285,7 +277,7 @@ class Session:
             code="context_length_exceeded" if self._ending == "truncated" else "session_limit",
         )
 
-    def _adopt(self, reply: _Reply) -> None:
+    def _adopt(self, reply: Reply) -> None:
         """The client continued with ``reply``: its forced (mask 0) and generated ids join the conversation."""
         self._tokens.extend(reply.forced)
         self._tokens.extend(reply.ids, reply.logprobs)
@@ -357,86 +349,15 @@ class Session:
             self.agent_name,
         )
 
-    def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
-        """Messages as the template renders them: replies the gateway sent keep their raw text;
-        a tool result is named after the call it answers."""
-        names = (
-            {c.id: c.name for m in (*before, *wire) for c in m.tool_calls}
-            if any(m.role == "tool" for m in wire)
-            else {}
-        )
-        out = []
-        for m in wire:
-            if m.role == "assistant":
-                ours = self._ours.get(m)
-                out.append(
-                    ours
-                    if ours is not None
-                    else Message(
-                        "assistant",
-                        m.content,
-                        tool_calls=tuple(ToolCall(c.name, _arguments(c.arguments), c.id or None) for c in m.tool_calls),
-                    )
-                )
-            elif m.role == "tool":
-                out.append(
-                    Message("tool", m.content, name=m.name or names.get(m.tool_call_id), tool_call_id=m.tool_call_id)
-                )
-            else:
-                out.append(Message(m.role, m.content))
-        return out
-
     # -- replies ---------------------------------------------------------------------------------
 
-    def _reply(self, request: ChatRequest, forced: list[int], completion: Completion, turn: int, k: int) -> _Reply:
-        generated = list(completion.token_ids)
-        text = self.renderer.decode(self.renderer.content_ids(forced + generated))
-        calls: tuple[ToolCall, ...] = ()
-        if request.tools and request.tool_choice != "none":
-            parsed = self.parser.parse(text)
-            self._failures += [Failure("tool_invalid_json", c.error) for c in parsed if c.error is not None]
-            family = self.renderer.family
-            calls = tuple(  # ids unique in the session: choice k of turn t numbers its calls from 1000 k
-                ToolCall(c.name, c.arguments, c.id or family.call_id(self.seed, turn, 1000 * k + j))
-                for j, c in enumerate(x for x in parsed if x.error is None)
-            )
-        message = Message("assistant", text, tool_calls=calls)
-        wire_calls = tuple(WireCall(c.id, c.name, canonical_arguments(dict(c.arguments))) for c in calls)
-        wire = WireMessage("assistant", _visible_text(text, message, self.renderer), wire_calls)
-        self._ours[wire] = message
-        return _Reply(wire, message, forced, generated, completion.logprobs)
+    def _reply(self, request: ChatRequest, forced: list[int], completion: Completion, turn: int, k: int) -> Reply:
+        """Choice ``k`` of request ``turn`` as a reply (``replies.build_reply``), remembered so that it
+        keeps its raw text when the client sends it back in a rewritten history."""
+        reply, failures = build_reply(self.renderer, self.parser, request, forced, completion, (self.seed, turn, k))
+        self._failures += failures
+        self._ours[reply.wire] = reply.message
+        return reply
 
-    def _choice(self, request: ChatRequest, reply: _Reply, completion: Completion) -> Choice:
-        if reply.wire.tool_calls:
-            finish = "tool_calls"
-        else:
-            finish = "length" if completion.finish_reason == "length" else "stop"
-        logprobs = None
-        if request.logprobs:  # a forced token had no choice: logprob 0
-            content = self.renderer.content_ids(reply.forced + reply.ids)
-            sampled = (0.0,) * len(reply.forced) + reply.logprobs
-            logprobs = tuple((self.renderer.decode([t]), lp) for t, lp in zip(content, sampled))
-        return Choice(
-            reply.wire.content or None, reply.wire.tool_calls, finish, logprobs, len(reply.forced) + len(reply.ids)
-        )
-
-
-def _visible_text(text: str, message: Message, renderer: ChatRenderer) -> str:
-    """The content a client sees: all of the text when there is no call; else the text before
-    the calls' markup (what the family's template takes as content, for families that render
-    calls themselves; the text before ``<tool_call>`` otherwise; nothing when the whole message
-    is the call, as with Llama's JSON)."""
-    if not message.tool_calls:
-        return text
-    if renderer.family.structured_calls:
-        return renderer.family.assistant_chat(text, message.to_chat().get("tool_calls")).get("content") or ""
-    opener = text.find("<tool_call>")
-    return text[:opener].strip() if opener >= 0 else ""
-
-
-def _arguments(text: str) -> Any:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
+        return template_messages(wire, before, self._ours)

@@ -5,8 +5,8 @@ default), score every episode (environment reward plus reward functions), turn r
 group-relative advantages, take ``epochs_per_batch`` clipped policy-gradient steps whose
 importance ratios are taken against the generation logprobs (or corrected for a lag, see
 ``train/corrections.py``), push the new weights to the backend, then log and checkpoint
-(``train/run.py``, which the asynchronous pipeline shares). With ``algorithm.max_staleness`` >= 1
-generation runs ahead of the update instead (``grpo_async.py``).
+(``train/learn.py`` and ``train/run.py``, which the asynchronous pipeline shares). With
+``algorithm.max_staleness`` >= 1 generation runs ahead of the update instead (``grpo_async.py``).
 
 Choices made (see the modules for each): one optimizer step per rollout batch by default (fully
 on-policy, so the ratio is 1 up to engine/trainer numerics and clipping only guards drift);
@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..rollout.engine import arollout
-from ..train.run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
+from ..train.learn import learn
+from ..train.run import Run, after_step, draw, evaluate, evaluation_due, push_weights, rollout_config, score
 from ..train.sampling import Scored, fill
 from ..types import Sample
 
@@ -81,5 +82,6 @@ async def roll(run: Run, step: int, samples: list[Sample], first: int = 0) -> Sc
         run.renderer,
         rollout_config(run, step, len(samples), first),
         workers=run.workers,
+        on_episode=run.logbook.rolling(len(samples)) if run.logbook is not None else None,  # the heartbeat's count
     )
     return await score(run, samples, result, {"rollout": time.perf_counter() - began})

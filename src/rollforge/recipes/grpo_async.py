@@ -2,7 +2,9 @@
 
 The synchronous loop rolls out, updates, pushes the weights, and only then rolls out again:
 generation idles while the model trains and the trainer idles while episodes run. Here a producer
-keeps rolling out while the trainer updates:
+keeps rolling out while the trainer updates: a ``Producer`` starts each step's ``Batch`` (its
+samples, the prompt source's position, the task rolling it out), and ``train_async`` runs
+``train_step_async`` on each, as ``train_sync`` runs ``train_step``.
 
 - **Versions.** The backend is wrapped in a ``VersionedBackend``: version v is the weights after v
   updates. Each completion is stamped with the version that generated it, and the trainer's weight
@@ -36,12 +38,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
-from ..rollout.engine import arollout, open_session
+from ..rollout.engine import RolloutResult, arollout, open_session
 from ..train.admission import AdmissionLedger
-from ..train.run import Run, after_step, draw, evaluate, evaluation_due, learn, push_weights, rollout_config, score
+from ..train.learn import learn
+from ..train.run import Run, after_step, draw, evaluate, evaluation_due, push_weights, rollout_config, score
 from ..train.versions import VersionedBackend
+from ..types import Sample
 
 
 async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> int:
@@ -49,91 +55,124 @@ async def train_async(run: Run, on_step: Callable[..., Any] | None = None) -> in
     ``max_staleness`` versions; returns the last step done. ``on_step(step, metrics, model, backend)``
     runs after each step with the versioned backend (``backend.pinned()`` holds the weights for an
     evaluation)."""
-    config, algo = run.config, run.config.algorithm
-    k = algo.max_staleness
     versions = VersionedBackend(run.backend, version=run.start)
-    ledger = AdmissionLedger(algo.group_size)
-    steps = range(run.start + 1, config.steps + 1)
-    batches: dict[int, asyncio.Future] = {s: asyncio.get_running_loop().create_future() for s in steps}
-    rollouts: list[asyncio.Task] = []
-
-    async def rollout(step: int, samples: list) -> tuple[Any, float]:
-        began = time.perf_counter()
-        result = await arollout(
-            samples,
-            run.task_to_env,
-            versions,
-            run.renderer,
-            rollout_config(run, step, len(samples)),
-            session=session,
-            on_episode=lambda t: ledger.finish(step, t),
-        )
-        return result, time.perf_counter() - began
-
-    async def produce() -> None:
-        for step in steps:
-            try:
-                await versions.reached(step - 1 - k)
-                samples = draw(run)
-                state = run.source.state()  # what a checkpoint at this step resumes from
-                ledger.start(len(samples))
-                rollouts.append(task := asyncio.create_task(rollout(step, samples)))
-                batches[step].set_result((samples, state, task))
-            except Exception as exc:  # the trainer waiting on this step hears of it
-                batches[step].set_exception(exc)
-                raise
-
     step = run.start
-    async with open_session(run.task_to_env, config.rollout.concurrency) as session:
-        producer = asyncio.create_task(produce())
+    async with open_session(run.task_to_env, run.config.rollout.concurrency) as session:
+        producer = Producer(run, versions, session)
         try:
-            for step in steps:
-                waiting = time.perf_counter()
-                samples, state, task = await batches[step]
-                result, seconds = await task
-                waited = time.perf_counter() - waiting
-
-                def extra(
-                    done: Any, dropped: dict[str, int], step: int = step, seconds: float = seconds
-                ) -> dict[str, Any]:
-                    return {
-                        **_lag(done.trajectories, step - 1),
-                        "async/max_staleness": k,
-                        "async/rollout_seconds": seconds,
-                        **ledger.admit(
-                            step, done.trajectories, {**dropped, **_dropped(done.trajectories, algo.group_size)}
-                        ),
-                    }
-
-                metrics = await learn(
-                    run,
-                    step,
-                    await score(run, samples, result),
-                    {"wait": waited},
-                    push=lambda step=step: _push(run, versions, batches, step),
-                    oldest=step - 1 - k,
-                    extra=extra,
-                    data_state=state,
-                )
-                await after_step(on_step, step, metrics, run, versions)
+            for step in producer.steps:
+                await after_step(on_step, step, await train_step_async(run, step, producer), run, versions)
                 if evaluation_due(run, step):
                     async with versions.pinned() as version:  # no update while the held-out episodes run
                         await evaluate(run, f"step-{step}", version)
         finally:
-            for pending in [producer, *rollouts]:
-                pending.cancel()
-            await asyncio.gather(producer, *rollouts, return_exceptions=True)
+            await producer.stop()
     return step
 
 
-async def _push(run: Run, versions: VersionedBackend, batches: dict[int, asyncio.Future], step: int) -> None:
+async def train_step_async(run: Run, step: int, producer: Producer) -> dict[str, Any] | None:
+    """One step: wait for the batch the producer started for it and for its rollout, then ``learn``
+    from it (tokens older than version step - 1 - k are not trained), pushing version ``step``."""
+    waiting = time.perf_counter()
+    batch = await producer.batch(step)
+    result, seconds = await batch.rollout
+    waited = time.perf_counter() - waiting
+    return await learn(
+        run,
+        step,
+        await score(run, batch.samples, result),
+        {"wait": waited},
+        push=lambda: _push(run, producer, step),
+        oldest=step - 1 - run.config.algorithm.max_staleness,
+        extra=partial(_async_metrics, run, producer.ledger, step, seconds),
+        data_state=batch.data_state,
+    )
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's batch as the producer started it: its samples (whole groups), the prompt source's
+    position after drawing them (what a checkpoint at this step resumes from) and the task rolling
+    them out, which returns the ``RolloutResult`` and its seconds."""
+
+    samples: tuple[Sample, ...]
+    data_state: dict[str, int]
+    rollout: asyncio.Task[tuple[RolloutResult, float]]
+
+
+class Producer:
+    """From its creation, starts each step's ``Batch``, in step order, once the backend serves the
+    version the bound allows (step s: version s - 1 - k). ``batch(step)`` waits for it; a batch that
+    could not start raises there, in the trainer. Its episodes report to the admission ``ledger`` as
+    they finish; ``stop`` cancels what still runs."""
+
+    def __init__(self, run: Run, versions: VersionedBackend, session: Any):
+        self.run, self.versions, self.session = run, versions, session
+        self.ledger = AdmissionLedger(run.config.algorithm.group_size)
+        self.steps = range(run.start + 1, run.config.steps + 1)
+        loop = asyncio.get_running_loop()
+        self._batches: dict[int, asyncio.Future[Batch]] = {s: loop.create_future() for s in self.steps}
+        self._tasks = [asyncio.create_task(self._produce())]  # then each batch's rollout
+
+    async def batch(self, step: int) -> Batch:
+        return await self._batches[step]
+
+    async def stop(self) -> None:
+        """Cancel the producer and the rollouts still running, and wait until they are gone."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _produce(self) -> None:
+        run, k = self.run, self.run.config.algorithm.max_staleness
+        for step in self.steps:
+            try:
+                await self.versions.reached(step - 1 - k)
+                samples = draw(run)
+                state = run.source.state()
+                self.ledger.start(len(samples))
+                self._tasks.append(rollout := asyncio.create_task(self._rollout(step, samples)))
+                self._batches[step].set_result(Batch(tuple(samples), state, rollout))
+            except Exception as exc:  # the trainer waiting on this step hears of it
+                self._batches[step].set_exception(exc)
+                raise
+
+    async def _rollout(self, step: int, samples: list[Sample]) -> tuple[RolloutResult, float]:
+        run, began = self.run, time.perf_counter()
+        result = await arollout(
+            samples,
+            run.task_to_env,
+            self.versions,
+            run.renderer,
+            rollout_config(run, step, len(samples)),
+            session=self.session,
+            on_episode=lambda t: self.ledger.finish(step, t),
+        )
+        return result, time.perf_counter() - began
+
+
+async def _push(run: Run, producer: Producer, step: int) -> None:
     """Version ``step``: the weights after step ``step``'s update. Exactly (``exact_staleness``):
     once the batches that generate at the version it replaces, those up to step + k, have finished."""
     algo = run.config.algorithm
     if algo.exact_staleness:
         for later in range(step + 1, min(step + algo.max_staleness, run.config.steps) + 1):
-            await (await batches[later])[2]  # (samples, data state, rollout task)
-    await versions.advance(lambda: push_weights(run))
+            await (await producer.batch(later)).rollout
+    await producer.versions.advance(lambda: push_weights(run))
+
+
+def _async_metrics(
+    run: Run, ledger: AdmissionLedger, step: int, seconds: float, done: Any, dropped: dict[str, int]
+) -> dict[str, Any]:
+    """``learn``'s ``extra`` for a step whose rollout took ``seconds``: the tokens' lag, and the
+    admission ledger's record of the batch and of what of it contributes nothing."""
+    algo = run.config.algorithm
+    return {
+        **_lag(done.trajectories, step - 1),
+        "async/max_staleness": algo.max_staleness,
+        "async/rollout_seconds": seconds,
+        **ledger.admit(step, done.trajectories, {**dropped, **_dropped(done.trajectories, algo.group_size)}),
+    }
 
 
 def _lag(trajectories: Any, trained: int) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Where a training run runs: ``atrain`` (the run, in this process) and ``train`` (its synchronous
 façade, which may start the ranks on Ray instead).
 
-``atrain`` sets the run up (``train/run.py``: ``open_run``), evaluates before training, runs the
+``atrain`` sets the run up (``train/run_setup.py``: ``open_run``), evaluates before training, runs the
 synchronous loop (``grpo.py``) or, with ``algorithm.max_staleness`` >= 1, the asynchronous pipeline
 (``grpo_async.py``), evaluates after, and returns a ``TrainResult``.
 
@@ -16,17 +16,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from ..backends.base import Backend
+from typing_extensions import Unpack
+
 from ..cluster.trainers import train_on_ray
 from ..envs.base import GeneratingEnvironment
 from ..errors import ConfigError
 from ..inputs.read import read_inputs, training_prompts
 from ..train.config import TrainConfig
+from ..train.config_files import check_unchanged
 from ..train.logbook import read_metrics
-from ..train.rewards import RewardFunction
-from ..train.run import evaluate, given_environments, open_run
+from ..train.run import evaluate
+from ..train.run_setup import TrainOptions, check_options, given_environments, open_run
 from ..workers import run_sync
 from .grpo import train_sync
 from .grpo_async import train_async
@@ -40,59 +42,36 @@ class TrainResult:
     evaluations: dict[str, Any]  # "before"/"after": held-out greedy EvalResult.to_json()
 
 
-def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
-    """Synchronous façade over ``atrain``; with ``executor: ray`` and ``ray.training_workers`` > 1,
-    the ranks run on Ray actors (``cluster/trainers.py``) and this returns rank 0's result."""
+def train(config: TrainConfig, **options: Unpack[TrainOptions]) -> TrainResult:
+    """Train per ``config`` (``atrain``, on rollforge's event loop); with ``executor: ray`` and
+    ``ray.training_workers`` > 1, the ranks run on Ray actors (``cluster/trainers.py``) and this
+    returns rank 0's result. ``options``: see ``TrainOptions``."""
+    check_options(options, "train")
     if config.executor == "ray" and config.ray.training_workers > 1 and not _started_by_torchrun():
-        pooled = _pooled_environments(config, kwargs.get("environments"), kwargs.get("dataset"))
-        return train_on_ray(train_rank, config, kwargs, pooled_environments=pooled)
-    return train_rank(config, **kwargs)
+        pooled = _pooled_environments(config, options.get("environments"), options.get("dataset"))
+        return train_on_ray(train_rank, config, dict(options), pooled_environments=pooled)
+    return train_rank(config, **options)
 
 
-def train_rank(config: TrainConfig, **kwargs: Any) -> TrainResult:
+def train_rank(config: TrainConfig, **options: Unpack[TrainOptions]) -> TrainResult:
     """One rank's run (the only one, one of torchrun's, or a Ray actor's): ``atrain`` on rollforge's
     event loop."""
-    return run_sync(atrain(config, **kwargs))
+    return run_sync(atrain(config, **options))
 
 
-async def atrain(
-    config: TrainConfig,
-    *,
-    environments: Any = None,
-    dataset: Sequence[dict[str, Any]] | None = None,
-    reward_functions: Sequence[RewardFunction] = (),
-    resume: bool = False,
-    overwrite: bool = False,
-    console: bool = True,
-    on_step: Callable[..., Any] | None = None,
-    backend: Backend | None = None,
-) -> TrainResult:
-    """Train per ``config``.
-
-    ``environments``: environment objects in addition to the config's names (which then apply only
-    when set explicitly, not the default ``arithmetic``): a dict task name -> an environment class,
-    a zero-argument factory, a dict ``{name: factory}`` (TRL's multi-environment form) or an
-    ``Environment``; or one such object, named after itself. ``on_step(step, metrics, model,
-    backend)`` (sync or async) runs after each step's weight sync, e.g. for custom evaluation
-    (on rank 0, with the step's global metrics; with ``max_staleness`` >= 1 the backend is the
-    versioned one, whose ``pinned()`` holds the weights during an evaluation). ``backend``: a
-    ``Backend`` to generate with instead of the one ``model.backend`` opens (whoever opened it
-    closes it); it must generate with the trained model object or take ``update_weights``. Without
-    ``resume``, an ``out`` that holds a run already is refused, or with ``overwrite`` cleared."""
-    async with open_run(
-        config,
-        environments=environments,
-        dataset=dataset,
-        reward_functions=reward_functions,
-        resume=resume,
-        overwrite=overwrite,
-        console=console,
-        backend=backend,
-    ) as run:
+async def atrain(config: TrainConfig, **options: Unpack[TrainOptions]) -> TrainResult:
+    """Train per ``config``, with the ``options`` that ``TrainOptions`` declares (environments,
+    dataset, reward functions, resume or overwrite, console, an ``on_step`` hook, a backend of your
+    own). Without ``resume``, an ``out`` that holds a run already is refused, or with ``overwrite``
+    cleared."""
+    check_options(options, "atrain")
+    if options.get("resume") and (Path(config.out) / "checkpoints").is_dir():  # only steps etc. may change
+        check_unchanged(Path(config.out), given_environments(config, options.get("environments"))[0])
+    async with open_run(config, **options) as run:
         if run.eval_prompts and run.start == 0:
             await evaluate(run, "before", run.start)
         loop = train_async if config.algorithm.max_staleness else train_sync
-        step = await loop(run, on_step)
+        step = await loop(run, options.get("on_step"))
         if run.eval_prompts and step == config.steps:
             await evaluate(run, "after", step)
         return TrainResult(run.out, step, read_metrics(run.out / "metrics.jsonl"), run.evaluations)

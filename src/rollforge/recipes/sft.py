@@ -38,11 +38,13 @@ from ..inputs.read import Prompts, read_inputs
 from ..rollout.engine import arollout
 from ..seeds import held_out_seed, mix
 from ..train import checkpoint as ckpt
+from ..train.config_files import check_unchanged
 from ..train.logbook import Logbook, read_metrics
 from ..train.micro_batches import plan_micro_batches
 from ..train.policy import compute_dtype, load_policy, make_optimizer
 from ..train.preflight import write_config
-from ..train.update import UpdateRow, collate, mixed_precision, optimizer_step, sequence_logprobs
+from ..train.logprobs import sequence_logprobs
+from ..train.update import TrainedPolicy, UpdateRow, collate, mixed_precision, optimizer_step
 from ..types import Trajectory
 from ..workers import run_sync
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
@@ -145,12 +147,14 @@ async def asft(
     trajectories: Sequence[Trajectory] | None = None,
     console: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> SFTResult:
     """Fine-tune per ``config``. ``dataset``: in-memory conversation rows (a ``messages`` column),
     ``trajectories``: in-memory episodes (kept as they are); both join the configured sources.
-    An ``out`` that holds a run already is refused, or with ``overwrite`` cleared."""
+    An ``out`` that holds a run already is refused, or with ``overwrite`` cleared; with ``resume``
+    the run continues after its newest checkpoint (``_resumed``)."""
     out = Path(config.out)
-    ckpt.start_fresh(out, overwrite, can_resume=False)
+    resumed = _resumed(out, config, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     write_config(out, config)
     random.seed(config.seed)
@@ -158,56 +162,53 @@ async def asft(
     model, tokenizer = load_policy(config.model, config.lora)
     renderer = ChatRenderer(tokenizer)
     examples = await _source_examples(config, renderer, dataset, trajectories)
-    rounds = config.from_rollouts.rounds if config.from_rollouts.enabled else 0
-    if not examples and not rounds:
-        raise ConfigError("nothing to train on: give sources (trajectories, messages, expert) or enable from_rollouts")
-    planned = _steps(len(examples), config) + rounds * _steps(
-        config.from_rollouts.prompts * config.from_rollouts.samples_per_prompt, config
-    )
-    total = min(planned, config.max_steps or planned)
+    total = _planned_steps(config, len(examples))
     optimizer, scheduler = make_optimizer(model, config.optim, max(total, 1))
-    logbook = Logbook(out, total, 0, console=False)
-    step = 0
+    done = 0
+    if resumed is not None:
+        done = resumed.step
+        if done > min(_steps(len(examples), config), total):  # a round's rollout ran on weights now gone
+            raise ConfigError(
+                f"cannot resume {str(out)!r} after step {done}: it is inside the rejection-sampling rounds, which "
+                "resume only from the sources' steps; start over with --overwrite"
+            )
+        ckpt.restore(resumed, model, optimizer, scheduler)
+    logbook = Logbook(out, total, done, console=console)
     try:
-        trainer = _Trainer(config, model, tokenizer, optimizer, scheduler, logbook, total, console)
-        if examples:
-            step = trainer.train(examples, phase=0, step=step)
-        for phase in range(1, rounds + 1):
-            if step >= total:
-                break
-            result, kept, rollout_metrics = await rejection_sample(config, model, tokenizer, renderer, phase)
-            logbook.save_trajectories(
-                step + 1,
-                result.trajectories,
-                [t.total_reward for t in result.trajectories],
-                [None] * len(result.trajectories),
-            )
-            if console:
-                mean = rollout_metrics.get("rollout/mean_total_reward")
-                print(
-                    f"sft round {phase}: kept {len(kept)} of {rollout_metrics['rollout/episodes']} episodes "
-                    f"(mean reward {'n/a' if mean is None else f'{mean:.3f}'})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            if kept:
-                step = trainer.train(
-                    [e for t in kept for e in trajectory_examples(t)], phase=phase, step=step, extra=rollout_metrics
-                )
-        if step:
-            ckpt.save_checkpoint(
-                out / "checkpoints",
-                step,
-                model,
-                tokenizer,
-                optimizer,
-                scheduler,
-                {"step": step},
-                config.keep_checkpoints,
-            )
+        trainer = _Trainer(config, model, tokenizer, optimizer, scheduler, logbook, total, done)
+        step = trainer.train(examples, phase=0, step=0) if examples else 0
+        step = await trainer.rejection_rounds(renderer, step)
+        if step > done:
+            trainer.checkpoint(step)
     finally:
         logbook.close()
     return SFTResult(out, step, read_metrics(out / "metrics.jsonl"))
+
+
+def _resumed(out: Path, config: SFTConfig, resume: bool, overwrite: bool) -> ckpt.Loaded | None:
+    """The checkpoint a ``resume`` continues from (its config unchanged but for ``RESUMABLE`` keys),
+    or None: a fresh start, into an ``out`` that holds no run (``overwrite``: deleting it)."""
+    if resume and overwrite:
+        raise ConfigError(
+            "resume and overwrite exclude each other: continue the run in out, or delete it and start over"
+        )
+    if not resume:
+        ckpt.start_fresh(out, overwrite)
+        return None
+    if ckpt.recorded(out) is not None:
+        check_unchanged(out, config)
+    return ckpt.resumable(out)
+
+
+def _planned_steps(config: SFTConfig, n_examples: int) -> int:
+    """The run's steps: the sources' epochs, then each rejection-sampling round's (as if it kept
+    every episode), at most ``max_steps``."""
+    rounds = config.from_rollouts.rounds if config.from_rollouts.enabled else 0
+    if not n_examples and not rounds:
+        raise ConfigError("nothing to train on: give sources (trajectories, messages, expert) or enable from_rollouts")
+    per_round = config.from_rollouts.prompts * config.from_rollouts.samples_per_prompt
+    planned = _steps(n_examples, config) + rounds * _steps(per_round, config)
+    return min(planned, config.max_steps or planned)
 
 
 def _steps(n_examples: int, config: SFTConfig) -> int:
@@ -273,11 +274,11 @@ class _Trainer:
     """Epochs of seeded batches over one phase's examples; logs and checkpoints each step."""
 
     def __init__(
-        self, config: SFTConfig, model, tokenizer, optimizer, scheduler, logbook: Logbook, total: int, console: bool
+        self, config: SFTConfig, model, tokenizer, optimizer, scheduler, logbook: Logbook, total: int, done: int = 0
     ):
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.optimizer, self.scheduler, self.logbook = optimizer, scheduler, logbook
-        self.total, self.console = total, console
+        self.total, self.done = total, done  # done: the steps a resumed run's checkpoint holds
 
     def train(self, examples: Sequence[Example], *, phase: int, step: int, extra: Mapping[str, Any] = {}) -> int:
         """Train on ``examples``; ``extra`` metrics (a round's rollout) join the first step's line."""
@@ -289,6 +290,9 @@ class _Trainer:
             for start in range(0, len(order), config.batch_size):
                 if step >= self.total:
                     return step
+                if step < self.done:  # trained before the resume: the same seeded order, so the same batch
+                    step += 1
+                    continue
                 began = time.perf_counter()
                 batch = [examples[i] for i in order[start : start + config.batch_size]]
                 stats = sft_update(
@@ -317,24 +321,46 @@ class _Trainer:
                     **extra,
                 }
                 extra = {}
-                self.logbook.log(metrics)
-                if self.console:
-                    print(
-                        f"sft step {step:>4}/{self.total}  phase {phase}  loss {stats.loss:.4f}  "
-                        f"gnorm {stats.grad_norm:.3f}  tokens {stats.loss_tokens}/{stats.tokens}  "
-                        f"{metrics['time/step']:.2f}s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                self.logbook.log(metrics)  # its console line: logbook.sft_line
                 if config.checkpoint_every and step % config.checkpoint_every == 0 and step < self.total:
-                    ckpt.save_checkpoint(
-                        Path(config.out) / "checkpoints",
-                        step,
-                        self.model,
-                        self.tokenizer,
-                        self.optimizer,
-                        self.scheduler,
-                        {"step": step},
-                        config.keep_checkpoints,
-                    )
+                    self.checkpoint(step)
         return step
+
+    async def rejection_rounds(self, renderer: ChatRenderer, step: int) -> int:
+        """``from_rollouts``' rounds after ``step``: each rolls out the current model (its episodes
+        saved as the next step's trajectories) and trains on the episodes it kept."""
+        rounds = self.config.from_rollouts.rounds if self.config.from_rollouts.enabled else 0
+        for phase in range(1, rounds + 1):
+            if step >= self.total:
+                break
+            result, kept, rollout_metrics = await rejection_sample(
+                self.config, self.model, self.tokenizer, renderer, phase
+            )
+            trajectories = result.trajectories
+            self.logbook.save_trajectories(
+                step + 1, trajectories, [t.total_reward for t in trajectories], [None] * len(trajectories)
+            )
+            if self.logbook.console:
+                mean = rollout_metrics.get("rollout/mean_total_reward")
+                print(
+                    f"sft round {phase}: kept {len(kept)} of {rollout_metrics['rollout/episodes']} episodes "
+                    f"(mean reward {'n/a' if mean is None else f'{mean:.3f}'})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if kept:
+                examples = [e for t in kept for e in trajectory_examples(t)]
+                step = self.train(examples, phase=phase, step=step, extra=rollout_metrics)
+        return step
+
+    def checkpoint(self, step: int) -> None:
+        """The model, tokenizer, optimizer and schedule after ``step``, under ``out/checkpoints``."""
+        config = self.config
+        ckpt.save_checkpoint(
+            Path(config.out) / "checkpoints",
+            step,
+            TrainedPolicy(self.model, self.optimizer, self.scheduler),
+            self.tokenizer,
+            {"step": step},
+            config.keep_checkpoints,
+        )

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..cluster.config import RayConfig
 from ..errors import ConfigError
-from ..inputs.config import DataConfig, EnvConfig
+from ..inputs.config import DataConfig, EnvConfig, RewardConfig
 from ..rollout.config import RolloutConfig, describe_validation_error
 from .config_files import check_keys, read_config_data, with_section_defaults
 from .trackers import TrackerName
@@ -67,9 +67,9 @@ class VLLMConfig(_Section):
     is sent, the base weights must survive the sleep."""
 
     def backend_options(self, dtype: Any) -> dict[str, Any]:
-        """Keyword arguments of ``VLLMBackend``: the engine computes in the trainer's resolved
-        precision ``dtype`` (``torch.bfloat16`` or its name) and, when colocated, has a sleep mode
-        and a GPU memory share (its KV cache sized from that share)."""
+        """Fields of ``VLLMSettings``: the engine computes in the trainer's resolved precision
+        ``dtype`` (``torch.bfloat16`` or its name) and, when colocated, has a sleep mode and a GPU
+        memory share (its KV cache sized from that share)."""
         options: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
         if self.colocate:
             options.update(
@@ -89,18 +89,6 @@ class LoraConfig(_Section):
     """Dropout on the adapter input."""
     target_modules: list[str] | str = "all-linear"
     """Module names to adapt, or ``all-linear``."""
-
-
-class RewardConfig(_Section):
-    function: str
-    """``module:function`` with the signature ``f(prompts, completions, environments, **columns)``
-    returning one float or None (not applicable) per sample; ``async def`` is awaited."""
-    weight: float = 1.0
-    """Multiplies the function's rewards in the episode total."""
-    options: dict[str, Any] | None = None
-    """Keyword arguments of ``function`` when it names a factory of the reward function (called once
-    at start; an unknown option is an error), e.g. ``rollforge.train.judge:LLMJudge`` with
-    ``{base_url, model, rubric, timeout_s, max_concurrency}``. None: ``function`` is the reward function."""
 
 
 class AlgorithmConfig(_Section):

@@ -40,7 +40,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from ..rollout.metrics import rollout_metrics
 from ..types import Sample, Trajectory
-from .rewards import Rewards
+from ..inputs.rewards import Rewards
 
 
 @dataclass(frozen=True, repr=False)

@@ -26,7 +26,7 @@ import torch
 
 from ..types import Trajectory
 from .advantages import Advantages
-from .rewards import Rewards, mean_or_none
+from ..inputs.rewards import Rewards, mean_or_none
 from .update import UpdateStats
 
 
@@ -113,10 +113,28 @@ def step_metrics(
     lr: float,
     times: dict[str, float],
 ) -> dict[str, Any]:
-    known = [(r, t) for r, t in zip(rewards.totals, trajectories) if t.outcome != "infra_failure"]
-    totals = [r for r, _ in known]  # an infrastructure failure has no reward to count
-    out: dict[str, Any] = {
+    """The step's line, in this order: rewards, advantages and infrastructure failures, the update,
+    throughput and times, the engine's rollout metrics (the module docstring names every key)."""
+    step_seconds = sum(times.values())
+    return {
         "step": step,
+        **reward_metrics(trajectories, rewards),
+        **advantage_metrics(advantages),
+        **infra_metrics(trajectories, advantages),
+        **update_metrics(update, lr),
+        "tokens_per_second": sum(len(t.token_ids) for t in trajectories) / step_seconds if step_seconds else None,
+        **{f"time/{k}": v for k, v in times.items()},
+        "time/step": step_seconds,
+        **engine_metrics(rollout),
+    }
+
+
+def reward_metrics(trajectories: Sequence[Trajectory], rewards: Rewards) -> dict[str, Any]:
+    """``reward/mean|std|min|max`` and ``reward/env/<task>`` over the episodes whose reward is known
+    (an infrastructure failure has none to count), ``reward/fn/<name>`` and ``reward/errors``."""
+    known = [(r, t) for r, t in zip(rewards.totals, trajectories) if t.outcome != "infra_failure"]
+    totals = [r for r, _ in known]
+    out: dict[str, Any] = {
         "reward/mean": statistics.fmean(totals) if totals else None,
         "reward/std": statistics.pstdev(totals) if totals else None,
         "reward/min": min(totals, default=None),
@@ -128,35 +146,44 @@ def step_metrics(
     for name, values in rewards.per_function.items():
         out[f"reward/fn/{name}"] = mean_or_none(values)
     out["reward/errors"] = len(rewards.errors)
+    return out
+
+
+def advantage_metrics(advantages: Advantages) -> dict[str, Any]:
+    """``advantage/mean|abs_mean`` (None without episodes: dynamic sampling kept none) and the group counts."""
     values = advantages.values
-    out.update(
-        {
-            "advantage/mean": float(values.mean())
-            if values.numel()
-            else None,  # no episode: dynamic sampling kept none
-            "advantage/abs_mean": float(values.abs().mean()) if values.numel() else None,
-            "advantage/zero_variance_groups": advantages.zero_variance_groups,
-            "advantage/groups": advantages.groups,
-            **infra_metrics(trajectories, advantages),
-            "loss": update.loss,
-            "policy_loss": update.policy_loss,
-            "kl": update.kl,
-            "clip_fraction": update.clip_fraction,
-            "mean_ratio": update.mean_ratio,
-            "behaviour_weight_mean": update.behaviour_weight_mean,
-            "off_policy_tokens": update.off_policy_tokens,
-            **mismatch_metrics(update),
-            "grad_norm": update.grad_norm,
-            "lr": lr,
-            "policy_tokens": update.policy_tokens,
-            "trained_tokens": update.tokens,
-            "micro_batches": update.micro_batches,
-        }
-    )
-    step_seconds = sum(times.values())
-    out["tokens_per_second"] = sum(len(t.token_ids) for t in trajectories) / step_seconds if step_seconds else None
-    out.update({f"time/{k}": v for k, v in times.items()})
-    out["time/step"] = step_seconds
+    return {
+        "advantage/mean": float(values.mean()) if values.numel() else None,
+        "advantage/abs_mean": float(values.abs().mean()) if values.numel() else None,
+        "advantage/zero_variance_groups": advantages.zero_variance_groups,
+        "advantage/groups": advantages.groups,
+    }
+
+
+def update_metrics(update: UpdateStats, lr: float) -> dict[str, Any]:
+    """The update's losses, ratios, off-policy correction and mismatch, gradient norm, learning rate
+    and token counts."""
+    return {
+        "loss": update.loss,
+        "policy_loss": update.policy_loss,
+        "kl": update.kl,
+        "clip_fraction": update.clip_fraction,
+        "mean_ratio": update.mean_ratio,
+        "behaviour_weight_mean": update.behaviour_weight_mean,
+        "off_policy_tokens": update.off_policy_tokens,
+        **mismatch_metrics(update),
+        "grad_norm": update.grad_norm,
+        "lr": lr,
+        "policy_tokens": update.policy_tokens,
+        "trained_tokens": update.tokens,
+        "micro_batches": update.micro_batches,
+    }
+
+
+def engine_metrics(rollout: dict[str, Any]) -> dict[str, Any]:
+    """The engine's numeric rollout metrics under ``rollout/``, its error and failure counts under
+    ``rollout/errors/<kind>`` and ``rollout/failures/<kind>``."""
+    out: dict[str, Any] = {}
     for key, value in rollout.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) or value is None:
             out[f"rollout/{key}"] = value

@@ -15,7 +15,7 @@ without a submission, the code of the last ``run`` is graded instead (0.0 when t
 Grading is done on the host: inside the sandbox a small harness imports ``solution.py``, calls
 the function on each test's calls (each bounded by ``CASE_SECONDS``) and writes one JSON line
 per test to the report channel (fd 3); the host compares those outputs with the reference
-solution's, which never enter the sandbox (nor does the task module: the sandbox hides
+solution's, which never enter the sandbox (nor do the task modules: the sandbox hides
 rollforge's installation). Code that forges report lines can only claim outputs it computed
 itself, so the only way to the reward is to produce the right outputs; no answer that ignores
 the task (a constant, the input given back) passes any hidden test (``python_code_tasks``;
@@ -35,7 +35,8 @@ from ...types import Message, Sample
 from ..base import Environment
 from ..sandbox import SCRATCH_DIR, SandboxLimits, SandboxResult, run_sandboxed
 from . import python_code_tasks
-from .python_code_tasks import TASKS, TASKS_BY_NAME, CodeTask, expected_outputs
+from .code_task import CodeTask
+from .python_code_tasks import TASKS, TASKS_BY_NAME, expected_outputs
 
 MAX_RUNS = 5
 CASE_SECONDS = 1.0
