@@ -8,15 +8,18 @@
 three flags of its JSON record, which this module reads back: ``ending_of``). Gymnasium's
 distinction holds: ``terminated`` when the task reached an end state (the environment said so, or
 the model answered with no tool left to run), ``truncated`` when a limit outside the task cut it
-off (``max_seq_len``, or the environment's own limit: ``Step.truncated``), ``max_turns_reached``
-at the rollout's turn limit. A failure crosses a boundary as ``errors.EpisodeFailed`` carrying its
+off (``max_seq_len``; ``max_new_tokens``, when the environment ended the episode on a reply cut at
+it; or the environment's own limit: ``Step.truncated``), ``max_turns_reached`` at the rollout's
+turn limit. A failure crosses a boundary as ``errors.EpisodeFailed`` carrying its
 ``Failure``; the engine files it as the ``error`` ending. The ``tool_*`` kinds never end an
-episode: they are counted (``Trajectory.failures``) and reported to the model. Nothing here imports
-rollforge, so the lowest floor can use it.
+episode: they are counted (``Trajectory.failures``) and reported to the model. ``Failure`` is the
+value that carries a kind and its message. Nothing here imports rollforge, so the lowest floor can
+use it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 #: How an episode ended (``Trajectory.ending``; see the module docstring).
@@ -34,18 +37,33 @@ FailureKind = Literal[
     "env_timeout",  # one environment call exceeded the per-step timeout
     "episode_timeout",  # the whole episode exceeded the per-episode timeout
     "backend_error",  # the generation backend failed this episode's request
+    "context_exceeded",  # the prompt does not fit the model's positions: no rerun can help (``ContextExceeded``)
     "template_error",  # the conversation could not be rendered into tokens
     "reward_error",  # a reward function raised (never on a trajectory: its values count as None)
     "reward_unavailable",  # a reward service (an LLM judge) failed: the reward is unknown (``RewardUnavailable``)
 ]
 
+
+@dataclass(frozen=True)
+class Failure:
+    """Why something went wrong: a kind from ``FailureKind`` and a human-readable message."""
+
+    kind: FailureKind
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "message": self.message}
+
+
 #: An episode's outcome (``Trajectory.outcome``): ``completed`` (no ``error``: terminated, truncated,
-#: max turns, whatever tool calls failed on the way), ``policy_failure`` (an error that is the
-#: model's own doing, e.g. ``template_error``: a conversation it steered where no template renders)
-#: or ``infra_failure`` (an error of the machinery around it: the backend failed, a connection was
-#: lost, an actor died, the environment raised or hung; after the rollout, a reward judge failed).
-#: Infrastructure failures are kept out of group baselines, their reward is unknown; those of the
-#: rollout are retried (``RolloutConfig.infra_retries``).
+#: max turns, whatever tool calls failed on the way), ``policy_failure`` (an error of the episode
+#: itself, which running it again repeats: the model's own doing, e.g. ``template_error``, a
+#: conversation it steered where no template renders, or its inputs', ``context_exceeded``, a
+#: prompt longer than the model's positions) or ``infra_failure`` (an error of the machinery around
+#: it: the backend failed, a connection was lost, an actor died, the environment raised or hung;
+#: after the rollout, a reward judge failed). Infrastructure failures are kept out of group
+#: baselines, their reward is unknown; those of the rollout are retried
+#: (``RolloutConfig.infra_retries``), policy failures never are.
 Outcome = Literal["completed", "policy_failure", "infra_failure"]
 #: Error kinds that are infrastructure failures; every other ``error`` kind is a policy failure.
 INFRA_FAILURES: frozenset[str] = frozenset(

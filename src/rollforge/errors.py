@@ -8,6 +8,7 @@ that failed, and ``require`` (an optional import that raises ``MissingDependency
     ├── TemplateError                a chat template cannot be rendered incrementally
     ├── MissingDependency (ImportError)  an optional dependency is not installed (names the extra)
     ├── BackendError                 a generation backend failed a request
+    │   └── ContextExceeded          a prompt longer than the model's positions (no retry can help)
     ├── EnvironmentError_            an environment raised, timed out or broke its contract
     │   ├── SandboxUnavailable       the kernel or privileges here cannot build the sandbox
     │   ├── ServerError              an OpenEnv server answered with an error frame
@@ -85,6 +86,12 @@ class MissingDependency(RollforgeError, ImportError):
 
 class BackendError(RollforgeError):
     """A generation backend failed a request."""
+
+
+class ContextExceeded(BackendError):
+    """A request's prompt does not fit the model's positions (prompt plus one new token): a fault of
+    the episode's inputs that no rerun repairs, recorded as ``context_exceeded`` (``endings.py``), a
+    policy failure, never retried. Backends raise it instead of a plain ``BackendError``."""
 
 
 class EnvironmentError_(RollforgeError):

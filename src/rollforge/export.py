@@ -2,7 +2,8 @@
 
 ``to_dataset(source)`` takes ``Trajectory`` objects, trajectory records (the dicts of
 ``trajectories.jsonl``), or a path / glob of such files (a rollout's ``trajectories.jsonl``, a
-training run's ``trajectories/step-*.jsonl``). One row per episode, with a fixed schema so that
+training run's ``trajectories/step-*.jsonl``; a rollout directory that an interruption left with
+only ``trajectories.jsonl.partial``: the episodes it wrote). One row per episode, with a fixed schema so that
 rows of different environments concatenate:
 
 - ``index``, ``task_name``, ``step`` (training runs: the step of the file, else null);
@@ -95,8 +96,7 @@ def _records(source) -> Iterable[tuple[Any, int | None]]:
 
         pattern = Path(source)
         if pattern.is_dir():  # a run directory
-            found = pattern / "trajectories.jsonl"
-            pattern = found if found.is_file() else pattern / "trajectories" / "step-*.jsonl"
+            pattern = _run_file(pattern)
         files = sorted(pattern.parent.glob(pattern.name)) if "*" in pattern.name else [pattern]
         for file in files:
             step = _STEP.search(file.name)
@@ -105,6 +105,15 @@ def _records(source) -> Iterable[tuple[Any, int | None]]:
         return
     for record in source:
         yield record, None
+
+
+def _run_file(run: Path) -> Path:
+    """The trajectories of a run directory: a rollout's ``trajectories.jsonl``, else the episodes an
+    interrupted rollout wrote (``trajectories.jsonl.partial``), else a training run's step files."""
+    for name in ("trajectories.jsonl", "trajectories.jsonl.partial"):
+        if (run / name).is_file():
+            return run / name
+    return run / "trajectories" / "step-*.jsonl"
 
 
 def _features(datasets):

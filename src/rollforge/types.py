@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
-# The vocabulary of endings lives in ``endings``; its names are read from here too.
-from .endings import INFRA_FAILURES, Ending, FailureKind, Outcome, ending_of, outcome_of
+# The vocabulary of endings (and ``Failure``) lives in ``endings``; its names are read from here too.
+from .endings import INFRA_FAILURES, Ending, Failure, FailureKind, Outcome, ending_of, outcome_of
 from .errors import InvariantError
 from .json_forms import image_json, json_float, jsonable
 from .invariants import check_segments, check_trajectory
@@ -154,17 +154,6 @@ def _coerce_call(value: Any) -> ToolCall:
 
 
 @dataclass(frozen=True)
-class Failure:
-    """Why something went wrong: a kind from ``FailureKind`` and a human-readable message."""
-
-    kind: FailureKind
-    message: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"kind": self.kind, "message": self.message}
-
-
-@dataclass(frozen=True)
 class Sample:
     """One rollout request.
 
@@ -217,7 +206,9 @@ class Segment:
     logprobs) and the observations appended after them (mask 0). ``messages``: how many of the
     trajectory's messages its ids render (the rest came after it). ``history``: the messages its
     ids render when they are not the trajectory's first ones (an agent sent a rewritten history
-    back after it, e.g. its replies as "Calling tools: [...]" text); empty otherwise."""
+    back after it, e.g. its replies as "Calling tools: [...]" text); empty otherwise. ``tools``: the
+    tool schemas its prompt rendered when they are not the trajectory's (``Trajectory.tools``, the
+    last segment's): two agents of one gateway session, each with its own tools; None otherwise."""
 
     token_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
@@ -225,6 +216,7 @@ class Segment:
     prompt_length: int
     messages: int
     history: tuple[Message, ...] = ()
+    tools: tuple[Mapping[str, Any], ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -234,6 +226,7 @@ class Segment:
             "prompt_length": self.prompt_length,
             "messages": self.messages,
             **({"history": [m.to_json() for m in self.history]} if self.history else {}),
+            **({"tools": jsonable(self.tools)} if self.tools is not None else {}),
         }
 
 
@@ -372,6 +365,7 @@ class Trajectory:
                 s["prompt_length"],
                 s["messages"],
                 tuple(Message.from_json(m) for m in s.get("history") or ()),
+                tuple(s["tools"]) if s.get("tools") is not None else None,
             )
             for s in record.get("segments") or ()
         )

@@ -11,7 +11,7 @@ import pytest
 from rollforge.cli import main as cli_main
 from rollforge.cli import train as cli_train
 from rollforge.cli.main import main
-from rollforge.cli.rollout import PartialWriter, read_partial
+from rollforge.cli.rollout_results import PartialWriter, read_partial
 
 
 def _rollforge_lines(err: str) -> list[str]:

@@ -15,8 +15,9 @@ from transformers import AutoTokenizer
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.cli import rollout as cli_rollout
+from rollforge.cli import rollout_results
 from rollforge.cli.main import build_parser, main
-from rollforge.cli.rollout import PartialWriter, read_partial, run_with_progress
+from rollforge.cli.rollout_results import PartialWriter, read_partial, run_with_progress
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.types import Sample
@@ -94,9 +95,9 @@ def test_a_final_write_that_fails_leaves_no_half_written_file(tmp_path, monkeypa
             f.write(text[:3])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(cli_rollout.Path, "write_text", full)
+    monkeypatch.setattr(rollout_results.Path, "write_text", full)
     with pytest.raises(OSError) as caught:
-        cli_rollout.write_results(tmp_path, [], {"episodes": 0})
+        rollout_results.write_results(tmp_path, [], {"episodes": 0})
     assert caught.value.filename == str(tmp_path / "trajectories.jsonl")
     assert list(tmp_path.iterdir()) == []
 

@@ -9,6 +9,7 @@ logprobs of the scripted tokens, so the step's importance ratios start at 1 as o
 episode's answer is right or wrong by its sampling seed, so a group's rewards differ."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from rollforge.chat.render import ChatRenderer, token_fidelity_gap
 from rollforge.gateway import AgentEnvironment
 from rollforge.recipes.launch import train
 from rollforge.train.config import load_config
-from rollforge.train.update import sequence_logprobs
+from rollforge.train.logprobs import sequence_logprobs
 from rollforge.types import Completion, Trajectory
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,12 +46,23 @@ class TeacherForcedPolicy(ScriptedBackend):
         return Completion(completion.token_ids, tuple(logprobs.tolist()), completion.finish_reason)
 
 
+def long_context(model_dir, out):
+    """A copy of the tiny model that handles 8,192 positions instead of 1,024, as the harnesses'
+    own prompts need (training refuses a max_seq_len over the model's positions); its rotary
+    embeddings have no table that depends on the number, so the weights are the same."""
+    shutil.copytree(model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    return out
+
+
 def one_grpo_step(tmp_path, tiny_model_dir, agent, script):
     """Trains one step (one prompt, a group of two episodes) on ``AgentEnvironment(agent)`` with
     the scripted policy, checks that it trained on the recorded trajectories and changed the
     weights, and returns those trajectories."""
     from transformers import AutoTokenizer
 
+    tiny_model_dir = long_context(tiny_model_dir, tmp_path / "model")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     renderer = ChatRenderer(tokenizer)
     backend = TeacherForcedPolicy(

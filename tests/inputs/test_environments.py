@@ -11,7 +11,7 @@ from rollforge.inputs.data import rows_to_samples
 from rollforge.inputs.environments import build_environments, check_routes, import_attribute
 from rollforge.recipes.launch import train
 from rollforge.train.config import TrainConfig
-from rollforge.train.run import given_environments
+from rollforge.train.run_setup import given_environments
 
 
 def test_each_kind_of_name_builds_the_right_environment(tmp_path):

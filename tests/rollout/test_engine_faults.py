@@ -26,7 +26,7 @@ from rollforge.envs import factory
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
-from rollforge.rollout.episode import PARSE_INLINE_CHARS
+from rollforge.rollout.context import PARSE_INLINE_CHARS
 from rollforge.rollout.metrics import rollout_metrics
 from rollforge.testing import HANG_SECONDS, wait_until
 from rollforge.types import Completion, Message, Sample

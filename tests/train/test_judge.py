@@ -20,7 +20,7 @@ from rollforge.errors import ConfigError, RewardUnavailable
 from rollforge.train.advantages import compute_advantages
 from rollforge.train.config import RewardConfig, load_config
 from rollforge.train.judge import DEFAULT_RUBRICS, LLMJudge, judge_messages, parse_scores
-from rollforge.train.rewards import RewardFunction, Rewards, compute_rewards, load_reward_functions, record_unavailable
+from rollforge.inputs.rewards import RewardFunction, Rewards, compute_rewards, load_reward_functions, record_unavailable
 from rollforge.types import Failure, Message, Sample, Trajectory
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from rollforge.models import load_model
 from rollforge.recipes.launch import train
 from rollforge.train import checkpoint as ckpt
-from rollforge.train.rewards import RewardFunction
+from rollforge.inputs.rewards import RewardFunction
 
 pytest.importorskip("peft")
 

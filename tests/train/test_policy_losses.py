@@ -15,7 +15,8 @@ from rollforge.train.corrections import MaskedImportance, Proximal, TruncatedImp
 from rollforge.train.losses import ClippedPolicyLoss, SequenceMean, TokenMean, mismatch
 from rollforge.train.policy_losses import POLICY_LOSSES, CISPOLoss, GSPOLoss, policy_loss
 from rollforge.train.step_metrics import merge_update_stats, mismatch_metrics
-from rollforge.train.update import UpdateRow, UpdateStats, policy_update, sequence_logprobs
+from rollforge.train.logprobs import sequence_logprobs
+from rollforge.train.update import TrainedPolicy, UpdateRow, UpdateSettings, UpdateStats, policy_update
 
 from grouped_rows import grouped_rows
 
@@ -252,14 +253,12 @@ def test_the_trained_model_generating_has_no_mismatch(tiny_model_dir):
     weights = TokenMean().weights([e.mask for e in episodes])
     advantages = torch.linspace(-1, 1, len(episodes))
     stats = policy_update(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
+        TrainedPolicy(model, torch.optim.SGD(model.parameters(), lr=0.0)),
         episodes,
         advantages,
         weights,
         policy_loss(),
-        micro_batch_tokens=100_000,
-        pad_id=tokenizer.pad_token_id,
+        UpdateSettings(micro_batch_tokens=100_000, pad_id=tokenizer.pad_token_id),
         proximal=Proximal(len(episodes)),
     )
     assert stats.policy_tokens > 0
@@ -303,14 +302,12 @@ def test_micro_batches_and_shared_prompts_give_the_full_batch_gradient(tiny_mode
                 captured.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
 
         stats = policy_update(
-            model,
-            Capture(model.parameters(), lr=0.0),
+            TrainedPolicy(model, Capture(model.parameters(), lr=0.0)),
             episodes,
             advantages,
             weights,
             loss_fn,
-            micro_batch_tokens=budget,
-            pad_id=0,
+            UpdateSettings(micro_batch_tokens=budget, pad_id=0),
             group_size=group_size,
             proximal=Proximal(len(episodes)),
         )
@@ -355,7 +352,7 @@ def test_a_run_trains_with_the_chosen_loss_and_logs_the_mismatch(tiny_config, na
     import yaml
 
     from rollforge.recipes.launch import train
-    from rollforge.train.rewards import RewardFunction
+    from rollforge.inputs.rewards import RewardFunction
 
     config = tiny_config("steps=1", f"algorithm.policy_loss={name}", "algorithm.epochs_per_batch=2", "optim.lr=1e-2")
     [step] = train(config, reward_functions=[RewardFunction("first_code", _first_code)], console=False).history

@@ -14,7 +14,7 @@ from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import ConfigError
 from rollforge.rollout.engine import arollout
 from rollforge.train.config import RewardConfig
-from rollforge.train.rewards import RewardFunction, compute_rewards, load_reward_functions, mean_or_none
+from rollforge.inputs.rewards import RewardFunction, compute_rewards, load_reward_functions, mean_or_none
 from rollforge.types import Message, Sample, Trajectory
 
 
@@ -89,11 +89,11 @@ def test_functions_load_from_modules_and_files(tmp_path):
     loaded = load_reward_functions([RewardConfig(function=f"{tmp_path / 'my_rewards.py'}:shout", weight=0.5)])
     assert loaded[0].name == "shout" and loaded[0].weight == 0.5 and loaded[0].function([1], [2]) == [1.0]
     assert (
-        load_reward_functions([RewardConfig(function="rollforge.train.rewards:mean_or_none")])[0].function([None])
+        load_reward_functions([RewardConfig(function="rollforge.inputs.rewards:mean_or_none")])[0].function([None])
         is None
     )
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
-        load_reward_functions([RewardConfig(function="rollforge.train.rewards:nope")])
+        load_reward_functions([RewardConfig(function="rollforge.inputs.rewards:nope")])
     with pytest.raises(ConfigError, match="cannot import module"):
         load_reward_functions([RewardConfig(function="no_such_module_xyz:f")])
 

@@ -13,7 +13,7 @@ import pytest
 from rollforge.errors import ConfigError
 from rollforge.recipes.launch import train
 from rollforge.train.config import load_config
-from rollforge.train.rewards import RewardFunction, Rewards
+from rollforge.inputs.rewards import RewardFunction, Rewards
 from rollforge.train.sampling import Scored, fill, join, known, round_size, take, varied_groups
 from rollforge.types import Failure, Message, Trajectory
 

@@ -8,8 +8,8 @@ from rollforge.backends.base import SamplingParams
 from rollforge.models import load_model
 from rollforge.recipes.launch import train
 from rollforge.train.config import load_config
-from rollforge.train.rewards import RewardFunction
-from rollforge.train.update import sequence_logprobs
+from rollforge.inputs.rewards import RewardFunction
+from rollforge.train.logprobs import sequence_logprobs
 
 pytest.importorskip("vllm")
 

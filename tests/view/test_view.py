@@ -17,7 +17,7 @@ from rollforge.backends.scripted import ScriptedBackend
 from rollforge.chat.render import ChatRenderer
 from rollforge.chat.toolcalls import get_parser
 from rollforge.cli.main import main
-from rollforge.cli.rollout import write_results
+from rollforge.cli.rollout_results import write_results
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError
 from rollforge.models import load_tokenizer

@@ -1,8 +1,10 @@
 """Is a trajectory token-exact? Each segment against the template's rendering, by ids.
 
 ``token_fidelity_gap`` is the check the tests and benchmarks run on every trajectory: each segment
-is compared with ``ChatRenderer.conversation_ids`` of the messages it covers, so forged control
-tokens (text that became a control token) are caught, which comparing decoded text cannot do.
+is compared with ``ChatRenderer.conversation_ids`` of the messages it covers, rendered with the
+tools it was shown (``Segment.tools``: two agents of one session offer different tools; else the
+trajectory's), so forged control tokens (text that became a control token) are caught, which
+comparing decoded text cannot do.
 """
 
 from __future__ import annotations
@@ -43,20 +45,18 @@ def token_fidelity_gap(trajectory: Trajectory, renderer: ChatRenderer) -> str | 
 
 def _segment_gap(segment: Segment, trajectory: Trajectory, renderer: ChatRenderer, cut_allowed: bool) -> str | None:
     ids, messages = list(segment.token_ids), segment.history or trajectory.messages[: segment.messages]
+    tools = segment.tools if segment.tools is not None else trajectory.tools
     if (
         not ids and not messages
     ):  # an episode that failed before anything was rendered (an agent's first request refused)
         return None
-    gap = _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools), renderer, cut_allowed, closing=True)
-    if (
-        gap is None
-        or _ids_gap(ids, renderer.conversation_ids(messages, trajectory.tools, True), renderer, cut_allowed) is None
-    ):
+    gap = _ids_gap(ids, renderer.conversation_ids(messages, tools), renderer, cut_allowed, closing=True)
+    if gap is None or _ids_gap(ids, renderer.conversation_ids(messages, tools, True), renderer, cut_allowed) is None:
         return None
     mask = segment.loss_mask
     if messages and messages[-1].role == "assistant" and mask and mask[-1] == 1:
         start = len(mask) - next(i for i, bit in enumerate(reversed(mask)) if bit == 0) if 0 in mask else 0
-        head = renderer.conversation_ids(messages[:-1], trajectory.tools, add_generation_prompt=True)
+        head = renderer.conversation_ids(messages[:-1], tools, add_generation_prompt=True)
         if _ids_gap(ids[:start], head, renderer, False) is not None and ids[: len(head)] == head:
             start = len(head)  # the generation opened with forced tokens (mask 0: the gateway's tool_choice)
         if _ids_gap(ids[:start], head, renderer, False) is None:

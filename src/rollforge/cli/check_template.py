@@ -111,7 +111,7 @@ def load(model: str, tokenizer_name: str | None) -> tuple[Any, str]:
     """(tokenizer with the chat template to check, a description of where it came from)."""
     path = Path(model).expanduser()
     if path.is_file():
-        text = path.read_text(encoding="utf-8")
+        text = template_text(model, path)
         if path.suffix == ".json":
             try:
                 text = json.loads(text)["chat_template"]
@@ -119,6 +119,7 @@ def load(model: str, tokenizer_name: str | None) -> tuple[Any, str]:
                 raise ConfigError(f"{model!r} is JSON without a 'chat_template' string") from None
             if isinstance(text, list):  # named templates: the default one
                 text = next((t["template"] for t in text if t.get("name") == "default"), text[0]["template"])
+        check_is_template(model, text)
         if tokenizer_name:
             from ..models import load_tokenizer
 
@@ -139,6 +140,30 @@ def load(model: str, tokenizer_name: str | None) -> tuple[Any, str]:
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"model {model!r} has no chat template; pass a template file instead")
     return tokenizer, f"{model} (its own tokenizer and template)"
+
+
+#: Files that are something else than a chat template, whatever braces they hold.
+_NOT_TEMPLATES = (".py", ".pyc", ".yaml", ".yml", ".jsonl", ".toml", ".md", ".ipynb", ".safetensors", ".gguf")
+
+
+_EXPECTED = "expected a Jinja chat template (.jinja), a tokenizer_config.json with 'chat_template', or a model"
+
+
+def template_text(name: str, path: Path) -> str:
+    """The text of a file given as a template; a Python, YAML or weights file, or one that is not
+    text, is refused (it would be rendered verbatim and reported as a template that does not work)."""
+    if path.suffix.lower() in _NOT_TEMPLATES:
+        raise ConfigError(f"{name!r} is not a chat template (a {path.suffix} file): {_EXPECTED}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name!r} is not a chat template (not UTF-8 text): {_EXPECTED}") from None
+
+
+def check_is_template(name: str, text: Any) -> None:
+    """A template writes something: Jinja text with ``{{ ... }}`` in it."""
+    if not isinstance(text, str) or "{{" not in text or "}}" not in text:
+        raise ConfigError(f"{name!r} is not a chat template (no Jinja {{{{ ... }}}} in it): {_EXPECTED}")
 
 
 def add_control_tokens(tokenizer: Any, template: str) -> int:

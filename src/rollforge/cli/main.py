@@ -28,10 +28,22 @@ from . import view as view_command
 
 
 class _Parser(argparse.ArgumentParser):
-    """Answers a bad command line in one line (not the usage block), like every other mistake."""
+    """Answers a bad command line in one line (not the usage block), like every other mistake; a
+    misspelled flag gets the nearest one of its command, as a misspelled config key does."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # each (sub)command's parser checks its own flags
+        namespace, extras = super().parse_known_args(args, namespace)
+        flags = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        for extra in extras:
+            if extra.startswith("--"):
+                from ..train.config_files import did_you_mean
+
+                if hint := did_you_mean(extra.partition("=")[0], flags):
+                    self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace, extras
 
 
 def build_parser() -> argparse.ArgumentParser:

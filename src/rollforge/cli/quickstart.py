@@ -34,7 +34,7 @@ def add_parser(commands: Any) -> None:
 
 
 def _quickstart(args: Any) -> int:
-    from ..cli.rollout import check_out_dir
+    from ..cli.rollout_results import check_out_dir
     from ..recipes.quickstart import PRESETS, quickstart
     from ..recipes.sft_config import load_sft_config
 

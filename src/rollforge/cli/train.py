@@ -1,7 +1,9 @@
 """``rollforge train CONFIG.yaml [--set key=value ...] [--resume | --overwrite]``: the GRPO run of
 ``recipes/launch.py``, into an ``out`` that holds no run yet, or continuing (``--resume``) or
 replacing (``--overwrite``) the one it holds; interrupted (Ctrl-C), it exits 130 naming the step to
-resume after. ``--nproc N`` runs the same command under torchrun on N ranks.
+resume after. ``--nproc N`` runs the same command under torchrun on N ranks. Around the run
+(``starts.py``): a changed config on ``--resume`` is refused and a finished one has nothing to do;
+a failed start leaves no ``config.yaml``; the end prints a summary and writes ``report.md``.
 
 The flags every training command takes (``--set``, ``--executor``, ``--ray-address``) and the
 config they build are public here (``add_run_flags``, ``flag_overrides``, ``load_train_config``):
@@ -11,6 +13,7 @@ config they build are public here (``add_run_flags``, ``flag_overrides``, ``load
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,7 @@ def _train(args: Any) -> int:
     from ..recipes.launch import train
     from ..train.config import TrainConfig
     from ..train.config_files import describe_config
+    from . import starts
 
     if args.help_config:
         print(describe_config(TrainConfig))
@@ -94,14 +98,24 @@ def _train(args: Any) -> int:
     if args.config is None:
         raise ConfigError("rollforge train needs a config file (see examples/), or --help-config")
     config = load_train_config(args.config, flag_overrides(args), args)
+    out = Path(config.out)
+    if args.resume and (done := starts.resume_start(config, config.steps)) is not None:
+        print(starts.nothing_to_do(out, done, config.steps))
+        return 0
     if args.nproc is not None:
+        _check_launcher_flags(args)
+        starts.check_launch(config, args.nproc * args.nnodes)  # once here, not once per rank
         return _torchrun(args)
+    since = starts.resumed_from(out) if args.resume else 0
+    began = time.perf_counter()
     try:
-        result = train(config, resume=args.resume, overwrite=args.overwrite)
+        with starts.clean_failed_start(out):
+            result = train(config, resume=args.resume, overwrite=args.overwrite)
     except KeyboardInterrupt:  # the step in flight finished its update and checkpoint, or was dropped
-        print(f"rollforge: interrupted; {_where_to_continue(Path(config.out))}", file=sys.stderr)
+        print(f"rollforge: interrupted; {_where_to_continue(out)}", file=sys.stderr)
         return 130
-    print(f"trained {result.steps} steps -> {result.out}")
+    if (lines := starts.finish_train(result, since, time.perf_counter() - began)) is not None:
+        print(lines)  # rank 0's
     return 0
 
 
@@ -116,17 +130,19 @@ def _where_to_continue(out: Path) -> str:
     return "nothing was recorded: run it again"
 
 
-def _torchrun(args: Any) -> int:
-    """Re-run this command under torchrun on ``--nproc`` ranks (per node), without the launcher flags."""
-    import subprocess
-    import sys
-
+def _check_launcher_flags(args: Any) -> None:
     from ..errors import ConfigError
 
     if args.nproc < 1 or args.nnodes < 1:
         raise ConfigError(f"--nproc and --nnodes must be >= 1, got {args.nproc} and {args.nnodes}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise ConfigError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+
+
+def _torchrun(args: Any) -> int:
+    """Re-run this command under torchrun on ``--nproc`` ranks (per node), without the launcher flags."""
+    import subprocess
+
     where = (
         ["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
         if args.nnodes > 1

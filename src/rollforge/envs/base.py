@@ -167,7 +167,7 @@ class Environment(abc.ABC):
 class GeneratingEnvironment(Environment):
     """An environment that runs its episodes itself, generation included: an agent program that
     talks to rollforge's OpenAI-compatible gateway (``gateway/agent.py``). The engine hands each of
-    its episodes to ``run_episode`` with the episode's context (``rollout.episode.EpisodeContext``:
+    its episodes to ``run_episode`` with the episode's context (``rollout.context.EpisodeContext``:
     backend, renderer, tool-call parser, rollout config) instead of running its turn loop; lockstep
     barriers do not hold it. The trajectory follows the engine's rules: mask 1 exactly on generated
     tokens, limits from the rollout config, a failure recorded on it and never raised."""

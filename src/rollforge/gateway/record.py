@@ -2,8 +2,9 @@
 
 A session's agents (``Session.agent``) each record their own segments; the session's record holds
 the segments of the requests that named no agent, then each agent's, in the order the agents first
-spoke (``combined``). Every segment is token-exact against the rendering of its own messages,
-which it keeps when they are not the first messages of the trajectory (``Segment.history``).
+spoke (``combined``). Every segment is token-exact against the rendering of its own messages
+with its own tools, which it keeps when they are not the first messages of the trajectory
+(``Segment.history``) or not the tools of the last segment (``Segment.tools``).
 """
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ class SessionRecord:
         if rewards:
             rewards[-1] = float(reward or 0.0)
         last = self.segments[-1] if self.segments else RecordedSegment((), (), (), (), (), 0)
-        parts = [
-            (Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages)), s.messages)
+        parts = [  # a segment keeps the tools it was shown when they are not the last's (another agent's)
+            (
+                Segment(s.token_ids, s.loss_mask, s.logprobs, s.prompt_length, len(s.messages), tools=_own(s, last)),
+                s.messages,
+            )
             for s in self.segments
         ]
         return Trajectory(
@@ -90,6 +94,11 @@ class SessionRecord:
             generation_seconds=self.generation_seconds,
             environment_seconds=environment_seconds,
         )
+
+
+def _own(segment: RecordedSegment, last: RecordedSegment) -> tuple[Mapping[str, Any], ...] | None:
+    """The tools ``segment`` was shown, when they are not ``last``'s (the trajectory's); else None."""
+    return segment.tools if segment.tools != last.tools else None
 
 
 def combined(session_id: str, records: Sequence[SessionRecord]) -> SessionRecord:

@@ -1,6 +1,6 @@
 """What a run reads: its environments and its prompts, read once, and its evaluation.
 
-A floor below ``train/`` and beside nothing that trains: training (``train/run.py``), the recipes
+A floor below ``train/`` and beside nothing that trains: training (``train/run_setup.py``), the recipes
 (SFT's rejection sampling, the quickstart), ``rollforge rollout``, ``rollforge eval`` and the
 benchmarks all read their inputs here, so ``rollforge rollout`` never enters ``train/``.
 

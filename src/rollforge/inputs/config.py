@@ -1,8 +1,10 @@
-"""The settings of what a run reads: its ``environments`` and its ``data`` (prompts).
+"""The settings of what a run reads: its ``environments``, its ``data`` (prompts) and its
+``rewards`` (reward functions).
 
 Closed, typed and documented like every other section (``rollforge train --help-config`` prints
-them): ``TrainConfig`` holds both, ``SFTConfig``'s rejection sampling holds environments, and
-``rollforge rollout`` builds ``EnvConfig`` values from its ``--env`` flags.
+them): ``TrainConfig`` holds all three, ``SFTConfig``'s rejection sampling holds environments, and
+``rollforge rollout`` and ``rollforge eval`` build ``EnvConfig`` and ``RewardConfig`` values from
+their ``--env`` and ``--reward`` flags.
 """
 
 from __future__ import annotations
@@ -40,3 +42,15 @@ class DataConfig(_Section):
     """Prepended as a system message to prompts given as text."""
     shuffle: bool = True
     """Shuffle prompts every epoch (seeded by ``seed`` and the epoch)."""
+
+
+class RewardConfig(_Section):
+    function: str
+    """``module:function`` with the signature ``f(prompts, completions, environments, **columns)``
+    returning one float or None (not applicable) per sample; ``async def`` is awaited."""
+    weight: float = 1.0
+    """Multiplies the function's rewards in the episode total."""
+    options: dict[str, Any] | None = None
+    """Keyword arguments of ``function`` when it names a factory of the reward function (called once
+    at start; an unknown option is an error), e.g. ``rollforge.train.judge:LLMJudge`` with
+    ``{base_url, model, rubric, timeout_s, max_concurrency}``. None: ``function`` is the reward function."""

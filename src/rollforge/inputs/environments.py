@@ -21,6 +21,7 @@ factories nor a configured environment.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -132,7 +133,9 @@ def import_attribute(path: str) -> Any:
         ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (from {path!r})")
+            near = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (from {path!r}){hint}")
         target = getattr(target, part)
     return target
 

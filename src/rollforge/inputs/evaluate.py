@@ -2,8 +2,9 @@
 
 Greedy evaluation (the default) runs each prompt once. Sampled evaluation runs it ``n`` times and
 reports the unbiased pass@k estimate of Chen et al. (2021) for every k <= n: with c of n samples
-successful (total reward >= ``success_threshold``), pass@k = 1 - C(n - c, k) / C(n, k), averaged
-over prompts.
+successful (reward >= ``success_threshold``), pass@k = 1 - C(n - c, k) / C(n, k), averaged
+over prompts. An episode's reward is its environment's total reward plus the weighted
+``Scoring.reward_functions``, applied as training applies them (``inputs/rewards.py``).
 
 ``evaluate`` opens the backend a ``BackendConfig`` describes (here, or on replicas:
 ``open_generation``), evaluates on it and closes it: the base model before the quickstart's warm-up,
@@ -26,6 +27,7 @@ from ..errors import ConfigError
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..types import Sample, Trajectory
+from .rewards import compute_rewards
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class EvalResult:
     pass_at_k: dict[int, float]
     per_task: dict[str, float]
     trajectories: tuple[Trajectory, ...] = field(repr=False, default=())
+    #: Each episode's reward (its environment's plus the reward functions'), in order.
+    rewards: tuple[float, ...] = field(repr=False, default=())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +57,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How an evaluation samples and scores: ``samples_per_prompt`` episodes of each prompt (the n
+    of pass@k; more than 1 needs sampling, not greedy decoding), the reward that counts as a pass,
+    and the reward functions added to the environments' rewards."""
+
+    samples_per_prompt: int = 1
+    success_threshold: float = 1.0
+    reward_functions: tuple[Any, ...] = ()
+
+
 async def aevaluate(
     prompts: Sequence[Sample],
     task_to_env: Mapping[str, Environment],
@@ -60,12 +75,12 @@ async def aevaluate(
     renderer: ChatRenderer,
     config: RolloutConfig,
     *,
-    samples_per_prompt: int = 1,
-    success_threshold: float = 1.0,
+    scoring: Scoring = Scoring(),
     workers: Any = None,
 ) -> EvalResult:
-    """``workers``: an open ``EngineWorkers`` pool to run the episodes on (``arollout``)."""
-    n = samples_per_prompt
+    """``scoring``: see ``Scoring``; ``workers``: an open ``EngineWorkers`` pool to run the episodes
+    on (``arollout``)."""
+    n = scoring.samples_per_prompt
     if n < 1:
         raise ConfigError(f"samples_per_prompt must be >= 1, got {n}")
     if config.greedy and n > 1:
@@ -73,15 +88,18 @@ async def aevaluate(
     samples = [s for s in prompts for _ in range(n)]
     result = await arollout(samples, task_to_env, backend, renderer, config, workers=workers)
     trajectories = result.trajectories
-    rewards = [t.total_reward for t in trajectories]
+    rewards = (await compute_rewards(trajectories, samples, scoring.reward_functions)).totals
     passes: dict[int, float] = {}
     for k in range(1, n + 1):
         passes[k] = statistics.fmean(
-            pass_at_k(n, sum(r >= success_threshold for r in rewards[i : i + n]), k) for i in range(0, len(rewards), n)
+            pass_at_k(n, sum(r >= scoring.success_threshold for r in rewards[i : i + n]), k)
+            for i in range(0, len(rewards), n)
         )
     tasks = sorted({t.task_name for t in trajectories})
-    per_task = {task: statistics.fmean(t.total_reward for t in trajectories if t.task_name == task) for task in tasks}
-    return EvalResult(len(trajectories), statistics.fmean(rewards), passes, per_task, trajectories)
+    per_task = {
+        task: statistics.fmean(r for t, r in zip(trajectories, rewards) if t.task_name == task) for task in tasks
+    }
+    return EvalResult(len(trajectories), statistics.fmean(rewards), passes, per_task, trajectories, tuple(rewards))
 
 
 async def evaluate(
@@ -92,18 +110,9 @@ async def evaluate(
     config: RolloutConfig,
     *,
     hf_model: Any = None,
-    samples_per_prompt: int = 1,
-    success_threshold: float = 1.0,
+    scoring: Scoring = Scoring(),
 ) -> EvalResult:
     """``aevaluate`` on the backend ``generation`` describes, opened for it (on ``hf_model``, a loaded
     model, when given; the renderer's tokenizer) and closed after."""
     async with open_generation(generation, hf_model=hf_model, tokenizer=renderer.tokenizer) as backend:
-        return await aevaluate(
-            prompts,
-            task_to_env,
-            backend,
-            renderer,
-            config,
-            samples_per_prompt=samples_per_prompt,
-            success_threshold=success_threshold,
-        )
+        return await aevaluate(prompts, task_to_env, backend, renderer, config, scoring=scoring)

@@ -2,10 +2,18 @@
 ``check_prompt_lengths`` also runs early in the CLI and in training, before the model loads).
 An engine worker runs its shard unchecked (``engine.run_checked``): its rollout's process checked
 the whole batch.
+
+The model's positions (``model_positions``, read from its ``config.json`` without loading it) bound
+``max_seq_len`` where the model is known before the first step (the CLI, training's preflight):
+a ``max_seq_len`` above them is refused in one line naming both numbers (``fit_max_seq_len``;
+left unset, the CLI's default is lowered to them), and a prompt longer than them is named with
+both numbers (``check_prompt_lengths``). The engine itself does not know the model: a prompt the
+backend refuses as too long for it fails its episode as ``context_exceeded`` (``calls.py``).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
@@ -62,11 +70,14 @@ def check_prompt_lengths(
     setting: str,
     task_to_env: Mapping[str, Environment] | None = None,
     parser: Any = None,
+    positions: int | None = None,
 ) -> None:
     """Refuse prompts that leave no room to generate under ``max_seq_len`` (``setting`` names the
-    option to raise), measured as the episode will render them: with ``task_to_env`` and
-    ``parser``, with the tools each environment offers (``Environment.offered_tools``; in the
-    system prompt when the template renders no tools). Prompts are counted from 1. Not measured:
+    option to raise; when ``max_seq_len`` is the model's ``positions`` or more, the message names
+    those instead, as raising the option cannot help), measured as the episode will render them:
+    with ``task_to_env`` and ``parser``, with the tools each environment offers
+    (``Environment.offered_tools``; in the system prompt when the template renders no tools).
+    Prompts are counted from 1. Not measured:
     prompts the template cannot render (their episodes record a ``template_error``, as a rollout
     without ``check_template`` does) and those of environments that run their own episodes
     (``GeneratingEnvironment``), which write their own prompts."""
@@ -91,11 +102,54 @@ def check_prompt_lengths(
             too_long.append((n, lengths[key][0], bool(tools)))
     if too_long:
         n, length, with_tools = too_long[0]
+        prompt = f"prompt {n} is already {length} tokens{' with the description of its tools' if with_tools else ''}"
         others = f" (and {len(too_long) - 1} more prompts)" if len(too_long) > 1 else ""
+        if positions is not None and max_seq_len >= positions:
+            raise ConfigError(
+                f"the model handles at most {positions} positions but {prompt}{others}; shorten the prompts "
+                "or use a model with a longer context"
+            )
         raise ConfigError(
-            f"{setting}={max_seq_len} leaves no room to generate: prompt {n} is already {length} tokens"
-            f"{' with the description of its tools' if with_tools else ''}{others}; raise {setting} or shorten the prompts"
+            f"{setting}={max_seq_len} leaves no room to generate: {prompt}{others}; raise {setting} or shorten the prompts"
         )
+
+
+#: Keys of a model's ``config.json`` that give its positions, in the order they are read.
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def model_positions(model: str) -> int | None:
+    """The positions (prompt plus generated tokens) the model ``model`` handles, read from its
+    ``config.json`` (a vision-language model's ``text_config``) without loading it; None when it
+    has none or says nothing (an adapter directory alone)."""
+    from ..models import resolve_model  # here: ``models`` imports torch, which an engine worker never needs
+
+    path = resolve_model(model) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # loading the model names what is wrong with it
+    for section in (config, config.get("text_config") or {}):
+        for key in POSITION_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def fit_max_seq_len(max_seq_len: int | None, positions: int | None, setting: str, default: int) -> int:
+    """``max_seq_len`` as given, refused in one line when it is more than the model's ``positions``;
+    not given (None), ``default`` lowered to the positions."""
+    if max_seq_len is None:
+        return default if positions is None else min(default, positions)
+    if positions is not None and max_seq_len > positions:
+        raise ConfigError(
+            f"{setting}={max_seq_len} is more than the {positions} positions the model handles; "
+            f"set {setting} to at most {positions}"
+        )
+    return max_seq_len
 
 
 def sessions_needed(

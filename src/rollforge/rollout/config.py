@@ -24,7 +24,7 @@ class RolloutConfig(BaseModel):
     """Assistant turns per episode; episodes still running after them count as max-turns-reached."""
     max_seq_len: int = Field(4096, ge=2)
     """Token limit of a whole episode; an observation that reaches it is cut and the episode is
-    marked truncated."""
+    marked truncated. At most the model's positions: training refuses more before the model loads."""
     max_new_tokens: int = Field(256, ge=1)
     """Token budget of one assistant turn."""
     temperature: float = Field(1.0, ge=0.0)

@@ -52,7 +52,8 @@ from ..types import Sample, Trajectory
 from ..workers import ENVIRONMENT_WORKERS, run_sync
 from .checks import check_backend_takes_images, check_capacity, check_rollout, sessions_needed
 from .config import RolloutConfig
-from .episode import EpisodeContext, Gate, OpenGate, run_episode
+from .context import EpisodeContext, Gate, OpenGate
+from .episode import run_episode
 from .metrics import rollout_metrics
 
 if TYPE_CHECKING:

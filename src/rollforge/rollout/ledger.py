@@ -13,13 +13,14 @@ can no longer be extended by appending -- a chat template that rewrites history,
 sends back its own rewrite of a reply (smolagents' "Calling tools: [...]" text) -- the current
 segment is closed with the messages it renders and the next one starts whose prompt is the
 rendering of the conversation as it now is. A closed segment whose messages are not the first
-messages of the finished conversation keeps them (``Segment.history``), so every segment stays
-token-exact against its own rendering (``token_fidelity_gap``).
+messages of the finished conversation keeps them (``Segment.history``), and one rendered with
+other tools than the last keeps those (``Segment.tools``), so every segment stays token-exact
+against its own rendering (``token_fidelity_gap``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ..types import Message, Segment
@@ -91,8 +92,7 @@ def lay_out(
     renders (empty: the first ``Segment.messages`` of ``messages``); a segment whose messages are
     not the first of ``messages`` keeps them as its ``history``."""
     segments = tuple(
-        s if not own or tuple(messages[: len(own)]) == own else Segment(*_ids(s), s.prompt_length, len(own), own)
-        for s, own in parts
+        s if not own or tuple(messages[: len(own)]) == own else replace(s, history=own) for s, own in parts
     )
     ids = tuple(t for s in segments for t in s.token_ids)
     mask = tuple(b for s in segments for b in s.loss_mask)
@@ -104,10 +104,6 @@ def lay_out(
         "segments": segments,
         "versions": _versions(versions, sum(mask)),
     }
-
-
-def _ids(segment: Segment) -> tuple:
-    return segment.token_ids, segment.loss_mask, segment.logprobs
 
 
 def _versions(versions: Sequence[int], policy_tokens: int) -> tuple[int, ...]:

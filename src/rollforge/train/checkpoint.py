@@ -50,6 +50,7 @@ from ..errors import CheckpointError, ConfigError
 from ..files import atomic_write
 from .distributed import Ranks, is_sharded, load_full_state_dict
 from .logbook import out_of_space, read_metrics
+from .update import TrainedPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -74,19 +75,18 @@ class Loaded:
 def save_checkpoint(
     root: Path,
     step: int,
-    model: Any,
+    policy: TrainedPolicy,
     tokenizer: Any,
-    optimizer: Any,
-    scheduler: Any,
     data_state: dict[str, int],
     keep: int,
     *,
-    ranks: Ranks = Ranks(),
     plain: Any = None,
 ) -> Path:
-    """Write checkpoint ``step`` (every rank calls it: the optimizer state is written by each rank
-    for its shard). ``plain``: a model holding the full weights, written as ``model/`` (default
-    ``model``; a sharded policy passes its gathered generation copy)."""
+    """Write checkpoint ``step`` of ``policy`` (its model, optimizer and schedule; every rank calls
+    it: the optimizer state is written by each rank for its shard). ``plain``: a model holding the
+    full weights, written as ``model/`` (default ``policy.model``; a sharded policy passes its
+    gathered generation copy)."""
+    model, optimizer, scheduler, ranks = policy.model, policy.optimizer, policy.scheduler, policy.ranks
     plain = model if plain is None else plain
     final = root / f"step-{step:06d}"
     tmp = ranks.broadcast(root / f".step-{step:06d}.tmp-{os.getpid()}")  # rank 0's name for every rank
@@ -341,6 +341,8 @@ RUN_FILES = (
     "eval.json",
     "report.md",
     "reward_curve.png",
+    "held_out_curve.png",
+    "loss_curve.png",
     "warmup",
 )
 

@@ -1,15 +1,16 @@
 """Reading and describing a closed, typed config tree (``TrainConfig``, ``SFTConfig``): the raw
 mapping of a YAML file with ``--set key.sub=value`` overrides, unknown keys refused with the nearest
 valid one, a section's own defaults kept under the user's keys, and ``--help-config``'s listing of
-every key with its default and docstring. Generic over pydantic models; the trees live in
-``config.py`` and ``recipes/sft_config.py``."""
+every key with its default and docstring; on ``--resume``, the run's recorded ``config.yaml``
+compared with the new config (``check_unchanged``: only ``RESUMABLE`` keys may change). Generic over
+pydantic models; the trees live in ``config.py`` and ``recipes/sft_config.py``."""
 
 from __future__ import annotations
 
 import difflib
 import typing
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel
@@ -75,6 +76,13 @@ def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
     data[keys[-1]] = value
 
 
+def did_you_mean(name: str, valid: Iterable[str], spell: Callable[[str], str] = repr) -> str:
+    """``"; did you mean 'NEAREST'?"`` for the valid name nearest ``name``, or ``""`` when none is
+    near (config keys, command-line flags, a module's attributes)."""
+    near = difflib.get_close_matches(name, list(valid), n=1)
+    return f"; did you mean {spell(near[0])}?" if near else ""
+
+
 def check_keys(model: type[BaseModel], data: Any, where: tuple[str, ...]) -> None:
     """Unknown keys, with the nearest valid one, before pydantic's less helpful message."""
     if not isinstance(data, dict):
@@ -82,8 +90,7 @@ def check_keys(model: type[BaseModel], data: Any, where: tuple[str, ...]) -> Non
     fields = model.model_fields
     for key, value in data.items():
         if key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean {'.'.join((*where, near[0]))!r}?" if near else ""
+            hint = did_you_mean(str(key), fields, lambda near: repr(".".join((*where, near))))
             valid = ", ".join(fields)
             raise ConfigError(f"unknown config key {'.'.join((*where, str(key)))!r}{hint} (valid here: {valid})")
         for inner in _section_types(fields[key].annotation)[:1]:
@@ -140,3 +147,67 @@ def _item_heading(kind: type[BaseModel], key: str) -> str:
     if tag is None or typing.get_origin(tag.annotation) is not Literal:
         return f"{key}[] items:"
     return f"{key}[] items of kind {typing.get_args(tag.annotation)[0]!r}:"
+
+
+# -- resuming -------------------------------------------------------------------------------------
+
+#: What a resumed run may change in the config it recorded: how far it trains (``steps``, SFT's
+#: ``max_steps``: a finished run is extended by raising them), where the run directory now is
+#: (``out``), and how it runs and reports. Anything else (the batch, the model, the data, the
+#: algorithm) would continue one run as another.
+RESUMABLE = (
+    "out",
+    "steps",
+    "max_steps",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "save_trajectories",
+    "report_to",
+    "eval_every",
+    "executor",
+    "ray",
+    "model.device",
+    "model.base_url",
+    "model.served_model_name",
+)
+
+
+def changed_keys(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two config mappings (a list is one value), each
+    as ``key OLD -> NEW``. A key only one side has is left out: a field that another version of
+    rollforge added or removed, not a change the user made."""
+    out = []
+    for key in [k for k in recorded if k in current]:
+        old, new = recorded[key], current[key]
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            out += changed_keys(old, new, f"{prefix}{key}.")
+        elif old != new:
+            out.append(f"{prefix}{key} {_short(old)} -> {_short(new)}")
+    return out
+
+
+def check_unchanged(out: Path, config: BaseModel) -> None:
+    """Refuse to resume the run in ``out`` with a config that differs from its ``config.yaml`` in
+    any key but ``RESUMABLE``'s: one line naming each changed key with both values. Without a
+    recorded config there is nothing to compare."""
+    recorded_file = Path(out) / "config.yaml"
+    if not recorded_file.is_file():
+        return
+    recorded = yaml.safe_load(recorded_file.read_text()) or {}
+    current = config.model_dump(mode="json")
+    changed = [
+        change
+        for change in changed_keys(recorded, current)
+        if not any(change == key or change.startswith((f"{key} ", f"{key}.")) for key in RESUMABLE)
+    ]
+    if changed:
+        raise ConfigError(
+            f"--resume with a changed config: {', '.join(changed)} ({str(recorded_file)!r} records the run's); a "
+            f"resumed run may change only {', '.join(RESUMABLE)}: set the others back, or start over with "
+            "--overwrite or another out"
+        )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,7 +1,8 @@
 """What ``open_run`` checks before a run starts, so that a refusal is quick: the ranks'
-constraints (``check_ranks``), and, before the model loads, the prompt lengths, the server and the
-run directory (``preflight``); and the run's ``config.yaml`` (``write_config``, SFT's too). What the
-run reads (environments, prompts) is read in ``inputs/``."""
+constraints (``check_ranks``), and, before the model loads, ``rollout.max_seq_len`` against the
+model's positions (read from its ``config.json``: more is refused in one line naming both), the
+prompt lengths, the server and the run directory (``preflight``); and the run's ``config.yaml``
+(``write_config``, SFT's too). What the run reads (environments, prompts) is read in ``inputs/``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..chat.render import ChatRenderer
 from ..errors import ConfigError
 from ..files import atomic_write
 from ..models import load_tokenizer
-from ..rollout.checks import check_prompt_lengths
+from ..rollout.checks import check_prompt_lengths, fit_max_seq_len, model_positions
 from ..types import Sample
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -51,13 +52,15 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
 
 
 def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrite: bool) -> ckpt.Loaded | None:
-    """What can refuse the run, checked before the model loads so that a refusal is quick: prompts
-    that leave no room to generate, an OpenAI-compatible server that does not answer, and the run
-    directory: with ``resume`` the checkpoint to continue from, else one that holds no run yet
-    (``overwrite``: deleting the one it holds)."""
-    check_prompt_lengths(
-        prompts, ChatRenderer(load_tokenizer(config.model.name)), config.rollout.max_seq_len, "rollout.max_seq_len"
-    )
+    """What can refuse the run, checked before the model loads so that a refusal is quick: a
+    ``rollout.max_seq_len`` over the model's positions, prompts that leave no room to generate, an
+    OpenAI-compatible server that does not answer, and the run directory: with ``resume`` the
+    checkpoint to continue from, else one that holds no run yet (``overwrite``: deleting the one it
+    holds)."""
+    renderer = ChatRenderer(load_tokenizer(config.model.name))
+    positions = model_positions(config.model.name)
+    max_seq_len = fit_max_seq_len(config.rollout.max_seq_len, positions, "rollout.max_seq_len", 0)
+    check_prompt_lengths(prompts, renderer, max_seq_len, "rollout.max_seq_len", positions=positions)
     if config.model.backend == "openai" and config.model.base_url:
         from ..backends.openai_compat import check_server
         from ..backends.opening import server_urls

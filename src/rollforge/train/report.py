@@ -1,6 +1,7 @@
-"""The end-of-run report: ``report.md`` (reward before and after, wall time, where the time went),
-``reward_curve.png`` (mean training reward per step, overall and per environment, with a moving
-average) and, when ``eval.json`` holds evaluations during training (``eval_every``),
+"""The end-of-run report: ``report.md`` (steps and optimizer updates, reward before and after, wall
+time, where the time went), ``reward_curve.png`` (mean training reward per step, overall and per
+environment, with a moving average; an SFT run's loss), the lines a training command prints at its
+end (``summary``) and, when ``eval.json`` holds evaluations during training (``eval_every``),
 ``held_out_curve.png`` (held-out greedy reward per step, overall and per environment). The PNGs need
 ``matplotlib`` (the ``train`` extra); without it the report says so."""
 
@@ -10,7 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from .logbook import read_metrics
+from .logbook import no_update_reason, read_metrics
 
 
 def write_report(
@@ -24,12 +25,14 @@ def write_report(
     lines = ["# Training report", ""]
     if history:
         window = max(1, min(5, len(history) // 4 or 1))
-        first = statistics.fmean(m["reward/mean"] for m in history[:window])
-        last = statistics.fmean(m["reward/mean"] for m in history[-window:])
-        lines += [
-            f"- Steps: {history[-1]['step']}",
-            f"- Training reward (mean of {window} step(s)): first {first:.3f} -> last {last:.3f}",
-        ]
+        rewards = [m["reward/mean"] for m in history if m.get("reward/mean") is not None]  # None: all failed
+        lines.append(f"- Steps: {history[-1]['step']} ({_updates(history)} optimizer updates)")
+        if rewards:
+            window = min(window, len(rewards))
+            lines.append(
+                f"- Training reward (mean of {window} step(s)): first {statistics.fmean(rewards[:window]):.3f} "
+                f"-> last {statistics.fmean(rewards[-window:]):.3f}"
+            )
         for key in sorted({k for m in history for k in m if k.startswith("reward/env/")}):
             seq = [m[key] for m in history if m.get(key) is not None]
             if seq:
@@ -67,18 +70,65 @@ def write_report(
     return report
 
 
+def summary(
+    history: Sequence[dict[str, Any]],
+    out: Path,
+    *,
+    since: int = 0,
+    wall_seconds: float | None = None,
+    verb: str = "trained",
+) -> str:
+    """What a training command prints at its end, about the steps after ``since`` (a resumed run's
+    checkpoint): how many steps and optimizer updates (a step without one says why), the mean
+    reward (SFT: the loss) of its first and last steps, the wall time, and where the run is."""
+    steps = [m for m in history if m.get("step", 0) > since]
+    where = f"run: {out} (rollforge view {out})"
+    if not steps:
+        return f"no step was {verb}; {where}"
+    updates = _updates(steps)
+    lines = [
+        f"{verb} {_count(len(steps), 'step')} ({steps[0]['step']}-{steps[-1]['step']}), "
+        f"{_count(updates, 'optimizer update')}"
+    ]
+    skipped = [m for m in steps if m.get("micro_batches") == 0]
+    if skipped:
+        reasons = sorted({no_update_reason(m) for m in skipped})
+        lines[0] += f" (no update in {_count(len(skipped), 'step')}: {'; '.join(reasons)})"
+    key = "reward/mean" if any("reward/mean" in m for m in steps) else "loss"
+    values = [(m["step"], m[key]) for m in steps if m.get(key) is not None]
+    if values:
+        (a, first), (b, last) = values[0], values[-1]
+        lines.append(f"{key} {first:.3f} (step {a}) -> {last:.3f} (step {b})")
+    if wall_seconds is not None:
+        lines.append(f"wall time {wall_seconds:.0f}s")
+    return "; ".join(lines) + f"\n{where}"
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
+def _updates(history: Sequence[dict[str, Any]]) -> int:
+    """Steps whose update took an optimizer step (a step that ran no micro-batch took none)."""
+    return sum(1 for m in history if m.get("micro_batches", 1) != 0)
+
+
 def plot_rewards(history: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """Mean training reward per step with its moving average, and each environment's moving
+    average; an SFT run (no reward) plots its loss instead. None without matplotlib or a point."""
     plt = _pyplot()
-    if plt is None:
+    key = "reward/mean" if any(m.get("reward/mean") is not None for m in history) else "loss"
+    points = [(m["step"], m[key]) for m in history if m.get(key) is not None]
+    if plt is None or not points:
         return None
-    steps = [m["step"] for m in history]
+    steps, values = [p[0] for p in points], [p[1] for p in points]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [m["reward/mean"] for m in history], color="black", alpha=0.35, label="mean reward")
-    ax.plot(steps, _moving_average([m["reward/mean"] for m in history]), color="black", label="mean (moving avg)")
+    ax.plot(steps, values, color="black", alpha=0.35, label=f"{key}")
+    ax.plot(steps, _moving_average(values), color="black", label=f"{key} (moving avg)")
     for key in sorted({k for m in history for k in m if k.startswith("reward/env/")}):
         points = [(m["step"], m[key]) for m in history if m.get(key) is not None]
         ax.plot([p[0] for p in points], _moving_average([p[1] for p in points]), label=key.removeprefix("reward/env/"))
-    return _save(plt, fig, ax, "reward", path)
+    return _save(plt, fig, ax, "reward" if key == "reward/mean" else "loss", path)
 
 
 def _moving_average(values: Sequence[float], window: int = 5) -> list[float]:

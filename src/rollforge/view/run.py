@@ -3,9 +3,11 @@
 A run is either a rollout (``trajectories.jsonl`` + ``metrics.json``, written by ``rollforge
 rollout``/``eval``) or a training run (``metrics.jsonl`` + ``trajectories/step-*.jsonl``, written
 by ``rollforge train``/``sft``); a trajectories file, or a directory of them, is shown as a rollout
-without metrics. The payload has two parts:
+without metrics, and so is a rollout directory that holds only ``trajectories.jsonl.partial`` (the
+rollout was interrupted, or still runs: the summary names the file). The payload has two parts:
 
-- ``summary``: what the page needs at load -- run kind, metrics or the per-step curve, the held-out
+- ``summary``: what the page needs at load -- run kind, metrics and the header's figures
+  (``header.py``), the per-step curve, the held-out
   greedy reward per evaluation (``eval.json``: before, every ``eval_every`` steps, after), and one
   short row per episode (index, step, task, reward, advantage, turns, ending, error and failure
   kinds, token counts) for the list, the filters and the per-step table;
@@ -14,8 +16,9 @@ without metrics. The payload has two parts:
   as gzip-compressed JSON blobs of ``CHUNK`` episodes each, decompressed by the page only when an
   episode of that chunk is opened. A 10,000-episode run loads without parsing 10,000 token lists.
 
-Token text: with a tokenizer (``model``; a training run's ``config.yaml`` names one) every distinct
-id is decoded on its own into ``vocab``; without one the page shows ids.
+Token text: with a tokenizer (``model``; a training run's ``config.yaml`` names one, found wherever
+the run now is: ``recorded_model``) every distinct id is decoded on its own into ``vocab``; without
+one the page shows ids.
 """
 
 from __future__ import annotations
@@ -23,17 +26,23 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelError
 from ..train.report import held_out_curve
 from ..types import INFRA_FAILURES
+from .header import header
+
+logger = logging.getLogger(__name__)
 
 #: Episodes per compressed detail blob.
 CHUNK = 100
+#: What ``rollforge rollout`` streams episodes to until it finishes (``trajectories.jsonl`` then).
+PARTIAL = "trajectories.jsonl.partial"
 _STEP = re.compile(r"step-(\d+)\.jsonl$")
 
 
@@ -47,24 +56,9 @@ class Payload:
 def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
     """The payload of a run directory, a trajectories file or a directory of them (``trajectory_files``)."""
     run = Path(run_dir)
-    if (run / "trajectories.jsonl").is_file():
-        kind, records = "rollout", _read(run / "trajectories.jsonl", None)
-        metrics = _json(run / "metrics.json")
-        curve: list[dict[str, Any]] = []
-        held_out: list[dict[str, Any]] = []
-    elif (run / "metrics.jsonl").is_file():
-        kind, records = "training", _read_files(sorted((run / "trajectories").glob("step-*.jsonl")))
-        metrics = _json(run / "eval.json")
-        curve = [_numbers(m) for m in _jsonl(run / "metrics.jsonl")]
-        held_out = [
-            {"step": step, "mean": r.get("mean_reward"), **r.get("per_task", {})}
-            for step, r in held_out_curve(metrics or {})
-        ]
-    else:  # a rollout's own trajectories.jsonl keeps its metrics.json
-        kind, records, curve, held_out = "rollout", _read_files(trajectory_files(run)), [], []
-        metrics = _json(run.parent / "metrics.json") if run.name == "trajectories.jsonl" else None
+    source = _source(run)
     rows, details, ids = [], [], set()
-    for record, step in records:
+    for record, step in source.records:
         rows.append(_row(len(rows), record, step))
         details.append(_detail(record))
         ids.update(record["token_ids"])
@@ -75,11 +69,13 @@ def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
         )
     title = run.resolve().name if run.is_dir() else f"{run.resolve().parent.name}/{run.name}"
     summary = {
-        "kind": kind,
+        "kind": source.kind,
         "title": title,
-        "metrics": metrics,
-        "curve": curve,
-        "held_out": held_out,
+        "interrupted": source.interrupted,
+        "metrics": source.metrics,
+        "header": header(source.kind, source.metrics, source.curve),
+        "curve": source.curve,
+        "held_out": source.held_out,
         "chunk": CHUNK,
         "columns": list(_COLUMNS),
         "rows": rows,
@@ -88,6 +84,44 @@ def load_run(run_dir: str | Path, tokenizer: Any = None) -> Payload:
     chunks = [_pack(details[i : i + CHUNK]) for i in range(0, len(details), CHUNK)]
     vocab = _pack(_vocab(tokenizer, ids)) if tokenizer is not None else None
     return Payload(summary, chunks, vocab)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a path holds: the run's kind, its trajectory records (each with its step), metrics
+    (``metrics.json``, or a training run's ``eval.json``), the per-step curve, the held-out curve,
+    and the ``.partial`` file the records came from when the rollout did not finish."""
+
+    kind: str
+    records: Iterator[tuple[dict[str, Any], int | None]]
+    metrics: Any = None
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    held_out: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: str | None = None
+
+
+def _source(run: Path) -> _Source:
+    if (run / "trajectories.jsonl").is_file():
+        return _Source("rollout", _read(run / "trajectories.jsonl", None), _json(run / "metrics.json"))
+    if (run / "metrics.jsonl").is_file():
+        evaluations = _json(run / "eval.json")
+        return _Source(
+            "training",
+            _read_files(sorted((run / "trajectories").glob("step-*.jsonl"))),
+            evaluations,
+            [_numbers(m) for m in _jsonl(run / "metrics.jsonl")],
+            [
+                {"step": step, "mean": r.get("mean_reward"), **r.get("per_task", {})}
+                for step, r in held_out_curve(evaluations or {})
+            ],
+        )
+    if (run / PARTIAL).is_file():  # a rollout that was interrupted (or is still running)
+        return _Source("rollout", _read(run / PARTIAL, None), interrupted=str(run / PARTIAL))
+    files = trajectory_files(run)  # a rollout's own trajectories.jsonl keeps its metrics.json
+    metrics = _json(run.parent / "metrics.json") if run.name == "trajectories.jsonl" else None
+    return _Source(
+        "rollout", _read_files(files), metrics, interrupted=str(run) if run.name.endswith(".partial") else None
+    )
 
 
 def trajectory_files(path: Path) -> list[Path]:
@@ -108,22 +142,60 @@ def trajectory_files(path: Path) -> list[Path]:
 def tokenizer_for(run_dir: str | Path, model: str | None) -> Any:
     """The tokenizer of ``model``, else of the model named in the run's ``config.yaml`` (beside a
     trajectories file, or above its ``trajectories/`` folder); None when neither is given (the page
-    shows ids)."""
-    if model is None:
-        where = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
-        config = where / "config.yaml"
-        if not config.is_file() and where.name == "trajectories":
-            config = where.parent / "config.yaml"
-        if not config.is_file():
-            return None
-        import yaml
+    shows ids). The run's model is found wherever the run now is (``recorded_model``); one that
+    cannot be found or loaded is a warning, and the page shows ids."""
+    if model is not None:
+        from ..models import load_tokenizer
 
-        model = ((yaml.safe_load(config.read_text()) or {}).get("model") or {}).get("name")
-        if not model:
-            return None
+        return load_tokenizer(model)
+    where = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+    config = where / "config.yaml"
+    if not config.is_file() and where.name == "trajectories":
+        where = where.parent
+        config = where / "config.yaml"
+    if not config.is_file():
+        return None
+    import yaml
+
+    named = ((yaml.safe_load(config.read_text()) or {}).get("model") or {}).get("name")
+    if not named:
+        return None
     from ..models import load_tokenizer
 
-    return load_tokenizer(model)
+    found = recorded_model(str(named), where)
+    try:
+        return load_tokenizer(found)
+    except ModelError as exc:
+        logger.warning(
+            "the run's model %r (%s) cannot be loaded from here (%s); the page shows token ids: pass --model NAME "
+            "to decode them",
+            named,
+            config,
+            exc,
+        )
+        return None
+
+
+def recorded_model(name: str, run: Path) -> str:
+    """Where the model a run's ``config.yaml`` names is now. A run records its model as given, so a
+    path is relative to the directory the run was started in (the quickstart's
+    ``runs/quickstart/warmup/checkpoints/step-N/model``): viewed from elsewhere, or in a copy of the
+    run, it is looked for under ``run`` (its longest tail that exists there, as the warm-up's
+    checkpoint inside the run) and then under each directory above ``run``. A name found nowhere
+    (an alias, a hub id, a deleted checkpoint) is returned as it is."""
+    path = Path(name).expanduser()
+    if path.is_dir() or not path.parts:
+        return name
+    relative = path.parts[1:] if path.is_absolute() else path.parts
+    for first in range(len(relative)):
+        inside = run.joinpath(*relative[first:])
+        if inside.is_dir():
+            return str(inside)
+    if not path.is_absolute():
+        for above in run.resolve().parents:
+            if (above / path).is_dir():
+                return str(above / path)
+    return name
 
 
 _COLUMNS = ("i", "step", "task", "reward", "adv", "turns", "end", "error", "failures", "tokens", "policy")

@@ -35,15 +35,10 @@
 
   // -- header -------------------------------------------------------------------------------
   $("run-title").textContent = S.title;
-  $("run-kind").textContent = `${S.kind} run · ${ROWS.length} episodes` + (S.tokenizer ? ` · tokens: ${S.tokenizer}` : " · tokens shown as ids");
-  function flat(obj, prefix, out) {
-    for (const [k, v] of Object.entries(obj || {})) {
-      if (v !== null && typeof v === "object" && !Array.isArray(v)) flat(v, prefix + k + ".", out);
-      else if (typeof v === "number" || v === null) out.push([prefix + k, v]);
-    }
-    return out;
-  }
-  $("run-metrics").innerHTML = flat(S.metrics, "", []).slice(0, 24).map(([k, v]) => `<span>${esc(k)} <b>${fmt(v)}</b></span>`).join("");
+  $("run-kind").textContent = `${S.kind} run · ${ROWS.length} episodes` + (S.tokenizer ? ` · tokens: ${S.tokenizer}` : " · tokens shown as ids") +
+    (S.interrupted ? ` · interrupted: the episodes written to ${S.interrupted}` : "");
+  // every figure, in the order header.py chose (headline first, each environment's, then the rest)
+  $("run-metrics").innerHTML = S.header.map(([k, v]) => `<span>${esc(k)} <b>${fmt(v)}</b></span>`).join("");
 
   // -- training: curve and per-step table ----------------------------------------------------
   if (training) {

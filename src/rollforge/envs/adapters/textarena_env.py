@@ -55,9 +55,9 @@ def _ta() -> Any:
 
 
 def check_game(env_id: str) -> None:
+    _ta()  # first: a missing library is the one line naming its extra, not textarena's ImportError
     from textarena.envs.registration import ENV_REGISTRY
 
-    _ta()
     if env_id not in ENV_REGISTRY:
         raise unknown_item("textarena game", env_id, ENV_REGISTRY)
 

@@ -1,5 +1,9 @@
 """The reward of each episode: the environment's own reward plus weighted reward functions.
 
+One place for training (the config's ``rewards``), ``rollforge rollout`` and ``rollforge eval``
+(``--reward module.py:function``, repeatable): ``load_reward_functions`` reads them,
+``compute_rewards`` applies them, ``unscored`` says in one line when nothing scores a rollout.
+
 A reward function is a plain function, sync or ``async def``, with the signature ``f(prompts,
 completions, environments, **columns)``, called with keyword arguments as TRL calls it (so TRL's
 ``f(completions, **kwargs)`` works), or, when its parameter names differ, with ``prompts`` and
@@ -9,16 +13,20 @@ another environment of a multi-environment run). ``prompts`` and ``completions``
 message lists (``{role, content}`` dicts): a completion is exactly the messages generated after the
 prompt the episode rendered (assistant and tool turns; an injected tool system prompt or text that
 ``reset`` added belongs to the prompt). ``environments`` are the per-episode environment objects
-(the TRL-style instance, or None); ``completion_ids`` the token ids after the prompt; every other
+(the TRL-style instance; None for environments that are no class, such as the step-style ones);
+``completion_ids`` the token ids after the prompt; every other
 dataset column but ``prompt`` and ``completion`` arrives as a list keyword (``task_name`` and
-``trajectories`` too). Sync functions
+``trajectories`` too). The lists hold the episodes whose reward can be known: an episode that
+ended in an infrastructure failure (``Trajectory.outcome``: the backend failed, ``reset`` raised
+and left no environment object, a step hung) is never handed to a function, whose values for it
+are None, so ``env.attribute`` is safe on every environment a function sees. Sync functions
 run on rollforge's worker threads (``workers.py``) so a slow verifier does not block the event loop.
 A ``RewardFunction`` adds a name and a weight; a plain function is named after itself, weight 1.
 
 A function whose signature cannot take these arguments is a ``ConfigError`` before it is called.
 What a function raises is its own failure (``boundary.boundary("reward")``): its values count as
 None for that step and the error is reported; a bug in rollforge still propagates. A reward service
-that fails (an LLM judge timing out, ``judge.py``) is not the function's failure but the
+that fails (an LLM judge timing out, ``train/judge.py``) is not the function's failure but the
 infrastructure's: ``RewardUnavailable``, raised (every episode of the call) or returned in place of
 values (those episodes), makes the episode's reward unknown, never 0 or None: ``Rewards.unavailable``,
 which ``record_unavailable`` files on the trajectories as ``reward_unavailable`` (an infrastructure
@@ -32,18 +40,21 @@ apply. Per-function means skip ``None`` and are ``None`` (never NaN) when nothin
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..boundary import boundary, call_user
+from ..envs.base import Environment
+from ..envs.factory import FactoryEnvironment
 from ..errors import ConfigError, EpisodeFailed, RewardUnavailable
-from ..inputs.environments import import_attribute
 from ..types import Failure, Sample, Trajectory
 from ..workers import run_blocking
 from .config import RewardConfig
+from .environments import import_attribute
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +88,38 @@ def load_reward_functions(configs: Sequence[RewardConfig]) -> list[RewardFunctio
             raise ConfigError(f"reward function {c.function!r} is a {type(function).__name__}, not callable")
         out.append(RewardFunction(c.function.rpartition(":")[2], function, c.weight))
     return out
+
+
+def unscored(
+    task_to_env: Mapping[str, Environment], tasks: Iterable[str], functions: Sequence[Any], flag: str
+) -> str | None:
+    """Why nothing scores the episodes of ``tasks``, in one line, or None when something may: no
+    reward function (``flag`` names how to give one), and every environment a class (TRL style)
+    without ``get_reward()``, whose steps all score 0 (a 0 that no one gave). Environments of other
+    kinds, and factories that are no class, may score: they are taken to."""
+    if functions:
+        return None
+    names: list[str] = []
+    for task in sorted(set(tasks)):
+        classes = _environment_classes(task_to_env[task])
+        if classes is None or any(callable(getattr(c, "get_reward", None)) for c in classes):
+            return None
+        names += [c.__name__ for c in classes if c.__name__ not in names]
+    what = (
+        f"the environment class {names[0]} has"
+        if len(names) == 1
+        else f"the environment classes {', '.join(names)} have"
+    )
+    return f"{what} no get_reward() and no reward function was given ({flag})"
+
+
+def _environment_classes(env: Environment) -> list[type] | None:
+    """The classes of a ``FactoryEnvironment`` (one, or its dict's); None when any factory is no class."""
+    if not isinstance(env, FactoryEnvironment):
+        return None
+    factories = env.factory.values() if isinstance(env.factory, dict) else [env.factory]
+    classes = [f.func if isinstance(f, functools.partial) else f for f in factories]
+    return classes if all(inspect.isclass(c) for c in classes) else None
 
 
 def _built(name: str, factory: Any, options: Mapping[str, Any]) -> Any:
@@ -136,20 +179,17 @@ async def compute_rewards(
     functions: Sequence[RewardFunction | Callable[..., Any]],
     env_weight: float = 1.0,
 ) -> Rewards:
+    """The rewards of ``trajectories`` (of ``samples``, in the same order; see the module docstring).
+    The functions are handed only the episodes whose reward can be known: an infrastructure failure
+    (``Trajectory.outcome``; a failed ``reset`` leaves its ``environments`` entry None) is left out
+    of every call, its values None."""
     functions = as_reward_functions(functions)
-    prompts = [[m.to_chat() for m in s.prompt] for s in samples]
-    completions = [completion_messages(t, s) for t, s in zip(trajectories, samples)]
-    columns: dict[str, list[Any]] = {
-        "task_name": [s.task_name for s in samples],
-        "trajectories": list(trajectories),
-        "completion_ids": [list(t.token_ids[t.prompt_length :]) for t in trajectories],
-    }
-    core = {"prompts": prompts, "completions": completions, "environments": [t.environment for t in trajectories]}
-    for key in sorted({k for s in samples for k in s.row} - {"prompt", "completion", *core}):  # as TRL passes them
-        columns.setdefault(key, [s.row.get(key) for s in samples])
-    arguments = {**core, **columns}
-    positional = [_positional(f, arguments) for f in functions]
-    results = await asyncio.gather(*(_call(f, p, arguments, len(samples)) for f, p in zip(functions, positional)))
+    scored = [i for i, t in enumerate(trajectories) if t.outcome != "infra_failure"]
+    keys = {k for s in samples for k in s.row}  # every column, from all the samples
+    arguments = _arguments([trajectories[i] for i in scored], [samples[i] for i in scored], keys)
+    positional = [_positional(f, arguments) for f in functions]  # a signature that cannot fit: refused now
+    calls = (_call(f, p, arguments, len(scored)) for f, p in zip(functions, positional))
+    results = await asyncio.gather(*calls) if scored else [([], None, {}) for _ in functions]
     totals = [env_weight * t.total_reward for t in trajectories]
     per_function, errors, unavailable = {}, {}, {}
     for f, (values, error, missing) in zip(functions, results):
@@ -159,13 +199,30 @@ async def compute_rewards(
         if missing:
             errors[f.name] = f"{len(missing)} of {len(values)} rewards unavailable: {next(iter(missing.values()))}"
             logger.warning("reward function %s: %s (infrastructure failures)", f.name, errors[f.name])
-        for i, why in missing.items():
-            unavailable.setdefault(i, f"{f.name}: {why}")
-        per_function[f.name] = values
-        for i, v in enumerate(values):
+        for k, why in missing.items():
+            unavailable.setdefault(scored[k], f"{f.name}: {why}")
+        per_function[f.name] = everyone = [None] * len(trajectories)
+        for i, v in zip(scored, values):
+            everyone[i] = v
             if v is not None:
                 totals[i] += f.weight * v
     return Rewards(totals, per_function, errors, unavailable)
+
+
+def _arguments(trajectories: Sequence[Trajectory], samples: Sequence[Sample], keys: set[str]) -> dict[str, list[Any]]:
+    """The keyword arguments of a reward function's call over these episodes (see the module
+    docstring), with a list for each row column of ``keys``."""
+    prompts = [[m.to_chat() for m in s.prompt] for s in samples]
+    completions = [completion_messages(t, s) for t, s in zip(trajectories, samples)]
+    columns: dict[str, list[Any]] = {
+        "task_name": [s.task_name for s in samples],
+        "trajectories": list(trajectories),
+        "completion_ids": [list(t.token_ids[t.prompt_length :]) for t in trajectories],
+    }
+    core = {"prompts": prompts, "completions": completions, "environments": [t.environment for t in trajectories]}
+    for key in sorted(keys - {"prompt", "completion", *core}):  # as TRL passes them
+        columns.setdefault(key, [s.row.get(key) for s in samples])
+    return {**core, **columns}
 
 
 _ENDINGS = {"terminated": "terminated", "truncated": "been truncated", "max_turns_reached": "run out of turns"}
