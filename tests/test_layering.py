@@ -36,6 +36,7 @@ FLOORS = {
     # parts: the helpers the parts share, then the parts
     "rollforge.arguments": 3,
     "rollforge.models": 3,
+    "rollforge.images": 3,
     "rollforge.workers": 3,
     "rollforge.chat": 4,
     "rollforge.backends": 4,

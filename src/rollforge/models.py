@@ -165,18 +165,37 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)``; the model is in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM
+    """Load ``(model, tokenizer)``; the model is in eval mode on ``device``. An image-text model
+    (Qwen2-VL, Idefics3, ...: no causal-LM class) loads as ``AutoModelForImageTextToText``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     path = resolve_model(name_or_path)
     tokenizer = _load_tokenizer(path, str(name_or_path))
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        text = type(AutoConfig.from_pretrained(path)) in MODEL_FOR_CAUSAL_LM_MAPPING
+        auto = AutoModelForCausalLM if text else AutoModelForImageTextToText
+        model = auto.from_pretrained(path, dtype=dtype).to(device)
     except Exception as exc:
         raise ModelError(f"cannot load the model {str(name_or_path)!r} from {path}: {exc}") from exc
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval(), tokenizer
+
+
+def load_processor(name_or_path: str | os.PathLike[str]) -> Any | None:
+    """The processor of an image-text model (one with an image processor), or None: a text model,
+    or a processor transformers cannot build here (Qwen2-VL's needs torchvision)."""
+    from transformers import AutoProcessor
+
+    path = resolve_model(name_or_path)
+    if not any((path / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except Exception as exc:
+        raise ModelError(f"cannot load the processor of {str(name_or_path)!r} from {path}: {exc}") from exc
+    return processor if getattr(processor, "image_processor", None) is not None else None
 
 
 def _load_tokenizer(path: Path, name: str) -> Any:

@@ -35,7 +35,7 @@ def test_format_tool_call_refuses_an_unknown_parser():
 
 
 def test_bundled_tool_environments_have_experts():
-    assert environments_with_expert() == ["echo", "calculator", "catch", "wordle", "guess_number"]
+    assert environments_with_expert() == ["echo", "calculator", "catch", "wordle", "guess_number", "shapes"]
     with pytest.raises(ConfigError, match="has no expert; environments with one"):
         asyncio.run(expert_demonstrations("arithmetic", 1, None, RolloutConfig()))
 

@@ -308,7 +308,9 @@ async def test_reset_returning_something_else_is_an_environment_error():
         def reset(self, **kwargs):
             return {"observation": 1}
 
-    with pytest.raises(EnvironmentError_, match=r"Odd.reset\(\) must return a str or None, got dict"):
+    with pytest.raises(
+        EnvironmentError_, match=r"Odd.reset\(\) must return a str or None \(or images, alone or with text\), got dict"
+    ):
         await started(Odd)
 
 

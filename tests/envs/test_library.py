@@ -33,6 +33,7 @@ def test_registry_names_and_specs():
         "wordle",
         "guess_number",
         "python_code",
+        "shapes",
         "math",
         "frozenlake",
         "reasoning_gym:basic_arithmetic",

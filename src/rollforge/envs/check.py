@@ -26,7 +26,10 @@ time (``envs/check_actions.py`` writes it). Rules, checked in this order (2 to 4
    a ``Step`` with a counted failure and a message telling the model, never as an exception;
 7. environments graded by hidden tests (an ``EnvSpec`` with ``best_trivial_answer``): no answer
    that ignores the task (a constant, the input given back) scores above ``TRIVIAL_ANSWER_LIMIT``
-   on any checked sample; the best such score is reported in the ``CheckReport``.
+   on any checked sample; the best such score is reported in the ``CheckReport``;
+8. images, checked with rules 2 and 3 (``check_values.check_images``): a message carries images
+   only when the environment declares ``produces_images``, each a PIL image or encoded bytes; rule
+   5 compares them too.
 
 Any exception an environment raises, or a call that exceeds ``timeout`` seconds, is reported as the
 rule that was being checked. ``acheck_env`` is the implementation; ``check_env`` runs it with
@@ -48,7 +51,7 @@ from ..types import Message, Sample, ToolCall
 from ..workers import run_sync
 from .base import Environment, EnvSession, Step, is_session_limit
 from .check_actions import invalid_arguments, scripted_action, tool_call_message
-from .check_values import as_json, check_reset, check_reward, check_step, short
+from .check_values import as_json, check_images, check_reset, check_reward, check_step, image_digests, short
 from .library import EnvSpec, get_env_spec
 
 __all__ = ["CheckReport", "TRIVIAL_ANSWER_LIMIT", "check_env", "acheck_env"]
@@ -221,6 +224,8 @@ class _Checker:
         try:
             reset = await self.call(f"reset (sample {index})", session.reset, sample)
             tools = check_reset(reset, f"reset (sample {index})", self.fail)
+            images = getattr(self.env, "produces_images", False)
+            check_images(reset.prompt, images, f"reset (sample {index})", self.fail)
             transcript: list[tuple[Any, ...]] = [("reset", _messages_key(reset.prompt), tools, reset.stop)]
             rng = random.Random(f"{self.seed}:{index}")
             conversation = list(reset.prompt)
@@ -229,6 +234,7 @@ class _Checker:
                 where = f"step {turn} (sample {index})"
                 step = await self.call(where, session.step, tuple(conversation))
                 check_step(step, where, self.fail)
+                check_images(step.messages, images, where, self.fail)
                 conversation.extend(step.messages)
                 transcript.append(("step", *_step_key(step), self.metadata(session, where)))
                 if step.ending:
@@ -313,7 +319,9 @@ class _Checker:
 
 
 def _messages_key(messages: Sequence[Message]) -> tuple[Any, ...]:
-    return tuple((m.role, m.content, m.name, as_json(m.to_json().get("tool_calls"))) for m in messages)
+    return tuple(
+        (m.role, m.content, m.name, as_json(m.to_json().get("tool_calls")), image_digests(m)) for m in messages
+    )
 
 
 def _step_key(step: Step) -> tuple[Any, ...]:

@@ -1,5 +1,5 @@
-"""Rules 2 to 4 of ``check_env`` (``envs/check.py``): the shapes of the values an ``EnvSession``
-returns from ``reset``, ``step`` and ``finish``.
+"""Rules 2 to 4 and 8 of ``check_env`` (``envs/check.py``): the shapes of the values an
+``EnvSession`` returns from ``reset``, ``step`` and ``finish``, and the images of its messages.
 
 Design: each rule is a plain function of the value, ``where`` it came from (the call, for the
 message) and ``fail``, the checker's way of naming the environment in an ``EnvironmentError_``; the
@@ -9,11 +9,13 @@ writes values into its messages and transcripts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import EnvironmentError_
+from ..errors import EnvironmentError_, InvariantError
+from ..json_forms import image_bytes
 from ..types import Failure, Message
 from .base import Reset, Step
 
@@ -94,6 +96,29 @@ def check_reward(reward: Any, where: str, what: str, fail: Fail) -> None:
 def check_stop(stop: Any, where: str, what: str, fail: Fail) -> None:
     if stop is not None and (not isinstance(stop, tuple) or not all(isinstance(s, str) for s in stop)):
         raise fail(f"{where}: {what} must be None or a tuple of str, got {stop!r}")
+
+
+def check_images(messages: Sequence[Message], declared: bool, where: str, fail: Fail) -> None:
+    """Rule 8: images only from an environment that declares ``produces_images`` (a text-only
+    backend is then refused before a rollout starts), each a PIL image or encoded bytes."""
+    for message in messages:
+        if message.images and not declared:
+            raise fail(
+                f"{where}: a {message.role} message carries {len(message.images)} image(s) but the environment "
+                "does not declare produces_images=True"
+            )
+        for image in message.images:
+            try:
+                image_bytes(image)
+            except InvariantError:
+                raise fail(
+                    f"{where}: an image must be a PIL image or encoded bytes, got {type(image).__name__}"
+                ) from None
+
+
+def image_digests(message: Message) -> tuple[str, ...]:
+    """What a transcript keeps of a message's images: a digest of each one's encoded bytes."""
+    return tuple(hashlib.sha256(image_bytes(image)[1]).hexdigest()[:16] for image in message.images)
 
 
 def as_json(value: Any) -> str:

@@ -11,7 +11,8 @@ Per episode:
 - ``reset``: build the object, call ``obj.reset(**columns)`` with every row column except
   ``prompt``; when ``reset`` takes no ``**kwargs`` only the columns its signature names are passed
   (and a required parameter with no column is a ``ConfigError``). A returned string is appended to
-  the last user message of the prompt (a new user message when the prompt ends otherwise).
+  the last user message of the prompt (a new user message when the prompt ends otherwise); images
+  returned as a tool returns them (below) go to that message's images.
 - ``step``: run the tool calls of the last assistant message in order. A bad call (unreadable,
   unknown tool, bad arguments, tool raised) becomes a tool message ``Error: ...`` plus a counted
   ``Failure``; the episode goes on. No calls means the model answered: the episode terminates.
@@ -200,12 +201,16 @@ class FactorySession(BaseSession):
         if callable(obj_reset):
             if pending:
                 observation = await self._run(obj_reset, **_reset_kwargs(obj_reset, sample.row))
+            text, images = observation or "", ()
             if observation is not None and not isinstance(observation, str):
+                text, images = _render_result(observation)  # images, alone or with text (as a tool's)
+            if observation is not None and not isinstance(observation, str) and not images:
                 raise EnvironmentError_(
-                    f"{type(self._obj).__name__}.reset() must return a str or None, got {type(observation).__name__}"
+                    f"{type(self._obj).__name__}.reset() must return a str or None (or images, alone or with "
+                    f"text), got {type(observation).__name__}"
                 )
-            if observation:
-                prompt = append_to_last_user(prompt, observation)
+            if text or images:
+                prompt = append_to_last_user(prompt, text, images)
         self.tools = discover_tools(self._obj)
         return Reset(prompt=prompt, tools=_schemas(type(self._obj), self.tools))
 

@@ -4,6 +4,8 @@ Nothing here downloads or needs a GPU. One module per concern, re-exported here:
 
 - ``tiny``: ``make_tiny_model(directory)``, a seeded offline chat model (byte-level BPE tokenizer,
   SmolLM2's ChatML template, random two-layer Llama); ``make_tokenizer()`` its tokenizer alone.
+- ``vlm``: ``make_tiny_vlm(family)``, ``(model, processor)`` of a tiny random vision-language model
+  of a real architecture (Qwen2-VL, Idefics3) with its real processor; ``save_tiny_vlm(directory)``.
 - ``tasks``: ``FirstCharacter``, a task the tiny model learns in a few dozen GRPO steps.
 - ``recording``: ``RecordingBackend``, a backend wrapper that keeps every request.
 - ``exactness``: the token-exactness assertions (kept generations, renderings of messages).
@@ -23,6 +25,7 @@ from .exactness import (
 from .harness import HANG_SECONDS, free_port, until, wait_until
 from .recording import RecordingBackend, Request
 from .tasks import FIRST_CHARACTER_KINDS, FirstCharacter, first_character_rows
+from .vlm import VLM_FAMILIES, make_tiny_vlm, save_tiny_vlm
 from .tiny import (
     CHATML_TEMPLATE,
     CORPUS,
@@ -49,6 +52,7 @@ __all__ = [
     "RecordingBackend",
     "Request",
     "SPECIAL_TOKENS",
+    "VLM_FAMILIES",
     "assert_replies_exact",
     "assert_segment_exact",
     "assert_token_exact",
@@ -56,8 +60,10 @@ __all__ = [
     "free_port",
     "generated_ids",
     "make_tiny_model",
+    "make_tiny_vlm",
     "make_tokenizer",
     "renders_its_messages",
+    "save_tiny_vlm",
     "tokenizer_or_tiny",
     "until",
     "wait_until",

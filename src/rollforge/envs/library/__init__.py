@@ -14,8 +14,9 @@ Rewards are in [0, 1]. Prompts are written so that a small instruction-tuned mod
 - ``wordle`` (tool class): find a five-letter word in six guesses from G/Y/_ feedback.
 - ``guess_number`` (step-style): find a number in 1-20 from "Too high."/"Too low." hints.
 - ``python_code`` (tool class): write a function, run code and submit it in a sandbox; hidden tests.
+- ``shapes`` (tool class, images): count the circles in three pictures a tool shows, one per turn.
 
-``echo``, ``calculator``, ``catch``, ``wordle`` and ``guess_number`` have an ``expert`` (``envs/experts.py``): a
+``echo``, ``calculator``, ``catch``, ``wordle``, ``guess_number`` and ``shapes`` have an ``expert`` (``envs/experts.py``): a
 scripted player whose episodes are demonstrations for supervised warm-up.
 
 Adapters of task libraries (``envs/adapters``, optional extras; importing them here is light, the
@@ -42,7 +43,7 @@ from ...types import Sample
 from ..base import Environment
 from ..experts import Expert
 from ..adapters import gymnasium_env, math_env, nemo_gym, reasoning_gym_env, skyrl_env, textarena_env, verifiers_env
-from . import arithmetic, calculator, catch, echo, guess_number, python_code, wordle
+from . import arithmetic, calculator, catch, echo, guess_number, python_code, shapes, wordle
 
 __all__ = ["EnvSpec", "ENV_NAMES", "get_env_spec", "is_family_member"]
 
@@ -116,6 +117,13 @@ _SPECS: dict[str, EnvSpec] = {
             python_code.build,
             python_code.samples,
             best_trivial_answer=python_code.best_trivial_answer,
+        ),
+        EnvSpec(
+            "shapes",
+            "Count the red circles in three pictures shown by a tool (images: a vision-language model).",
+            shapes.build,
+            shapes.samples,
+            expert=shapes.expert,
         ),
         EnvSpec(
             "math",
