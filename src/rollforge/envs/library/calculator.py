@@ -202,7 +202,8 @@ def samples(
     ``balanced``: every operation is asked equally often and, on each, the expert calls every
     offered tool equally often, in every consecutive block of (operations x tools) questions. For
     warm-up demonstrations, a warm-up then learns no preference between the tools; for GRPO prompts
-    read in order (``data.shuffle: false``), every batch of an even size asks both kinds equally.
+    read in order (``data.shuffle: false``), every batch of a multiple of (operations x tools) asks
+    each kind equally (with two of each: batches of 4, 8, ...).
     """
     if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
         raise ConfigError(f"calculator digits must be a positive int, got {digits!r}")
@@ -226,16 +227,13 @@ def samples(
 
 
 def _balanced_kinds(n: int, words: Sequence[str], tools: Sequence[str], rng: random.Random) -> list[tuple[str, str]]:
-    """``n`` (operation, tool the expert calls) pairs in a seeded order: each consecutive block of
-    ``len(words) * len(tools)`` holds every pair once, and each consecutive run of ``len(words)``
-    within it asks every operation once (so unshuffled batches of any multiple of ``len(words)``
-    are balanced too). A block is ``len(tools)`` runs; each operation meets the tools in its own
-    shuffled order over them."""
+    """``n`` (operation, tool the expert calls) pairs: each consecutive block of ``len(words) *
+    len(tools)`` holds every pair once, in a seeded order (so unshuffled batches of a multiple of
+    that size are balanced too; a smaller batch may ask one operation only)."""
+    pairs = [(word, tool) for word in words for tool in tools]
     kinds: list[tuple[str, str]] = []
     while len(kinds) < n:
-        orders = {word: rng.sample(list(tools), len(tools)) for word in words}
-        for run in range(len(tools)):
-            pairs = [(word, orders[word][run]) for word in words]
-            rng.shuffle(pairs)
-            kinds += pairs
+        block = list(pairs)
+        rng.shuffle(block)
+        kinds += block
     return kinds[:n]
