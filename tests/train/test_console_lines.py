@@ -83,6 +83,20 @@ def test_the_heartbeat_speaks_after_every_silent_interval_with_the_rollouts_prog
     assert len(lines) == 4
 
 
+def test_the_first_steps_clock_starts_at_its_rollout_not_at_the_evaluation_before_it():
+    now, lines = [0.0], []
+    beat = Heartbeat(7, every=30.0, clock=lambda: now[0], write=lines.append)
+    now[0] = 25.0  # the held-out evaluation before step 1 took 25 s, quietly
+    beat.rolling(32)
+    now[0] = 54.0
+    assert beat.poll() is None  # 29 s into the rollout
+    now[0] = 55.0
+    assert beat.poll() == "  ... step 1/7: rollout 0/32 episodes, 30s so far"
+    beat.rolling(8)  # dynamic sampling's second round: the step's clock runs on
+    now[0] = 85.0
+    assert beat.poll() == "  ... step 1/7: rollout 0/8 episodes, 60s so far"
+
+
 def test_a_console_logbook_beats_until_it_is_closed(tmp_path):
     logbook = Logbook(tmp_path, total_steps=2, console=True, report_to=[])
     assert logbook.heartbeat is not None and logbook.heartbeat._thread.is_alive()

@@ -128,6 +128,10 @@ class Heartbeat:
         self.began = self.spoke = self.clock()
 
     def rolling(self, episodes: int) -> Callable[..., None]:
+        """The step's rollout of ``episodes`` begins (a later round adds its own): the step's clock
+        starts at its first rollout, so the held-out evaluation before step 1 is not counted in it."""
+        if self.episodes is None:
+            self.began = self.spoke = self.clock()
         self.episodes = (0, episodes)
         return self.episode
 
