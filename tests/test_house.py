@@ -87,3 +87,34 @@ def test_the_code_is_formatted_as_ruff_formats_it():
         [*_ruff(), "format", "--check", "src", "tests", "scripts"], cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 0, f"ruff format --check src tests scripts:\n{done.stdout}{done.stderr}"
+
+
+def private_imports(tree: ast.AST) -> list[str]:
+    """Names starting with one underscore that ``tree`` imports from rollforge's own modules
+    (relative imports, or ``rollforge.``); dunders such as ``__version__`` are public."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        ours = node.level > 0 or (node.module or "").split(".")[0] == "rollforge"
+        for alias in node.names if ours else ():
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                found.append(f"{'.' * node.level}{node.module or ''}:{alias.name}")
+    return found
+
+
+def test_private_imports_are_found_in_relative_and_absolute_forms():
+    tree = ast.parse(
+        "from .wire import Choice, _integer\nfrom rollforge.x import _y as z\nfrom os import _exit\n"
+        "from . import __version__\nfrom .a import b as _b\n"
+    )
+    assert private_imports(tree) == [".wire:_integer", "rollforge.x:_y"]
+
+
+def test_no_private_name_is_imported_across_modules():
+    crossing = {
+        path.relative_to(PACKAGE.parent).as_posix(): names
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "__pycache__" not in path.parts and (names := private_imports(ast.parse(path.read_text())))
+    }
+    assert crossing == {}

@@ -141,13 +141,13 @@ def grpo(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[
     import torch
 
     from .train_throughput import model_flops_per_token, peak_flops
-    from .vs_trl import _summary
+    from .vs_trl import side_summary
     from .vs_trl_runners import run_rollforge
     from .vs_trl_workloads import arithmetic
 
     settings = _settings(where, s)
     run = run_rollforge(arithmetic(model_dir, seed=s["seed"]), settings, scratch / "rollforge")
-    summary = _summary([run])
+    summary = side_summary([run])
     timed = run["steps"][1:]
     n = settings["batch_size"] * settings["generations"]
     generated = statistics.fmean(x["generated_tokens"] for x in timed)
@@ -177,13 +177,13 @@ def trl(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, rollforge
     """The same GRPO steps with TRL's ``GRPOTrainer``; ``ratio_step_time`` against ``rollforge``'s
     section (None when that one did not run)."""
     from ..errors import require
-    from .vs_trl import _summary
+    from .vs_trl import side_summary
     from .vs_trl_trl_side import run_trl
     from .vs_trl_workloads import arithmetic
 
     require("trl", extra="bench-trl", feature="the TRL section of bench gpu")
     run = run_trl(arithmetic(model_dir, seed=s["seed"]), _settings(where, s), scratch / "trl")
-    summary = _summary([run])
+    summary = side_summary([run])
     ours = rollforge.get("seconds_per_step") if rollforge.get("status") == "ok" else None
     return {
         "seconds_per_step": summary["seconds_per_step"],

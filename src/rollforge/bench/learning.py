@@ -136,9 +136,9 @@ def main(args: Any) -> dict[str, Any]:
 def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: str | None = None) -> dict[str, Any]:
     """Warm-up, rollforge, TRL, each in its own process (``learning_sides.spawn``); the report."""
     from .learning_sides import check_warmup, spawn
-    from .vs_trl import _check_trl
+    from .vs_trl import check_trl
 
-    _check_trl()
+    check_trl()
     if warmup is not None:
         check_warmup(Path(warmup))
     for key in (

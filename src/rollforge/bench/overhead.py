@@ -59,7 +59,7 @@ class AsyncNotebook(Notebook):
         return f"noted ({len(self.notes)})"
 
 
-def _reply(request) -> str:
+def scripted_reply(request) -> str:
     turn = request.call * 7 % 8  # a few distinct notes
     return f'<tool_call>\n{{"name": "note", "arguments": {{"text": "note {turn}"}}}}\n</tool_call>'
 
@@ -89,7 +89,7 @@ def run(
 def _measure(
     environment: type, renderer: ChatRenderer, episodes: int, turns: int, latency: float, mode: str
 ) -> dict[str, Any]:
-    backend = ScriptedBackend(_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+    backend = ScriptedBackend(scripted_reply, renderer, end_token_id=renderer.stop_token_ids[0], latency=latency)
     samples = [
         Sample(prompt=[{"role": "user", "content": f"Episode {i}."}], task_name="notes") for i in range(episodes)
     ]

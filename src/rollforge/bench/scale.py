@@ -56,7 +56,7 @@ from ..rollout.engine import arollout
 from ..rollout.worker_pool import EngineWorkers
 from ..testing import tokenizer_or_tiny
 from ..types import Sample
-from .overhead import AsyncNotebook, _reply
+from .overhead import AsyncNotebook, scripted_reply
 
 
 def _status_kb(field: str, pid: int | str = "self") -> int:
@@ -96,7 +96,9 @@ def run(
         max_turns=turns, concurrency=episodes, max_seq_len=8192, max_new_tokens=64, engine_workers=engine_workers
     )
     # the tokenizer, not the renderer: it pickles, so engine workers reopen the backend themselves
-    backend = ScriptedBackend(_reply, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=latency)
+    backend = ScriptedBackend(
+        scripted_reply, renderer.tokenizer, end_token_id=renderer.stop_token_ids[0], latency=latency
+    )
 
     def rollout(pool: EngineWorkers | None):
         samples = [

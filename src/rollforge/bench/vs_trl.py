@@ -148,7 +148,7 @@ def run(
 ) -> dict[str, Any]:
     import torch
 
-    _check_trl()
+    check_trl()
     if settings["steps"] < 2:
         raise ConfigError(f"--steps must be at least 2 (one warm-up step, then timed steps), got {settings['steps']}")
     unknown = sorted(set(sides) - {"trl", "rollforge"})
@@ -170,7 +170,7 @@ def run(
                 for side in sides:
                     runs[side].append(runners[side](workload, settings, folder / side))
         if "candidates" in settings:
-            best_result = best(workload, settings, Path(scratch) / "best", _summary)
+            best_result = best(workload, settings, Path(scratch) / "best", side_summary)
     result: dict[str, Any] = {
         "benchmark": "vs-trl",
         "ratio_step_time": None,
@@ -183,7 +183,7 @@ def run(
         },
     }
     for side in sides:
-        result[side] = _summary(runs[side])
+        result[side] = side_summary(runs[side])
     if "trl" in result and "rollforge" in result:
         result["ratio_step_time"] = round(
             result["rollforge"]["seconds_per_step"] / result["trl"]["seconds_per_step"], 4
@@ -196,7 +196,7 @@ def run(
     return result
 
 
-def _check_trl() -> None:
+def check_trl() -> None:
     from ..errors import require
 
     require("trl", extra="bench-trl", feature="the TRL comparison benchmark")
@@ -211,7 +211,7 @@ def _check_trl() -> None:
         )
 
 
-def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def side_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     timed = [t for r in runs for t in r["step_seconds"][1:]]
     steps = [s for r in runs for s in r["steps"][1:]]
     summary = {

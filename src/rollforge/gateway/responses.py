@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import WireError
-from .wire import Choice, _integer
+from .wire import Choice, integer_field
 
 _PASSED = ("model", "temperature", "top_p", "stream")
 _REFUSED = ("conversation", "prompt", "background")
@@ -84,7 +84,7 @@ def chat_body(body: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("max_output_tokens") is not None:
-        chat["max_completion_tokens"] = _integer(body, "max_output_tokens", None, 1)
+        chat["max_completion_tokens"] = integer_field(body, "max_output_tokens", None, 1)
     return chat
 
 

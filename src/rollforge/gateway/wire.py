@@ -113,7 +113,7 @@ def parse_request(body: Any, known: tuple[Sequence[Any], Sequence[WireMessage]] 
     tools = body.get("tools") or []
     if not isinstance(tools, list) or not all(_is_function_tool(t) for t in tools):
         raise WireError('\'tools\' must be a list of {"type": "function", "function": {"name": ...}} objects', "tools")
-    n = _integer(body, "n", 1, 1, MAX_CHOICES)
+    n = integer_field(body, "n", 1, 1, MAX_CHOICES)
     if body.get("top_logprobs"):
         raise WireError(
             "'top_logprobs' is not supported: the gateway returns the logprob of each sampled token", "top_logprobs"
@@ -133,10 +133,10 @@ def parse_request(body: Any, known: tuple[Sequence[Any], Sequence[WireMessage]] 
         include_usage=bool(stream_options.get("include_usage", False)),
         n=n,
         logprobs=bool(body.get("logprobs", False)),
-        max_tokens=_integer(body, "max_completion_tokens", None, 1) or _integer(body, "max_tokens", None, 1),
+        max_tokens=integer_field(body, "max_completion_tokens", None, 1) or integer_field(body, "max_tokens", None, 1),
         temperature=_number(body, "temperature", 0.0, 2.0),
         top_p=_number(body, "top_p", 0.0, 1.0, open_low=True),
-        seed=_integer(body, "seed", None),
+        seed=integer_field(body, "seed", None),
         stop=_stop(body.get("stop")),
         tools_key=json.dumps(tools, sort_keys=True) if tools else "",
     )
@@ -278,7 +278,7 @@ def _optional(body: Mapping[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _integer(
+def integer_field(
     body: Mapping[str, Any], key: str, default: int | None, low: int | None = None, high: int | None = None
 ) -> int | None:
     value = body.get(key)
