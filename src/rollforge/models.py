@@ -164,14 +164,17 @@ def load_model(
     name_or_path: str | os.PathLike[str],
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
+    tokenizer: Any = None,
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)``; the model is in eval mode on ``device``. An image-text model
-    (Qwen2-VL, Idefics3, ...: no causal-LM class) loads as ``AutoModelForImageTextToText``."""
+    (Qwen2-VL, Idefics3, ...: no causal-LM class) loads as ``AutoModelForImageTextToText``. A
+    ``tokenizer`` already loaded from the same name is used instead of loading it again."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     path = resolve_model(name_or_path)
-    tokenizer = _load_tokenizer(path, str(name_or_path))
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(path, str(name_or_path))
     try:
         text = type(AutoConfig.from_pretrained(path)) in MODEL_FOR_CAUSAL_LM_MAPPING
         auto = AutoModelForCausalLM if text else AutoModelForImageTextToText

@@ -34,14 +34,14 @@ def generation_dtype(model: ModelConfig) -> torch.dtype:
     return resolve_dtype(model.generation_dtype, resolve_device(model.device))
 
 
-def load_policy(spec: ModelConfig, lora: LoraConfig) -> tuple[Any, Any]:
+def load_policy(spec: ModelConfig, lora: LoraConfig, tokenizer: Any = None) -> tuple[Any, Any]:
     """``(model, tokenizer)``: the model on ``spec.device`` in eval mode (the update switches
     modes), trainable parameters float32 and requiring grad, wrapped with a LoRA adapter when
-    configured (its frozen base in the compute precision)."""
+    configured (its frozen base in the compute precision). ``tokenizer``: the run's, already loaded."""
     device = resolve_device(spec.device)
     frozen_dtype = resolve_dtype(spec.dtype, device)
     dtype = frozen_dtype if lora.enabled else torch.float32
-    model, tokenizer = load_model(spec.name, dtype=dtype, device=device)
+    model, tokenizer = load_model(spec.name, dtype=dtype, device=device, tokenizer=tokenizer)
     if lora.enabled:
         peft = require("peft", extra="train", feature="LoRA training")
         adapter = peft.LoraConfig(

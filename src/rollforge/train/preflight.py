@@ -51,13 +51,15 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
         )
 
 
-def preflight(config: TrainConfig, prompts: list[Sample], resume: bool, overwrite: bool) -> ckpt.Loaded | None:
+def preflight(
+    config: TrainConfig, prompts: list[Sample], resume: bool, overwrite: bool, tokenizer: Any = None
+) -> ckpt.Loaded | None:
     """What can refuse the run, checked before the model loads so that a refusal is quick: a
     ``rollout.max_seq_len`` over the model's positions, prompts that leave no room to generate, an
     OpenAI-compatible server that does not answer, and the run directory: with ``resume`` the
     checkpoint to continue from, else one that holds no run yet (``overwrite``: deleting the one it
-    holds)."""
-    renderer = ChatRenderer(load_tokenizer(config.model.name))
+    holds). ``tokenizer``: the run's, already loaded (else loaded here)."""
+    renderer = ChatRenderer(tokenizer if tokenizer is not None else load_tokenizer(config.model.name))
     positions = model_positions(config.model.name)
     max_seq_len = fit_max_seq_len(config.rollout.max_seq_len, positions, "rollout.max_seq_len", 0)
     check_prompt_lengths(prompts, renderer, max_seq_len, "rollout.max_seq_len", positions=positions)

@@ -33,7 +33,7 @@ from ..files import read_json
 from ..inputs.data import PromptSource
 from ..inputs.environments import named_environments
 from ..inputs.read import held_out, read_inputs, read_samples, training_prompts
-from ..models import load_processor, resolve_device
+from ..models import load_processor, load_tokenizer, resolve_device
 from ..rollout.checks import check_prompt_lengths
 from ..rollout.worker_pool import EngineWorkers
 from . import checkpoint as ckpt
@@ -102,7 +102,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
     check_options(options, "open_run")
     config, given = given_environments(config, options.get("environments"))
     dataset, backend = options.get("dataset"), options.get("backend")
-    local_envs, source, functions, resumed = _read_inputs(config, given, options)
+    local_envs, source, functions, resumed, tokenizer = _read_inputs(config, given, options)
     start = resumed.step if resumed is not None else 0
     async with contextlib.AsyncExitStack() as stack:
         ranks = stack.enter_context(Ranks.open(resolve_device(config.model.device)))
@@ -111,7 +111,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
         if ranks.main:
             write_config(Path(config.out), config)
         logbook = _open_logbook(stack, config, ranks, start, options.get("console", True))
-        policy, generator, tokenizer = _load_policy(config, ranks, backend, resumed)
+        policy, generator = _load_policy(config, ranks, backend, resumed, tokenizer)
         task_to_env = stack.enter_context(placed(local_envs, config.ray if config.executor == "ray" else None))
         served = backend is None and config.model.backend == "openai"  # by a server we did not start
         if backend is None:
@@ -179,27 +179,29 @@ def update_settings(config: TrainConfig, tokenizer: Any) -> UpdateSettings:
 
 def _read_inputs(
     config: TrainConfig, given: dict[str, Any], options: TrainOptions
-) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], ckpt.Loaded | None]:
+) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], ckpt.Loaded | None, Any]:
     """What the run reads before the model loads: the environments by task, the prompt source (at
-    the checkpoint's position when resuming), the reward functions, and the checkpoint to resume."""
+    the checkpoint's position when resuming), the reward functions, the checkpoint to resume, and
+    the tokenizer (loaded once for the run: the checks here and the policy share it)."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     prompts = training_prompts(config.data, config.seed, options.get("dataset"))
     local_envs, prompts = read_inputs(config.environments, prompts, given)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *options.get("reward_functions", ())]
-    resumed = preflight(config, prompts, options.get("resume", False), options.get("overwrite", False))
+    tokenizer = load_tokenizer(config.model.name)
+    resumed = preflight(config, prompts, options.get("resume", False), options.get("overwrite", False), tokenizer)
     if resumed is not None:
         source.load_state(resumed.data_state)
-    return local_envs, source, functions, resumed
+    return local_envs, source, functions, resumed, tokenizer
 
 
 def _load_policy(
-    config: TrainConfig, ranks: Ranks, backend: Backend | None, resumed: ckpt.Loaded | None
-) -> tuple[TrainedPolicy, Any, Any]:
+    config: TrainConfig, ranks: Ranks, backend: Backend | None, resumed: ckpt.Loaded | None, tokenizer: Any
+) -> tuple[TrainedPolicy, Any]:
     """The trained policy (sharded over the ranks, with its optimizer, schedule and KL reference,
-    restored from ``resumed``), the model object generation uses, and the tokenizer."""
-    model, tokenizer = load_policy(config.model, config.lora)
+    restored from ``resumed``) and the model object generation uses."""
+    model, _ = load_policy(config.model, config.lora, tokenizer)
     # a sharded policy cannot generate, nor can one that trains while generation goes on
     # (max_staleness >= 1): the backend generates from a plain copy, refreshed at every sync
     apart = ranks.distributed or (
@@ -211,7 +213,7 @@ def _load_policy(
     reference = make_reference(model, config.model, config.algorithm.kl_beta, config.lora.enabled)
     if resumed is not None:
         ckpt.restore(resumed, model, optimizer, scheduler)
-    return TrainedPolicy(model, optimizer, scheduler, reference, ranks), generator, tokenizer
+    return TrainedPolicy(model, optimizer, scheduler, reference, ranks), generator
 
 
 def _open_logbook(
