@@ -73,6 +73,7 @@ def test_example_configs_train_one_step(path, tiny_model_dir, tmp_path, monkeypa
             "algorithm.group_size=2",
             "rollout.max_new_tokens=4",
             "rollout.max_turns=2",
+            "rollout.max_seq_len=1024",  # the tiny model's positions (an example may set more, for SmolLM2's 8192)
             "checkpoint_every=0",
         ],
     )
