@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollforge.bench import gpu_sections
+from rollforge.bench.gpu import sections
 from rollforge.train.losses import ClippedPolicyLoss, TokenMean
 from rollforge.train.update import TrainedPolicy, UpdateRow, UpdateSettings, policy_update
 
@@ -30,7 +30,7 @@ BUDGETS = (4096, 16384)  # micro_batch_tokens
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", default="qwen3-0.6b", help=f"one of {', '.join(gpu_sections.MODELS)}, tiny, or a model directory"
+        "--model", default="qwen3-0.6b", help=f"one of {', '.join(sections.MODELS)}, tiny, or a model directory"
     )
     parser.add_argument("--device", default="cuda")
     for name, default in (("groups", 8), ("group-size", 8), ("prompt", 110), ("completion", 256)):
@@ -43,7 +43,7 @@ def main() -> None:
         folder = Path(args.model)
         if not folder.is_dir():
             folder = Path(args.out or scratch) / args.model
-            gpu_sections.build_model_dir(args.model, folder, where, seed=0)
+            sections.build_model_dir(args.model, folder, where, seed=0)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(where)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
         episodes, advantages = batch(

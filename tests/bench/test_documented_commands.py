@@ -103,10 +103,10 @@ def test_documented_command_runs_at_a_small_size(command, tiny_model_dir, tmp_pa
     if "--executor ray" in command:
         request.getfixturevalue("ray_session")  # the suite's one loopback instance
     if "guess-number" in command:  # its tool-caller is warmed up for 300 steps on first use: 2 here
-        from rollforge.bench import vs_trl_setup
+        from rollforge.bench.vs_trl import model as vs_trl_model
 
         monkeypatch.setattr(
-            vs_trl_setup, "prepare_model", functools.partial(vs_trl_setup.prepare_model, tmp_path, warmup_steps=2)
+            vs_trl_model, "prepare_model", functools.partial(vs_trl_model.prepare_model, tmp_path, warmup_steps=2)
         )
         flags += " --max-tool-calls 1"
     argv = [

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollforge.bench import gpu, gpu_sections
+from rollforge.bench import gpu
+from rollforge.bench.gpu import sections
+from rollforge.bench.gpu.settings import GpuSettings
 from rollforge.cli.main import main
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -79,7 +81,7 @@ def test_a_failing_section_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch
     def broken(*_args):
         raise RuntimeError("CUDA error: an illegal memory access\nwas encountered")
 
-    monkeypatch.setattr(gpu_sections, "grpo", broken)
+    monkeypatch.setattr(sections, "grpo", broken)
     out = tmp_path / "report.json"
     code = main(
         [
@@ -106,9 +108,7 @@ def test_a_failing_section_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch
 
 
 def test_sections_past_the_time_budget_are_skipped(tmp_path):
-    report = gpu.run(
-        ["tiny"], ("grpo", "fsdp2"), {**gpu.QUICK, "seed": 0}, "cpu", tmp_path / "r.json", str(tmp_path), budget_s=1e-9
-    )
+    report = gpu.run(["tiny"], ("grpo", "fsdp2"), gpu.QUICK, "cpu", tmp_path / "r.json", str(tmp_path), budget_s=1e-9)
     entry = report["models"]["tiny"]
     assert entry["model"]["status"] == "ok"
     for section in ("grpo", "fsdp2"):
@@ -144,8 +144,8 @@ def test_the_shipped_configs_are_the_published_architectures():
         "qwen3-0.6b": ("Qwen3ForCausalLM", 596_049_920),
         "llama-3.2-1b": ("LlamaForCausalLM", 1_235_814_400),
     }
-    for name in gpu_sections.MODELS:
-        spec = gpu_sections.model_spec(name)
+    for name in sections.MODELS:
+        spec = sections.model_spec(name)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec))
         assert (type(model).__name__, sum(p.numel() for p in model.parameters())) == published[name]
@@ -153,7 +153,7 @@ def test_the_shipped_configs_are_the_published_architectures():
 
 def test_the_configs_ship_as_package_data():
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    assert '"bench/gpu_models/*.json"' in pyproject
+    assert '"bench/gpu/models/*.json"' in pyproject
 
 
 @pytest.mark.gpu
@@ -171,17 +171,17 @@ def test_quick_run_on_cuda_runs_every_section(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_one_real_architecture_builds_and_updates_in_bfloat16_on_cuda(tmp_path):
     where = torch.device("cuda")
-    info = gpu_sections.build_model_dir("qwen3-0.6b", tmp_path / "m", where, seed=0)
+    info = sections.build_model_dir("qwen3-0.6b", tmp_path / "m", where, seed=0)
     assert info["parameters"] == 596_049_920 and info["saved_dtype"] == "bfloat16"
-    result = gpu_sections.train_throughput(tmp_path / "m", where, {"pack_tokens": 2048, "pack_steps": 1, "seed": 0})
+    result = sections.train_throughput(tmp_path / "m", where, GpuSettings(pack_tokens=2048, pack_steps=1))
     assert result["dtype"] == "bfloat16" and result["step_s"] > 0 and result["peak_memory_gib"] > 0
 
 
 def test_the_pack_section_runs_train_throughput_on_the_built_model(tmp_path):
     where = torch.device("cpu")
-    info = gpu_sections.build_model_dir("tiny", tmp_path / "m", where, seed=0)
+    info = sections.build_model_dir("tiny", tmp_path / "m", where, seed=0)
     assert (info["parameters"], info["vocab_size"], info["tokenizer_vocab"]) == (115072, 640, 640)
-    result = gpu_sections.train_throughput(tmp_path / "m", where, {"pack_tokens": 32, "pack_steps": 1, "seed": 0})
+    result = sections.train_throughput(tmp_path / "m", where, GpuSettings(pack_tokens=32, pack_steps=1))
     assert (result["seq_len"], result["steps"], result["dtype"], result["mfu"]) == (32, 1, "float32", None)
     assert result["tokens_per_s"] > 0 and "11% MFU for Qwen3-0.6B" in result["anchor"]
 
@@ -193,13 +193,13 @@ def test_the_tokenizer_covers_every_id_the_model_can_sample(tmp_path, monkeypatc
 
     from rollforge.testing import make_tokenizer
 
-    tiny = gpu_sections.model_spec("tiny")
-    monkeypatch.setattr(gpu_sections, "model_spec", lambda name: {**tiny, "vocab_size": 700})
-    info = gpu_sections.build_model_dir("tiny", tmp_path, torch.device("cpu"), seed=0)
+    tiny = sections.model_spec("tiny")
+    monkeypatch.setattr(sections, "model_spec", lambda name: {**tiny, "vocab_size": 700})
+    info = sections.build_model_dir("tiny", tmp_path, torch.device("cpu"), seed=0)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     assert info["tokenizer_vocab"] == len(tokenizer) == 700
     assert tokenizer.decode([640, 641, 665, 666, 699]) == "~a~b~z~ba~ch"  # letters only: the reward reads numbers
     text = "What is 3 + 4? Answer with just the number."
     assert tokenizer.encode(text) == make_tokenizer().encode(text)  # no merge produces the new ids
     with pytest.raises(Exception, match="more than the model's vocab_size 600"):
-        gpu_sections.pad_vocabulary(tmp_path / "tokenizer.json", 600)
+        sections.pad_vocabulary(tmp_path / "tokenizer.json", 600)

@@ -126,7 +126,7 @@ def test_a_sides_failure_is_one_line_naming_the_side(tmp_path, capsys):
 def test_a_warmup_trained_under_another_template_is_refused_in_one_line(tiny_model_dir, tmp_path, capsys):
     """The quickstart's warm-up renders SmolLM2's template with rollforge's tool prompt; under the
     bench's Qwen2.5 template its calls do not parse (it scored 0.0): refused before any side starts."""
-    from rollforge.bench.learning_sides import check_warmup, templated
+    from rollforge.bench.learning.sides import check_warmup, templated
     from rollforge.cli.main import main
 
     code = main(["bench", "learning", "--warmup", str(tiny_model_dir), "--steps", "1"])
@@ -140,15 +140,15 @@ def test_a_warmup_trained_under_another_template_is_refused_in_one_line(tiny_mod
 
 
 def test_a_side_killed_by_a_signal_is_named_with_the_signal(tmp_path, monkeypatch):
-    from rollforge.bench import learning_sides
+    from rollforge.bench.learning import sides
     from rollforge.errors import SideFailed
 
     # what the kernel does to a process out of memory; the child writes no result
     monkeypatch.setattr(
-        learning_sides, "CHILD", (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+        sides, "CHILD", (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     )
     with pytest.raises(SideFailed) as failed:
-        learning_sides.spawn("trl", {}, tmp_path)
+        sides.spawn("trl", {}, tmp_path)
     assert str(failed.value) == (
         "bench learning: the trl side was killed by SIGKILL (perhaps out of memory) before writing its result"
     )
@@ -167,11 +167,11 @@ def test_a_side_ends_when_its_parent_is_killed(tmp_path):
     if not Path("/proc/self/stat").is_file():
         pytest.skip("reads /proc (Linux)")
     child = (
-        "import os, sys, time; from rollforge.bench.learning_sides import PARENT, die_with_parent; "
+        "import os, sys, time; from rollforge.bench.learning.sides import PARENT, die_with_parent; "
         "die_with_parent(int(os.environ[PARENT])); open(sys.argv[3] + '.pid', 'w').write(str(os.getpid())); time.sleep(600)"
     )
     parent = (
-        "import sys; from pathlib import Path; from rollforge.bench import learning_sides as sides; "
+        "import sys; from pathlib import Path; from rollforge.bench.learning import sides; "
         f"sides.CHILD = (sys.executable, '-c', {child!r}); sides.spawn('trl', {{}}, Path(sys.argv[1]))"
     )
     proc = subprocess.Popen([sys.executable, "-c", parent, str(tmp_path)])
@@ -196,7 +196,7 @@ def test_a_side_ends_when_its_parent_is_killed(tmp_path):
 def test_trl_plays_the_bundled_class_unchanged_and_calls_after_answer_change_nothing(tmp_path):
     from transformers.utils import get_json_schema
 
-    from rollforge.bench.vs_trl_workloads import calculator
+    from rollforge.bench.vs_trl.workloads import calculator
     from rollforge.envs.library.calculator import EPISODE_OVER, build
     from rollforge.envs.tools import class_tools
 
@@ -217,11 +217,11 @@ def test_trl_plays_the_bundled_class_unchanged_and_calls_after_answer_change_not
 
 
 def test_when_trl_fails_first_its_error_is_raised_not_the_waiting_sides(monkeypatch, tmp_path):
-    from rollforge.bench import vs_trl_runners
+    from rollforge.bench.vs_trl import runners
 
     def broken_trl(*_args, **_kwargs):
         raise ValueError("TRL broke")
 
-    monkeypatch.setattr(vs_trl_runners, "run_trl", broken_trl)  # rollforge waits for a turn that never comes
+    monkeypatch.setattr(runners, "run_trl", broken_trl)  # rollforge waits for a turn that never comes
     with pytest.raises(ValueError, match="TRL broke"):
-        vs_trl_runners.run_alternating(None, {}, tmp_path)
+        runners.run_alternating(None, {}, tmp_path)

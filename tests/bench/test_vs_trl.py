@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rollforge import FactoryEnvironment, check_env
-from rollforge.bench import vs_trl_env as env_module
-from rollforge.bench import vs_trl_setup as setup
+from rollforge.bench.vs_trl import env as env_module
+from rollforge.bench.vs_trl import model as setup
 from rollforge.chat.render import ChatRenderer
 from rollforge.envs.tools import discover_tools
 from rollforge.types import Message, Sample
@@ -138,7 +138,7 @@ def test_template_is_trls_qwen25():
 
 
 def test_arithmetic_reward_scores_like_the_environment():
-    from rollforge.bench.vs_trl_workloads import arithmetic_reward
+    from rollforge.bench.vs_trl.workloads import arithmetic_reward
 
     completions = [
         [{"role": "assistant", "content": "3 + 4 = 7"}],
@@ -158,10 +158,10 @@ def test_settings_take_the_workload_defaults_unless_given():
     parser = argparse.ArgumentParser()
     vs_trl.add_arguments(parser)
     settings = vs_trl.settings_from(parser.parse_args(["--generations", "8"]))
-    assert (settings["batch_size"], settings["generations"], settings["max_completion_tokens"]) == (2, 8, 32)
-    assert settings["max_tool_calls"] == 0 and settings["steps"] == 6
+    assert (settings.batch_size, settings.generations, settings.max_completion_tokens) == (2, 8, 32)
+    assert settings.max_tool_calls == 0 and settings.steps == 6
     tools = vs_trl.settings_from(parser.parse_args(["--workload", "guess-number"]))
-    assert (tools["batch_size"], tools["max_completion_tokens"], tools["max_tool_calls"]) == (4, 128, 4)
+    assert (tools.batch_size, tools.max_completion_tokens, tools.max_tool_calls) == (4, 128, 4)
     with pytest.raises(ConfigError, match="--max-tool-calls applies to the guess-number workload"):
         vs_trl.settings_from(parser.parse_args(["--max-tool-calls", "2"]))
 
@@ -174,7 +174,7 @@ def test_backend_staleness_and_best_options_reach_the_settings():
     parser = argparse.ArgumentParser()
     vs_trl.add_arguments(parser)
     plain = vs_trl.settings_from(parser.parse_args([]))
-    assert (plain["backend"], plain["max_staleness"]) == ("hf", 0) and "candidates" not in plain
+    assert (plain.backend, plain.max_staleness, plain.candidates) == ("hf", 0, ())
     settings = vs_trl.settings_from(
         parser.parse_args(
             [
@@ -190,12 +190,12 @@ def test_backend_staleness_and_best_options_reach_the_settings():
             ]
         )
     )
-    assert (settings["backend"], settings["max_staleness"], settings["best_steps"]) == ("vllm", 1, 2)
-    assert settings["candidates"] == ("trl-hf", "rollforge-hf-async1")
+    assert (settings.backend, settings.max_staleness, settings.best_steps) == ("vllm", 1, 2)
+    assert settings.candidates == ("trl-hf", "rollforge-hf-async1")
     defaults = vs_trl.settings_from(parser.parse_args(["--best"]))
-    assert defaults["candidates"] == tuple(vs_trl.CANDIDATES)
+    assert defaults.candidates == tuple(vs_trl.CANDIDATES)
     # four: an asynchronous candidate's last step (nothing generating beside it) is one timed step of three
-    assert defaults["best_steps"] == 4
+    assert defaults.best_steps == 4
 
 
 @pytest.mark.parametrize(
@@ -222,7 +222,7 @@ def test_a_bad_vs_trl_option_is_one_line(argv, message, capsys):
 def test_turns_alternate_strictly():
     import threading
 
-    from rollforge.bench.vs_trl_runners import Turns
+    from rollforge.bench.vs_trl.runners import Turns
 
     turns, events = Turns(), []
     hook = turns.rollforge_hook(last_step=3)
@@ -246,17 +246,9 @@ def test_turns_alternate_strictly():
 
 
 def _tiny_settings(**changes):
-    settings = {
-        "steps": 2,
-        "rounds": 1,
-        "batch_size": 2,
-        "generations": 2,
-        "max_completion_tokens": 16,
-        "max_tool_calls": 0,
-        "lr": 1e-4,
-        "seed": 0,
-    }
-    return {**settings, **changes}
+    from rollforge.bench.vs_trl.settings import Settings
+
+    return Settings(steps=2, batch_size=2, generations=2, max_completion_tokens=16, lr=1e-4, **changes)
 
 
 def _check_result(result, completions, max_tokens):
@@ -276,7 +268,7 @@ def _check_result(result, completions, max_tokens):
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
 def test_both_trainers_run_arithmetic_and_are_timed(tmp_path):
     from rollforge.bench import vs_trl
-    from rollforge.bench.vs_trl_workloads import arithmetic
+    from rollforge.bench.vs_trl.workloads import arithmetic
     from rollforge.testing import make_tiny_model
 
     workload = arithmetic(make_tiny_model(tmp_path / "model"))
@@ -291,7 +283,7 @@ def test_both_trainers_run_arithmetic_and_are_timed(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
 def test_both_trainers_run_the_tool_game_and_are_timed(tmp_path):
     from rollforge.bench import vs_trl
-    from rollforge.bench.vs_trl_workloads import guess_number
+    from rollforge.bench.vs_trl.workloads import guess_number
 
     workload = guess_number(model_dir=setup.prepare_model(tmp_path / "cache", warmup_steps=2))
     result = vs_trl.run(workload, _tiny_settings(max_tool_calls=1))
@@ -302,7 +294,7 @@ def test_both_trainers_run_the_tool_game_and_are_timed(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the bench-trl extra (trl)")
 def test_best_reports_both_ratios_and_every_candidate(tmp_path):
     from rollforge.bench import vs_trl
-    from rollforge.bench.vs_trl_workloads import arithmetic
+    from rollforge.bench.vs_trl.workloads import arithmetic
     from rollforge.testing import make_tiny_model
 
     workload = arithmetic(make_tiny_model(tmp_path / "model"))
@@ -341,22 +333,22 @@ def test_a_candidate_that_sets_torchrun_variables_leaves_the_process_as_it_was(t
     ran in-process and alone). Each candidate's changes to os.environ are undone."""
     import os
 
-    from rollforge.bench import vs_trl_best
+    from rollforge.bench.vs_trl import best
 
     for key in ("WORLD_SIZE", "RANK", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
 
     def runner(workload, settings, folder):
         os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_PORT="29500")
-        if settings.get("trl_vllm"):
+        if settings.trl_vllm:
             raise RuntimeError("weight_loader")  # a candidate that fails after setting them
         return {}
 
-    monkeypatch.setattr(vs_trl_best, "RUNNERS", {"trl": runner, "rollforge": runner})
+    monkeypatch.setattr(best, "RUNNERS", {"trl": runner, "rollforge": runner})
     summary = {"configuration": {}, "seconds_per_step": 1.0, "phases_seconds_per_step": {}, "step_seconds": [1.0]}
-    result = vs_trl_best.best(
+    result = best.run_best(
         None,
-        {"candidates": ("rollforge-hf-sync", "trl-hf", "trl-vllm-colocate"), "best_steps": 2},
+        _tiny_settings(candidates=("rollforge-hf-sync", "trl-hf", "trl-vllm-colocate"), best_steps=2),
         tmp_path,
         lambda runs: summary,
     )

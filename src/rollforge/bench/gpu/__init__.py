@@ -1,8 +1,8 @@
 """``rollforge bench gpu``: does every GPU path work on this machine, and how fast (one JSON report).
 
 Made for an air-gapped GPU box: nothing is downloaded. Each model (``--models``: random-initialised
-Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B from the configs in ``gpu_models/``, see
-``gpu_sections``) runs four sections, in this order:
+Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B from the configs in ``gpu/models/``, see
+``gpu.sections``) runs four sections, in this order:
 
 - ``grpo``: rollforge GRPO steps, HF backend generating from the trained model: seconds per step
   split into rollout, update and sync; generation and update tokens/s; the update's MFU;
@@ -26,6 +26,7 @@ at a few tokens, in seconds on a CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -37,32 +38,22 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from . import gpu_sections as sections
+from ...errors import ConfigError
+from . import sections
+from .settings import FULL, QUICK, GpuSettings
 
-FULL = {
-    "grpo_steps": 4,
-    "batch_size": 8,
-    "generations": 8,
-    "max_new_tokens": 256,
-    "fsdp_steps": 2,
-    "fsdp_batch": 4,
-    "fsdp_seq_len": 2048,
-    "pack_tokens": 16384,
-    "pack_steps": 3,
+#: name -> the section, in the order they run: (model_dir, where, settings, scratch, the model's
+#: entry so far: ``trl`` reads ``grpo``'s) -> its figures. Each entry looks its ``gpu.sections``
+#: function up when called, so a replaced one (a test's failing section) is the one that runs.
+SECTION_RUNS: dict[str, Callable[[Path, Any, GpuSettings, Path, dict[str, Any]], dict[str, Any]]] = {
+    "grpo": lambda model_dir, where, s, scratch, entry: sections.grpo(model_dir, where, s, scratch),
+    "trl": lambda model_dir, where, s, scratch, entry: sections.trl(
+        model_dir, where, s, scratch, entry.get("grpo", {})
+    ),
+    "fsdp2": lambda model_dir, where, s, scratch, entry: sections.fsdp2(model_dir, where, s, scratch),
+    "train_throughput": lambda model_dir, where, s, scratch, entry: sections.train_throughput(model_dir, where, s),
 }
-QUICK = {
-    "grpo_steps": 2,
-    "batch_size": 2,
-    "generations": 2,
-    "max_new_tokens": 8,
-    "fsdp_steps": 1,
-    "fsdp_batch": 2,
-    "fsdp_seq_len": 32,
-    "pack_tokens": 256,
-    "pack_steps": 1,
-}
-SECTIONS = ("grpo", "trl", "fsdp2", "train_throughput")
+SECTIONS = tuple(SECTION_RUNS)
 NEEDS_CUDA = frozenset({"train_throughput"})
 
 
@@ -98,7 +89,7 @@ def main(args: Any) -> dict[str, Any]:
         raise ConfigError(f"--budget-s must be > 0 seconds, got {args.budget_s}")
     for name in models:
         sections.model_spec(name)  # an unknown name fails here, before anything runs
-    settings = {**(QUICK if args.quick else FULL), "seed": args.seed}
+    settings = dataclasses.replace(QUICK if args.quick else FULL, seed=args.seed)
     # Before CUDA's allocator starts: 16k-token packs of a 1B model ran out of memory on an H100
     # with 3.2 GiB reserved in fragments (2026-11-26). Growable segments leave none.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -117,21 +108,21 @@ def main(args: Any) -> dict[str, Any]:
 def run(
     models: list[str],
     chosen: tuple[str, ...],
-    settings: dict[str, Any],
+    settings: GpuSettings,
     device: str,
     out: Path,
     scratch: str | None,
     budget_s: float,
 ) -> dict[str, Any]:
     """Every section of every model; the report (also written to ``out`` after each section)."""
-    from ..models import resolve_device
+    from ...models import resolve_device
 
     where = resolve_device(device)
     began = time.perf_counter()
     report: dict[str, Any] = {
         "benchmark": "gpu",
         "environment": environment(where),
-        "settings": settings,
+        "settings": dataclasses.asdict(settings),
         "budget_s": budget_s,
         "models": {},
         "notes": NOTES,
@@ -141,7 +132,7 @@ def run(
             entry: dict[str, Any] = {}
             report["models"][name] = entry
             model_dir = Path(folder) / name
-            entry["model"] = _section(partial(sections.build_model_dir, name, model_dir, where, settings["seed"]))
+            entry["model"] = _section(partial(sections.build_model_dir, name, model_dir, where, settings.seed))
             for section in chosen:
                 scratch_of = Path(folder) / f"{name}-{section}"
                 entry[section] = _gated(
@@ -162,16 +153,10 @@ def run(
 
 
 def _call(
-    section: str, model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, entry: dict[str, Any]
+    section: str, model_dir: Path, where: Any, s: GpuSettings, scratch: Path, entry: dict[str, Any]
 ) -> dict[str, Any]:
     scratch.mkdir(parents=True, exist_ok=True)
-    if section == "grpo":
-        return sections.grpo(model_dir, where, s, scratch)
-    if section == "trl":
-        return sections.trl(model_dir, where, s, scratch, entry.get("grpo", {}))
-    if section == "fsdp2":
-        return sections.fsdp2(model_dir, where, s, scratch)
-    return sections.train_throughput(model_dir, where, s)
+    return SECTION_RUNS[section](model_dir, where, s, scratch, entry)
 
 
 def _gated(
@@ -218,7 +203,7 @@ def environment(where: Any) -> dict[str, Any]:
 
     import torch
 
-    from .train_throughput import peak_flops
+    from ..train_throughput import peak_flops
 
     def version(package: str) -> str | None:
         try:
@@ -247,7 +232,7 @@ def environment(where: Any) -> dict[str, Any]:
 
 NOTES = [
     (
-        "models are random-initialised from the published configs (gpu_models/*.json) with their own vocabulary; the "
+        "models are random-initialised from the published configs (gpu/models/*.json) with their own vocabulary; the "
         "tokenizer is rollforge.testing's 640-id BPE padded with placeholder tokens to that vocabulary; a random model "
         "almost never ends a turn, so completions run to the token limit"
     ),
@@ -294,7 +279,7 @@ def summary(report: dict[str, Any], out: str) -> dict[str, Any]:
 
 
 def _write(out: Path, report: dict[str, Any]) -> None:
-    from ..files import atomic_write
+    from ...files import atomic_write
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, json.dumps(report, indent=2) + "\n")

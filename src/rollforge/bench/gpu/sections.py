@@ -2,7 +2,7 @@
 of figures (``gpu.py`` runs them at its boundary and turns what they raise into a failed section).
 
 The model: ``build_model_dir`` initialises a model of a real architecture at random from one of the
-configs in ``gpu_models/`` (copied from the published ``config.json``; weights are not needed for
+configs in ``gpu/models/`` (copied from the published ``config.json``; weights are not needed for
 speed) and saves it, with the offline tokenizer of ``rollforge.testing`` (byte-level BPE, 640
 ids, ChatML), as an ordinary checkpoint directory that every section loads. The vocabulary is
 the architecture's own (151,936 for Qwen, 128,256 for Llama), so the embedding and the output head
@@ -11,9 +11,9 @@ tokens (``pad_vocabulary``: the backend refuses ids outside the tokenizer). A ra
 the end-of-turn token almost never: every completion runs to its token limit, which makes the
 work per step fixed.
 
-- ``grpo``: rollforge's trainer (``vs_trl_runners.run_rollforge``) on the ``arithmetic`` workload,
+- ``grpo``: rollforge's trainer (``vs_trl.runners.run_rollforge``) on the ``arithmetic`` workload,
   HF backend generating from the trained model; float32 master weights, bfloat16 autocast on CUDA.
-- ``trl``: TRL's ``GRPOTrainer`` (``vs_trl_trl_side.run_trl``) on the same model, rows, batch,
+- ``trl``: TRL's ``GRPOTrainer`` (``vs_trl.trl_side.run_trl``) on the same model, rows, batch,
   group and lengths; the ratio of the mean timed steps (the first step of each is a warm-up).
 - ``fsdp2``: a process group of one (NCCL on CUDA, gloo on CPU), the model wrapped by FSDP2 as the
   multi-rank trainer wraps it, updates, a checkpoint written (``save_checkpoint``) and resumed
@@ -35,22 +35,24 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from ..vs_trl.settings import Settings
+from .settings import GpuSettings
 
-#: The architectures shipped (``gpu_models/NAME.json``); ``tiny`` is for ``--quick``.
+#: The architectures shipped (``gpu/models/NAME.json``); ``tiny`` is for ``--quick``.
 MODELS = ("qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b")
 
 
 def model_spec(name: str) -> dict[str, Any]:
-    """The config values of ``gpu_models/NAME.json``."""
+    """The config values of ``gpu/models/NAME.json``."""
     known = sorted(
         p.name.removesuffix(".json")
-        for p in resources.files(__package__).joinpath("gpu_models").iterdir()
+        for p in resources.files(__package__).joinpath("models").iterdir()
         if p.name.endswith(".json")
     )
     if name not in known:
         raise ConfigError(f"unknown model {name!r} for bench gpu; expected one of {', '.join(known)}")
-    return json.loads(resources.files(__package__).joinpath("gpu_models", f"{name}.json").read_text())
+    return json.loads(resources.files(__package__).joinpath("models", f"{name}.json").read_text())
 
 
 def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, Any]:
@@ -59,7 +61,7 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from ..testing import make_tokenizer
+    from ...testing import make_tokenizer
 
     began = time.perf_counter()
     tokenizer = make_tokenizer()
@@ -119,37 +121,36 @@ def _meta_model(model_dir: Path) -> Any:
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
 
 
-def _settings(where: Any, s: dict[str, Any]) -> dict[str, Any]:
-    """``vs_trl_runners``'s settings for one GRPO run on ``where`` (bfloat16 autocast on CUDA)."""
-    return {
-        "steps": s["grpo_steps"],
-        "batch_size": s["batch_size"],
-        "generations": s["generations"],
-        "max_completion_tokens": s["max_new_tokens"],
-        "max_tool_calls": 0,
-        "lr": 1e-6,
-        "seed": s["seed"],
-        "rollforge_mode": "async",
-        "device": where.type,
-        "dtype": "bfloat16" if where.type == "cuda" else "float32",
-        "skip_zero_advantage": False,
-    }  # a random model's rewards are all 0: the update is what is timed
+def _settings(where: Any, s: GpuSettings) -> Settings:
+    """``vs_trl.runners``'s settings for one GRPO run on ``where`` (bfloat16 autocast on CUDA)."""
+    return Settings(
+        steps=s.grpo_steps,
+        batch_size=s.batch_size,
+        generations=s.generations,
+        max_completion_tokens=s.max_new_tokens,
+        lr=1e-6,
+        seed=s.seed,
+        rollforge_mode="async",
+        device=where.type,
+        dtype="bfloat16" if where.type == "cuda" else "float32",
+        skip_zero_advantage=False,  # a random model's rewards are all 0: the update is what is timed
+    )
 
 
-def grpo(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:
+def grpo(model_dir: Path, where: Any, s: GpuSettings, scratch: Path) -> dict[str, Any]:
     """rollforge GRPO steps: step time and its split, generation and update tokens/s, update MFU."""
     import torch
 
-    from .train_throughput import model_flops_per_token, peak_flops
-    from .vs_trl import side_summary
-    from .vs_trl_runners import run_rollforge
-    from .vs_trl_workloads import arithmetic
+    from ..train_throughput import model_flops_per_token, peak_flops
+    from ..vs_trl import side_summary
+    from ..vs_trl.runners import run_rollforge
+    from ..vs_trl.workloads import arithmetic
 
     settings = _settings(where, s)
-    run = run_rollforge(arithmetic(model_dir, seed=s["seed"]), settings, scratch / "rollforge")
+    run = run_rollforge(arithmetic(model_dir, seed=s.seed), settings, scratch / "rollforge")
     summary = side_summary([run])
     timed = run["steps"][1:]
-    n = settings["batch_size"] * settings["generations"]
+    n = settings.completions
     generated = statistics.fmean(x["generated_tokens"] for x in timed)
     trained = statistics.fmean(x["trained_tokens"] for x in timed)
     phases = summary["phases_seconds_per_step"]
@@ -173,16 +174,16 @@ def grpo(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[
     }
 
 
-def trl(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, rollforge: dict[str, Any]) -> dict[str, Any]:
+def trl(model_dir: Path, where: Any, s: GpuSettings, scratch: Path, rollforge: dict[str, Any]) -> dict[str, Any]:
     """The same GRPO steps with TRL's ``GRPOTrainer``; ``ratio_step_time`` against ``rollforge``'s
     section (None when that one did not run)."""
-    from ..errors import require
-    from .vs_trl import side_summary
-    from .vs_trl_trl_side import run_trl
-    from .vs_trl_workloads import arithmetic
+    from ...errors import require
+    from ..vs_trl import side_summary
+    from ..vs_trl.trl_side import run_trl
+    from ..vs_trl.workloads import arithmetic
 
     require("trl", extra="bench-trl", feature="the TRL section of bench gpu")
-    run = run_trl(arithmetic(model_dir, seed=s["seed"]), _settings(where, s), scratch / "trl")
+    run = run_trl(arithmetic(model_dir, seed=s.seed), _settings(where, s), scratch / "trl")
     summary = side_summary([run])
     ours = rollforge.get("seconds_per_step") if rollforge.get("status") == "ok" else None
     return {
@@ -194,13 +195,13 @@ def trl(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path, rollforge
     }
 
 
-def train_throughput(model_dir: Path, where: Any, s: dict[str, Any]) -> dict[str, Any]:
+def train_throughput(model_dir: Path, where: Any, s: GpuSettings) -> dict[str, Any]:
     """``bench train-throughput`` at one pack of ``pack_tokens`` per step, bfloat16 autocast."""
-    from . import train_throughput as bench
+    from .. import train_throughput as bench
 
     result = bench.run(
         str(model_dir),
-        bench.Workload(batch=1, seq_len=s["pack_tokens"], steps=s["pack_steps"], warmup=1, seed=s["seed"]),
+        bench.Workload(batch=1, seq_len=s.pack_tokens, steps=s.pack_steps, warmup=1, seed=s.seed),
         device=str(where),
         dtype="bfloat16" if where.type == "cuda" else "float32",
     )
@@ -226,7 +227,7 @@ def train_throughput(model_dir: Path, where: Any, s: dict[str, Any]) -> dict[str
     return out
 
 
-def fsdp2(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:
+def fsdp2(model_dir: Path, where: Any, s: GpuSettings, scratch: Path) -> dict[str, Any]:
     """FSDP2 over a process group of one: updates, a checkpoint written and resumed."""
     import torch
     import torch.distributed as dist
@@ -253,10 +254,10 @@ def fsdp2(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict
 def _sharded(model_dir: Path, where: Any) -> tuple[Any, Any, Any, Any]:
     """``(model, tokenizer, optimizer, scheduler)``: the model of ``model_dir`` in float32 on
     ``where``, wrapped by FSDP2, with the trainer's AdamW and schedule."""
-    from ..models import load_model
-    from ..train.config import OptimConfig
-    from ..train.distributed import fully_shard_model
-    from ..train.policy import make_optimizer
+    from ...models import load_model
+    from ...train.config import OptimConfig
+    from ...train.distributed import fully_shard_model
+    from ...train.policy import make_optimizer
 
     model, tokenizer = load_model(model_dir, device=where)
     model.requires_grad_(True)
@@ -265,7 +266,7 @@ def _sharded(model_dir: Path, where: Any) -> tuple[Any, Any, Any, Any]:
     return model, tokenizer, optimizer, scheduler
 
 
-def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Path) -> dict[str, Any]:
+def _fsdp_round_trip(model_dir: Path, where: Any, s: GpuSettings, scratch: Path) -> dict[str, Any]:
     """Train and checkpoint a sharded model, then resume a fresh one from the checkpoint: its
     weights must be the ones written and its next update's loss the original's."""
     root = scratch / "checkpoints"
@@ -274,9 +275,9 @@ def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Pa
     resumed = _resume_and_update(model_dir, where, s, root, trained["checkpoint"])
     expected, actual = trained.pop("next_loss"), resumed.pop("next_loss_resumed")
     return {
-        "steps": s["fsdp_steps"],
-        "batch": s["fsdp_batch"],
-        "seq_len": s["fsdp_seq_len"],
+        "steps": s.fsdp_steps,
+        "batch": s.fsdp_batch,
+        "seq_len": s.fsdp_seq_len,
         **trained,
         **resumed,
         "next_loss": expected,
@@ -285,20 +286,20 @@ def _fsdp_round_trip(model_dir: Path, where: Any, s: dict[str, Any], scratch: Pa
     }
 
 
-def _train_and_save(model_dir: Path, where: Any, s: dict[str, Any], root: Path) -> dict[str, Any]:
+def _train_and_save(model_dir: Path, where: Any, s: GpuSettings, root: Path) -> dict[str, Any]:
     """``fsdp_steps`` timed updates of the sharded model, a checkpoint of it under ``root``, and the
     loss of the next update of the run that did not stop."""
-    from ..models import load_model
-    from ..train.checkpoint import save_checkpoint
-    from ..train.distributed import is_sharded, refresh_copy
-    from ..train.update import TrainedPolicy
+    from ...models import load_model
+    from ...train.checkpoint import save_checkpoint
+    from ...train.distributed import is_sharded, refresh_copy
+    from ...train.update import TrainedPolicy
 
     model, tokenizer, optimizer, scheduler = _sharded(model_dir, where)
     if not is_sharded(model):
         raise ConfigError("FSDP2 did not wrap the model")
     step = _update_step(model, tokenizer, optimizer, where, s)
     times = []
-    for _ in range(s["fsdp_steps"]):
+    for _ in range(s.fsdp_steps):
         began = time.perf_counter()
         step()
         scheduler.step()
@@ -307,7 +308,7 @@ def _train_and_save(model_dir: Path, where: Any, s: dict[str, Any], root: Path) 
     refresh_copy(plain, model)
     began = time.perf_counter()
     policy = TrainedPolicy(model, optimizer, scheduler)
-    saved = save_checkpoint(root, s["fsdp_steps"], policy, tokenizer, {}, keep=1, plain=plain)
+    saved = save_checkpoint(root, s.fsdp_steps, policy, tokenizer, {}, keep=1, plain=plain)
     save_seconds = time.perf_counter() - began
     del plain
     return {
@@ -319,14 +320,14 @@ def _train_and_save(model_dir: Path, where: Any, s: dict[str, Any], root: Path) 
     }
 
 
-def _resume_and_update(model_dir: Path, where: Any, s: dict[str, Any], root: Path, saved: str) -> dict[str, Any]:
+def _resume_and_update(model_dir: Path, where: Any, s: GpuSettings, root: Path, saved: str) -> dict[str, Any]:
     """A fresh sharded model and optimizer resumed from the newest checkpoint under ``root`` (the
     one named ``saved``, just written): whether its weights are the written ones, and the loss of its
     next update."""
     import torch
 
-    from ..train.checkpoint import load_newest, restore
-    from ..train.distributed import full_state_dict
+    from ...train.checkpoint import load_newest, restore
+    from ...train.distributed import full_state_dict
 
     model, tokenizer, optimizer, scheduler = _sharded(model_dir, where)
     began = time.perf_counter()
@@ -348,17 +349,15 @@ def _resume_and_update(model_dir: Path, where: Any, s: dict[str, Any], root: Pat
     }
 
 
-def _update_step(model: Any, tokenizer: Any, optimizer: Any, where: Any, s: dict[str, Any]) -> Any:
+def _update_step(model: Any, tokenizer: Any, optimizer: Any, where: Any, s: GpuSettings) -> Any:
     """The section's update (``train_throughput.update_step``): ``fsdp_batch`` rows of ``fsdp_seq_len``
     random tokens, bfloat16 autocast on CUDA."""
     import torch
 
-    from .train_throughput import update_step
+    from ..train_throughput import update_step
 
     compute = torch.bfloat16 if where.type == "cuda" else torch.float32
-    return update_step(
-        model, optimizer, tokenizer.pad_token_id, where, compute, s["fsdp_batch"], s["fsdp_seq_len"], s["seed"]
-    )
+    return update_step(model, optimizer, tokenizer.pad_token_id, where, compute, s.fsdp_batch, s.fsdp_seq_len, s.seed)
 
 
 def scratch_dir(parent: str | None) -> Any:

@@ -1,7 +1,7 @@
 """``rollforge bench learning``: held-out reward per step and per wall second, rollforge vs TRL.
 
 Both trainers start from the same warm-up checkpoint and train on the ``calculator`` workload of
-``vs_trl_workloads`` (the bundled two-turn environment on the quickstart's operations; its class is
+``vs_trl.workloads`` (the bundled two-turn environment on the quickstart's operations; its class is
 TRL's ``environment_factory``) with the settings of ``vs_trl`` (same completions per step, token
 limits, DAPO/token loss, optimizer) and the quickstart's GRPO preset
 (``recipes/presets/quickstart.yaml``: batch size, group size, lr, per-turn tokens, turns, dtype,
@@ -10,7 +10,7 @@ operations; flags override).
 - Prompts: the preset's (``balanced``: every block of four questions asks both operations, with
   operands that make each tool the right one once), read in order on both sides (``data.shuffle``
   false; TRL's ``shuffle_dataset=False``), so that step s trains on the same questions on both.
-- One process per side (``learning_sides``), one after the other: the warm-up, then rollforge, then
+- One process per side (``learning.sides``), one after the other: the warm-up, then rollforge, then
   TRL, each loading the checkpoint afresh; each reports its peak memory (``max_rss_mb``).
 - The warm-up: rollforge's SFT on the calculator expert's demonstrations with the quickstart's
   warm-up preset (``recipes/presets/quickstart_warmup.yaml``); or ``--warmup DIR`` made under the
@@ -47,9 +47,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from .settings import LearningSettings
 
-#: Both sides sample the full softmax at temperature 1 (``vs_trl_runners`` sets and records it).
+#: Both sides sample the full softmax at temperature 1 (``vs_trl.runners`` sets and records it).
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}
 STEPS, EVAL_EVERY, EVAL_EPISODES = 4, 2, 16
 #: TRL's completions per loss forward (about rollforge's 4096-token micro-batches here): all 32 at
@@ -59,8 +60,8 @@ TRL_MICRO_BATCH = 8
 
 def preset() -> dict[str, Any]:
     """The settings this bench takes from the quickstart's GRPO preset."""
-    from ..recipes.quickstart import PRESETS
-    from ..train.config import load_config
+    from ...recipes.quickstart import PRESETS
+    from ...train.config import load_config
 
     config = load_config(PRESETS / "quickstart.yaml")
     calculator = next((e for e in config.environments if e.name == "calculator"), None)
@@ -134,9 +135,9 @@ def main(args: Any) -> dict[str, Any]:
 
 
 def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: str | None = None) -> dict[str, Any]:
-    """Warm-up, rollforge, TRL, each in its own process (``learning_sides.spawn``); the report."""
-    from .learning_sides import check_warmup, spawn
-    from .vs_trl import check_trl
+    """Warm-up, rollforge, TRL, each in its own process (``learning.sides.spawn``); the report."""
+    from ..vs_trl import check_trl
+    from .sides import check_warmup, spawn
 
     check_trl()
     if warmup is not None:
@@ -153,19 +154,21 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
     ):
         if settings.get(key, 1) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {settings[key]}")
-    settings = {
-        "trl_micro_batch": TRL_MICRO_BATCH,
-        **settings,
-        "max_tool_calls": settings["max_turns"],
-        "max_completion_tokens": (settings["max_turns"] + 1) * settings["max_new_tokens"],
-    }
+    chosen = LearningSettings.from_json(
+        {
+            "trl_micro_batch": TRL_MICRO_BATCH,
+            **settings,
+            "max_tool_calls": settings["max_turns"],
+            "max_completion_tokens": (settings["max_turns"] + 1) * settings["max_new_tokens"],
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="rollforge-bench-learning-") as scratch:
-        spec = {"model": model, "warmup": warmup, "settings": settings, "scratch": scratch}
+        spec = {"model": model, "warmup": warmup, "settings": chosen.to_json(), "scratch": scratch}
         start = spawn("warmup", spec, Path(scratch))
         spec["model_dir"] = start["model_dir"]
         sides = {side: spawn(side, spec, Path(scratch)) for side in ("rollforge", "trl")}
     points = {side: {0: start["reward"], **{int(k): v for k, v in sides[side]["points"].items()}} for side in sides}
-    result = report(settings, {side: sides[side]["run"] for side in ("trl", "rollforge")}, points)
+    result = report(chosen, {side: sides[side]["run"] for side in ("trl", "rollforge")}, points)
     result["max_rss_mb"] = {side: done["max_rss_mb"] for side, done in (("warmup", start), *sides.items())}
     result["settings"].update(
         model=model,
@@ -181,7 +184,7 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
 
 
 def report(
-    settings: dict[str, Any], runs: dict[str, dict[str, Any]], points: dict[str, dict[int, float]]
+    settings: LearningSettings, runs: dict[str, dict[str, Any]], points: dict[str, dict[int, float]]
 ) -> dict[str, Any]:
     curves = {side: curve(runs[side]["step_seconds"], points[side]) for side in runs}
     ratio, note = time_to_target_ratio(curves["rollforge"], curves["trl"])
@@ -192,10 +195,10 @@ def report(
         "ratio_time_to_target_below": time_to_target_bound(curves["rollforge"], curves["trl"]),
         "held_out_curves": curves,
         "settings": {
-            **settings,
+            **settings.to_json(),
             "workload": "calculator",
             "sampling": SAMPLING,
-            "completions_per_step": settings["batch_size"] * settings["generations"],
+            "completions_per_step": settings.run.completions,
         },
     }
     for side, run in runs.items():
@@ -203,9 +206,9 @@ def report(
         result[side] = {
             "held_out_start": first,
             "held_out_end": last,
-            "held_out_gain_per_step": round((last - first) / settings["steps"], 4),
+            "held_out_gain_per_step": round((last - first) / settings.run.steps, 4),
             "train_seconds": round(sum(run["step_seconds"]), 2),
-            "seconds_per_step": round(sum(run["step_seconds"]) / settings["steps"], 3),
+            "seconds_per_step": round(sum(run["step_seconds"]) / settings.run.steps, 3),
             "phases_per_step": mean_phases(run["steps"]),
             "generated_tokens_per_step": round(sum(x["generated_tokens"] for x in run["steps"]) / len(run["steps"]), 1),
             "train_reward_per_step": run["rewards"],
@@ -226,7 +229,7 @@ def report(
 
 
 def mean_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean seconds per step in generation (with the environment), update and other (``vs_trl_runners``)."""
+    """Mean seconds per step in generation (with the environment), update and other (``vs_trl.runners``)."""
     return {key: round(sum(x["phases"][key] for x in steps) / len(steps), 2) for key in steps[0]["phases"]}
 
 

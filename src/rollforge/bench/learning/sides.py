@@ -1,12 +1,12 @@
 """The processes of ``rollforge bench learning``: each side runs in a process of its own, one after
 the other, so that only one model and one optimizer state are alive at a time.
 
-``spawn(side, spec, scratch)`` (the parent's half) runs ``python -m rollforge.bench.learning_sides
+``spawn(side, spec, scratch)`` (the parent's half) runs ``python -m rollforge.bench.learning.sides
 SIDE SPEC OUT`` with this rollforge first on the path and returns the JSON the child wrote to OUT:
 
 - ``warmup``: builds the warm-up checkpoint (or takes ``--warmup DIR``), renders it with TRL's
   template (``templated``) and scores it on the held-out questions: step 0 of both curves.
-- ``rollforge`` then ``trl``: trains from that checkpoint (``vs_trl_runners``), scoring the held-out
+- ``rollforge`` then ``trl``: trains from that checkpoint (``vs_trl.runners``), scoring the held-out
   questions every ``eval_every`` steps and after the last, outside the step clock.
 
 Each child adds its peak resident memory (``max_rss_mb``, from ``getrusage``). A child that fails
@@ -28,8 +28,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, RollforgeError, SideFailed
-from .vs_trl_workloads import calculator
+from ...errors import ConfigError, RollforgeError, SideFailed
+from ..vs_trl.workloads import calculator
+from .settings import LearningSettings
 
 PR_SET_PDEATHSIG = 1
 HELD_OUT_SEED = 1_000_003  # the held-out questions' seed, offset from the training rows' seed
@@ -45,7 +46,7 @@ def spawn(side: str, spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """Run ``side`` in a child process; its JSON result (or ``SideFailed``)."""
     spec_file, out_file = scratch / f"{side}.spec.json", scratch / f"{side}.result.json"
     spec_file.write_text(json.dumps(spec))
-    source = str(Path(__file__).resolve().parents[2])  # the rollforge this parent runs
+    source = str(Path(__file__).resolve().parents[3])  # the rollforge this parent runs
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
@@ -100,7 +101,7 @@ def die_with_parent(parent: int) -> None:
 def warmup_side(spec: dict[str, Any]) -> dict[str, Any]:
     import time
 
-    scratch, settings = Path(spec["scratch"]), spec["settings"]
+    scratch, settings = Path(spec["scratch"]), LearningSettings.from_json(spec["settings"])
     started = time.perf_counter()
     source = Path(spec["warmup"]) if spec["warmup"] else warm_up(spec["model"], scratch, settings)
     model_dir = templated(source, scratch / "model")
@@ -110,19 +111,17 @@ def warmup_side(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def trainer_side(side: str):
-    """The ``rollforge`` or ``trl`` side: its run (``vs_trl_runners``) and held-out rewards by step."""
+    """The ``rollforge`` or ``trl`` side: its run (``vs_trl.runners``) and held-out rewards by step."""
 
     def run(spec: dict[str, Any]) -> dict[str, Any]:
-        from .vs_trl_runners import run_rollforge
-        from .vs_trl_trl_side import run_trl
+        from ..vs_trl.runners import run_rollforge
+        from ..vs_trl.trl_side import run_trl
 
-        settings, model_dir = spec["settings"], Path(spec["model_dir"])
-        workload = calculator(
-            model_dir, settings["operations"], seed=settings["seed"], balanced=settings.get("balanced", False)
-        )
+        settings, model_dir = LearningSettings.from_json(spec["settings"]), Path(spec["model_dir"])
+        workload = calculator(model_dir, list(settings.operations), seed=settings.run.seed, balanced=settings.balanced)
         held_out, points = HeldOut(model_dir, settings), {}
         runner = run_rollforge if side == "rollforge" else run_trl
-        result = runner(workload, settings, Path(spec["scratch"]) / side, None, held_out.hook(side, points))
+        result = runner(workload, settings.run, Path(spec["scratch"]) / side, None, held_out.hook(side, points))
         return {"run": result, "points": points}
 
     return run
@@ -134,21 +133,21 @@ SIDES = {"warmup": warmup_side, "rollforge": trainer_side("rollforge"), "trl": t
 # -- the warm-up checkpoint ------------------------------------------------------------------------
 
 
-def warm_up(model: str, scratch: Path, settings: dict[str, Any]) -> Path:
+def warm_up(model: str, scratch: Path, settings: LearningSettings) -> Path:
     """The quickstart's warm-up (SFT on expert demonstrations) of ``model``, rendered with the
     template both trainers will use; the final checkpoint's model directory."""
-    from ..models import resolve_model
-    from ..recipes.quickstart import PRESETS
-    from ..recipes.sft import sft
-    from ..recipes.sft_config import load_sft_config
-    from ..train import checkpoint as ckpt
+    from ...models import resolve_model
+    from ...recipes.quickstart import PRESETS
+    from ...recipes.sft import sft
+    from ...recipes.sft_config import load_sft_config
+    from ...train import checkpoint as ckpt
 
     base = templated(resolve_model(model), scratch / "base")
-    config = load_sft_config(PRESETS / "quickstart_warmup.yaml", [f"seed={settings['seed']}"])
+    config = load_sft_config(PRESETS / "quickstart_warmup.yaml", [f"seed={settings.run.seed}"])
     config = config.model_copy(
         update={
             "out": str(scratch / "warmup"),
-            "model": config.model.model_copy(update={"name": str(base), "backend": "hf", "dtype": settings["dtype"]}),
+            "model": config.model.model_copy(update={"name": str(base), "backend": "hf", "dtype": settings.run.dtype}),
         }
     )
     with contextlib.redirect_stdout(sys.stderr):
@@ -160,7 +159,7 @@ def check_warmup(model_dir: Path) -> None:
     """Refuse a ``--warmup`` checkpoint trained under another chat template than the one both sides
     render (TRL's Qwen2.5): its tool calls would not parse there (a quickstart warm-up, trained on
     SmolLM2's template with rollforge's tool prompt, scored 0.0 and wrote invalid JSON in 42 of 64 turns)."""
-    from .vs_trl_env import QWEN25_TEMPLATE
+    from ..vs_trl.env import QWEN25_TEMPLATE
 
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"--warmup must be a model directory (with config.json), got {model_dir}")
@@ -183,7 +182,7 @@ def templated(source: Path, target: Path) -> Path:
     the tokenizer saved again, every other file linked."""
     from transformers import AutoTokenizer
 
-    from .vs_trl_env import QWEN25_TEMPLATE
+    from ..vs_trl.env import QWEN25_TEMPLATE
 
     if not (source / "config.json").is_file():
         raise ConfigError(f"--warmup must be a model directory (with config.json), got {source}")
@@ -210,43 +209,43 @@ def load(model_dir: Path) -> Any:
 class HeldOut:
     """Greedy episodes on the held-out questions, scored by rollforge's evaluator for both sides."""
 
-    def __init__(self, model_dir: Path, settings: dict[str, Any]):
-        from ..chat.render import ChatRenderer
-        from ..inputs.config import EnvConfig
-        from ..inputs.read import Prompts, read_inputs
-        from ..models import load_tokenizer
-        from ..rollout.config import RolloutConfig
+    def __init__(self, model_dir: Path, settings: LearningSettings):
+        from ...chat.render import ChatRenderer
+        from ...inputs.config import EnvConfig
+        from ...inputs.read import Prompts, read_inputs
+        from ...models import load_tokenizer
+        from ...rollout.config import RolloutConfig
 
         self.model_dir, self.settings = model_dir, settings
-        calculator = EnvConfig(name="calculator", options={"operations": settings["operations"]})
+        calculator = EnvConfig(name="calculator", options={"operations": list(settings.operations)})
         self.task_to_env, self.samples = read_inputs(
-            [calculator], Prompts(generated=settings["eval_episodes"], seed=HELD_OUT_SEED + settings["seed"])
+            [calculator], Prompts(generated=settings.eval_episodes, seed=HELD_OUT_SEED + settings.run.seed)
         )
         self.tokenizer = load_tokenizer(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
         self.greedy = RolloutConfig(
-            max_turns=settings["max_turns"],
-            max_new_tokens=settings["max_new_tokens"],
+            max_turns=settings.run.max_turns,
+            max_new_tokens=settings.run.max_new_tokens,
             max_seq_len=1024,
             greedy=True,
-            seed=settings["seed"],
-            concurrency=settings["eval_episodes"],
+            seed=settings.run.seed,
+            concurrency=settings.eval_episodes,
         )
 
     async def score(self, backend: Any) -> float:
-        from ..inputs.evaluate import aevaluate
+        from ...inputs.evaluate import aevaluate
 
         result = await aevaluate(self.samples, self.task_to_env, backend, self.renderer, self.greedy)
         return round(result.mean_reward, 4)
 
     def score_model(self, model: Any) -> float:
         """On an HF backend over ``model`` (TRL's, or the warm-up's), in this thread."""
-        from ..backends.config import BackendConfig
-        from ..inputs.evaluate import evaluate
-        from ..workers import run_sync
+        from ...backends.config import BackendConfig
+        from ...inputs.evaluate import evaluate
+        from ...workers import run_sync
 
         config = BackendConfig(
-            kind="hf", model=str(self.model_dir), concurrency=len(self.samples), seed=self.settings["seed"]
+            kind="hf", model=str(self.model_dir), concurrency=len(self.samples), seed=self.settings.run.seed
         )
         was_training = model.training
         model.eval()
@@ -259,10 +258,10 @@ class HeldOut:
             model.train(was_training)
 
     def due(self, step: int) -> bool:
-        return step % self.settings["eval_every"] == 0 or step == self.settings["steps"]
+        return step % self.settings.eval_every == 0 or step == self.settings.run.steps
 
     def hook(self, side: str, points: dict[int, float]) -> Any:
-        """``side``'s ``after_step`` (see ``vs_trl_runners``): the held-out reward into ``points``."""
+        """``side``'s ``after_step`` (see ``vs_trl.runners``): the held-out reward into ``points``."""
 
         def trl(step: int, model: Any) -> None:
             if self.due(step):

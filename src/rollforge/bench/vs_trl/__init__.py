@@ -1,7 +1,7 @@
 """``rollforge bench vs-trl``: seconds per GRPO step of rollforge's trainer vs TRL's ``GRPOTrainer``.
 
 Both trainers train the same model on the same prompt rows with the same algorithm (see
-``vs_trl_workloads`` for the two workloads; the default, ``arithmetic``, is SmolLM2-135M on
+``workloads`` for the two workloads; the default, ``arithmetic``, is SmolLM2-135M on
 single-turn one-digit additions): ``batch_size`` prompts x ``generations`` completions per step,
 so both generate the same number of completions (TRL's ``per_device_train_batch_size`` counts
 completions: it is set to the product), one optimizer step per batch, group-normalised
@@ -15,15 +15,19 @@ each episode may call them ``max_tool_calls`` times (TRL ``max_tool_calling_iter
 
 Timing: a step is TRL's ``on_step_begin`` -> ``on_step_end`` (generation, rewards, loss, optimizer)
 and rollforge's ``time/step`` (rollout, rewards, update, weight sync); neither includes logging.
-Each side's step is split into generation, update and other (``vs_trl_runners`` says exactly what
+Each side's step is split into generation, update and other (``vs_trl.runners`` says exactly what
 each covers). The two trainers run in this process at the same time but take strictly alternating
-steps (``vs_trl_runners.Turns``), so that load from other processes on a shared machine falls on
+steps (``vs_trl.runners.Turns``), so that load from other processes on a shared machine falls on
 both alike. The first step of every run is a warm-up and is not timed; ``--rounds`` repeats the whole
 pair of runs. ``ratio_step_time`` is rollforge's mean timed step over TRL's. ``--backend`` and
 ``--max-staleness`` choose rollforge's side (with ``--max-staleness`` >= 1 the two run one after the
 other instead: the asynchronous loop generates between its steps). ``--best`` also measures each
-side's fastest configuration (``vs_trl_best``): ``ratio_step_time_best``. Learning curves are the
+side's fastest configuration (``vs_trl.best``): ``ratio_step_time_best``. Learning curves are the
 mean reward of every step of each run; with ``--out`` they are also written as JSON and a PNG.
+
+The package: this entry (flags, the run, the summary), ``settings`` (the frozen ``Settings`` both
+sides read), ``runners`` (rollforge's side and the alternation), ``trl_side``, ``best``,
+``workloads`` with the tool game's ``env`` and its tiny ``model``.
 """
 
 from __future__ import annotations
@@ -34,12 +38,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .vs_trl_env import QWEN25_TEMPLATE
-from .vs_trl_best import CANDIDATES, DEFAULT_BEST_STEPS, best, parse_candidates
-from .vs_trl_runners import run_alternating, run_rollforge
-from .vs_trl_trl_side import run_trl
-from .vs_trl_workloads import DEFAULTS, Workload, arithmetic, guess_number
+from ...errors import ConfigError
+from .best import CANDIDATES, DEFAULT_BEST_STEPS, parse_candidates, run_best
+from .env import QWEN25_TEMPLATE
+from .runners import run_alternating, run_rollforge
+from .settings import Settings
+from .trl_side import run_trl
+from .workloads import DEFAULTS, Workload, arithmetic, guess_number
 
 PHASES = ("generation", "update", "other")
 
@@ -106,7 +111,7 @@ def main(args: Any) -> dict[str, Any]:
     return run(workload, settings_from(args), sides=tuple(args.sides.split(",")), out=args.out)
 
 
-def settings_from(args: Any) -> dict[str, Any]:
+def settings_from(args: Any) -> Settings:
     """The run's settings: the flags given, the workload's defaults for the others."""
     if args.workload == "arithmetic" and args.max_tool_calls:
         raise ConfigError(
@@ -127,58 +132,57 @@ def settings_from(args: Any) -> dict[str, Any]:
         "max_tool_calls": args.max_tool_calls,
         "lr": args.lr,
     }
-    return {
-        **DEFAULTS[args.workload],
-        **{k: v for k, v in given.items() if v is not None},
-        "rounds": args.rounds,
-        "seed": args.seed,
-        "rollforge_mode": args.rollforge_mode,
-        "backend": args.backend,
-        "max_staleness": args.max_staleness,
+    return Settings(
+        **{**DEFAULTS[args.workload], **{k: v for k, v in given.items() if v is not None}},
+        rounds=args.rounds,
+        seed=args.seed,
+        rollforge_mode=args.rollforge_mode,
+        backend=args.backend,
+        max_staleness=args.max_staleness,
         **(
             {"best_steps": best_steps, "candidates": parse_candidates(args.candidates or ",".join(CANDIDATES))}
             if args.best
             else {}
         ),
-    }
+    )
 
 
 def run(
-    workload: Workload, settings: dict[str, Any], sides: tuple[str, ...] = ("trl", "rollforge"), out: str | None = None
+    workload: Workload, settings: Settings, sides: tuple[str, ...] = ("trl", "rollforge"), out: str | None = None
 ) -> dict[str, Any]:
     import torch
 
     check_trl()
-    if settings["steps"] < 2:
-        raise ConfigError(f"--steps must be at least 2 (one warm-up step, then timed steps), got {settings['steps']}")
+    if settings.steps < 2:
+        raise ConfigError(f"--steps must be at least 2 (one warm-up step, then timed steps), got {settings.steps}")
     unknown = sorted(set(sides) - {"trl", "rollforge"})
     if unknown or not sides:
         raise ConfigError(f"--sides must name trl and/or rollforge, got {','.join(sides)!r}")
-    if "candidates" in settings and set(sides) != {"trl", "rollforge"}:
+    if settings.candidates and set(sides) != {"trl", "rollforge"}:
         raise ConfigError(f"--best compares both sides, got --sides {','.join(sides)!r}")
     runners = {"trl": run_trl, "rollforge": run_rollforge}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     best_result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rollforge-vs-trl-") as scratch:
-        for round_ in range(settings["rounds"]):
+        for round_ in range(settings.rounds):
             folder = Path(scratch) / f"round-{round_}"
-            if set(sides) == {"trl", "rollforge"} and not settings.get("max_staleness"):
+            if set(sides) == {"trl", "rollforge"} and not settings.max_staleness:
                 trl_run, rollforge_run = run_alternating(workload, settings, folder)
                 runs["trl"].append(trl_run)
                 runs["rollforge"].append(rollforge_run)
             else:
                 for side in sides:
                     runs[side].append(runners[side](workload, settings, folder / side))
-        if "candidates" in settings:
-            best_result = best(workload, settings, Path(scratch) / "best", side_summary)
+        if settings.candidates:
+            best_result = run_best(workload, settings, Path(scratch) / "best", side_summary)
     result: dict[str, Any] = {
         "benchmark": "vs-trl",
         "ratio_step_time": None,
         "settings": {
-            **settings,
+            **settings.as_dict(),
             "workload": workload.name,
             "model": str(workload.model_dir),
-            "completions_per_step": settings["batch_size"] * settings["generations"],
+            "completions_per_step": settings.completions,
             "torch_threads": torch.get_num_threads(),
         },
     }
@@ -197,7 +201,7 @@ def run(
 
 
 def check_trl() -> None:
-    from ..errors import require
+    from ...errors import require
 
     require("trl", extra="bench-trl", feature="the TRL comparison benchmark")
     from trl.chat_template_utils import qwen2_5_chat_template
@@ -272,20 +276,19 @@ def _notes(workload: Workload, runs: dict[str, list[dict[str, Any]]]) -> list[st
     return notes
 
 
-def _configuration_notes(settings: dict[str, Any]) -> list[str]:
+def _configuration_notes(settings: Settings) -> list[str]:
     notes = [
-        f"rollforge side: backend {settings.get('backend', 'hf')}, max_staleness {settings.get('max_staleness', 0)}; "
-        "TRL side: model.generate"
+        f"rollforge side: backend {settings.backend}, max_staleness {settings.max_staleness}; TRL side: model.generate"
     ]
-    if settings.get("max_staleness"):
+    if settings.max_staleness:
         notes.append(
             "with max_staleness >= 1 the two trainers ran one after the other, not alternating (the "
             "asynchronous loop generates between its steps, which would overlap TRL's)"
         )
-    if "candidates" in settings:
+    if settings.candidates:
         notes.append(
-            f"--best: each candidate trained alone for {settings['best_steps']} steps (the first untimed); "
-            f"each side's fastest then trained {settings['steps']} steps, TRL's first; ratio_step_time_best "
+            f"--best: each candidate trained alone for {settings.best_steps} steps (the first untimed); "
+            f"each side's fastest then trained {settings.steps} steps, TRL's first; ratio_step_time_best "
             "compares those two runs"
         )
     return notes

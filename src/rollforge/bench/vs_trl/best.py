@@ -16,18 +16,21 @@ measurement, not the minimum of noisy candidates).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from ..errors import ConfigError
-from .vs_trl_runners import run_rollforge
-from .vs_trl_trl_side import run_trl
-from .vs_trl_workloads import Workload
+from ...errors import ConfigError
+from .runners import run_rollforge
+from .settings import Settings
+from .trl_side import run_trl
+from .workloads import Workload
 
 #: Steps per candidate with ``--best`` (the first untimed).
 DEFAULT_BEST_STEPS = 4
-#: name -> (side, the settings it changes)
+#: name -> (side, the ``Settings`` fields it changes)
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "rollforge-hf-sync": ("rollforge", {"backend": "hf", "max_staleness": 0}),
     "rollforge-hf-async1": ("rollforge", {"backend": "hf", "max_staleness": 1}),
@@ -53,19 +56,21 @@ def parse_candidates(text: str) -> tuple[str, ...]:
     return names
 
 
-def best(
+def run_best(
     workload: Workload,
-    settings: dict[str, Any],
+    settings: Settings,
     folder: Path,
     summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
 ) -> dict[str, Any]:
     """Time every candidate, rerun each side's fastest; ``summarize`` turns runs into a summary."""
     candidates: dict[str, dict[str, Any]] = {}
-    for name in settings["candidates"]:
+    for name in settings.candidates:
         side, changes = CANDIDATES[name]
         try:
             with environ_restored():
-                run = RUNNERS[side](workload, {**settings, **changes, "steps": settings["best_steps"]}, folder / name)
+                run = RUNNERS[side](
+                    workload, dataclasses.replace(settings, **changes, steps=settings.best_steps), folder / name
+                )
         except Exception as exc:  # an unavailable configuration is a finding, not the end of the benchmark
             candidates[name] = {"side": side, "error": _one_line(exc)}
             continue
@@ -79,7 +84,7 @@ def best(
         }
     result: dict[str, Any] = {
         "ratio_step_time_best": None,
-        "best_steps": settings["best_steps"],
+        "best_steps": settings.best_steps,
         "candidates": candidates,
     }
     chosen = {}
@@ -91,7 +96,7 @@ def best(
         chosen[side] = min(timed, key=timed.__getitem__)
     for side, name in chosen.items():
         with environ_restored():
-            run = RUNNERS[side](workload, {**settings, **CANDIDATES[name][1]}, folder / f"best-{name}")
+            run = RUNNERS[side](workload, dataclasses.replace(settings, **CANDIDATES[name][1]), folder / f"best-{name}")
         result[f"best_{side}"] = {"candidate": name, **summarize([run])}
     result["ratio_step_time_best"] = round(
         result["best_rollforge"]["seconds_per_step"] / result["best_trl"]["seconds_per_step"], 4

@@ -1,7 +1,7 @@
 """The model of ``rollforge bench vs-trl``: a tiny Qwen2 that calls ``GuessNumber``'s tools.
 
 ``prepare_model()`` builds, offline and in a few minutes on 2 cores, a 0.9M-parameter
-Qwen2-architecture model for the task in ``vs_trl_env``:
+Qwen2-architecture model for the task in ``vs_trl.env``:
 
 - a byte-level BPE tokenizer trained in-process on rendered episodes (ChatML special tokens at ids
   0, 1, 2 as in ``rollforge.testing``, ``<tool_call>``-style markers as ordinary added tokens as in
@@ -22,8 +22,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvariantError, ModelError
-from .vs_trl_env import QWEN25_TEMPLATE, USER_PROMPT, render, scripted_episode
+from ...errors import InvariantError, ModelError
+from .env import QWEN25_TEMPLATE, USER_PROMPT, render, scripted_episode
 
 #: Bump when anything below changes the built model in a way the hash cannot see.
 BUILD_VERSION = 3
@@ -52,7 +52,7 @@ def build_tokenizer(texts: list[str]) -> Any:
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    from ..testing import CORPUS
+    from ...testing import CORPUS
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
@@ -185,7 +185,7 @@ def prepare_model(root: str | Path | None = None, *, warmup_steps: int = 300, se
 
     import torch
 
-    from ..models import cache_dir
+    from ...models import cache_dir
 
     recipe = {
         "version": BUILD_VERSION,

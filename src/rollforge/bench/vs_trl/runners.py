@@ -1,8 +1,8 @@
 """The two sides of ``rollforge bench vs-trl``: a TRL ``GRPOTrainer`` run (``run_trl``, in
-``vs_trl_trl_side``), a rollforge ``train`` run (``run_rollforge``, here), each returning per-step
+``vs_trl.trl_side``), a rollforge ``train`` run (``run_rollforge``, here), each returning per-step
 seconds (with where they went), rewards and work counts, and ``Turns``, which makes the two take
 strictly alternating steps when they run together (``run_alternating``; see ``vs_trl``'s docstring
-for the settings and ``vs_trl_workloads`` for what they train on).
+for the settings and ``vs_trl.workloads`` for what they train on).
 
 Where a step's time goes, per side (seconds; ``other`` is the step minus the two):
 
@@ -10,13 +10,13 @@ Where a step's time goes, per side (seconds; ``other`` is the step minus the two
   ``update`` is ``training_step`` (summed over the step's micro-batches) less its ``_prepare_inputs``
   (the loss forwards and backwards) plus what follows up to ``on_step_end`` (gradient clipping,
   optimizer and scheduler steps); ``other`` is mostly ``_prepare_inputs`` less ``_generate``
-  (rewards, advantages, padding). ``vs_trl_trl_side.StepClock`` measures them.
+  (rewards, advantages, padding). ``vs_trl.trl_side.StepClock`` measures them.
 - rollforge: ``generation`` is ``time/rollout`` (generation, environment steps, rewards,
   advantages), or with ``max_staleness`` >= 1 ``time/wait`` (the part of the batch's generation the
   update did not hide); ``update`` is ``time/update``; ``other`` is the rest (scoring, and
   ``time/sync``: pushing weights to the backend, nothing to copy when it shares the trainer's model).
 
-Each side's configuration comes from the settings: TRL generates with ``model.generate`` or, with
+Each side's configuration comes from the settings (``settings.Settings``): TRL generates with ``model.generate`` or, with
 ``trl_vllm``, a colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``); rollforge with the
 ``backend`` given (``hf`` or in-process ``vllm``), synchronously or ``max_staleness`` versions ahead.
 ``max_completion_tokens`` is an episode's token budget on both sides (TRL's ``max_completion_length``;
@@ -36,9 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import OtherSideFailed
-from .vs_trl_trl_side import run_trl, sampling_settings
-from .vs_trl_workloads import Workload
+from ...errors import OtherSideFailed
+from .settings import Settings
+from .trl_side import run_trl, sampling_settings
+from .workloads import Workload
 
 # -- alternation -----------------------------------------------------------------------------------
 
@@ -73,7 +74,7 @@ class Turns:
         return on_step
 
 
-def run_alternating(workload: Workload, s: dict[str, Any], out: Path, after_steps: dict[str, Any] | None = None):
+def run_alternating(workload: Workload, s: Settings, out: Path, after_steps: dict[str, Any] | None = None):
     """Both runs, alternating; ``after_steps`` maps a side to its ``after_step`` (see ``run_trl`` and
     ``run_rollforge``), which runs on that side's turn, so it never overlaps the other's step."""
     turns = Turns()
@@ -110,14 +111,14 @@ def run_alternating(workload: Workload, s: dict[str, Any], out: Path, after_step
 
 
 def run_rollforge(
-    workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None, after_step: Any = None
+    workload: Workload, s: Settings, out: Path, turns: "Turns | None" = None, after_step: Any = None
 ) -> dict[str, Any]:
     """``after_step(step, model, backend)`` (async): awaited after each step, before rollforge hands over."""
-    from ..chat.render import ChatRenderer
-    from ..envs.tools import discover_tools
-    from ..models import load_tokenizer
-    from ..recipes.launch import train
-    from ..types import Message
+    from ...chat.render import ChatRenderer
+    from ...envs.tools import discover_tools
+    from ...models import load_tokenizer
+    from ...recipes.launch import train
+    from ...types import Message
 
     tokenizer = load_tokenizer(workload.model_dir)
     tools = tuple(t.schema() for factory in workload.tools for t in discover_tools(factory()).values())
@@ -129,9 +130,9 @@ def run_rollforge(
         )
         for row in workload.rows
     ]
-    n = s["batch_size"] * s["generations"]
-    config = _rollforge_config(workload, s, out, max(lengths) + s["max_completion_tokens"])
-    hook = _then(after_step, turns.rollforge_hook(s["steps"]) if turns is not None else None)
+    n = s.completions
+    config = _rollforge_config(workload, s, out, max(lengths) + s.max_completion_tokens)
+    hook = _then(after_step, turns.rollforge_hook(s.steps) if turns is not None else None)
     started = time.perf_counter()
     result = train(config, dataset=workload.rows, console=False, on_step=hook)
     run_seconds = time.perf_counter() - started
@@ -162,39 +163,38 @@ def run_rollforge(
     }
 
 
-def _rollforge_config(workload: Workload, s: dict[str, Any], out: Path, max_seq_len: int) -> Any:
+def _rollforge_config(workload: Workload, s: Settings, out: Path, max_seq_len: int) -> Any:
     """The training config of rollforge's side: the comparison's settings ``s`` (module docstring)."""
-    from ..train.config import load_config
+    from ...train.config import load_config
 
-    n = s["batch_size"] * s["generations"]
     return load_config(
         out=str(out),
-        steps=s["steps"],
-        seed=s["seed"],
+        steps=s.steps,
+        seed=s.seed,
         checkpoint_every=0,
         save_trajectories=False,
         model={
             "name": str(workload.model_dir),
-            "dtype": s.get("dtype", "float32"),
-            "device": s.get("device", "auto"),
-            "backend": s.get("backend", "hf"),
+            "dtype": s.dtype,
+            "device": s.device or "auto",
+            "backend": s.backend,
         },
         environments=[workload.rollforge_environment],
-        data={"shuffle": s.get("shuffle", True)},
+        data={"shuffle": s.shuffle},
         algorithm={
-            "batch_size": s["batch_size"],
-            "group_size": s["generations"],
+            "batch_size": s.batch_size,
+            "group_size": s.generations,
             "advantage": "grpo",
             "loss_aggregation": "token",
             "clip_low": 0.2,
             "clip_high": 0.2,
             "kl_beta": 0.0,
             "epochs_per_batch": 1,
-            "max_staleness": s.get("max_staleness", 0),
-            "skip_zero_advantage": s.get("skip_zero_advantage", True),
+            "max_staleness": s.max_staleness,
+            "skip_zero_advantage": s.skip_zero_advantage,
         },
         optim={
-            "lr": s["lr"],
+            "lr": s.lr,
             "betas": [0.9, 0.999],
             "weight_decay": 0.0,
             "schedule": "constant",
@@ -202,15 +202,15 @@ def _rollforge_config(workload: Workload, s: dict[str, Any], out: Path, max_seq_
             "max_grad_norm": 1.0,
         },
         rollout={
-            "mode": s.get("rollforge_mode", "async"),
-            "max_turns": s.get("max_turns", s["max_tool_calls"] + 1),
-            "max_new_tokens": s.get("max_new_tokens", s["max_completion_tokens"]),
+            "mode": s.rollforge_mode,
+            "max_turns": s.max_turns if s.max_turns is not None else s.max_tool_calls + 1,
+            "max_new_tokens": s.max_new_tokens if s.max_new_tokens is not None else s.max_completion_tokens,
             "max_seq_len": max_seq_len,
             "temperature": 1.0,
             "top_p": 1.0,
             "top_k": 0,
-            "concurrency": n,
-            "seed": s["seed"],
+            "concurrency": s.completions,
+            "seed": s.seed,
         },
     )
 

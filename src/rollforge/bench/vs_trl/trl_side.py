@@ -1,8 +1,8 @@
 """TRL's side of ``rollforge bench vs-trl``: a ``GRPOTrainer`` run with the comparison's settings,
-returning per-step seconds (with where they went), rewards and work counts (``vs_trl_runners``
+returning per-step seconds (with where they went), rewards and work counts (``vs_trl.runners``
 runs it, alone or alternating with rollforge's side).
 
-The trainer is configured from the settings ``s`` as ``vs_trl_runners``' docstring says (one
+The trainer is configured from the settings ``s`` as ``vs_trl.runners``' docstring says (one
 generation of ``n`` completions and one optimizer step per step, ``trl_micro_batch`` completions
 per loss forward; ``model.generate`` or, with ``trl_vllm``, a colocated vLLM engine), and lists an
 environment's tools in the class's order, as rollforge does.
@@ -26,14 +26,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .vs_trl_workloads import Workload
+from .settings import Settings
+from .workloads import Workload
 
 if TYPE_CHECKING:
-    from .vs_trl_runners import Turns
+    from .runners import Turns
 
 
 def run_trl(
-    workload: Workload, s: dict[str, Any], out: Path, turns: "Turns | None" = None, after_step: Any = None
+    workload: Workload, s: Settings, out: Path, turns: "Turns | None" = None, after_step: Any = None
 ) -> dict[str, Any]:
     """``after_step(step, model)``: called after each step's clock stopped, before TRL hands over."""
     import os
@@ -47,7 +48,7 @@ def run_trl(
     tokenizer = AutoTokenizer.from_pretrained(workload.model_dir)
     model = AutoModelForCausalLM.from_pretrained(workload.model_dir, dtype=torch.float32)
     clock = trl_clock(turns, after_step)
-    n = s["batch_size"] * s["generations"]
+    n = s.completions
     config = _grpo_config(workload, s, out, n)
     trainer = GRPOTrainer(
         model=model,
@@ -81,23 +82,23 @@ def run_trl(
     }
 
 
-def _grpo_config(workload: Workload, s: dict[str, Any], out: Path, n: int) -> Any:
-    """TRL's ``GRPOConfig`` for the comparison's settings ``s`` (``vs_trl_runners``' docstring):
+def _grpo_config(workload: Workload, s: Settings, out: Path, n: int) -> Any:
+    """TRL's ``GRPOConfig`` for the comparison's settings ``s`` (``vs_trl.runners``' docstring):
     ``n`` completions per step in one generation, ``trl_micro_batch`` of them per loss forward."""
     from trl import GRPOConfig
 
-    cuda = s.get("device", "cpu") == "cuda"  # bench gpu: CUDA, float32 master weights, bfloat16 autocast
-    micro = math.gcd(n, s.get("trl_micro_batch", n))  # one generation of n, then n // micro loss forwards
+    cuda = s.device == "cuda"  # bench gpu: CUDA, float32 master weights, bfloat16 autocast
+    micro = math.gcd(n, s.trl_micro_batch or n)  # one generation of n, then n // micro loss forwards
     return GRPOConfig(
         output_dir=str(out),
-        max_steps=s["steps"],
-        seed=s["seed"],
+        max_steps=s.steps,
+        seed=s.seed,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=n // micro,
-        num_generations=s["generations"],
-        max_completion_length=s["max_completion_tokens"],
-        max_tool_calling_iterations=s["max_tool_calls"] if workload.multi_turn else None,
-        learning_rate=s["lr"],
+        num_generations=s.generations,
+        max_completion_length=s.max_completion_tokens,
+        max_tool_calling_iterations=s.max_tool_calls if workload.multi_turn else None,
+        learning_rate=s.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         adam_beta1=0.9,
@@ -111,7 +112,7 @@ def _grpo_config(workload: Workload, s: dict[str, Any], out: Path, n: int) -> An
         temperature=1.0,
         top_p=1.0,
         top_k=0,
-        bf16=s.get("dtype") == "bfloat16",
+        bf16=s.dtype == "bfloat16",
         fp16=False,
         use_cpu=not cuda,
         gradient_checkpointing=False,
@@ -120,8 +121,8 @@ def _grpo_config(workload: Workload, s: dict[str, Any], out: Path, n: int) -> An
         save_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
-        shuffle_dataset=s.get("shuffle", True),
-        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if s.get("trl_vllm") else {}),
+        shuffle_dataset=s.shuffle,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if s.trl_vllm else {}),
     )
 
 
@@ -148,7 +149,7 @@ def _steps(clock: StepClock, n: int) -> list[dict[str, Any]]:
 def _in_workload_order(trainer: Any, workload: Workload) -> None:
     """TRL lists an environment's tools alphabetically; rollforge in the class's order. TRL gets
     rollforge's order, so that both render the same prompt (the one a warm-up was trained on)."""
-    from ..envs.tools import class_tools
+    from ...envs.tools import class_tools
 
     order = [name for factory in workload.tools for name in class_tools(factory)]
     for key, tools in trainer._env_tools.items():

@@ -11,28 +11,29 @@
   ``environment_factory``. TRL ignores ``done`` (it runs every call of a message and generates one
   more turn after the last tool result); the class itself refuses every call after ``answer``
   (``calculator.EPISODE_OVER``), so the reward (``get_reward``) is the one rollforge gives. The model directory must carry TRL's Qwen2.5 template
-  (``learning_sides.templated``): TRL parses tool calls only for templates it knows.
-- ``guess-number``: the warmed-up 0.9M-parameter tool-caller of ``vs_trl_setup`` playing
-  ``vs_trl_env.GuessNumber`` through TRL's ``environment_factory`` (multi-turn, tool calls): fast,
+  (``learning.sides.templated``): TRL parses tool calls only for templates it knows.
+- ``guess-number``: the warmed-up 0.9M-parameter tool-caller of ``vs_trl.model`` playing
+  ``vs_trl.env.GuessNumber`` through TRL's ``environment_factory`` (multi-turn, tool calls): fast,
   for tests and for comparing the frameworks' per-turn overhead.
 
 A ``Workload`` holds what differs between them; everything else (algorithm, optimizer, limits,
-alternation) is the same for both and lives in ``vs_trl_runners``.
+alternation) is the same for both and lives in ``vs_trl.runners``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ..envs.library.arithmetic import samples as arithmetic_samples
-from ..envs.library.arithmetic import score_answer
-from ..envs.library.calculator import build as build_calculator
-from ..envs.library.calculator import samples as calculator_samples
-from .vs_trl_env import MAX_TOOL_CALLS, GuessNumber, prompt_rows
+from ...envs.library.arithmetic import samples as arithmetic_samples
+from ...envs.library.arithmetic import score_answer
+from ...envs.library.calculator import build as build_calculator
+from ...envs.library.calculator import samples as calculator_samples
+from .env import MAX_TOOL_CALLS, GuessNumber, prompt_rows
 
-GUESS_NUMBER_ENV = "rollforge.bench.vs_trl_env:GuessNumber"
+GUESS_NUMBER_ENV = "rollforge.bench.vs_trl.env:GuessNumber"
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def arithmetic_reward(completions: list[list[dict[str, str]]], metadata: list[di
 
 
 def arithmetic(model: str | Path = "smollm2-135m", rows: int = 64, seed: int = 0) -> Workload:
-    from ..models import resolve_model
+    from ...models import resolve_model
 
     rendered = [
         {"prompt": [{"role": m.role, "content": m.content} for m in s.prompt], "metadata": s.row["metadata"]}
@@ -122,8 +123,8 @@ def calculator(
 
 
 def guess_number(seed: int = 0, model_dir: Path | None = None) -> Workload:
-    """``model_dir``: the tool-caller to use (default: ``vs_trl_setup.prepare_model()``'s)."""
-    from .vs_trl_setup import prepare_model
+    """``model_dir``: the tool-caller to use (default: ``vs_trl.model.prepare_model()``'s)."""
+    from .model import prepare_model
 
     return Workload(
         name="guess-number",
