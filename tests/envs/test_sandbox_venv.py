@@ -97,4 +97,4 @@ def test_the_rollforge_console_script_runs_a_python_code_episode(venv, tmp_path,
         tmp_path,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("1 episodes, "), result.stdout
+    assert result.stdout.startswith("1 episode, "), result.stdout
