@@ -15,24 +15,7 @@ from rollforge.recipes.launch import train
 from rollforge.train.config import load_config
 from rollforge.inputs.rewards import RewardFunction, Rewards
 from rollforge.train.sampling import Scored, fill, join, known, round_size, take, varied_groups
-from rollforge.types import Failure, Message, Trajectory
-
-
-def episode(index: int, reward: float, error: str | None = None) -> Trajectory:
-    return Trajectory(
-        index=index,
-        task_name="t",
-        messages=(Message("user", "q"),),
-        token_ids=(1, 2),
-        loss_mask=(0, 1),
-        logprobs=(None, -0.5),
-        prompt_length=1,
-        rewards=(reward,),
-        total_reward=reward,
-        turns=1,
-        ending="error" if error else "terminated",
-        error=Failure(error, "x") if error else None,
-    )
+from scored_episodes import episode
 
 
 # --- which groups have variance ------------------------------------------------------------------

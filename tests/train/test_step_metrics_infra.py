@@ -9,7 +9,7 @@ from rollforge.train.advantages import Advantages, compute_advantages
 from rollforge.inputs.rewards import Rewards
 from rollforge.train.step_metrics import RankStep, infra_metrics, merge_ranks, step_metrics
 from rollforge.train.update import UpdateStats
-from rollforge.types import Failure, Message, Trajectory
+from scored_episodes import episode
 
 STATS = UpdateStats(
     loss=0.0,
@@ -22,24 +22,6 @@ STATS = UpdateStats(
     tokens=4,
     policy_tokens=2,
 )
-
-
-def episode(index: int, reward: float, error: str | None = None, retries: int = 0) -> Trajectory:
-    return Trajectory(
-        index=index,
-        task_name="t",
-        messages=(Message("user", "q"),),
-        token_ids=(1, 2),
-        loss_mask=(0, 1),
-        logprobs=(None, -0.5),
-        prompt_length=1,
-        rewards=(reward,),
-        total_reward=reward,
-        turns=1,
-        ending="error" if error else "terminated",
-        error=Failure(error, "x") if error else None,
-        retries=retries,
-    )
 
 
 def batch():
