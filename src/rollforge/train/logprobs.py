@@ -50,7 +50,7 @@ def sequence_logprobs(
     first = int(cols.min())
     keep = length - first
     logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
-    out[rows, cols + 1] = _picked_logprobs(logits[rows, cols - first], picked)
+    out[rows, cols + 1] = picked_logprobs(logits[rows, cols - first], picked)
     return out
 
 
@@ -61,14 +61,14 @@ def sequence_logprobs(
 LOGIT_BUDGET, LOGIT_CHUNK = 2**30, 2**28
 
 
-def _picked_logprobs(logits: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+def picked_logprobs(logits: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
     """(N,) float32 log-softmax of the (N, V) ``logits`` at the ids ``picked``."""
     logits = logits.float()
     return logits.gather(-1, picked[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def _head_and_logprobs(head: Any, hidden: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
-    return _picked_logprobs(head(hidden), picked)
+    return picked_logprobs(head(hidden), picked)
 
 
 def _target_logprobs(head: Any, hidden: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:

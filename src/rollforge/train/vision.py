@@ -27,7 +27,7 @@ import torch
 
 from ..images import ImageProcessing
 from ..types import Segment, Trajectory
-from .logprobs import sequence_logprobs
+from .logprobs import picked_logprobs, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def batch_logprobs(
 ) -> torch.Tensor:
     """(B, T) logprobs of the target tokens of a micro-batch (``rows``: its ``UpdateRow``s, in the
     order of the collated ``ids``), images included (see the module docstring)."""
-    if all(getattr(row, "images", None) is None for row in rows):
+    if all(row.images is None for row in rows):
         return sequence_logprobs(model, ids, attention, targets, prefix)
     return torch.stack([_row_logprobs(model, row, ids[k], attention[k], targets[k]) for k, row in enumerate(rows)])
 
@@ -85,7 +85,5 @@ def _row_logprobs(
     first = int(cols.min())
     inputs = row.images.inputs(ids[:n].tolist(), ids.device) if row.images is not None else {}
     logits = model(input_ids=ids[None, :n], logits_to_keep=n - first, use_cache=False, **inputs).logits[0]
-    picked = ids[cols + 1]
-    scores = logits[cols - first].float()  # (N, V)
-    out[cols + 1] = scores.gather(-1, picked[:, None]).squeeze(-1) - torch.logsumexp(scores, dim=-1)
+    out[cols + 1] = picked_logprobs(logits[cols - first], ids[cols + 1])
     return out
