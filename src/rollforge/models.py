@@ -187,8 +187,9 @@ def load_model(
 
 
 def load_processor(name_or_path: str | os.PathLike[str]) -> Any | None:
-    """The processor of an image-text model (one with an image processor), or None: a text model,
-    or a processor transformers cannot build here (Qwen2-VL's needs torchvision)."""
+    """The processor of an image-text model (one with an image processor), or None: a text model.
+    Its ``tokenizer`` is the model's, set up as ``load_tokenizer`` sets it up: take that one
+    rather than loading the tokenizer a second time (``load_text_side``)."""
     from transformers import AutoProcessor
 
     path = resolve_model(name_or_path)
@@ -198,7 +199,17 @@ def load_processor(name_or_path: str | os.PathLike[str]) -> Any | None:
         processor = AutoProcessor.from_pretrained(path)
     except Exception as exc:
         raise ModelError(f"cannot load the processor of {str(name_or_path)!r} from {path}: {exc}") from exc
-    return processor if getattr(processor, "image_processor", None) is not None else None
+    if getattr(processor, "image_processor", None) is None:
+        return None
+    _set_pad(processor.tokenizer, str(name_or_path))
+    return processor
+
+
+def load_text_side(name_or_path: str | os.PathLike[str]) -> tuple[Any, Any | None]:
+    """``(tokenizer, processor)`` of a model, the tokenizer loaded once: an image-text model's is
+    its processor's (the same object), a text model's is ``load_tokenizer``'s with processor None."""
+    processor = load_processor(name_or_path)
+    return (processor.tokenizer, processor) if processor is not None else (load_tokenizer(name_or_path), None)
 
 
 def _load_tokenizer(path: Path, name: str) -> Any:
@@ -208,6 +219,11 @@ def _load_tokenizer(path: Path, name: str) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:
         raise ModelError(f"cannot load the tokenizer of {name!r} from {path}: {exc}") from exc
+    return _set_pad(tokenizer, name)
+
+
+def _set_pad(tokenizer: Any, name: str) -> Any:
+    """A missing pad token set to the eos token (same vocabulary)."""
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"the tokenizer of {name!r} has neither a pad nor an eos token")

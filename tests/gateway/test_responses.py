@@ -137,7 +137,7 @@ async def test_previous_response_id_is_served_from_the_session_or_refused(gatewa
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0] is of type 'reasoning'"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-            "input[0].content[0] is of type 'input_image'",
+            "input[0].content[0].image_url: the image URL 'x' is not fetched: the gateway accepts only data: URLs",
         ),
         ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0] of type 'web_search' is not supported"),
         ({"input": "Hi", "text": {"format": {"type": "json_object"}}}, "'text.format'"),

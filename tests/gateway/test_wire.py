@@ -40,7 +40,10 @@ def test_messages_are_normalised_so_an_echoed_history_compares_equal():
     "body, message",
     [
         ({"messages": []}, "'messages' must be a non-empty list"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "text parts only"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "must hold the image's URL",
+        ),
         ({"messages": [{"role": "tool", "content": "3"}]}, "needs the string 'tool_call_id'"),
         (
             {"messages": [{"role": "user", "content": "x"}], "temperature": 3},

@@ -29,12 +29,16 @@ from .config import BACKEND_KINDS, BackendConfig, server_urls
 __all__ = ["BACKEND_KINDS", "BackendConfig", "open_backend", "server_urls"]
 
 
-def open_backend(config: BackendConfig, *, hf_model: Any = None, tokenizer: Any = None) -> Backend:
+def open_backend(
+    config: BackendConfig, *, hf_model: Any = None, tokenizer: Any = None, processor: Any = None
+) -> Backend:
     """The backend ``config`` describes, running in this process.
 
     - ``hf``: ``HFBackend`` on ``hf_model`` (a loaded transformers model, e.g. the trainer's own, so
       that no weight sync is needed) or, when None, the model loaded from ``config.model``;
-      ``tokenizer`` is loaded when None. The other kinds ignore ``hf_model`` and ``tokenizer``: they
+      ``tokenizer`` is loaded when None. An image-text model (its ``processor``, loaded when None:
+      ``models.load_processor``) gets ``HFVisionBackend``; its tokenizer is the processor's, loaded
+      once. The other kinds ignore ``hf_model``, ``tokenizer`` and ``processor``: they
       load or serve their own copy of the model and take new weights through ``update_weights``.
     - ``vllm``: ``VLLMBackend`` on the resolved model directory (build it under
       ``if __name__ == "__main__":``: vLLM spawns its engine process).
@@ -60,12 +64,13 @@ def open_backend(config: BackendConfig, *, hf_model: Any = None, tokenizer: Any 
         from .hf import HFBackend
         from .settings import HFSettings
 
+        if processor is None:
+            processor = load_processor(config.model)  # None: a text model
+        if tokenizer is None:  # an image-text model's is its processor's: one load
+            tokenizer = processor.tokenizer if processor is not None else load_tokenizer(config.model)
         if hf_model is None:
-            hf_model, loaded_tokenizer = load_model(config.model)
-            tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
-        elif tokenizer is None:
-            tokenizer = load_tokenizer(config.model)
-        if (processor := load_processor(config.model)) is not None:  # an image-text model: it sees images
+            hf_model, _ = load_model(config.model, tokenizer=tokenizer)
+        if processor is not None:  # an image-text model: it sees images
             from .hf_vision import HFVisionBackend
 
             return HFVisionBackend(hf_model, processor, HFSettings(seed=config.seed, **options))

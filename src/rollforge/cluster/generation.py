@@ -22,11 +22,14 @@ from ..backends.opening import open_backend
 from ..errors import ConfigError
 
 
-def open_generation(config: BackendConfig, *, hf_model: Any = None, tokenizer: Any = None) -> Backend:
+def open_generation(
+    config: BackendConfig, *, hf_model: Any = None, tokenizer: Any = None, processor: Any = None
+) -> Backend:
     """The backend ``config`` describes, here or on ``config.replicas`` Ray actors (see the module
-    docstring). ``hf_model`` (the trainer's model object) can only be shared by one local replica."""
+    docstring). ``hf_model`` (the trainer's model object) can only be shared by one local replica;
+    ``tokenizer`` and ``processor`` (an image-text model's) are used by a local one."""
     if config.kind == "openai" or config.replicas == 1:
-        return open_backend(config, hf_model=hf_model, tokenizer=tokenizer)
+        return open_backend(config, hf_model=hf_model, tokenizer=tokenizer, processor=processor)
     if hf_model is not None:
         raise ConfigError(
             f"hf_model cannot be shared by {config.replicas} replicas on Ray actors: each loads the model from "

@@ -9,7 +9,7 @@ form (``Message``, what the chat template renders and the model saw).
 - ``reply_choice``: a ``Reply`` as a chat-completion ``Choice`` (finish reason, logprobs).
 - ``template_messages``: a request's wire messages as the template renders them: replies the
   gateway sent keep their raw text (the session passes the ones it sent), tool results are named
-  after the calls they answer.
+  after the calls they answer, and user and tool messages keep the images the client sent.
 """
 
 from __future__ import annotations
@@ -96,11 +96,10 @@ def template_messages(
             sent = ours.get(m)
             out.append(sent if sent is not None else _client_reply(m))
         elif m.role == "tool":
-            out.append(
-                Message("tool", m.content, name=m.name or names.get(m.tool_call_id), tool_call_id=m.tool_call_id)
-            )
+            name = m.name or names.get(m.tool_call_id)
+            out.append(Message("tool", m.content, name=name, images=m.images, tool_call_id=m.tool_call_id))
         else:
-            out.append(Message(m.role, m.content))
+            out.append(Message(m.role, m.content, images=m.images))
     return out
 
 

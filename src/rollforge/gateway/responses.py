@@ -4,7 +4,8 @@ A Responses request is rewritten into the chat-completions body the session alre
 (``chat_body``), so recording is the chat path's, token for token: ``instructions`` become the
 system message, ``input`` (a string, or items) the messages -- an assistant ``message`` item and the
 ``function_call`` items after it are one assistant message with tool calls, a
-``function_call_output`` is a tool message -- and the flat function tools the chat form's
+``function_call_output`` is a tool message; ``input_image`` parts (``image_url`` a ``data:`` URL,
+``images.py``) are the chat form's ``image_url`` parts -- and the flat function tools the chat form's
 ``{"type": "function", "function": {...}}``; ``tool_choice`` ``required`` and
 ``{"type": "function", "name": ...}`` are honoured as on chat completions (a forced opener,
 ``forcing.py``). ``max_output_tokens`` is ``max_completion_tokens``.
@@ -31,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import WireError
+from .images import image_url_part
 from .wire import Choice, integer_field
 
 _PASSED = ("model", "temperature", "top_p", "stream")
@@ -134,24 +136,41 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _text(value: Any, where: str, field: str = "content") -> str:
+def _text(value: Any, where: str, field: str = "content") -> str | list[dict[str, Any]]:
+    """Text parts joined into a string; with ``input_image`` parts, the chat parts (text and
+    ``image_url``, in order) for ``wire.parse_request`` to read."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        parts = []
+        parts: list[dict[str, Any]] = []
         for k, part in enumerate(value):
             kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
+            if kind == "input_image":
+                parts.append(_image_part(part, f"{where}.{field}[{k}]"))
+            elif kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
                 raise WireError(
-                    f"{where}.{field}[{k}] is of type {kind!r}; the gateway takes input_text and "
-                    "output_text parts only",
+                    f"{where}.{field}[{k}] is of type {kind!r}; the gateway takes input_text, "
+                    "output_text and input_image parts only",
                     f"{where}.{field}",
                 )
-            parts.append(part["text"])
-        return "".join(parts)
+            else:
+                parts.append({"type": "text", "text": part["text"]})
+        if any(p["type"] == "image_url" for p in parts):
+            return parts
+        return "".join(p["text"] for p in parts)
     raise WireError(
         f"{where}.{field} must be a string or a list of text parts, got {type(value).__name__}", f"{where}.{field}"
     )
+
+
+def _image_part(part: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if part.get("file_id") is not None and part.get("image_url") is None:
+        raise WireError(
+            f"{where}.file_id {part['file_id']!r} is not served: the gateway keeps no files; send the image "
+            "as 'image_url', a data: URL",
+            f"{where}.file_id",
+        )
+    return image_url_part(part.get("image_url"), f"{where}.image_url")
 
 
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:

@@ -29,6 +29,11 @@ session (a planner and an executor, each with its own history): ``agent(name)`` 
 agent's own conversation, recorded in its own segments with the session's limits; the session's
 record lays its own segments and then each agent's end to end (``record.py``).
 
+Images (``Message.images`` of user and tool messages, from the client's ``image_url`` parts) are
+rendered by the session's renderer like any message; every generation gets the segment's images so
+far, in order (``generate(..., images=...)``). A request with images to a text-only backend
+(``accepts_images`` False) is a 400 saying the policy does not accept images.
+
 A generated completion becomes a reply, a reply a choice, and a request's wire messages template
 messages in ``replies.py`` (no state); the session keeps the conversation and its tokens.
 """
@@ -140,6 +145,7 @@ class Session:
         """Generate the request's choices; returns them and the prompt's length in tokens."""
         CURRENT_EPISODE.set(self)  # this request's own task: a router keeps the session on one replica
         async with self._lock:
+            check_images(request, backend)
             forced = self._forced(request)
             try:
                 budget = self._prepare(request, len(forced))
@@ -155,8 +161,12 @@ class Session:
                 self.sampling.params(request, budget, self.renderer.stop_token_ids, self.seed, turn, k)
                 for k in range(request.n)
             ]
+            images = tuple(image for message in self._messages for image in message.images)
+            shown = {"images": images} if images else {}  # the conversation's images so far, in order
             started = time.perf_counter()
-            results = await asyncio.gather(*(backend.generate(prompt, p) for p in params), return_exceptions=True)
+            results = await asyncio.gather(
+                *(backend.generate(prompt, p, **shown) for p in params), return_exceptions=True
+            )
             self._generation_seconds += time.perf_counter() - started
             failed = next((r for r in results if isinstance(r, BaseException)), None)
             if failed is not None:
@@ -361,3 +371,17 @@ class Session:
 
     def _template_messages(self, wire: Sequence[WireMessage], before: Sequence[WireMessage]) -> list[Message]:
         return template_messages(wire, before, self._ours)
+
+
+def check_images(request: ChatRequest, backend: Backend) -> None:
+    """A request with images needs a backend that takes them (``Backend.accepts_images``): else a 400."""
+    at = [k for k, m in enumerate(request.messages) if m.images]
+    if at and not backend.accepts_images:
+        count = sum(len(request.messages[k].images) for k in at)
+        raise WireError(
+            f"messages[{at[0]}] holds an image ({count} in the request) but the policy does not accept images: "
+            f"its backend {type(backend).__name__} is text-only (accepts_images=False); send text, or serve "
+            "a vision-language model",
+            f"messages[{at[0]}].content",
+            code="images_not_accepted",
+        )

@@ -3,7 +3,8 @@
 ``parse_request`` validates a ``/v1/chat/completions`` body field by field into a ``ChatRequest``
 (a bad field is a ``WireError`` naming it, answered as HTTP 400 in OpenAI's error shape).
 Messages are normalised into hashable ``WireMessage`` values so that a session can tell whether a
-request extends its previous conversation: content parts are joined, ``developer`` is ``system``,
+request extends its previous conversation: text parts are joined and image parts decoded into the
+message's images (``images.py``: ``data:`` URLs only, on user and tool messages), ``developer`` is ``system``,
 tool-call arguments are compared as canonical JSON, and fields the SDKs echo back with no meaning
 for the conversation (``refusal``, ``audio``, ``annotations``, ``null`` values) are ignored.
 
@@ -31,6 +32,7 @@ from collections.abc import Mapping  # isinstance on typing.Mapping costs ~10x m
 from typing import Any, Iterator, Sequence
 
 from ..errors import WireError
+from .images import message_content
 
 #: The most choices one request may ask for (``n``).
 MAX_CHOICES = 16
@@ -57,6 +59,8 @@ class WireMessage:
     tool_calls: tuple[WireCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    #: The encoded bytes of the message's ``image_url`` parts, in order (``images.message_content``).
+    images: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,32 +175,14 @@ def _message(raw: Any, index: int) -> WireMessage:
             f"{where}: a tool message needs the string 'tool_call_id' of the call it answers", f"{where}.tool_call_id"
         )
     name = raw.get("name")
+    content, images = message_content(raw.get("content"), where, role)
     return WireMessage(
         role=role,
-        content=_content(raw.get("content"), where),
+        content=content,
         tool_calls=tuple(_call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(calls)),
         tool_call_id=tool_call_id if role == "tool" else None,
         name=name if isinstance(name, str) and role == "tool" else None,
-    )
-
-
-def _content(value: Any, where: str) -> str:
-    if value is None or isinstance(value, str):
-        return value or ""
-    if isinstance(value, list):
-        parts = []
-        for k, part in enumerate(value):
-            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise WireError(
-                    f"{where}.content[{k}] is of type {kind!r}; the gateway takes text parts only", f"{where}.content"
-                )
-        return "".join(parts)
-    raise WireError(
-        f"{where}.content must be a string, null or a list of text parts, got {type(value).__name__}",
-        f"{where}.content",
+        images=images,
     )
 
 

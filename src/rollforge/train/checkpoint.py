@@ -3,7 +3,9 @@
 A checkpoint is a directory ``checkpoints/step-NNNNNN/`` holding
 
 - ``model/``: ``save_pretrained`` output (the full model with its tokenizer, or only the LoRA
-  adapter), loadable by ``rollforge eval --model``;
+  adapter), loadable by ``rollforge eval --model``; an image-text model's processor is saved in
+  the tokenizer's place (its tokenizer and image settings), so the directory loads back as the same
+  vision-language model with the same image expansion;
 - ``optimizer/``: the optimizer state in ``torch.distributed.checkpoint``'s sharded format, each
   rank writing its shard; it loads into any number of ranks (one included), so a run resumes at
   another world size;
@@ -83,7 +85,8 @@ def save_checkpoint(
     plain: Any = None,
 ) -> Path:
     """Write checkpoint ``step`` of ``policy`` (its model, optimizer and schedule; every rank calls
-    it: the optimizer state is written by each rank for its shard). ``plain``: a model holding the
+    it: the optimizer state is written by each rank for its shard). ``tokenizer``: the model's, or
+    an image-text model's processor (which saves its tokenizer too). ``plain``: a model holding the
     full weights, written as ``model/`` (default ``policy.model``; a sharded policy passes its
     gathered generation copy)."""
     model, optimizer, scheduler, ranks = policy.model, policy.optimizer, policy.scheduler, policy.ranks

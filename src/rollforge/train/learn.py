@@ -62,7 +62,7 @@ async def learn(
             run.out / "checkpoints",
             step,
             run.policy,
-            run.tokenizer,
+            run.tokenizer if run.renderer.images is None else run.renderer.images.processor,  # its image settings
             data_state or run.source.state(),
             config.keep_checkpoints,
             plain=run.generator,

@@ -33,7 +33,7 @@ from ..files import read_json
 from ..inputs.data import PromptSource
 from ..inputs.environments import named_environments
 from ..inputs.read import held_out, read_inputs, read_samples, training_prompts
-from ..models import load_processor, load_tokenizer, resolve_device
+from ..models import load_text_side, resolve_device
 from ..rollout.checks import check_prompt_lengths
 from ..rollout.worker_pool import EngineWorkers
 from . import checkpoint as ckpt
@@ -102,7 +102,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
     check_options(options, "open_run")
     config, given = given_environments(config, options.get("environments"))
     dataset, backend = options.get("dataset"), options.get("backend")
-    local_envs, source, functions, resumed, tokenizer = _read_inputs(config, given, options)
+    local_envs, source, functions, resumed, (tokenizer, processor) = _read_inputs(config, given, options)
     start = resumed.step if resumed is not None else 0
     async with contextlib.AsyncExitStack() as stack:
         ranks = stack.enter_context(Ranks.open(resolve_device(config.model.device)))
@@ -115,7 +115,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
         task_to_env = stack.enter_context(placed(local_envs, config.ray if config.executor == "ray" else None))
         served = backend is None and config.model.backend == "openai"  # by a server we did not start
         if backend is None:
-            backend = await _open_backend(stack, config, generator, tokenizer)
+            backend = await _open_backend(stack, config, generator, tokenizer, processor)
         loss_fn, aggregation = objective(config)
         run = Run(
             config=config,
@@ -123,7 +123,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
             settings=update_settings(config, tokenizer),
             generator=generator,
             tokenizer=tokenizer,
-            renderer=renderer_for(load_processor(config.model.name) or tokenizer),  # images: a VisionRenderer
+            renderer=renderer_for(processor or tokenizer),  # images: a VisionRenderer
             loss_fn=loss_fn,
             aggregation=aggregation,
             source=source,
@@ -179,21 +179,23 @@ def update_settings(config: TrainConfig, tokenizer: Any) -> UpdateSettings:
 
 def _read_inputs(
     config: TrainConfig, given: dict[str, Any], options: TrainOptions
-) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], ckpt.Loaded | None, Any]:
+) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], ckpt.Loaded | None, tuple[Any, Any]]:
     """What the run reads before the model loads: the environments by task, the prompt source (at
     the checkpoint's position when resuming), the reward functions, the checkpoint to resume, and
-    the tokenizer (loaded once for the run: the checks here and the policy share it)."""
+    the tokenizer with the processor of an image-text model (None for a text model), loaded once for
+    the run: the checks here, the policy, the renderer and the backend share them (the tokenizer of
+    an image-text model is its processor's)."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     prompts = training_prompts(config.data, config.seed, options.get("dataset"))
     local_envs, prompts = read_inputs(config.environments, prompts, given)
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *options.get("reward_functions", ())]
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer, processor = load_text_side(config.model.name)
     resumed = preflight(config, prompts, options.get("resume", False), options.get("overwrite", False), tokenizer)
     if resumed is not None:
         source.load_state(resumed.data_state)
-    return local_envs, source, functions, resumed, tokenizer
+    return local_envs, source, functions, resumed, (tokenizer, processor)
 
 
 def _load_policy(
@@ -236,14 +238,16 @@ def _open_logbook(
 
 
 async def _open_backend(
-    stack: contextlib.AsyncExitStack, config: TrainConfig, generator: Any, tokenizer: Any
+    stack: contextlib.AsyncExitStack, config: TrainConfig, generator: Any, tokenizer: Any, processor: Any
 ) -> Backend:
     """The backend ``model.backend`` names, generating from ``generator`` when it runs in process."""
     generation = backend_config(
         config.model, config.rollout, config.ray, config.executor, config.seed, config.lora.enabled, config.vllm
     )
     return await stack.enter_async_context(
-        open_generation(generation, hf_model=shared_model(generation, generator), tokenizer=tokenizer)
+        open_generation(
+            generation, hf_model=shared_model(generation, generator), tokenizer=tokenizer, processor=processor
+        )
     )
 
 

@@ -8,7 +8,7 @@ that the browser decompresses with its built-in ``DecompressionStream`` only whe
 that blob is opened (``run.py``). The list is paged, so a run of any size renders one page of rows.
 
 What it shows: episodes filtered by environment, reward range, ending, error or failure kind and
-step; per episode its messages and tool calls, per-turn rewards, advantage, error and failures,
+step; per episode its messages (their images inline) and tool calls, per-turn rewards, advantage, error and failures,
 and its tokens coloured by loss mask (policy tokens vs prompt/template/tool tokens) with each
 token's id and generation logprob on hover; for training runs the reward curve (inline SVG) and a
 per-step table that filters the list.

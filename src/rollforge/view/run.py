@@ -11,7 +11,8 @@ rollout was interrupted, or still runs: the summary names the file). The payload
   greedy reward per evaluation (``eval.json``: before, every ``eval_every`` steps, after), and one
   short row per episode (index, step, task, reward, advantage, turns, ending, error and failure
   kinds, token counts) for the list, the filters and the per-step table;
-- ``chunks``: the heavy part -- messages, token ids, loss-mask runs, logprobs, per-turn rewards,
+- ``chunks``: the heavy part -- messages (with their images as data URLs, ``image_urls``), token
+  ids, loss-mask runs, logprobs, per-turn rewards,
   what training adds (the weight version of each policy token, retries, outcome) --
   as gzip-compressed JSON blobs of ``CHUNK`` episodes each, decompressed by the page only when an
   episode of that chunk is opened. A 10,000-episode run loads without parsing 10,000 token lists.
@@ -242,7 +243,7 @@ def _detail(r: Mapping[str, Any]) -> dict[str, Any]:
                     {"name": c.get("name"), "arguments": c.get("arguments"), "error": c.get("error")}
                     for c in m.get("tool_calls", [])
                 ],
-                "images": len(m.get("images", [])),
+                "images": image_urls(m.get("images") or []),
             }
             for m in r.get("messages", [])
         ],
@@ -258,6 +259,23 @@ def _detail(r: Mapping[str, Any]) -> dict[str, Any]:
         "failures": r.get("failures", []),
         "metadata": r.get("metadata"),
     }
+
+
+#: Image types the page shows inline, as ``<img>`` (what ``json_forms.image_bytes`` writes).
+SHOWN_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+
+
+def image_urls(images: list[Any]) -> list[str | None]:
+    """A message's images (``{"type": "image", "mime", "base64"}`` in trajectory JSON) as data URLs
+    for the page's ``<img>`` elements; None for one it does not show (another type, or not base64:
+    nothing but a picture's bytes reaches an attribute)."""
+    urls: list[str | None] = []
+    for image in images:
+        mime, data = (image.get("mime"), image.get("base64")) if isinstance(image, dict) else (None, None)
+        shown = mime in SHOWN_IMAGES and isinstance(data, str) and _BASE64.fullmatch(data)
+        urls.append(f"data:{mime};base64,{data}" if shown else None)
+    return urls
 
 
 def _outcome(error: Mapping[str, Any] | None) -> str:

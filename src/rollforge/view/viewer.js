@@ -168,8 +168,8 @@
         ? `<div class="call bad">invalid tool call: ${esc(c.error)}</div>`
         : `<div class="call">&#9881; ${esc(c.name)}(${esc(JSON.stringify(c.arguments))})</div>`).join("");
       const name = m.name ? ` · ${esc(m.name)}` : "";
-      const images = m.images ? ` · ${m.images} image(s)` : "";
-      return `<div class="msg ${esc(m.role)}">${reward}<span class="role">${esc(m.role)}${name}${images}</span><pre>${esc(m.content)}</pre>${calls}</div>`;
+      const images = m.images.length ? ` · ${m.images.length} image(s)` : "";
+      return `<div class="msg ${esc(m.role)}">${reward}<span class="role">${esc(m.role)}${name}${images}</span>${pictures(m)}<pre>${esc(m.content)}</pre>${calls}</div>`;
     }).join("");
     const failures = d.failures.map((f) => `<li>${esc(f.kind)}: ${esc(f.message)}</li>`).join("");
     $("detail").innerHTML =
@@ -186,6 +186,14 @@
       `<h3>Tokens</h3><div class="legend"><span class="t m1">policy (loss mask 1)</span><span class="t m0">prompt, template, tool (mask 0)</span> hover a token for its id, logprob and weight version</div>` +
       `<div class="tokens">${tokens(d)}</div>`;
     document.body.dataset.detail = String(i);
+  }
+
+  // a message's images, inline, in the order its tokens show them (data URLs made by run.py)
+  function pictures(m) {
+    if (!m.images.length) return "";
+    return `<div class="images">` + m.images.map((src, k) => src
+      ? `<img class="msg-image" src="${esc(src)}" alt="image ${k + 1} of this ${esc(m.role)} message">`
+      : `<span class="no-image">image ${k + 1}: not a PNG, JPEG, GIF or WebP</span>`).join("") + `</div>`;
   }
 
   function tokens(d) {
