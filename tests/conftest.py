@@ -6,6 +6,7 @@ public in ``rollforge.testing``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -82,3 +83,21 @@ def ray_cpus_free(ray_session):
         assert freed, ray_session.available_resources()
 
     return check
+
+
+@pytest.fixture
+def ray_kill(ray_session):
+    """``await ray_kill(actor)``: kill a Ray actor and return once it is dead. ``ray.kill`` does not
+    wait, and a call sent right after it may still be served: calls to the actor's ``ready`` (every
+    rollforge actor has one) show the death. The bound only catches an actor that never dies."""
+
+    async def kill(actor) -> None:
+        ray_session.kill(actor)
+        async with asyncio.timeout(HANG_SECONDS):
+            while True:
+                try:
+                    await actor.ready.remote()
+                except ray_session.exceptions.RayActorError:
+                    return
+
+    return kill

@@ -293,7 +293,8 @@ async def test_only_the_affected_episodes_fail(serve, tokenizer, reply, failure,
         Sample(prompt=[{"role": "user", "content": "Tell me about the zebra." if i in (1, 4) else f"Question {i}."}])
         for i in range(6)
     ]
-    recording = RecordingBackend(backend(url, request_timeout=0.5))
+    # the timeout ends the hung requests; the healthy ones, answered at once, need far less even on a loaded machine
+    recording = RecordingBackend(backend(url, request_timeout=2.0))
     result = await asyncio.wait_for(
         arollout(samples, {"default": _SingleTurn()}, recording, renderer, RolloutConfig(max_turns=1)), HANG_SECONDS
     )

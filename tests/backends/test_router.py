@@ -19,6 +19,7 @@ from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.errors import BackendError, ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import HANG_SECONDS
 from rollforge.types import Message, Sample
 
 MARKER = re.compile(r"Task number (\d+)\.")
@@ -46,19 +47,23 @@ class Replica(ScriptedBackend):
 
 
 class SyncingReplica(Replica):
-    """A replica with weight sync; ``fail`` makes its next updates raise."""
+    """A replica with weight sync; ``fail`` makes its next updates raise. Given ``hold``, an update
+    sets ``updating`` and waits for ``hold`` before it applies."""
 
-    def __init__(self, renderer, fail=False):
+    def __init__(self, renderer, fail=False, hold: asyncio.Event | None = None):
         super().__init__(renderer, latency=0.01)
         self.fail, self.models, self.weight_version = fail, [], 0
         self.versions_served: list[int] = []
+        self.hold, self.updating = hold, asyncio.Event()
 
     async def generate(self, prompt_ids, params):
         self.versions_served.append(self.weight_version)
         return await super().generate(prompt_ids, params)
 
     async def update_weights(self, model):
-        await asyncio.sleep(0.05)
+        self.updating.set()
+        if self.hold is not None:
+            await self.hold.wait()
         if self.fail:
             raise BackendError("disk full")
         self.models.append(model)
@@ -131,14 +136,45 @@ async def test_every_turn_stays_on_one_replica_and_simultaneous_episodes_spread_
     assert router.live_episodes == [0, 0, 0]  # placements vanish with their episodes
 
 
+class Held(Replica):
+    """A replica whose requests wait until ``ready()`` says so: slower than the other replica by as
+    much as the test wants, with no clock involved."""
+
+    def __init__(self, renderer, ready):
+        super().__init__(renderer)
+        self.ready, self.release = ready, asyncio.Event()
+
+    async def generate(self, prompt_ids, params):
+        if self.ready():
+            self.release.set()
+        await self.release.wait()
+        return await super().generate(prompt_ids, params)
+
+
 async def test_a_slow_replica_gets_fewer_new_episodes(renderer):
-    slow, fast = Replica(renderer, latency=0.1), Replica(renderer, latency=0.01)
+    # The slow replica answers nothing until every episode placed elsewhere has finished. While it
+    # holds two episodes' requests, the fast one has at most one in flight whenever an episode is
+    # placed (4 at a time: two held, the new one, one other), so the slow one takes at most two.
+    finished: list[int] = []
+
+    def others_done() -> bool:
+        return len(finished) + router.episodes[0] == 16
+
+    def on_episode(t):
+        finished.append(t.index)
+        if others_done():
+            slow.release.set()
+
+    slow, fast = Held(renderer, others_done), Replica(renderer)
     router = RouterBackend([slow, fast])
-    trajectories = await rollout(router, renderer, episodes=16, concurrency=4)
-    assert all(t.error is None for t in trajectories)
-    owners([slow, fast])
-    assert sum(router.episodes) == 16 and router.episodes[0] >= 1
-    assert router.episodes[0] * 3 <= router.episodes[1], router.episodes
+    config = RolloutConfig(max_turns=5, concurrency=4)
+    result = await asyncio.wait_for(
+        arollout(samples(16), {"default": Env()}, router, renderer, config, on_episode=on_episode), HANG_SECONDS
+    )
+    assert all(t.error is None and t.turns == 3 for t in result.trajectories)
+    owner = owners([slow, fast])
+    assert sorted(finished) == list(range(16)) and sum(router.episodes) == 16
+    assert 1 <= router.episodes[0] <= 2 and router.episodes[0] == list(owner.values()).count(0), router.episodes
 
 
 async def test_trajectories_equal_a_single_backend_run(renderer):
@@ -175,16 +211,21 @@ async def test_episode_objects_that_cannot_be_weakly_referenced_are_pinned_and_b
 
 
 async def test_update_weights_reaches_every_replica_and_new_requests_wait_for_it(renderer):
-    replicas = [SyncingReplica(renderer), SyncingReplica(renderer)]
+    hold = asyncio.Event()
+    replicas = [SyncingReplica(renderer, hold=hold), SyncingReplica(renderer, hold=hold)]
     router = RouterBackend(replicas)
     assert isinstance(router, WeightSync) and router.weight_version == 0
     model = object()
     update = asyncio.create_task(router.update_weights(model))
-    await asyncio.sleep(0)  # the update has started; this request must wait for it
-    await router.generate([5, 6, 7], PARAMS)
-    await update
+    await asyncio.wait_for(asyncio.gather(*(r.updating.wait() for r in replicas)), HANG_SECONDS)
+    request = asyncio.create_task(router.generate([5, 6, 7], PARAMS))  # must wait for the update
+    for _ in range(20):  # every pass of the loop the request could use to reach a replica
+        await asyncio.sleep(0)
+    assert not request.done() and [r.versions_served for r in replicas] == [[], []]
+    hold.set()
+    await asyncio.wait_for(asyncio.gather(update, request), HANG_SECONDS)
     assert [r.models for r in replicas] == [[model], [model]] and router.weight_version == 1
-    assert replicas[0].versions_served == [1]
+    assert replicas[0].versions_served == [1] and replicas[1].versions_served == []
 
 
 async def test_a_failed_update_names_the_replica_and_refuses_mixed_weights(renderer):

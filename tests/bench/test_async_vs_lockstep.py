@@ -32,7 +32,7 @@ def test_critical_path_is_the_max_of_sums_and_the_barrier_the_sum_of_maxima():
     assert bench.bounds([a, b], 0.0, 1.0) == (4.0, 6.0)
 
 
-def test_async_finishes_near_the_critical_path_and_lockstep_waits_for_the_tails(tiny_model_dir):
+def test_async_is_bounded_by_the_critical_path_and_lockstep_waits_for_the_tails(tiny_model_dir):
     result = bench.run(
         episodes=16,
         turns=3,
@@ -63,6 +63,7 @@ def test_async_finishes_near_the_critical_path_and_lockstep_waits_for_the_tails(
     # lower bounds: no run beats them
     assert a >= result["critical_path_seconds"]
     assert lock >= result["lockstep_bound_seconds"] >= result["critical_path_seconds"]
-    # heavy tails: the barrier costs far more than the critical path, and async takes the difference
+    # heavy tails: the barrier costs far more than the critical path (bounds worked from the scripted
+    # costs, not measured). Which measured wall is shorter is the benchmark's finding, not asserted
+    # here: a loaded machine could stretch either run.
     assert result["lockstep_bound_seconds"] > 1.5 * result["critical_path_seconds"]
-    assert a < lock

@@ -28,7 +28,13 @@ class Counter:
 
 
 class Slow(Counter):
-    """Each add takes a while (a simulator step), so an actor can be killed mid-episode."""
+    """Each add waits until the file named by the row's ``gate`` exists (a simulator step that
+    takes as long as the test wants), so an actor can be killed mid-episode. The file is the
+    event: the actor is another process. Without a ``gate`` column, adds answer at once."""
+
+    def reset(self, gate: str | None = None, **row) -> str:
+        self.gate = gate
+        return super().reset(**row)
 
     async def add(self, n: int) -> str:
         """Add to the total, slowly.
@@ -36,8 +42,15 @@ class Slow(Counter):
         Args:
             n: How much to add.
         """
-        await asyncio.sleep(0.4)
-        return super().add(n)
+        for _ in range(GATE_POLLS):  # the bound only catches a gate the test never opened
+            if self.gate is None or os.path.exists(self.gate):
+                return super().add(n)
+            await asyncio.sleep(0.01)
+        raise TimeoutError(f"the gate file {self.gate} was never created")
+
+
+#: How many times ``Slow.add`` looks for its gate file, 10 ms apart (60 s: a hang bound).
+GATE_POLLS = 6000
 
 
 class Broken(Counter):

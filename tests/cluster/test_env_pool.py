@@ -16,6 +16,7 @@ from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import HANG_SECONDS
 from rollforge.types import Sample
 
 from ray_envs import Broken, Counter, LeakyClose, Slow
@@ -91,24 +92,32 @@ async def test_bundled_environment_on_actors_passes_the_same_checks(ray_session,
     assert all(t.error is None for t in remote.trajectories)
 
 
-async def test_killing_an_actor_mid_episode_fails_only_its_episodes_and_it_is_replaced(ray_session, renderer):
+async def test_killing_an_actor_mid_episode_fails_only_its_episodes_and_it_is_replaced(ray_kill, renderer, tmp_path):
     pool = RayEnvironmentPool(FactoryEnvironment(Slow), actors=2, num_cpus=0, name="slow")
     victim = pool.actor(0)
-    killed = asyncio.Event()
+    gate = tmp_path / "gate"  # every add waits for this file: no episode can finish before it exists
+    first_turns = asyncio.Event()
+    answer = add_until_three(renderer)
+
+    def script(request):
+        if request.call == 5:  # all six episodes have generated their first turn: each is mid-episode
+            first_turns.set()
+        return answer(request)
 
     async def kill_mid_episode():
-        while backend.calls < 8:  # all six episodes are past their first turn, inside a slow step
-            await asyncio.sleep(0.01)
-        ray_session.kill(victim)
-        killed.set()
+        await asyncio.wait_for(first_turns.wait(), HANG_SECONDS)
+        await ray_kill(victim)  # dead before the gate opens: no call of its episodes is served after
+        gate.touch()  # the surviving actor's episodes go on
 
-    backend = scripted(renderer, add_until_three(renderer))
+    gated = [Sample(prompt=s.prompt, task_name=s.task_name, row={"gate": str(gate)}) for s in samples(6)]
     config = RolloutConfig(max_turns=6, concurrency=6)
     killer = asyncio.create_task(kill_mid_episode())
     try:
-        result = await arollout(samples(6), {"count": pool}, backend, renderer, config)
+        result = await asyncio.wait_for(
+            arollout(gated, {"count": pool}, scripted(renderer, script), renderer, config), HANG_SECONDS
+        )
         await killer
-        assert killed.is_set()
+        assert gate.exists()
         failed = [t for t in result.trajectories if t.error is not None]
         passed = [t for t in result.trajectories if t.error is None]
         # placement alternates between the two actors: episodes 0, 2, 4 were on the victim
@@ -128,11 +137,11 @@ async def test_killing_an_actor_mid_episode_fails_only_its_episodes_and_it_is_re
         pool.shutdown()
 
 
-async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_session, renderer):
+async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_kill, renderer):
     pool = RayEnvironmentPool(FactoryEnvironment(Counter), actors=1, num_cpus=0)
     try:
         await pool.prepare(1)
-        ray_session.kill(pool.actor(0))
+        await ray_kill(pool.actor(0))  # dead before any episode starts
         config = RolloutConfig(max_turns=6, concurrency=2)
         result = await arollout(
             samples(2), {"count": pool}, scripted(renderer, add_until_three(renderer)), renderer, config

@@ -117,9 +117,7 @@ def teacher_forced(model, trajectory) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([lp for lp in trajectory.logprobs if lp is not None]), expected
 
 
-async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(
-    ray_session, tiny_model_dir, tiny, renderer
-):
+async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_kill, tiny_model_dir, tiny, renderer):
     model = tiny[0]
     built = open_generation(BackendConfig(model=str(tiny_model_dir), replicas=2, replica_cpus=0, concurrency=8, seed=0))
     assert isinstance(built, RouterBackend) and all(isinstance(r, RayBackendReplica) for r in built.replicas)
@@ -160,7 +158,7 @@ async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(
 
         async def kill_after_first_turns():
             await hold.all_waiting.wait()  # every episode generated once, now waits in its first step
-            ray_session.kill(victim.actor)
+            await ray_kill(victim.actor)  # dead before the episodes go on: none is served by it again
             hold.resume.set()
 
         killer = asyncio.create_task(kill_after_first_turns())

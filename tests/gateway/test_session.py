@@ -9,7 +9,7 @@ from gateway_helpers import ADD_TOOL, CALL_TEXT
 
 from rollforge.backends.scripted import ScriptedBackend
 from rollforge.gateway import Gateway, SessionLimits
-from rollforge.testing import assert_segment_exact, generated_ids
+from rollforge.testing import AllAtOnce, assert_segment_exact, generated_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,30 +86,11 @@ async def test_an_edited_history_keeps_the_replies_it_repeats_as_prompt(backend,
     assert generated_ids(second) == renderer.encode("The sum is 3.") + [renderer.stop_token_ids[0]]
 
 
-class CountingBackend:
-    """Counts generate calls in flight (the most at once)."""
-
-    def __init__(self, inner):
-        self.inner, self.now, self.peak = inner, 0, 0
-
-    async def generate(self, prompt_ids, params):
-        self.now += 1
-        self.peak = max(self.peak, self.now)
-        try:
-            return await self.inner.generate(prompt_ids, params)
-        finally:
-            self.now -= 1
-
-    async def close(self):
-        await self.inner.close()
-
-
 async def test_64_concurrent_sessions_are_each_recorded_exactly(tokenizer, renderer, parser):
     from gateway_helpers import reply_for
 
-    backend = CountingBackend(
-        ScriptedBackend(lambda r: reply_for(renderer.decode(r.prompt_ids)), tokenizer, latency=0.02)
-    )
+    # every session's first request waits until all 64 are in flight: the sessions really run at once
+    backend = AllAtOnce(ScriptedBackend(lambda r: reply_for(renderer.decode(r.prompt_ids)), tokenizer), 64)
     async with Gateway(backend, renderer, parser) as gateway:
 
         async def one(i):
@@ -119,7 +100,7 @@ async def test_64_concurrent_sessions_are_each_recorded_exactly(tokenizer, rende
 
         await asyncio.gather(*(one(i) for i in range(64)))
         records = [gateway.close_session(f"s{i}") for i in range(64)]
-    assert backend.peak > 32  # the sessions really ran at once
+    assert backend.peak == 64 and backend.arrived == 64  # the sessions really ran at once
     end = renderer.stop_token_ids[0]
     for i, record in enumerate(records):
         assert record.turns == 2 and len(record.segments) == 1

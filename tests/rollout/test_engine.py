@@ -8,13 +8,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from rollforge.backends.scripted import ScriptedBackend
-from rollforge.chat.render import ChatRenderer, token_fidelity_gap
+from rollforge.chat.render import ChatRenderer
 from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.errors import ConfigError
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
-from rollforge.testing import HANG_SECONDS
+from rollforge.testing import HANG_SECONDS, assert_faithful
 from rollforge.types import Message, Sample
 
 
@@ -85,12 +85,6 @@ def add_or_answer(renderer):
         return '<tool_call>\n{"name": "add", "arguments": {"n": 1}}\n</tool_call>'
 
     return script
-
-
-def assert_faithful(trajectories, renderer):
-    for t in trajectories:
-        assert token_fidelity_gap(t, renderer) is None, (t.index, token_fidelity_gap(t, renderer))
-        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
 
 
 async def test_async_and_lockstep_give_identical_trajectories(renderer):
@@ -253,17 +247,37 @@ async def test_raising_and_hanging_environments_fail_only_their_episode(renderer
     assert_faithful(result.trajectories, renderer)
 
 
+class AnswersOnce(ScriptedBackend):
+    """Answers the first request at once and keeps its completion; every later request never
+    returns, so only a timeout ends the episode (after exactly one turn, however loaded the machine)."""
+
+    first = None
+    requests = 0
+
+    async def generate(self, prompt_ids, params):
+        self.requests += 1
+        if self.first is not None:
+            await asyncio.Event().wait()  # never set
+        self.first = await super().generate(prompt_ids, params)
+        return self.first
+
+
 async def test_episode_timeout_keeps_what_was_produced(renderer):
-    result = await arollout(
-        [Sample(prompt=prompt(0))],
-        {"default": Env(observe)},
-        backend(renderer, lambda r: "slow", latency=0.2),
-        renderer,
-        RolloutConfig(episode_timeout=0.5, step_timeout=0.4),
+    scripted = AnswersOnce(lambda r: "slow", renderer, end_token_id=renderer.stop_token_ids[0])
+    result = await asyncio.wait_for(
+        arollout(
+            [Sample(prompt=prompt(0))],
+            {"default": Env(observe)},
+            scripted,
+            renderer,
+            RolloutConfig(episode_timeout=1.0, step_timeout=0.5),
+        ),
+        HANG_SECONDS,
     )
     t = result.trajectories[0]
-    assert t.error.kind == "episode_timeout"
-    assert t.turns >= 1 and t.generated_tokens >= 2
+    assert t.error.kind == "episode_timeout" and scripted.requests == 2  # the second generation was cut
+    assert t.turns == 1 and t.generated_tokens == len(scripted.first.token_ids) >= 2
+    assert [i for i, bit in zip(t.token_ids, t.loss_mask) if bit] == list(scripted.first.token_ids)
 
 
 async def test_backend_failure_fails_only_that_episode(renderer):
@@ -404,9 +418,13 @@ async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_othe
         return "answer"
 
     class Uneven(ScriptedBackend):
+        turns_of_one = 0
+
         async def generate(self, prompt_ids, params):
             if "Task number 1." in renderer.decode(prompt_ids):
-                await asyncio.sleep(0.6)  # episode 1 generates slowly: the others wait for it
+                self.turns_of_one += 1
+                if self.turns_of_one == 2:  # episode 1's second generation never returns: the others wait for it
+                    await asyncio.Event().wait()
             return await super().generate(prompt_ids, params)
 
     async def quick(turn, conversation):
@@ -418,10 +436,10 @@ async def test_lockstep_episode_timing_out_at_the_barrier_does_not_hurt_the_othe
     result = await asyncio.wait_for(
         arollout(samples, {"default": Env(quick)}, scripted, renderer, config), HANG_SECONDS
     )  # a barrier left waiting would hang here
-    # Episode 1 needs 2 x 0.6 s of generation and times out; 0 and 2 wait for it at the barriers
+    # Episode 1 hangs in its second generation and times out; 0 and 2 wait for it at the barrier
     # and the first of them to time out must not cancel the barrier for the rest.
     kinds = [t.error.kind if t.error else "ok" for t in result.trajectories]
-    assert kinds[1] == "episode_timeout"
+    assert kinds[1] == "episode_timeout" and result.trajectories[1].turns == 1 and scripted.turns_of_one == 2
     assert all(kind in ("ok", "episode_timeout") for kind in kinds)
     assert result.metrics["episodes"] == 3
 

@@ -76,7 +76,7 @@ async def roll(run: Run, step: int, samples: list[Sample], first: int = 0) -> Sc
     """``samples`` rolled out (their episode indices after the step's ``first`` episodes) and scored."""
     began = time.perf_counter()
     result = await arollout(
-        samples,
+        run.checked.batch(samples),  # checked before the model loaded: not again
         run.task_to_env,
         run.backend,
         run.renderer,

@@ -140,7 +140,7 @@ class Producer:
     async def _rollout(self, step: int, samples: list[Sample]) -> tuple[RolloutResult, float]:
         run, began = self.run, time.perf_counter()
         result = await arollout(
-            samples,
+            run.checked.batch(samples),  # checked before the model loaded: not again
             run.task_to_env,
             self.versions,
             run.renderer,

@@ -1,7 +1,16 @@
 """The checks a rollout runs on its inputs before anything is generated (``engine.arollout``;
-``check_prompt_lengths`` also runs early in the CLI and in training, before the model loads).
+``check_prompt_lengths`` also runs early in the CLI, and ``check_prompts`` in training, before the
+model loads).
 An engine worker runs its shard unchecked (``engine.run_checked``): its rollout's process checked
 the whole batch.
+
+The checks that depend on the prompts alone (their environments, the renderer, ``max_seq_len``, the
+tool parser and ``check_template``) are ``check_prompts``, which returns what passed as a
+``CheckedPrompts``. A caller that checked its prompts once (training, before the model loads)
+passes a batch drawn from them as ``CheckedPrompts.batch(samples)`` (a ``CheckedBatch``) in
+place of the samples, and ``arollout`` checks again only what the batch does not cover: the
+samples passed, the same renderer and the same settings (``CheckedPrompts.covers``). The backend,
+the number of samples and the sessions they need are checked on every call.
 
 The model's positions (``model_positions``, read from its ``config.json`` without loading it) bound
 ``max_seq_len`` where the model is known before the first step (the CLI, training's preflight):
@@ -15,7 +24,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
@@ -33,28 +44,100 @@ def check_rollout(
     renderer: ChatRenderer,
     config: RolloutConfig,
     capacity: bool = True,
+    checked: CheckedPrompts | None = None,
 ) -> None:
     """Every check of ``arollout``'s inputs (see ``engine``'s docstring), one ``ConfigError`` for the
-    first that fails; ``capacity``: also environments' session limits (not for a shared session)."""
-    check_tasks(samples, task_to_env)
-    check_contracts(task_to_env, backend)
-    check_routes(samples, task_to_env)
+    first that fails; ``capacity``: also environments' session limits (not for a shared session);
+    ``checked``: prompts already checked, whose checks are not run again for samples it covers."""
+    if not samples:
+        raise ConfigError("no samples to roll out: expected at least one Sample")
+    if checked is None or not checked.covers(samples, task_to_env, renderer, config):
+        check_prompts(samples, task_to_env, renderer, config)
+    check_backend(backend)
     if capacity:
         check_capacity(
             task_to_env,
             sessions_needed(samples, task_to_env, config),
             f"concurrency={config.concurrency}, {len(samples)} samples",
         )
+
+
+def check_prompts(
+    samples: Sequence[Sample],
+    task_to_env: Mapping[str, Environment],
+    renderer: ChatRenderer,
+    config: RolloutConfig,
+    setting: str = "max_seq_len",
+    positions: int | None = None,
+) -> CheckedPrompts:
+    """The checks of ``arollout``'s inputs that depend on the prompts alone: every task has an
+    ``Environment``, every ``environment`` column names one, every prompt leaves room to generate
+    (``check_prompt_lengths``, with ``setting`` and ``positions``) and, with ``check_template``, the
+    template renders each task's prompt. Returns what passed."""
+    check_tasks(samples, task_to_env)
+    check_environments(task_to_env)
+    check_routes(samples, task_to_env)
     parser = renderer.parser(config.tool_parser)
-    check_prompt_lengths(samples, renderer, config.max_seq_len, "max_seq_len", task_to_env, parser)
+    check_prompt_lengths(samples, renderer, config.max_seq_len, setting, task_to_env, parser, positions)
     if config.check_template:  # tools are checked when an environment first offers them
         for prompt in {s.task_name: s.prompt for s in samples}.values():
             renderer.check_template(prompt, (), parser)
+    return CheckedPrompts(tuple(samples), renderer, config.max_seq_len, config.tool_parser, config.check_template)
+
+
+@dataclass(frozen=True, eq=False)
+class CheckedPrompts:
+    """Samples that passed ``check_prompts`` with ``renderer`` under these settings, held here so
+    that their ids stay theirs: a rollout of any of them (``batch``) is not checked again."""
+
+    samples: tuple[Sample, ...] = field(repr=False)
+    renderer: ChatRenderer = field(repr=False)
+    max_seq_len: int
+    tool_parser: str | None
+    template: bool
+    #: The samples' ids and task names, for ``covers``.
+    ids: frozenset[int] = field(init=False, repr=False)
+    tasks: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ids", frozenset(map(id, self.samples)))
+        object.__setattr__(self, "tasks", frozenset(s.task_name for s in self.samples))
+
+    def batch(self, samples: Sequence[Sample]) -> CheckedBatch:
+        """``samples`` (drawn from these) to pass to ``arollout`` in place of a list."""
+        return CheckedBatch(tuple(samples), self)
+
+    def covers(
+        self, samples: Sequence[Sample], task_to_env: Mapping[str, Any], renderer: ChatRenderer, config: RolloutConfig
+    ) -> bool:
+        """Whether ``check_prompts`` would check nothing new for this rollout: every sample is one
+        of these, the renderer and the settings are the same, and every task still has an
+        environment (the one checked, or its stand-in: an actor pool on Ray)."""
+        return (
+            renderer is self.renderer
+            and (config.max_seq_len, config.tool_parser) == (self.max_seq_len, self.tool_parser)
+            and (self.template or not config.check_template)
+            and self.tasks <= task_to_env.keys()
+            and all(id(sample) in self.ids for sample in samples)
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class CheckedBatch(Sequence[Sample]):
+    """Samples drawn from prompts checked once (``CheckedPrompts.batch``): ``arollout`` takes it
+    in place of a list of samples, and skips the checks it covers."""
+
+    samples: tuple[Sample, ...]
+    prompts: CheckedPrompts
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.samples[index]
+
+    def __len__(self) -> int:
+        return len(self.samples)
 
 
 def check_tasks(samples: Sequence[Sample], task_to_env: Mapping[str, Environment]) -> None:
-    if not samples:
-        raise ConfigError("no samples to roll out: expected at least one Sample")
     unknown = sorted({s.task_name for s in samples} - set(task_to_env))
     if unknown:
         raise ConfigError(
@@ -193,8 +276,8 @@ def check_capacity(task_to_env: Mapping[str, Environment], needed: Mapping[int, 
             )
 
 
-def check_contracts(task_to_env: Mapping[str, Environment], backend: Backend) -> None:
-    """The engine asks environments and backends only what their base classes declare."""
+def check_environments(task_to_env: Mapping[str, Environment]) -> None:
+    """The engine asks environments only what their base class declares."""
     for task, env in task_to_env.items():
         if not isinstance(env, Environment):
             raise ConfigError(
@@ -202,6 +285,10 @@ def check_contracts(task_to_env: Mapping[str, Environment], backend: Backend) ->
                 "wrap an environment class with FactoryEnvironment, a step-style object with "
                 "StepwiseEnvironment, or subclass rollforge.envs.base.Environment"
             )
+
+
+def check_backend(backend: Backend) -> None:
+    """The engine asks a backend only what its base class declares."""
     if not isinstance(backend, Backend):
         raise ConfigError(
             f"the backend is a {type(backend).__name__}, not a rollforge Backend; subclass "

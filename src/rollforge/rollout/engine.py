@@ -15,7 +15,8 @@ training and the CLI run), the backend is a ``Backend``, environments that limit
 ``max_seq_len`` as rendered with its environment's tools (``check_prompt_lengths``, also run by the
 CLI and training before the model loads), and the chat template renders the prompts in use
 (``ChatRenderer.check_template``; tools are checked once per tool set, when an environment first
-offers them).
+offers them). Samples drawn from prompts checked once (a ``CheckedBatch``, ``checks.py``: training
+checks its prompts before the model loads) are not checked again for what that covers.
 ``Environment.prepare(sessions)`` and ``release()`` are called once around the rollout (remote
 environments connect there and check the server's capacity for real); after ``prepare``, an
 environment that declares ``produces_images`` needs a backend that declares ``accepts_images``.
@@ -50,7 +51,7 @@ from ..envs.base import Environment, GeneratingEnvironment
 from ..errors import ConfigError
 from ..types import Sample, Trajectory
 from ..workers import ENVIRONMENT_WORKERS, run_sync
-from .checks import check_backend_takes_images, check_capacity, check_rollout, sessions_needed
+from .checks import CheckedBatch, check_backend_takes_images, check_capacity, check_rollout, sessions_needed
 from .config import RolloutConfig
 from .context import EpisodeContext, Gate, OpenGate
 from .episode import run_episode
@@ -123,10 +124,12 @@ async def arollout(
     """Run every sample to the end of its episode and return trajectories in input order.
     ``session`` (``open_session``): the environments are already prepared and the episodes of
     every rollout sharing it count against one concurrency limit (overlapping rollouts). ``workers``
-    (``EngineWorkers``): worker processes already started, for the episodes' engine work."""
+    (``EngineWorkers``): worker processes already started, for the episodes' engine work.
+    ``samples`` may be a ``CheckedBatch`` (``CheckedPrompts.batch``): what it covers is not checked again."""
     config = config or RolloutConfig()
+    checked = samples.prompts if isinstance(samples, CheckedBatch) else None
     samples = list(samples)
-    check_rollout(samples, task_to_env, backend, renderer, config, capacity=session is None)
+    check_rollout(samples, task_to_env, backend, renderer, config, capacity=session is None, checked=checked)
     if config.engine_workers > 1 or workers is not None:
         return await _in_workers(samples, task_to_env, backend, renderer, config, on_episode, session, workers)
     return await run_checked(samples, task_to_env, backend, renderer, config, on_episode=on_episode, session=session)

@@ -7,8 +7,10 @@ Nothing here downloads or needs a GPU. One module per concern, re-exported here:
 - ``vlm``: ``make_tiny_vlm(family)``, ``(model, processor)`` of a tiny random vision-language model
   of a real architecture (Qwen2-VL, Idefics3) with its real processor; ``save_tiny_vlm(directory)``.
 - ``tasks``: ``FirstCharacter``, a task the tiny model learns in a few dozen GRPO steps.
-- ``recording``: ``RecordingBackend``, a backend wrapper that keeps every request.
-- ``exactness``: the token-exactness assertions (kept generations, renderings of messages).
+- ``recording``: ``RecordingBackend``, a backend wrapper that keeps every request; ``AllAtOnce``, one
+  that holds its first n requests until all n are in flight (concurrency claims without timing).
+- ``exactness``: the token-exactness assertions (kept generations, renderings of messages, whole
+  trajectories: ``assert_faithful``).
 - ``harness``: ``free_port()``, and ``wait_until(condition)`` / ``await until(condition)``, waits
   bounded only against hangs.
 """
@@ -16,6 +18,7 @@ Nothing here downloads or needs a GPU. One module per concern, re-exported here:
 from __future__ import annotations
 
 from .exactness import (
+    assert_faithful,
     assert_replies_exact,
     assert_segment_exact,
     assert_token_exact,
@@ -23,7 +26,7 @@ from .exactness import (
     renders_its_messages,
 )
 from .harness import HANG_SECONDS, free_port, until, wait_until
-from .recording import RecordingBackend, Request
+from .recording import AllAtOnce, RecordingBackend, Request
 from .tasks import FIRST_CHARACTER_KINDS, FirstCharacter, first_character_rows
 from .vlm import VLM_FAMILIES, make_tiny_vlm, save_tiny_vlm
 from .tiny import (
@@ -40,6 +43,7 @@ from .tiny import (
 )
 
 __all__ = [
+    "AllAtOnce",
     "CHATML_TEMPLATE",
     "CORPUS",
     "DEFAULT_SYSTEM_PROMPT",
@@ -53,6 +57,7 @@ __all__ = [
     "Request",
     "SPECIAL_TOKENS",
     "VLM_FAMILIES",
+    "assert_faithful",
     "assert_replies_exact",
     "assert_segment_exact",
     "assert_token_exact",

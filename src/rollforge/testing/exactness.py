@@ -93,3 +93,11 @@ def assert_segment_exact(segment: Any, renderer: ChatRenderer, prompt_messages: 
     prompt = renderer.conversation_ids(segment.messages[:prompt_messages], segment.tools, add_generation_prompt=True)
     assert segment.prompt_length == len(prompt) and ids[: len(prompt)] == prompt
     assert set(segment.loss_mask[: len(prompt)]) == {0} and segment.loss_mask[len(prompt)] == 1
+
+
+def assert_faithful(trajectories: Sequence[Trajectory], renderer: ChatRenderer) -> None:
+    """Every trajectory renders back to its own token ids (``token_fidelity_gap`` finds no gap) and
+    carries one loss-mask entry and one logprob per token."""
+    for t in trajectories:
+        assert token_fidelity_gap(t, renderer) is None, (t.index, token_fidelity_gap(t, renderer))
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)

@@ -7,15 +7,22 @@ trainer may ask of a backend is the wrapped one's; it changes only ``generate``,
 in the order the calls finished. ``calls`` are the same requests as (prompt ids, completion) pairs,
 ``per_episode()`` groups them by episode. It does not close the wrapped backend: whoever opened
 that closes it.
+
+``AllAtOnce`` is a wrapper for tests that claim many episodes or sessions run at once: timing cannot
+show it (on a loaded machine the first may finish before the last starts), a barrier can. Its first
+``n`` requests wait until all ``n`` are in flight (bounded by ``HANG_SECONDS``: if fewer ever
+arrive they fail instead of hanging); ``peak`` is the most requests in flight at one time.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..backends.base import CURRENT_EPISODE, Backend, BackendWrapper, SamplingParams
 from ..types import Completion
+from .harness import HANG_SECONDS
 
 
 @dataclass(frozen=True)
@@ -52,3 +59,25 @@ class RecordingBackend(BackendWrapper):
         for request in self.requests:
             groups.setdefault(request.episode, []).append(request)
         return list(groups.values())
+
+
+class AllAtOnce(BackendWrapper):
+    """``inner``, with its first ``n`` requests held until all ``n`` are in flight."""
+
+    def __init__(self, inner, n: int):
+        super().__init__(inner)
+        self.n, self.arrived, self.now, self.peak = n, 0, 0, 0
+        self.all_here = asyncio.Event()
+
+    async def generate(self, prompt_ids, params, *args, **kwargs):
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            if self.arrived < self.n:
+                self.arrived += 1
+                if self.arrived == self.n:
+                    self.all_here.set()
+                await asyncio.wait_for(self.all_here.wait(), HANG_SECONDS)
+            return await self.inner.generate(prompt_ids, params, *args, **kwargs)
+        finally:
+            self.now -= 1

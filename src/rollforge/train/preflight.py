@@ -1,22 +1,30 @@
 """What ``open_run`` checks before a run starts, so that a refusal is quick: the ranks'
 constraints (``check_ranks``), and, before the model loads, ``rollout.max_seq_len`` against the
 model's positions (read from its ``config.json``: more is refused in one line naming both), the
-prompt lengths, the server and the run directory (``preflight``); and the run's ``config.yaml``
-(``write_config``, SFT's too). What the run reads (environments, prompts) is read in ``inputs/``."""
+prompts (``rollout.checks.check_prompts``: their tasks and routes, their lengths with their
+environments' tools, the chat template), the server and the run directory (``preflight``); and the
+run's ``config.yaml`` (``write_config``, SFT's too). What the run reads (environments, prompts) is
+read in ``inputs/``.
+
+The prompts are checked here once, with the renderer the run generates with: the ``CheckedPrompts``
+that ``preflight`` returns lets every step's rollout skip what it covers (``CheckedPrompts.batch``)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..chat.render import ChatRenderer
+from ..envs.base import Environment
 from ..errors import ConfigError
 from ..files import atomic_write
 from ..models import load_tokenizer
-from ..rollout.checks import check_prompt_lengths, fit_max_seq_len, model_positions
+from ..rollout.checks import CheckedPrompts, check_prompts, fit_max_seq_len, model_positions
 from ..types import Sample
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -51,18 +59,34 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Preflight:
+    """What ``preflight`` found: the checkpoint to resume from (None: a fresh run) and the run's
+    prompts as checked."""
+
+    resumed: ckpt.Loaded | None
+    checked: CheckedPrompts
+
+
 def preflight(
-    config: TrainConfig, prompts: list[Sample], resume: bool, overwrite: bool, tokenizer: Any = None
-) -> ckpt.Loaded | None:
+    config: TrainConfig,
+    prompts: list[Sample],
+    resume: bool,
+    overwrite: bool,
+    renderer: ChatRenderer | None = None,
+    task_to_env: Mapping[str, Environment] | None = None,
+) -> Preflight:
     """What can refuse the run, checked before the model loads so that a refusal is quick: a
-    ``rollout.max_seq_len`` over the model's positions, prompts that leave no room to generate, an
-    OpenAI-compatible server that does not answer, and the run directory: with ``resume`` the
-    checkpoint to continue from, else one that holds no run yet (``overwrite``: deleting the one it
-    holds). ``tokenizer``: the run's, already loaded (else loaded here)."""
-    renderer = ChatRenderer(tokenizer if tokenizer is not None else load_tokenizer(config.model.name))
+    ``rollout.max_seq_len`` over the model's positions, prompts that ``check_prompts`` refuses
+    (routed to ``task_to_env``, rendered with ``renderer``: the run's, else one of the model's
+    tokenizer), an OpenAI-compatible server that does not answer, and the run directory: with
+    ``resume`` the checkpoint to continue from, else one that holds no run yet (``overwrite``:
+    deleting the one it holds)."""
+    renderer = renderer if renderer is not None else ChatRenderer(load_tokenizer(config.model.name))
     positions = model_positions(config.model.name)
-    max_seq_len = fit_max_seq_len(config.rollout.max_seq_len, positions, "rollout.max_seq_len", 0)
-    check_prompt_lengths(prompts, renderer, max_seq_len, "rollout.max_seq_len", positions=positions)
+    fit_max_seq_len(config.rollout.max_seq_len, positions, "rollout.max_seq_len", 0)
+    envs = task_to_env if task_to_env is not None else {}
+    checked = check_prompts(prompts, envs, renderer, config.rollout, "rollout.max_seq_len", positions)
     if config.model.backend == "openai" and config.model.base_url:
         from ..backends.openai_compat import check_server
         from ..backends.opening import server_urls
@@ -74,9 +98,9 @@ def preflight(
             "resume and overwrite exclude each other: continue the run in out, or delete it and start over"
         )
     if resume:
-        return ckpt.resumable(Path(config.out))
+        return Preflight(ckpt.resumable(Path(config.out)), checked)
     ckpt.start_fresh(Path(config.out), overwrite)
-    return None
+    return Preflight(None, checked)
 
 
 def write_config(out: Path, config: Any) -> None:

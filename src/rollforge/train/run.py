@@ -27,6 +27,7 @@ from ..chat.render import ChatRenderer
 from ..files import write_json
 from ..inputs.data import PromptSource
 from ..inputs.evaluate import aevaluate
+from ..rollout.checks import CheckedPrompts
 from ..rollout.worker_pool import EngineWorkers
 from ..seeds import mix
 from ..types import Sample
@@ -60,6 +61,7 @@ class Run:
     sync: PolicySync
     logbook: Logbook | None  # rank 0's
     start: int  # the last step already done (a resumed run's checkpoint)
+    checked: CheckedPrompts  # the prompts as checked before the model loaded: a step passes ``checked.batch(samples)``
     eval_prompts: list[Sample] = field(default_factory=list)
     evaluations: dict[str, Any] = field(default_factory=dict)
     workers: EngineWorkers | None = (

@@ -9,7 +9,9 @@ editors show the same typed keywords everywhere, and a keyword it does not decla
 environments (``given_environments``).
 
 Setup reads its inputs before the model loads, so that a refusal (a prompt too long, a server that
-does not answer, a run directory in the way) is quick. The policy comes out as one frozen
+does not answer, a run directory in the way) is quick; the prompts are checked there once, with the
+renderer the run generates with, and the steps' rollouts do not check them again
+(``Run.checked``). The policy comes out as one frozen
 ``TrainedPolicy`` (model, optimizer, schedule, KL reference, ranks), and the update's knobs as one
 ``UpdateSettings``, both built once here.
 """
@@ -44,7 +46,7 @@ from .logbook import Logbook
 from .losses import PolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .policy_losses import policy_loss
-from .preflight import check_ranks, preflight, write_config
+from .preflight import Preflight, check_ranks, preflight, write_config
 from ..inputs.rewards import RewardFunction, load_reward_functions
 from .run import Run, push_weights
 from .sync import PolicySync
@@ -102,8 +104,8 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
     check_options(options, "open_run")
     config, given = given_environments(config, options.get("environments"))
     dataset, backend = options.get("dataset"), options.get("backend")
-    local_envs, source, functions, resumed, (tokenizer, processor) = _read_inputs(config, given, options)
-    start = resumed.step if resumed is not None else 0
+    local_envs, source, functions, checks, (tokenizer, processor, renderer) = _read_inputs(config, given, options)
+    start = checks.resumed.step if checks.resumed is not None else 0
     async with contextlib.AsyncExitStack() as stack:
         ranks = stack.enter_context(Ranks.open(resolve_device(config.model.device)))
         check_ranks(config, ranks)
@@ -111,7 +113,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
         if ranks.main:
             write_config(Path(config.out), config)
         logbook = _open_logbook(stack, config, ranks, start, options.get("console", True))
-        policy, generator = _load_policy(config, ranks, backend, resumed, tokenizer)
+        policy, generator = _load_policy(config, ranks, backend, checks.resumed, tokenizer)
         task_to_env = stack.enter_context(placed(local_envs, config.ray if config.executor == "ray" else None))
         served = backend is None and config.model.backend == "openai"  # by a server we did not start
         if backend is None:
@@ -123,7 +125,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
             settings=update_settings(config, tokenizer),
             generator=generator,
             tokenizer=tokenizer,
-            renderer=renderer_for(processor or tokenizer),  # images: a VisionRenderer
+            renderer=renderer,
             loss_fn=loss_fn,
             aggregation=aggregation,
             source=source,
@@ -133,6 +135,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
             sync=PolicySync(backend, generator),
             logbook=logbook,
             start=start,
+            checked=checks.checked,
         )
         await _start(stack, run, served)
         _read_evaluations(run, dataset, given)
@@ -179,12 +182,13 @@ def update_settings(config: TrainConfig, tokenizer: Any) -> UpdateSettings:
 
 def _read_inputs(
     config: TrainConfig, given: dict[str, Any], options: TrainOptions
-) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], ckpt.Loaded | None, tuple[Any, Any]]:
+) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], Preflight, tuple[Any, Any, Any]]:
     """What the run reads before the model loads: the environments by task, the prompt source (at
-    the checkpoint's position when resuming), the reward functions, the checkpoint to resume, and
-    the tokenizer with the processor of an image-text model (None for a text model), loaded once for
-    the run: the checks here, the policy, the renderer and the backend share them (the tokenizer of
-    an image-text model is its processor's)."""
+    the checkpoint's position when resuming), the reward functions, the preflight's findings (the
+    checkpoint to resume, the prompts checked), and the tokenizer with the processor of an
+    image-text model (None for a text model) and the renderer, made once for the run: the checks
+    here, the policy, the steps and the backend share them (the tokenizer of an image-text model is
+    its processor's, its renderer a ``VisionRenderer``)."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     prompts = training_prompts(config.data, config.seed, options.get("dataset"))
@@ -192,10 +196,12 @@ def _read_inputs(
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *options.get("reward_functions", ())]
     tokenizer, processor = load_text_side(config.model.name)
-    resumed = preflight(config, prompts, options.get("resume", False), options.get("overwrite", False), tokenizer)
-    if resumed is not None:
-        source.load_state(resumed.data_state)
-    return local_envs, source, functions, resumed, (tokenizer, processor)
+    renderer = renderer_for(processor or tokenizer)
+    resume, overwrite = options.get("resume", False), options.get("overwrite", False)
+    checks = preflight(config, prompts, resume, overwrite, renderer, local_envs)
+    if checks.resumed is not None:
+        source.load_state(checks.resumed.data_state)
+    return local_envs, source, functions, checks, (tokenizer, processor, renderer)
 
 
 def _load_policy(

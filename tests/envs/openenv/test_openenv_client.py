@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from rollforge.chat.render import token_fidelity_gap
 from rollforge.envs.check import acheck_env
 from rollforge.envs.openenv import OpenEnvEnvironment
 from rollforge.errors import ConfigError, EnvironmentError_
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
+from rollforge.testing import AllAtOnce, assert_faithful
 from rollforge.types import Sample
 
 pytestmark = pytest.mark.slow
@@ -29,12 +29,6 @@ def add_until_five(renderer):
         return '<tool_call>\n{"name": "add", "arguments": {"n": 1}}\n</tool_call>'
 
     return script
-
-
-def assert_faithful(trajectories, renderer):
-    for t in trajectories:
-        assert token_fidelity_gap(t, renderer) is None, (t.index, token_fidelity_gap(t, renderer))
-        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
 
 
 async def test_multi_turn_rollout_async_and_lockstep_identical_and_faithful(servers, renderer, scripted):
@@ -70,8 +64,10 @@ async def test_64_concurrent_sessions_one_per_running_episode(servers, renderer,
     env = OpenEnvEnvironment(servers.url["counter"])
     samples = [Sample(prompt=prompt(i), task_name="count", row={"seed": i}) for i in range(64)]
     config = RolloutConfig(max_turns=8, concurrency=64)
-    result = await arollout(samples, {"count": env}, scripted(add_until_five(renderer), latency=0.05), renderer, config)
-    assert [t.index for t in result.trajectories] == list(range(64))
+    # every episode's first generation (after its reset opened its session) waits until all 64 are in flight
+    backend = AllAtOnce(scripted(add_until_five(renderer)), 64)
+    result = await arollout(samples, {"count": env}, backend, renderer, config)
+    assert [t.index for t in result.trajectories] == list(range(64)) and backend.peak == 64
     assert all(t.terminated and t.total_reward == 1.0 for t in result.trajectories)
     # every episode saw 64 live environment instances on the server: one session each, all at once
     assert {t.metadata["live"] for t in result.trajectories} == {64}
