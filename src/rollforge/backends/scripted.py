@@ -43,6 +43,7 @@ class ScriptedBackend(Backend):
         end_token_id: int | None = None,
         latency: float = 0.0,
         per_token_latency: float = 0.0,
+        accepts_images: bool = False,
     ):
         if not callable(script):
             raise ConfigError(
@@ -56,11 +57,16 @@ class ScriptedBackend(Backend):
         self._end = end_token_id
         self.latency = latency
         self.per_token_latency = per_token_latency
+        if accepts_images:  # else the class's declaration stands (a subclass may declare True)
+            self.accepts_images = True
         self.calls = 0
         self._closed = False
         self._cache: dict[str, list[int]] = {}
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: Sequence[Any] = ()
+    ) -> Completion:
+        """The script's reply; ``images`` (only with ``accepts_images``) are not looked at."""
         if self._closed:
             raise BackendError("the scripted backend is closed")
         request = ScriptedRequest(tuple(prompt_ids), params, self.calls)
@@ -89,6 +95,7 @@ class ScriptedBackend(Backend):
             end_token_id=self._end,
             latency=self.latency,
             per_token_latency=self.per_token_latency,
+            accepts_images=self.accepts_images,
         )
 
     def _encoded(self, text: str) -> list[int]:

@@ -6,7 +6,8 @@ never prompt, template, tool or environment tokens)::
 
     loss = -(1 / N) * sum over mask-1 tokens t of log p(ids[t] | ids[:t])     N = mask-1 tokens in the batch
 
-It shares the GRPO trainer's parts (``train/``): model loading, precision and LoRA (``policy``),
+One step, the loss and the update that descends it, is ``sft_step`` (re-exported here). It shares
+the GRPO trainer's parts (``train/``): model loading, precision and LoRA (``policy``),
 token-budget micro-batches and the masked logprob pass (``update``: the vocabulary projection runs
 only where a mask-1 token is predicted), gradient accumulation with weights computed for the whole
 batch (so packing does not change the gradient), clipping, AdamW and its schedule, checkpoints
@@ -18,6 +19,11 @@ rejection sampling: roll out the current model ``samples_per_prompt`` times per 
 episodes with reward >= ``min_reward``, train on them (expert iteration when rounds > 1); its
 environments and prompts are read as every run's are (``inputs.read.read_inputs``). Each phase is
 ``epochs`` passes over its examples in a seeded order, ``batch_size`` examples per step.
+
+A vision-language model (a ``model.name`` whose directory has a processor, ``models.load_text_side``)
+trains on examples that show images: the renderer is a ``VisionRenderer``, each example keeps the
+images its ids show (``sft_data``), the forward pass gets their pixels through the GRPO update's
+image path (``train.vision.batch_logprobs``), and checkpoints save the processor with the model.
 """
 
 from __future__ import annotations
@@ -33,18 +39,18 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..chat.render import ChatRenderer
+from ..chat.vision import renderer_for
 from ..errors import ConfigError
 from ..inputs.read import Prompts, read_inputs
+from ..models import load_text_side
 from ..rollout.engine import arollout
 from ..seeds import held_out_seed, mix
 from ..train import checkpoint as ckpt
 from ..train.config_files import check_unchanged
 from ..train.logbook import Logbook, read_metrics
-from ..train.micro_batches import plan_micro_batches
 from ..train.policy import compute_dtype, load_policy, make_optimizer
 from ..train.preflight import write_config
-from ..train.logprobs import sequence_logprobs
-from ..train.update import TrainedPolicy, UpdateRow, collate, mixed_precision, optimizer_step
+from ..train.update import TrainedPolicy
 from ..types import Trajectory
 from ..workers import run_sync
 from .sft_config import MessagesSource, SFTConfig, TrajectoriesSource
@@ -58,6 +64,9 @@ from .sft_data import (
     select_trajectories,
     trajectory_examples,
 )
+from .sft_step import MaskedNLLLoss, SFTStats, sft_loss, sft_update
+
+__all__ = ["MaskedNLLLoss", "SFTResult", "SFTStats", "asft", "rejection_sample", "sft", "sft_loss", "sft_update"]
 
 
 @dataclass(frozen=True)
@@ -65,71 +74,6 @@ class SFTResult:
     out: Path
     steps: int
     history: list[dict[str, Any]]
-
-
-class MaskedNLLLoss:
-    """``-sum(w * logprobs)`` with per-token weights ``w`` that are 1/N on the N mask-1 tokens of
-    the whole batch and 0 elsewhere: the batch's mean token NLL, accumulable over micro-batches."""
-
-    @staticmethod
-    def weights(masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        total = sum(float(m.sum()) for m in masks)
-        if not total:
-            raise ConfigError("the batch has no tokens with loss mask 1: nothing to train on")
-        return [m / total for m in masks]
-
-    def __call__(self, logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:  # (B, T), (B, T)
-        return -(weights * logprobs).sum()
-
-
-@dataclass(frozen=True)
-class SFTStats:
-    loss: float  # mean NLL over the batch's mask-1 tokens
-    grad_norm: float
-    tokens: int  # tokens forwarded
-    loss_tokens: int  # mask-1 tokens
-    micro_batches: int
-
-
-def sft_update(
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    examples: Sequence[Example],
-    *,
-    micro_batch_tokens: int,
-    pad_id: int,
-    max_grad_norm: float | None = None,
-    compute_dtype: torch.dtype = torch.float32,
-    scheduler: Any = None,
-) -> SFTStats:
-    """One optimizer (and ``scheduler``) step on ``examples``: micro-batches, accumulated NLL, clip,
-    step; on the model's device, the forward passes in ``compute_dtype`` (bfloat16: under autocast)."""
-    device = next(model.parameters()).device
-    loss_fn = MaskedNLLLoss()
-    episodes = [_episode(e) for e in examples]
-    weights = loss_fn.weights([e.mask for e in episodes])
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    total, tokens = 0.0, 0
-    batches = plan_micro_batches(episodes, 1, micro_batch_tokens)
-    for batch in batches:
-        ids, attention, _, w = collate(
-            [episodes[i] for i in batch.rows], [weights[i] for i in batch.rows], pad_id, device
-        )
-        with mixed_precision(device, compute_dtype):
-            logprobs = sequence_logprobs(model, ids, attention, w != 0)  # (B, T)
-            loss = loss_fn(logprobs, w)
-        loss.backward()
-        total += float(loss.detach())
-        tokens += int(attention.sum())
-    grad_norm = optimizer_step(model, optimizer, max_grad_norm, scheduler)
-    return SFTStats(total, grad_norm, tokens, int(sum(float(e.mask.sum()) for e in episodes)), len(batches))
-
-
-def _episode(example: Example) -> UpdateRow:
-    mask = torch.tensor(example.mask, dtype=torch.float32)
-    ids = torch.tensor(example.ids, dtype=torch.long)
-    return UpdateRow(ids=ids, mask=mask, old_logprobs=torch.zeros_like(mask), prompt_length=example.prompt_length)
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -159,8 +103,9 @@ async def asft(
     write_config(out, config)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    model, tokenizer = load_policy(config.model, config.lora)
-    renderer = ChatRenderer(tokenizer)
+    tokenizer, processor = load_text_side(config.model.name)  # a vision-language model's: its processor's
+    renderer = renderer_for(processor or tokenizer)
+    model, tokenizer = load_policy(config.model, config.lora, tokenizer)
     examples = await _source_examples(config, renderer, dataset, trajectories)
     total = _planned_steps(config, len(examples))
     optimizer, scheduler = make_optimizer(model, config.optim, max(total, 1))
@@ -175,9 +120,9 @@ async def asft(
         ckpt.restore(resumed, model, optimizer, scheduler)
     logbook = Logbook(out, total, done, console=console)
     try:
-        trainer = _Trainer(config, model, tokenizer, optimizer, scheduler, logbook, total, done)
+        trainer = _Trainer(config, model, renderer, optimizer, scheduler, logbook, total, done)
         step = trainer.train(examples, phase=0, step=0) if examples else 0
-        step = await trainer.rejection_rounds(renderer, step)
+        step = await trainer.rejection_rounds(step)
         if step > done:
             trainer.checkpoint(step)
     finally:
@@ -220,16 +165,15 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
     examples: list[Example] = []
     for n, source in enumerate(config.sources):
         if isinstance(source, TrajectoriesSource):
-            found = record_examples(read_records(source.path), source.min_reward)
+            found = record_examples(read_records(source.path), source.min_reward, renderer.images)
         elif isinstance(source, MessagesSource):
             found = row_examples(renderer, message_rows(source.path), source.column, parser)
         else:  # ExpertSource
             result = await expert_demonstrations(
                 source.env, source.episodes, renderer, config.rollout, seed=config.seed + n, options=source.options
             )
-            found = [
-                e for t in select_trajectories(result.trajectories, source.min_reward) for e in trajectory_examples(t)
-            ]
+            kept = select_trajectories(result.trajectories, source.min_reward)
+            found = [e for t in kept for e in trajectory_examples(t, renderer.images)]
             if not found:
                 best = max(t.total_reward for t in result.trajectories)
                 raise ConfigError(
@@ -242,11 +186,11 @@ async def _source_examples(config: SFTConfig, renderer: ChatRenderer, dataset, t
     if dataset is not None:
         examples += row_examples(renderer, dataset, parser=parser)
     if trajectories is not None:
-        examples += [e for t in trajectories for e in trajectory_examples(t)]
+        examples += [e for t in trajectories for e in trajectory_examples(t, renderer.images)]
     return examples
 
 
-async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, renderer: ChatRenderer, phase: int):
+async def rejection_sample(config: SFTConfig, model: Any, renderer: ChatRenderer, phase: int):
     """Roll out the current model ``samples_per_prompt`` times per prompt: the rollout, the episodes
     whose total reward is >= ``min_reward`` (and that did not fail), and the round's metrics."""
     from ..backends.opening import open_backend
@@ -259,7 +203,8 @@ async def rejection_sample(config: SFTConfig, model: Any, tokenizer: Any, render
     )
     samples = [s for s in prompts for _ in range(rollouts.samples_per_prompt)]
     generation = backend_config(config.model, config.rollout, RayConfig(), "local", config.seed, config.lora.enabled)
-    async with open_backend(generation, hf_model=model, tokenizer=tokenizer) as backend:
+    processor = renderer.images.processor if renderer.images is not None else None
+    async with open_backend(generation, hf_model=model, tokenizer=renderer.tokenizer, processor=processor) as backend:
         if config.model.backend != "hf":
             await backend.update_weights(model)
         rollout_config = config.rollout.model_copy(update={"seed": mix(config.seed, phase)})
@@ -274,9 +219,9 @@ class _Trainer:
     """Epochs of seeded batches over one phase's examples; logs and checkpoints each step."""
 
     def __init__(
-        self, config: SFTConfig, model, tokenizer, optimizer, scheduler, logbook: Logbook, total: int, done: int = 0
+        self, config: SFTConfig, model, renderer: ChatRenderer, optimizer, scheduler, logbook: Logbook, total, done=0
     ):
-        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.config, self.model, self.renderer, self.tokenizer = config, model, renderer, renderer.tokenizer
         self.optimizer, self.scheduler, self.logbook = optimizer, scheduler, logbook
         self.total, self.done = total, done  # done: the steps a resumed run's checkpoint holds
 
@@ -326,16 +271,14 @@ class _Trainer:
                     self.checkpoint(step)
         return step
 
-    async def rejection_rounds(self, renderer: ChatRenderer, step: int) -> int:
+    async def rejection_rounds(self, step: int) -> int:
         """``from_rollouts``' rounds after ``step``: each rolls out the current model (its episodes
         saved as the next step's trajectories) and trains on the episodes it kept."""
         rounds = self.config.from_rollouts.rounds if self.config.from_rollouts.enabled else 0
         for phase in range(1, rounds + 1):
             if step >= self.total:
                 break
-            result, kept, rollout_metrics = await rejection_sample(
-                self.config, self.model, self.tokenizer, renderer, phase
-            )
+            result, kept, rollout_metrics = await rejection_sample(self.config, self.model, self.renderer, phase)
             trajectories = result.trajectories
             self.logbook.save_trajectories(
                 step + 1, trajectories, [t.total_reward for t in trajectories], [None] * len(trajectories)
@@ -349,18 +292,19 @@ class _Trainer:
                     flush=True,
                 )
             if kept:
-                examples = [e for t in kept for e in trajectory_examples(t)]
+                examples = [e for t in kept for e in trajectory_examples(t, self.renderer.images)]
                 step = self.train(examples, phase=phase, step=step, extra=rollout_metrics)
         return step
 
     def checkpoint(self, step: int) -> None:
-        """The model, tokenizer, optimizer and schedule after ``step``, under ``out/checkpoints``."""
-        config = self.config
+        """The model, tokenizer (a vision-language model's processor, with its image settings),
+        optimizer and schedule after ``step``, under ``out/checkpoints``."""
+        config, images = self.config, self.renderer.images
         ckpt.save_checkpoint(
             Path(config.out) / "checkpoints",
             step,
             TrainedPolicy(self.model, self.optimizer, self.scheduler),
-            self.tokenizer,
+            self.tokenizer if images is None else images.processor,
             {"step": step},
             config.keep_checkpoints,
         )

@@ -46,7 +46,8 @@ class MessagesSource(_Section):
 class ExpertSource(_Section):
     kind: Literal["expert"]
     env: str
-    """A bundled environment with an expert: echo, catch, wordle, guess_number."""
+    """A bundled environment with an expert: echo, calculator, catch, wordle, guess_number, shapes (images:
+    a vision-language model)."""
     episodes: int = Field(64, ge=1)
     """Demonstrations rolled out (before the ``min_reward`` filter)."""
     min_reward: float | None = 1.0

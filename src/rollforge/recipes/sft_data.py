@@ -16,6 +16,14 @@ environment tokens -- the layout of a rollout (``rollout/episode.py``). Examples
   closing text, then the following messages), so the ids decode to the template's rendering;
 - an environment's expert (``envs/experts.py``): episodes rolled out through the normal engine by
   a ``ScriptedBackend`` whose replies the expert writes, then filtered like trajectories.
+
+Images: under a vision renderer (its ``images``, an ``images.ImageProcessing``), an example whose
+ids show images carries them (``Example.images``, a ``train.vision.RowImages``) so that the SFT
+forward pass gets their pixels, as the GRPO update's rows do: a trajectory's segment gets them from
+``train.vision.with_images`` (a trajectory file's images are read back from its PNG bytes), a
+conversation's are its messages' ``images``. The expert's scripted backend takes the images and
+ignores them (the expert reads the conversation's pictures itself). Trajectories that hold images
+given to a text model are refused: their ids are a vision model's.
 """
 
 from __future__ import annotations
@@ -33,8 +41,11 @@ from ..chat.toolcalls import ToolCallParser, get_parser
 from ..envs.experts import format_tool_call
 from ..envs.library import get_env_spec
 from ..errors import ConfigError, MissingDependency
+from ..images import ImageProcessing
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import RolloutResult, arollout
+from ..train.update import UpdateRow
+from ..train.vision import RowImages, with_images
 from ..types import Message, Trajectory
 
 
@@ -45,6 +56,7 @@ class Example:
     ids: tuple[int, ...]
     mask: tuple[int, ...]
     prompt_length: int = 0
+    images: RowImages | None = None  # the images its ids show, in order (a vision model's); None: text only
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.mask):
@@ -73,11 +85,16 @@ def select_trajectories(
     return [t for t, r in zip(trajectories, scores) if accepted(r, t.error is not None, min_reward)]
 
 
-def trajectory_examples(trajectory: Trajectory) -> list[Example]:
+def trajectory_examples(trajectory: Trajectory, images: ImageProcessing | None = None) -> list[Example]:
     """One example per segment (a template that rewrites history splits an episode into segments,
-    each token-exact against its own rendering; see ``Trajectory.segments``)."""
-    parts = trajectory.segments or (trajectory,)
-    return [Example(tuple(p.token_ids), tuple(p.loss_mask), p.prompt_length) for p in parts]
+    each token-exact against its own rendering; see ``Trajectory.segments``), each with the images
+    its ids show when ``images`` (a vision renderer's) is given."""
+    out = []
+    for segment in trajectory.segments:
+        row = with_images(UpdateRow.from_segment(segment), images, trajectory, segment)
+        ids = tuple(segment.token_ids) if row.images is None else tuple(row.ids.tolist())  # a cut image: padded
+        out.append(Example(ids, tuple(segment.loss_mask), segment.prompt_length, row.images))
+    return out
 
 
 def record_reward(record: Mapping[str, Any]) -> float | None:
@@ -107,13 +124,28 @@ def read_records(pattern: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def record_examples(records: Iterable[Mapping[str, Any]], min_reward: float | None) -> list[Example]:
-    return [
-        Example(tuple(part["token_ids"]), tuple(part["loss_mask"]), int(part.get("prompt_length", 0)))
-        for r in records
-        if accepted(record_reward(r), r.get("error") is not None, min_reward)
-        for part in r.get("segments") or (r,)  # one example per segment
-    ]
+def record_examples(
+    records: Iterable[Mapping[str, Any]], min_reward: float | None, images: ImageProcessing | None = None
+) -> list[Example]:
+    """The examples of the accepted ``records``; a record whose messages hold images is read back as
+    a ``Trajectory`` and its examples show those images (``images``: the vision renderer's)."""
+    out = []
+    for n, record in enumerate(records, 1):
+        if not accepted(record_reward(record), record.get("error") is not None, min_reward):
+            continue
+        if any(m.get("images") for m in record.get("messages") or ()):
+            if images is None:
+                raise ConfigError(
+                    f"trajectory record {n} (index {record.get('index')}) shows images, but the model is text-only; "
+                    "train a vision-language model on it (one whose directory has a processor_config.json)"
+                )
+            out += trajectory_examples(Trajectory.from_json(record), images)
+            continue
+        out += [
+            Example(tuple(part["token_ids"]), tuple(part["loss_mask"]), int(part.get("prompt_length", 0)))
+            for part in record.get("segments") or (record,)  # one example per segment
+        ]
+    return out
 
 
 # -- conversations ---------------------------------------------------------------------------------
@@ -156,7 +188,9 @@ def conversation_example(
             closing = renderer.closing_ids(generated)
             ids += closing
             mask += [0] * len(closing)
-    return Example(tuple(ids), tuple(mask), prompt_length)
+    shown = tuple(image for m in messages[: last_assistant + 1] for image in m.images)
+    images = RowImages(renderer.images, shown) if shown and renderer.images is not None else None
+    return Example(tuple(ids), tuple(mask), prompt_length, images)
 
 
 def _message(m: Message | Mapping[str, Any], parser: ToolCallParser) -> Message:
@@ -207,7 +241,10 @@ def row_examples(
 
 def expert_backend(expert: Any, renderer: ChatRenderer, parser: ToolCallParser) -> ScriptedBackend:
     """A scripted backend whose reply to each request is ``expert(conversation so far, parser)``.
-    The conversation is the requesting episode's own (the engine marks each episode's requests)."""
+    The conversation is the requesting episode's own (the engine marks each episode's requests).
+    Under a vision renderer the backend takes the conversation's images and ignores them: an expert
+    reads the pictures from the messages, and an environment that returns them needs a backend that
+    declares ``accepts_images``."""
 
     def script(request: ScriptedRequest) -> str:
         episode = CURRENT_EPISODE.get()
@@ -216,7 +253,7 @@ def expert_backend(expert: Any, renderer: ChatRenderer, parser: ToolCallParser) 
             raise ConfigError("expert demonstrations must be rolled out by the rollforge engine")
         return expert(tuple(messages), parser)
 
-    return ScriptedBackend(script, renderer.tokenizer)
+    return ScriptedBackend(script, renderer.tokenizer, accepts_images=renderer.images is not None)
 
 
 async def expert_demonstrations(
