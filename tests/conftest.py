@@ -64,8 +64,9 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray instance for the whole test session, on loopback (127.0.0.1 only), with no
-    auth token, a small object store and two CPUs; stopped at the end."""
+    """One private Ray instance for the whole test session, on loopback (127.0.0.1 only), with no
+    auth token, a small object store and two CPUs, started new even beside a running Ray cluster
+    (``ensure_ray`` with no address); stopped at the end."""
     from rollforge.cluster.connect import ensure_ray  # before importing ray: it sets Ray's environment
 
     ray = ensure_ray(num_cpus=2, object_store_mb=96)

@@ -11,7 +11,8 @@ class RayConfig(BaseModel):
 
     address: str | None = None
     """Cluster to join: ``auto`` (the cluster this machine belongs to), ``ray://host:10001`` or
-    ``host:6379``. None starts a private Ray instance on this machine, bound to 127.0.0.1."""
+    ``host:6379``. None starts a private Ray instance on this machine, bound to 127.0.0.1, even when
+    another Ray cluster runs here or ``RAY_ADDRESS`` names one (only ``auto`` reads it)."""
     env_actors: int = Field(2, ge=1)
     """Ray actors per environment; each holds many episodes at once, new episodes go to the actor
     holding the fewest."""

@@ -1,6 +1,11 @@
 """Connecting to Ray: a running cluster (``auto``, ``ray://host:port``, ``host:port``) or, with no
 address, a private Ray instance started on this machine's loopback interface.
 
+A cluster is joined only when asked: with no address, ``ray.init`` receives ``address="local"``,
+which starts a new instance even when another Ray cluster runs on this machine (Ray's own default
+would join the latest one, found in ``/tmp/ray/ray_current_cluster``, or the one ``RAY_ADDRESS``
+names, and then refuse the private instance's sizes). ``RAY_ADDRESS`` is read only with ``auto``.
+
 A local instance is started with ``RAY_AUTH_MODE=disabled`` only when the user has not set it, with
 usage statistics off, no dashboard, a bounded object store, and every Ray process bound to
 127.0.0.1 (Ray otherwise picks the address of the first network interface).
@@ -35,32 +40,42 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, objec
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    if address is not None and not isinstance(address, str):
-        raise ConfigError(f"ray address must be a string such as 'auto' or 'ray://host:10001', got {address!r}")
+    arguments = init_arguments(address, num_cpus=num_cpus, object_store_mb=object_store_mb)
     if address:
         try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            ray.init(**arguments)
         except ConnectionError as exc:
             raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {exc}") from None
         return ray
-    if object_store_mb < 75:
-        raise ConfigError(f"object_store_mb must be >= 75 (Ray's minimum), got {object_store_mb}")
     from ray._private import ray_constants
 
     # Ray reads this one at import; when it was imported before (by the user, by a library), its
     # "bind to the first interface" default would put a private instance on the network.
     ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false", "False")
     global _PRIVATE
-    ray.init(
-        num_cpus=num_cpus,
-        object_store_memory=object_store_mb * 1024 * 1024,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    ray.init(**arguments)
     _PRIVATE = True
     return ray
+
+
+def init_arguments(address: str | None, *, num_cpus: int | None = None, object_store_mb: int = 256) -> dict[str, Any]:
+    """What ``ray.init`` receives: the given address alone (a cluster sizes itself), or with none a
+    new private instance (``address="local"``) of the given size, on 127.0.0.1, whatever else runs."""
+    if address is not None and not isinstance(address, str):
+        raise ConfigError(f"ray address must be a string such as 'auto' or 'ray://host:10001', got {address!r}")
+    quiet = {"log_to_driver": False, "configure_logging": False}
+    if address:
+        return {"address": address, **quiet}
+    if object_store_mb < 75:
+        raise ConfigError(f"object_store_mb must be >= 75 (Ray's minimum), got {object_store_mb}")
+    return {
+        "address": "local",
+        "num_cpus": num_cpus,
+        "object_store_memory": object_store_mb * 1024 * 1024,
+        "include_dashboard": False,
+        "_node_ip_address": "127.0.0.1",
+        **quiet,
+    }
 
 
 def started_private() -> bool:
