@@ -97,3 +97,21 @@ async def test_a_pending_timer_does_not_keep_the_callers_context_alive():
     await asyncio.sleep(0)
     gc.collect()
     assert ref() is None
+
+
+async def test_limits_that_end_early_leave_no_timer_on_the_loop():
+    """An episode's 30-minute limit that its episode outlives by far must not keep a timer (and the
+    tick's dict) on the loop for 30 minutes: 100,000 episodes grew memory 13% that way (the soak)."""
+    loop = asyncio.get_running_loop()
+
+    def live_timers() -> int:
+        return sum(not handle.cancelled() for handle in loop._scheduled)  # asyncio's timer heap
+
+    before = live_timers()
+    for i in range(200):
+        async with deadline(1800.0 + i):  # each on a tick of its own
+            await asyncio.sleep(0)
+    assert live_timers() == before
+    async with deadline(1800.0):  # an open limit keeps its timer
+        assert live_timers() == before + 1
+    assert live_timers() == before

@@ -41,8 +41,9 @@ class HFSettings:
     seed: int | None = None
     """Seeds the generators of requests that carry no seed of their own."""
     fast_gqa: bool = True
-    """While the backend is open, a CPU model with grouped-query attention runs the numerically
-    identical ``FAST_GQA_ATTENTION`` instead of "sdpa" (``close`` switches it back)."""
+    """While the backend is open, a CPU model with grouped-query attention runs ``FAST_GQA_ATTENTION``
+    instead of "sdpa" (``close`` switches it back): sdpa's numbers in float32, within half-precision
+    rounding of them in bfloat16 (``backends/cpu_speedups.py``)."""
     release_openmp: bool = True
     """On CPU, ``generate`` releases the idle OpenMP threads of the calling (event-loop) thread."""
     prefix_cache_mb: float = 512.0

@@ -66,11 +66,14 @@ def deadline(seconds: float | None) -> Deadline:
 
 
 class _Ticks:
-    """One event loop's pending limits, grouped by the tick they end on."""
+    """One event loop's pending limits, grouped by the tick they end on, with each tick's timer. A
+    tick whose last limit is discarded (the episode ended first) drops its timer at once: a long
+    limit (an episode's 30 minutes) must not keep a timer and a dict per 10 ms for its whole span."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._pending: dict[int, dict[int, Deadline]] = {}
+        self._timers: dict[int, asyncio.TimerHandle] = {}
 
     def add(self, limit: Deadline, when: float) -> int:
         tick = math.ceil(when / RESOLUTION)
@@ -78,16 +81,25 @@ class _Ticks:
         if waiting is None:
             waiting = self._pending[tick] = {}
             # in an empty context: the caller's (an episode's context variables) must not live as long as the timer
-            self._loop.call_at(tick * RESOLUTION, self._fire, tick, context=_EMPTY)
+            self._timers[tick] = self._loop.call_at(tick * RESOLUTION, self._fire, tick, context=_EMPTY)
         waiting[id(limit)] = limit
         return tick
 
     def discard(self, tick: int, limit: Deadline) -> None:
         waiting = self._pending.get(tick)
-        if waiting is not None:
-            waiting.pop(id(limit), None)
+        if waiting is None:
+            return
+        waiting.pop(id(limit), None)
+        if not waiting:
+            del self._pending[tick]
+            self._timers.pop(tick).cancel()
+
+    def __len__(self) -> int:
+        """Ticks with a limit still pending (each holds one timer)."""
+        return len(self._pending)
 
     def _fire(self, tick: int) -> None:
+        self._timers.pop(tick, None)
         for limit in self._pending.pop(tick, {}).values():
             limit._expire()
 
