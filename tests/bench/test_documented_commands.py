@@ -59,6 +59,11 @@ SMALL: dict[str, tuple[str, tuple[str, ...], tuple]] = {
         (),
     ),
     "scale": ("--episodes 20 --turns 2 --latency 0.01", ("memory_per_episode_kb", "wall_seconds", "executor"), ()),
+    "soak": (
+        "--episodes 20 --chunk 10 --concurrency 4",
+        ("every_trajectory_written", "rss_peak_growth_pct", "thread_growth", "fd_growth", "partial"),
+        (),
+    ),
     "fuzz": ("--calls 60", ("failed_episodes", "invariant_violations", "failures_by_kind"), ()),
     "gateway": ("--sessions 2 --turns 2 --latency 0.01", ("ratio_gateway_to_direct", "sessions_token_exact"), ()),
     "learning": (

@@ -47,6 +47,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "every GPU path on random-initialised real architectures: GRPO vs TRL, FSDP2 checkpoint, MFU (one JSON report)",
     ),
     "scale": ("scale", "10,000 concurrent episodes on one machine: peak memory per episode, wall vs the lower bound"),
+    "soak": (
+        "soak",
+        "100,000 episodes with injected faults through one engine: memory, threads, fds, every trajectory written",
+    ),
 }
 
 
