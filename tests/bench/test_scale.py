@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rollforge.bench import scale
+from rollforge.bench.soak.probes import status_kb
 from rollforge.envs.base import Environment
 
 
@@ -41,7 +42,7 @@ def test_scale_reports_memory_and_time_and_wraps_the_environment(tiny_model_dir)
 
 
 def test_status_fields_are_read_in_kilobytes():
-    assert scale._status_kb("VmHWM") >= scale._status_kb("VmRSS") > 0
+    assert status_kb("VmHWM") >= status_kb("VmRSS") > 0
 
 
 @pytest.mark.slow

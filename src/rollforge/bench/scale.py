@@ -41,7 +41,6 @@ import contextlib
 import functools
 import gc
 import os
-import re
 import time
 import tracemalloc
 from typing import Any, Callable
@@ -55,13 +54,9 @@ from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..rollout.worker_pool import EngineWorkers
 from ..testing import tokenizer_or_tiny
+from .soak.probes import reset_peak, status_kb
 from ..types import Sample
 from .overhead import AsyncNotebook, scripted_reply
-
-
-def _status_kb(field: str, pid: int | str = "self") -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -69,15 +64,6 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def run(
@@ -133,13 +119,13 @@ def _timed(
 ) -> dict[str, Any]:
     """One rollout, measured: memory, wall and CPU time (this process's, and the workers' since their start)."""
     gc.collect()
-    rss_before = _status_kb("VmRSS")
-    peak_reset = _reset_peak()
+    rss_before = status_kb("VmRSS")
+    peak_reset = reset_peak()
     started, cpu_started = time.perf_counter(), time.process_time()
     result = rollout()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     workers_cpu = sum(_cpu_seconds(pid) for pid in pool.pids) if pool is not None else 0.0
-    peak = _status_kb("VmHWM")
+    peak = status_kb("VmHWM")
     bound = turns * latency
     done_turns = result.metrics["total_turns"]
     return {
@@ -181,7 +167,7 @@ def run_on_ray(
     try:
         out = run(episodes, turns, latency, tokenizer_dir=tokenizer_dir, wrap_environment=on_actors)
         pids = ray.get([pools[0].actor(slot).ready.remote() for slot in range(actors)])
-        out["actor_peak_rss_mb"] = [round(_status_kb("VmHWM", pid) / 1024, 1) for pid in pids]
+        out["actor_peak_rss_mb"] = [round(status_kb("VmHWM", pid) / 1024, 1) for pid in pids]
     finally:
         for pool in pools:
             pool.shutdown()

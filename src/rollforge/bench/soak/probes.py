@@ -27,9 +27,9 @@ from typing import Any
 from .faults import EXPECTED, ending_of, kind_of
 
 
-def status_kb(field: str) -> int:
-    """A ``/proc/self/status`` figure in kB (``VmRSS``, ``VmHWM``)."""
-    with open("/proc/self/status") as status:
+def status_kb(field: str, pid: int | str = "self") -> int:
+    """A ``/proc/PID/status`` figure in kB (``VmRSS``, ``VmHWM``) of this process or ``pid``."""
+    with open(f"/proc/{pid}/status") as status:
         return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
 
 
