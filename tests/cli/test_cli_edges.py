@@ -48,3 +48,12 @@ def test_env_serve_port_0_serves_on_a_free_port(monkeypatch):
     assert name == "echo" and where["host"] == "127.0.0.1" and 1024 <= where["port"] < 65536
     assert main(["env", "serve", "echo", "--port", "8123"]) == 0 and calls[-1][1]["port"] == 8123
     assert main(["env", "serve", "echo", "--port", "-1"]) == 2
+
+
+def test_env_serve_on_a_host_that_is_not_this_machine_says_so_in_one_line(monkeypatch, capsys):
+    import rollforge.envs.openenv.serve as served
+
+    monkeypatch.setattr(served, "serve", lambda name, **where: pytest.fail("served on a host it cannot bind"))
+    assert main(["env", "serve", "echo", "--port", "0", "--host", "192.0.2.1"]) == 2  # TEST-NET-1: never local
+    err = capsys.readouterr().err
+    assert err.startswith("rollforge: error: --host '192.0.2.1': cannot bind a port there (") and err.count("\n") == 1

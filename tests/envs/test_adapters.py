@@ -59,12 +59,12 @@ async def play(spec_name: str, sample: Sample, policy, turns: int = 30):
 )
 def test_a_missing_library_names_its_extra(monkeypatch, name, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
-    from rollforge.envs.library import _family_member
+    from rollforge.envs.library import family_member
 
-    _family_member.cache_clear()
+    family_member.cache_clear()
     with pytest.raises(MissingDependency, match=rf"pip install 'rollforge\[{extra}\]'"):
         get_env_spec(name)
-    _family_member.cache_clear()
+    family_member.cache_clear()
 
 
 def test_math_without_math_verify_names_its_extra(monkeypatch):

@@ -183,7 +183,7 @@ def test_environments_come_back_with_their_trajectories_unless_they_do_not_pickl
 def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
     from dataclasses import replace
 
-    from rollforge.rollout.worker_process import _Finished
+    from rollforge.rollout.worker_process import Finished
     from rollforge.types import Trajectory
 
     class Recorder:
@@ -210,7 +210,7 @@ def test_trajectories_that_end_in_one_loop_iteration_travel_in_one_message():
 
     async def finish():
         channel = Recorder()
-        finished = _Finished(channel)
+        finished = Finished(channel)
         for index, environment in enumerate([{"total": 3}, threading.Lock(), None]):
             finished.add(trajectory(index, environment))
         finished.add(replace(trajectory(9, None), metadata=threading.Lock()))  # does not pickle at all

@@ -46,16 +46,16 @@ def test_executor_must_be_local_or_ray(tiny_config):
 def test_only_several_torchrun_ranks_keep_training_off_ray(monkeypatch):
     # A WORLD_SIZE of 1 (a job scheduler's, or one another library left: TRL's colocated vLLM sets
     # it) made a Ray run with training workers train here, alone.
-    from rollforge.recipes.launch import _started_by_torchrun
+    from rollforge.recipes.launch import started_by_torchrun
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert not _started_by_torchrun()
+    assert not started_by_torchrun()
     for world, ranks in (("1", False), ("2", True), (" 4 ", True)):
         monkeypatch.setenv("WORLD_SIZE", world)
-        assert _started_by_torchrun() is ranks
+        assert started_by_torchrun() is ranks
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(ConfigError, match="WORLD_SIZE='two' in the environment: expected a whole number"):
-        _started_by_torchrun()
+        started_by_torchrun()
 
 
 def test_training_with_generation_replicas_on_ray_keeps_them_in_sync(ray_session, tiny_config, tmp_path):

@@ -54,20 +54,17 @@ def run_serve(args: Any) -> int:
         raise ConfigError(f"--port must be in 0-65535 (0: a free one), got {args.port}")
     if args.max_concurrent < 1:
         raise ConfigError(f"--max-concurrent must be a positive number of sessions, got {args.max_concurrent}")
-    port = args.port or free_port(args.host)
+    port = args.port or _free_port(args.host)
     serve(args.name, host=args.host, port=port, max_concurrent=args.max_concurrent)  # it prints the port
     return 0
 
 
-def free_port(host: str) -> int:
+def _free_port(host: str) -> int:
     """A port free on ``host`` now, as the system picks one for port 0 (``gateway --port 0`` too)."""
-    import socket
-
     from ..errors import ConfigError
+    from ..ports import free_port
 
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            probe.bind((host, 0))
-            return probe.getsockname()[1]
+        return free_port(host)
     except OSError as exc:
         raise ConfigError(f"--host {host!r}: cannot bind a port there ({exc.strerror or exc})") from None

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from typing import Any, Callable
 
 from ..errors import ConfigError, RollforgeError
@@ -94,10 +93,10 @@ class _Rank:
     def rendezvous(self) -> tuple[str, int]:
         import ray
 
+        from ..ports import free_port
+
         address = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((address, 0))
-            return address, s.getsockname()[1]
+        return address, free_port(address)
 
     def run(
         self,

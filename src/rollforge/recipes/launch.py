@@ -47,7 +47,7 @@ def train(config: TrainConfig, **options: Unpack[TrainOptions]) -> TrainResult:
     ``ray.training_workers`` > 1, the ranks run on Ray actors (``cluster/trainers.py``) and this
     returns rank 0's result. ``options``: see ``TrainOptions``."""
     check_options(options, "train")
-    if config.executor == "ray" and config.ray.training_workers > 1 and not _started_by_torchrun():
+    if config.executor == "ray" and config.ray.training_workers > 1 and not started_by_torchrun():
         pooled = _pooled_environments(config, options.get("environments"), options.get("dataset"))
         return train_on_ray(train_rank, config, dict(options), pooled_environments=pooled)
     return train_rank(config, **options)
@@ -77,7 +77,7 @@ async def atrain(config: TrainConfig, **options: Unpack[TrainOptions]) -> TrainR
         return TrainResult(run.out, step, read_metrics(run.out / "metrics.jsonl"), run.evaluations)
 
 
-def _started_by_torchrun() -> bool:
+def started_by_torchrun() -> bool:
     """Whether torchrun started this process as one of several ranks (``WORLD_SIZE`` > 1): it
     trains here, where ``preflight.check_ranks`` refuses Ray training workers on top (one launcher,
     not both). A ``WORLD_SIZE`` of 1 (a job scheduler's, another library's) is a process alone."""

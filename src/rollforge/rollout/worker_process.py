@@ -168,7 +168,7 @@ class _Worker:
     async def _roll(self, payload: bytes) -> None:
         """One rollout's shard; ``done`` (or ``raised``) is its last message: nothing is sent
         between rollouts."""
-        finished = _Finished(self.channel)
+        finished = Finished(self.channel)
         self.proxy.active = True
         try:
             shard: Shard = _unpickled(payload, "the rollout's samples")
@@ -184,7 +184,7 @@ class _Worker:
             self.proxy.active, self.rolling = False, None
 
 
-class _Finished(IterationBatch):
+class Finished(IterationBatch):
     """Trajectories that ended in one loop iteration, sent as one ``episodes`` message at its end:
     one pickle for all of them (shared memo, one call)."""
 

@@ -11,12 +11,13 @@ Nothing here downloads or needs a GPU. One module per concern, re-exported here:
   that holds its first n requests until all n are in flight (concurrency claims without timing).
 - ``exactness``: the token-exactness assertions (kept generations, renderings of messages, whole
   trajectories: ``assert_faithful``).
-- ``harness``: ``free_port()``, and ``wait_until(condition)`` / ``await until(condition)``, waits
-  bounded only against hangs.
+- ``harness``: ``wait_until(condition)`` / ``await until(condition)``, waits
+  bounded only against hangs; ``free_port()`` comes from ``rollforge.ports``.
 """
 
 from __future__ import annotations
 
+from ..ports import free_port
 from .exactness import (
     assert_faithful,
     assert_replies_exact,
@@ -25,10 +26,9 @@ from .exactness import (
     generated_ids,
     renders_its_messages,
 )
-from .harness import HANG_SECONDS, free_port, until, wait_until
+from .harness import HANG_SECONDS, until, wait_until
 from .recording import AllAtOnce, RecordingBackend, Request
 from .tasks import FIRST_CHARACTER_KINDS, FirstCharacter, first_character_rows
-from .vlm import VLM_FAMILIES, make_tiny_vlm, save_tiny_vlm
 from .tiny import (
     CHATML_TEMPLATE,
     CORPUS,
@@ -41,6 +41,7 @@ from .tiny import (
     make_tokenizer,
     tokenizer_or_tiny,
 )
+from .vlm import VLM_FAMILIES, make_tiny_vlm, save_tiny_vlm
 
 __all__ = [
     "AllAtOnce",

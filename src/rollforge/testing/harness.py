@@ -1,4 +1,4 @@
-"""What tests ask of the machine: a free port, and a bounded wait for a condition.
+"""What tests ask of the machine: a bounded wait for a condition.
 
 Tests synchronise on events and assert counts and orders, never durations. Where no event exists
 to wait on (another process exits, a thread retires after its idle time, Ray frees an actor's
@@ -11,20 +11,12 @@ returned bool, never how long the wait took.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from typing import Callable
 
 #: How long ``wait_until`` waits by default: long enough for a loaded machine, short enough that a
 #: hang fails the test instead of the suite's timeout.
 HANG_SECONDS = 30.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = HANG_SECONDS, interval: float = 0.01) -> bool:

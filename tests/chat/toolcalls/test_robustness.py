@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rollforge.chat.toolcalls import PARSER_NAMES, _decode, get_parser
+from rollforge.chat.toolcalls import PARSER_NAMES, decoding, get_parser
 from rollforge.types import ToolCall
 
 #: One call of tool ``move`` with ``@ARGS@`` as its JSON arguments, per family.
@@ -138,7 +138,7 @@ def test_parsing_is_linear_in_the_reply(name):
 @pytest.mark.parametrize("name", PARSER_NAMES)
 def test_parsing_without_the_call_cap_is_linear_too(name, monkeypatch):
     """The same replies with every call read (thousands of error calls): still linear."""
-    monkeypatch.setattr(_decode, "MAX_CALLS", 10**9)
+    monkeypatch.setattr(decoding, "MAX_CALLS", 10**9)
     assert _worst_seconds(name) < 3.0, f"{name} is too slow on a 200 KB reply"
 
 

@@ -5,7 +5,7 @@ re-renders to exactly the tokens the policy produced) and asks a ``ToolCallParse
 written in it. A parser never raises on model output and reads it in time linear in its length,
 whatever it holds: a call it cannot read becomes a ``ToolCall(name=..., arguments={}, error=...)``
 (with the tool name whenever it is readable) that the environment reports back to the model as a
-counted failure. JSON is decoded strictly (``_decode.py``): ``NaN``/``Infinity``, numbers that
+counted failure. JSON is decoded strictly (``decoding.py``): ``NaN``/``Infinity``, numbers that
 overflow a double, integers past Python's digit limit, nesting deeper than 64 levels and lone
 surrogates are errors, never exceptions. At most 128 calls are read from one reply (the rest
 become one error call). Parsers are stateless and cheap; ``get_parser(name)`` returns one by

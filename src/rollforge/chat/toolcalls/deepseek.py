@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
+from .decoding import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
 from ._prompt import DONE, dumps, example_arguments, tool_functions, tool_list
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"

@@ -26,7 +26,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
+from .decoding import BadJSON, Scanner, arguments_object, broken, decode_prefix, full, only_trailing_special, valid_name
 from ._prompt import DONE, dumps, example_arguments, parameters_of, tool_functions
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"

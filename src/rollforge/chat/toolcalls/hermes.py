@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, broken, call_from_object, decode_prefix, full, loads, only_trailing_special, salvage_name
+from .decoding import BadJSON, broken, call_from_object, decode_prefix, full, loads, only_trailing_special, salvage_name
 from ._prompt import DONE, dumps, example_arguments, tool_functions, tool_list
 
 

@@ -25,7 +25,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import (
+from .decoding import (
     MAX_CALLS,
     BadJSON,
     arguments_object,

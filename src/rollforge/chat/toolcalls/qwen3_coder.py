@@ -22,7 +22,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from ...types import ToolCall
-from ._decode import BadJSON, Scanner, broken, full, loads, valid_name
+from .decoding import BadJSON, Scanner, broken, full, loads, valid_name
 from ._prompt import DONE, example_arguments, parameters_of, tool_functions
 
 _JSON_START = frozenset('{["-0123456789tfn')

@@ -190,7 +190,7 @@ def get_env_spec(name: str) -> EnvSpec:
         return _SPECS[name]
     family, _, item = name.partition(":") if isinstance(name, str) else ("", "", "")
     if family in _FAMILIES and item:
-        return _family_member(family, item)
+        return family_member(family, item)
     families = ", ".join(f"{f}:<name>" for f in _FAMILIES)
     raise ConfigError(
         f"unknown environment {name!r}; bundled environments are: {', '.join(ENV_NAMES)}; families: {families}"
@@ -205,7 +205,8 @@ def is_family_member(name: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _family_member(family: str, item: str) -> EnvSpec:
+def family_member(family: str, item: str) -> EnvSpec:
+    """The spec of ``FAMILY:ITEM`` (a task library's game or task), built once per name."""
     description, check, adapter = _FAMILIES[family]
     check(item)
     return EnvSpec(
