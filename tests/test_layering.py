@@ -28,6 +28,7 @@ FLOORS = {
     "rollforge.json_forms": 0,
     "rollforge.seeds": 0,
     "rollforge.files": 0,
+    "rollforge.ports": 0,
     "rollforge.invariants": 0,
     "rollforge.endings": 0,
     "rollforge.types": 1,

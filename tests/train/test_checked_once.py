@@ -65,6 +65,16 @@ def test_a_two_step_run_checks_its_prompts_once(tiny_config, counted, staleness)
     assert counted["check_backend"] == 2  # the backend a rollout is given (async: a versioned one), every call
 
 
+def test_held_out_evaluations_do_not_check_their_prompts_again(tiny_config, counted):
+    config = tiny_config(
+        "steps=2", "eval_episodes=2", "eval_every=1", "algorithm.batch_size=2", "algorithm.group_size=2"
+    )
+    train(config, console=False)
+    assert counted["rollouts"] == 2 + 3  # two steps; evaluations before, after step 1 and after
+    # the training prompts and the held-out prompts, each checked once before the model loaded
+    assert {name: counted[name] for name in PROMPT_CHECKS[:-1]} == dict.fromkeys(PROMPT_CHECKS[:-1], 2)
+
+
 class OneTurn(Environment):
     def open(self, sample):
         return Answered()

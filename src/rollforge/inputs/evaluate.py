@@ -24,6 +24,7 @@ from ..chat.render import ChatRenderer
 from ..cluster.generation import open_generation
 from ..envs.base import Environment
 from ..errors import ConfigError
+from ..rollout.checks import CheckedBatch
 from ..rollout.config import RolloutConfig
 from ..rollout.engine import arollout
 from ..types import Sample, Trajectory
@@ -85,7 +86,9 @@ async def aevaluate(
         raise ConfigError(f"samples_per_prompt must be >= 1, got {n}")
     if config.greedy and n > 1:
         raise ConfigError(f"greedy evaluation gives the same answer every time; use samples_per_prompt=1, not {n}")
-    samples = [s for s in prompts for _ in range(n)]
+    samples: Sequence[Sample] = [s for s in prompts for _ in range(n)]
+    if isinstance(prompts, CheckedBatch):  # checked once by the run: its evaluations do not check again
+        samples = prompts.prompts.batch(samples)
     result = await arollout(samples, task_to_env, backend, renderer, config, workers=workers)
     trajectories = result.trajectories
     rewards = (await compute_rewards(trajectories, samples, scoring.reward_functions)).totals

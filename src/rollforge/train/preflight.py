@@ -12,7 +12,7 @@ that ``preflight`` returns lets every step's rollout skip what it covers (``Chec
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from ..envs.base import Environment
 from ..errors import ConfigError
 from ..files import atomic_write
 from ..models import load_tokenizer
-from ..rollout.checks import CheckedPrompts, check_prompts, fit_max_seq_len, model_positions
+from ..rollout.checks import CheckedBatch, CheckedPrompts, check_prompts, fit_max_seq_len, model_positions
 from ..types import Sample
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -61,11 +61,12 @@ def check_ranks(config: TrainConfig, ranks: Ranks) -> None:
 
 @dataclass(frozen=True)
 class Preflight:
-    """What ``preflight`` found: the checkpoint to resume from (None: a fresh run) and the run's
-    prompts as checked."""
+    """What ``preflight`` found: the checkpoint to resume from (None: a fresh run), the run's
+    prompts as checked, and its held-out prompts as a batch of checked ones (empty: none)."""
 
     resumed: ckpt.Loaded | None
     checked: CheckedPrompts
+    held_out: CheckedBatch | tuple[()] = ()
 
 
 def preflight(
@@ -75,11 +76,12 @@ def preflight(
     overwrite: bool,
     renderer: ChatRenderer | None = None,
     task_to_env: Mapping[str, Environment] | None = None,
+    held_out: Sequence[Sample] = (),
 ) -> Preflight:
     """What can refuse the run, checked before the model loads so that a refusal is quick: a
     ``rollout.max_seq_len`` over the model's positions, prompts that ``check_prompts`` refuses
     (routed to ``task_to_env``, rendered with ``renderer``: the run's, else one of the model's
-    tokenizer), an OpenAI-compatible server that does not answer, and the run directory: with
+    tokenizer), the ``held_out`` prompts the same way, an OpenAI-compatible server that does not answer, and the run directory: with
     ``resume`` the checkpoint to continue from, else one that holds no run yet (``overwrite``:
     deleting the one it holds)."""
     renderer = renderer if renderer is not None else ChatRenderer(load_tokenizer(config.model.name))
@@ -87,6 +89,10 @@ def preflight(
     fit_max_seq_len(config.rollout.max_seq_len, positions, "rollout.max_seq_len", 0)
     envs = task_to_env if task_to_env is not None else {}
     checked = check_prompts(prompts, envs, renderer, config.rollout, "rollout.max_seq_len", positions)
+    evaluated = (
+        check_prompts(held_out, envs, renderer, config.rollout, "rollout.max_seq_len", positions) if held_out else None
+    )
+    held = evaluated.batch(held_out) if evaluated else ()
     if config.model.backend == "openai" and config.model.base_url:
         from ..backends.openai_compat import check_server
         from ..backends.opening import server_urls
@@ -98,9 +104,9 @@ def preflight(
             "resume and overwrite exclude each other: continue the run in out, or delete it and start over"
         )
     if resume:
-        return Preflight(ckpt.resumable(Path(config.out)), checked)
+        return Preflight(ckpt.resumable(Path(config.out)), checked, held)
     ckpt.start_fresh(Path(config.out), overwrite)
-    return Preflight(None, checked)
+    return Preflight(None, checked, held)
 
 
 def write_config(out: Path, config: Any) -> None:

@@ -62,7 +62,7 @@ class Run:
     logbook: Logbook | None  # rank 0's
     start: int  # the last step already done (a resumed run's checkpoint)
     checked: CheckedPrompts  # the prompts as checked before the model loaded: a step passes ``checked.batch(samples)``
-    eval_prompts: list[Sample] = field(default_factory=list)
+    eval_prompts: Sequence[Sample] = ()  # held-out prompts, checked with the training prompts (a ``CheckedBatch``)
     evaluations: dict[str, Any] = field(default_factory=dict)
     workers: EngineWorkers | None = (
         None  # engine worker processes started once (rollout.engine_workers > 1, synchronous)

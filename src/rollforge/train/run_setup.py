@@ -36,7 +36,6 @@ from ..inputs.data import PromptSource
 from ..inputs.environments import named_environments
 from ..inputs.read import held_out, read_inputs, read_samples, training_prompts
 from ..models import load_text_side, resolve_device
-from ..rollout.checks import check_prompt_lengths
 from ..rollout.worker_pool import EngineWorkers
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -103,7 +102,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
     logbook."""
     check_options(options, "open_run")
     config, given = given_environments(config, options.get("environments"))
-    dataset, backend = options.get("dataset"), options.get("backend")
+    backend = options.get("backend")
     local_envs, source, functions, checks, (tokenizer, processor, renderer) = _read_inputs(config, given, options)
     start = checks.resumed.step if checks.resumed is not None else 0
     async with contextlib.AsyncExitStack() as stack:
@@ -136,9 +135,10 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
             logbook=logbook,
             start=start,
             checked=checks.checked,
+            eval_prompts=checks.held_out,
         )
         await _start(stack, run, served)
-        _read_evaluations(run, dataset, given)
+        run.evaluations = read_json(run.out / "eval.json")  # a resumed run's ``before``
         yield run
 
 
@@ -185,20 +185,22 @@ def _read_inputs(
 ) -> tuple[dict[str, Any], PromptSource, list[RewardFunction], Preflight, tuple[Any, Any, Any]]:
     """What the run reads before the model loads: the environments by task, the prompt source (at
     the checkpoint's position when resuming), the reward functions, the preflight's findings (the
-    checkpoint to resume, the prompts checked), and the tokenizer with the processor of an
+    checkpoint to resume, the training and held-out prompts checked), and the tokenizer with the processor of an
     image-text model (None for a text model) and the renderer, made once for the run: the checks
     here, the policy, the steps and the backend share them (the tokenizer of an image-text model is
     its processor's, its renderer a ``VisionRenderer``)."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    prompts = training_prompts(config.data, config.seed, options.get("dataset"))
-    local_envs, prompts = read_inputs(config.environments, prompts, given)
+    where = training_prompts(config.data, config.seed, options.get("dataset"))
+    local_envs, prompts = read_inputs(config.environments, where, given)
+    held = held_out(where, config.eval_episodes) if config.eval_episodes else None
+    evaluated = read_samples(config.environments, held, list(local_envs), given) if held else []
     source = PromptSource(prompts, config.seed, config.data.shuffle)
     functions = [*load_reward_functions(config.rewards), *options.get("reward_functions", ())]
     tokenizer, processor = load_text_side(config.model.name)
     renderer = renderer_for(processor or tokenizer)
     resume, overwrite = options.get("resume", False), options.get("overwrite", False)
-    checks = preflight(config, prompts, resume, overwrite, renderer, local_envs)
+    checks = preflight(config, prompts, resume, overwrite, renderer, local_envs, evaluated)
     if checks.resumed is not None:
         source.load_state(checks.resumed.data_state)
     return local_envs, source, functions, checks, (tokenizer, processor, renderer)
@@ -269,13 +271,3 @@ async def _start(stack: contextlib.AsyncExitStack, run: Run, served: bool) -> No
         run.workers = await stack.enter_async_context(
             EngineWorkers(config.rollout.engine_workers, run.task_to_env, run.backend, run.renderer)
         )
-
-
-def _read_evaluations(run: Run, dataset: Sequence[dict[str, Any]] | None, given: dict[str, Any]) -> None:
-    """The evaluations already written (a resumed run's ``before``) and the held-out prompts."""
-    config = run.config
-    run.evaluations = read_json(run.out / "eval.json")
-    if config.eval_episodes:
-        prompts = held_out(training_prompts(config.data, config.seed, dataset), config.eval_episodes)
-        run.eval_prompts = read_samples(config.environments, prompts, list(run.task_to_env), given)
-        check_prompt_lengths(run.eval_prompts, run.renderer, config.rollout.max_seq_len, "rollout.max_seq_len")
