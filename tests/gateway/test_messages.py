@@ -138,7 +138,9 @@ async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway, client)
         }
     api = client("bad")
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
-    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\].content\[0\] is of type 'image'"):
+    with pytest.raises(  # images are taken (tests/vision/test_gateway_images.py), but these bytes are no image
+        anthropic.BadRequestError, match=r"messages\[0\].content\[0\].source: the data: URL holds 1 bytes that are not"
+    ):
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.BadRequestError) as raised:
         await api.messages.create(
@@ -151,9 +153,10 @@ async def test_sessions_by_header_and_errors_in_anthropic_shape(gateway, client)
     assert raised.value.body["error"]["message"].startswith(
         "'tool_choice' names the function 'subtract', which is not one of"
     )
-    result = {"type": "tool_result", "tool_use_id": "t1", "content": [image]}
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [document]}
     with pytest.raises(
-        anthropic.BadRequestError, match=r"messages\[0\].content\[0\].content holds a block of type 'image'"
+        anthropic.BadRequestError, match=r"messages\[0\].content\[0\].content holds a block of type 'document'"
     ):
         await api.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [result]}])
     with pytest.raises(anthropic.BadRequestError, match="'top_k' 5 is not honoured"):

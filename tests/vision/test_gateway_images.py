@@ -1,11 +1,12 @@
-"""The gateway carries images: an agent's ``image_url`` parts (chat) and ``input_image`` items
-(Responses), sent with the OpenAI SDK to the real server on 127.0.0.1, reach the tiny VLM's forward
+"""The gateway carries images: an agent's ``image_url`` parts (chat), ``input_image`` items
+(Responses) and ``image`` blocks (Anthropic Messages), sent with the OpenAI and Anthropic SDKs to the real server on 127.0.0.1, reach the tiny VLM's forward
 pass and the recorded trajectory; remote URLs and a text-only policy are refused with a 400."""
 
 from __future__ import annotations
 
 import base64
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -128,6 +129,40 @@ async def test_a_responses_input_image_reaches_the_trajectory(served):
     [user] = [m for m in trajectory.messages if m.role == "user"]
     assert user.content == "Describe it." and user.images == (image_bytes(shown)[1],)
     assert trajectory.token_ids.count(renderer.images.placeholder_id) == renderer.images.tokens(user.images[0])
+
+
+async def test_anthropic_image_blocks_reach_the_trajectory_and_url_sources_are_refused(served):
+    gateway, renderer, _ = served
+    api = anthropic.AsyncAnthropic(base_url=gateway.base_url("claude").removesuffix("/v1"), api_key="x", max_retries=0)
+    shown, screenshot = picture(0), picture(1, (40, 48))
+
+    def block(image):
+        form = image_json(image)
+        return {"type": "image", "source": {"type": "base64", "media_type": form["mime"], "data": form["base64"]}}
+
+    call = {"type": "tool_use", "id": "t1", "name": "look", "input": {}}
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [{"type": "text", "text": "ok"}, block(screenshot)],
+    }
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"}, block(shown)]},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [result]},
+    ]
+    reply = await api.messages.create(model="tiny-vlm", max_tokens=3, messages=messages)
+    assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    trajectory = gateway.trajectory("claude")
+    [user] = [m for m in trajectory.messages if m.role == "user"]
+    [tool] = [m for m in trajectory.messages if m.role == "tool"]
+    assert user.content == "What is this?" and user.images == (image_bytes(shown)[1],)
+    assert tool.content == "ok" and tool.images == (image_bytes(screenshot)[1],)
+    shown_tokens = sum(renderer.images.tokens(m.images[0]) for m in (user, tool))
+    assert trajectory.token_ids.count(renderer.images.placeholder_id) == shown_tokens
+    remote = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+    with pytest.raises(anthropic.BadRequestError, match="'https://example.com/cat.png' is not fetched"):
+        await api.messages.create(model="tiny-vlm", max_tokens=3, messages=[{"role": "user", "content": [remote]}])
 
 
 async def test_a_remote_image_url_is_refused_naming_it(served):

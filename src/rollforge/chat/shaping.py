@@ -15,6 +15,7 @@ tokenizer's ids, before and apart from any template rendering:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..types import Message
@@ -51,13 +52,13 @@ def with_fallback_tools(messages: tuple[Message, ...], description: str) -> tupl
 
 
 def system_in_first_user(messages: tuple[Message, ...]) -> tuple[Message, ...]:
-    """``messages`` without a system message: its text opens the first user message (or becomes
-    one when the conversation does not go on with a user)."""
+    """``messages`` without a system message: its text opens the first user message, which keeps
+    its images (or becomes one when the conversation does not go on with a user)."""
     if not messages or messages[0].role != "system":
         return messages
     system, rest = messages[0], messages[1:]
     if rest and rest[0].role == "user":
-        return (Message("user", f"{system.content}\n\n{rest[0].content}"), *rest[1:])
+        return (replace(rest[0], content=f"{system.content}\n\n{rest[0].content}"), *rest[1:])  # its images too
     return (Message("user", system.content), *rest)
 
 

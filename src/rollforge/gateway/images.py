@@ -59,8 +59,9 @@ def message_content(value: Any, where: str, role: str) -> tuple[str, tuple[bytes
 
 
 def image_url_part(url: Any, where: str) -> dict[str, Any]:
-    """The chat ``image_url`` part of an image URL another wire format sent (checked: a ``data:`` URL)."""
-    check_data_url(url, where)
+    """The chat ``image_url`` part of an image URL another wire format sent, checked there (a
+    ``data:`` URL of an image), so that a refusal names the part as that format's request does."""
+    _decoded(url, where)
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -83,16 +84,19 @@ def check_data_url(url: Any, where: str) -> None:
 def _image(part: Mapping[str, Any], where: str) -> bytes:
     """The encoded bytes of one ``image_url`` part (``image_url`` an object with ``url``, or the URL itself)."""
     image_url = part.get("image_url")
-    url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
-    check_data_url(url, f"{where}.image_url.url")
+    return _decoded(image_url.get("url") if isinstance(image_url, Mapping) else image_url, f"{where}.image_url.url")
+
+
+def _decoded(url: Any, where: str) -> bytes:
+    """The image bytes of a base64 ``data:`` URL, refused naming ``where`` if it is anything else."""
+    check_data_url(url, where)
     try:
         data = base64.b64decode(url.split(",", 1)[1], validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise WireError(f"{where}.image_url.url: the data: URL's base64 does not decode ({exc})", where) from None
+        raise WireError(f"{where}: the data: URL's base64 does not decode ({exc})", where) from None
     if image_bytes(data)[0] == _UNKNOWN:
         raise WireError(
-            f"{where}.image_url.url: the data: URL holds {len(data)} bytes that are not a PNG, JPEG, GIF or WebP image",
-            where,
+            f"{where}: the data: URL holds {len(data)} bytes that are not a PNG, JPEG, GIF or WebP image", where
         )
     return data
 

@@ -6,7 +6,11 @@ one recorder, one token ledger. The translation:
 
 - ``system`` (a string or text blocks) is the first, ``system`` message;
 - a ``user`` message's ``tool_result`` blocks are ``tool`` messages (``tool_call_id`` the
-  ``tool_use_id``), in order, then its text blocks are one ``user`` message;
+  ``tool_use_id``), in order, then its text and ``image`` blocks are one ``user`` message;
+- an ``image`` block (in a user message or a tool result) with a ``base64`` source is the chat
+  ``image_url`` part of its ``data:`` URL, checked as chat's are (``images.py``: the bytes must be a
+  PNG, JPEG, GIF or WebP image); a ``url`` source is refused naming the URL: the gateway fetches
+  nothing;
 - an ``assistant`` message's text blocks are its content and its ``tool_use`` blocks its tool
   calls (``input`` as the arguments), so a reply the client sends back is recognised as the one
   the gateway sent and the conversation continues in the same segment;
@@ -16,7 +20,7 @@ one recorder, one token ledger. The translation:
   ``forcing.py``);
 - ``max_tokens``, ``stop_sequences``, ``temperature``, ``top_p`` and ``stream`` keep their meaning.
 
-What the gateway cannot honour is refused with a 400 naming the field (images, documents,
+What the gateway cannot honour is refused with a 400 naming the field (image URLs, documents,
 ``thinking``, ``top_k``, ``disable_parallel_tool_use``), never
 dropped. Replies: ``message_body``
 for a whole message, ``message_events`` for the same reply as the Messages SSE events
@@ -31,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from ..errors import WireError
+from .images import image_url_part
 from .wire import Choice
 
 #: Chat-completions finish reasons as Messages stop reasons.
@@ -90,7 +95,7 @@ def _chat_messages(raw: Any, where: str) -> list[dict[str, Any]]:
     texts, calls, results = [], [], []
     for k, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
-        allowed = ("text", "tool_use") if raw["role"] == "assistant" else ("text", "tool_result")
+        allowed = ("text", "tool_use") if raw["role"] == "assistant" else ("text", "image", "tool_result")
         if kind not in allowed:
             raise WireError(
                 f"{where}.content[{k}] is of type {kind!r}; a {raw['role']} message takes "
@@ -99,6 +104,8 @@ def _chat_messages(raw: Any, where: str) -> list[dict[str, Any]]:
             )
         if kind == "text":
             texts.append(_text_block(block, f"{where}.content[{k}]"))
+        elif kind == "image":
+            texts.append(_image_block(block, f"{where}.content[{k}]"))
         elif kind == "tool_use":
             calls.append(_call(block, f"{where}.content[{k}]"))
         else:
@@ -112,6 +119,33 @@ def _text_block(block: Mapping[str, Any], where: str) -> dict[str, str]:
     if not isinstance(block.get("text"), str):
         raise WireError(f'{where} must be {{"type": "text", "text": <string>}}', where)
     return {"type": "text", "text": block["text"]}
+
+
+def _image_block(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An ``image`` block as the chat ``image_url`` part of its base64 source's ``data:`` URL."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, Mapping) else None
+    if kind == "url":
+        return image_url_part(source.get("url"), f"{where}.source.url")  # refused, naming the URL
+    if kind != "base64" or not isinstance(source.get("media_type"), str) or not isinstance(source.get("data"), str):
+        raise WireError(
+            f'{where} must be {{"type": "image", "source": {{"type": "base64", "media_type", "data"}}}}',
+            f"{where}.source",
+        )
+    return image_url_part(f"data:{source['media_type']};base64,{source['data']}", f"{where}.source")
+
+
+def _content_parts(value: Any, where: str) -> list[dict[str, Any]]:
+    """A tool result's content (a string, or text and image blocks) as chat content parts."""
+    if not isinstance(value, list):
+        return _text_parts(value, where)
+    parts = []
+    for k, block in enumerate(value):
+        kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
+        if kind not in ("text", "image"):
+            raise WireError(f"{where} holds a block of type {kind!r}; a tool result takes text and image blocks", where)
+        parts.append((_text_block if kind == "text" else _image_block)(block, f"{where}[{k}]"))
+    return parts
 
 
 def _text_parts(value: Any, where: str) -> list[dict[str, str]]:
@@ -151,7 +185,7 @@ def _result(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {
         "role": "tool",
         "tool_call_id": block["tool_use_id"],
-        "content": _text_parts(content, f"{where}.content") if content else "",
+        "content": _content_parts(content, f"{where}.content") if content else "",
     }
 
 
