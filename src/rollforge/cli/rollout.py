@@ -80,6 +80,13 @@ def _add_limit_flags(p: Any) -> None:
         default=1800.0,
         help="seconds a whole episode may take (it then fails with episode_timeout)",
     )
+    p.add_argument(
+        "--infra-retries",
+        type=int,
+        default=0,
+        help="times an episode that failed for infrastructure reasons (a dead environment actor, a "
+        "backend error, a timeout) runs again from the start with the same seeds; never a policy failure",
+    )
 
 
 def _add_ray_flags(p: Any) -> None:
@@ -171,6 +178,7 @@ def _rollout_config(args: Any) -> Any:
         concurrency=args.concurrency,
         engine_workers=args.engine_workers,
         episode_timeout=args.episode_timeout,
+        infra_retries=args.infra_retries,
         **({} if args.step_timeout is None else {"step_timeout": args.step_timeout}),
         seed=args.seed,
         tool_parser=args.tool_parser,

@@ -14,7 +14,10 @@ locally.
 - **Actor death** (a crash, an OOM kill, ``ray.kill``, a lost node) fails exactly the episodes that
   actor held, each with ``actor died`` and Ray's reason, and the pool starts a replacement in its
   slot. An episode whose first call (``reset``) finds its actor dead held nothing yet: it is moved
-  to the replacement instead of failing.
+  to the replacement instead of failing. New episodes go only to actors that run: a replacement
+  the cluster cannot place (a lost node took its CPUs) gets none until it starts, and the pool
+  says so in one log line, so the surviving actors carry the load instead of episodes waiting out
+  the step timeout on an actor that never comes.
 - **Reward functions** receive, as ``environments``, a copy of each episode's environment object
   taken when the episode finished (``None`` when the object cannot be pickled).
 - ``max_sessions``, ``produces_images`` and the ``prepare(sessions)``/``release()`` hooks of the
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 from typing import Any
 
@@ -35,6 +39,8 @@ from ..types import Message, Sample
 from .channel import Channel
 from .connect import actor_death_reason, import_ray, worker_runtime_env
 from .env_host import EnvironmentHost
+
+logger = logging.getLogger(__name__)
 
 
 class RayEnvironmentPool(Environment):
@@ -89,6 +95,8 @@ class RayEnvironmentPool(Environment):
         self._load = [0] * actors
         self._ids = itertools.count()
         self.replacements = 0
+        #: Replacements not yet known to run, by slot: their ``ready()`` call (``placed``).
+        self._starting: dict[int, Any] = {}
 
     def _start(self, slot: int) -> Channel:
         channel = Channel(
@@ -97,16 +105,43 @@ class RayEnvironmentPool(Environment):
         return channel
 
     def _replace(self, slot: int, dead: Channel) -> None:
-        """Start a new actor in ``slot`` (once per death)."""
+        """Start a new actor in ``slot`` (once per death); it takes new episodes once it runs."""
         if self._channels[slot] is dead:
             self._channels[slot] = self._start(slot)
+            self._starting[slot] = self._channels[slot].actor.ready.remote()
             self.replacements += 1
+            logger.warning(
+                "environment actor %d of %r died; its replacement starts when the cluster can place it, and "
+                "new episodes go to the %d running actors until then",
+                slot,
+                self.name,
+                len(self._channels) - len(self._starting),
+            )
+
+    def placed(self) -> list[int]:
+        """The slots whose actor runs, as far as the pool knows without waiting: every slot but
+        those of replacements not yet started (all slots when none of them runs: new episodes
+        then wait for whichever starts first)."""
+        if self._starting:
+            ray = import_ray()
+            started, _ = ray.wait(list(self._starting.values()), num_returns=len(self._starting), timeout=0)
+            for slot in [slot for slot, ready in self._starting.items() if ready in started]:
+                del self._starting[slot]
+                logger.info(
+                    "environment actor %d of %r: its replacement runs and takes episodes again", slot, self.name
+                )
+        running = [slot for slot in range(len(self._channels)) if slot not in self._starting]
+        return running or list(range(len(self._channels)))
 
     # -- Environment protocol -------------------------------------------------------------------
     def open(self, sample: Sample) -> "RemoteSession":
-        slot = min(range(len(self._channels)), key=self._load.__getitem__)
+        return RemoteSession(self, self._take(), next(self._ids))
+
+    def _take(self) -> int:
+        """The running slot with the fewest live sessions, counted one more."""
+        slot = min(self.placed(), key=self._load.__getitem__)
         self._load[slot] += 1
-        return RemoteSession(self, slot, next(self._ids))
+        return slot
 
     async def prepare(self, sessions: int) -> None:
         """Wait until every actor runs (bounded by ``start_timeout``; an actor that dies while
@@ -139,7 +174,10 @@ class RayEnvironmentPool(Environment):
                 self._replace(slot, channel)
 
     async def release(self) -> None:
-        await asyncio.gather(*(c.actor.release.remote() for c in self._channels), return_exceptions=True)
+        """The wrapped environment's ``release`` on every running actor (a replacement the cluster
+        never placed holds nothing, and a call to it would wait for a placement that never comes)."""
+        running = [self._channels[slot] for slot in self.placed() if slot not in self._starting]
+        await asyncio.gather(*(c.actor.release.remote() for c in running), return_exceptions=True)
 
     def shutdown(self) -> None:
         ray = import_ray()
@@ -155,6 +193,11 @@ class RayEnvironmentPool(Environment):
 
     def done(self, slot: int) -> None:
         self._load[slot] -= 1
+
+    def move(self, slot: int) -> int:
+        """Another slot for a session that held nothing on ``slot``'s dead actor."""
+        self.done(slot)
+        return self._take()
 
 
 class RemoteSession(BaseSession):
@@ -173,8 +216,9 @@ class RemoteSession(BaseSession):
     async def reset(self, sample: Sample) -> Reset:
         try:
             return await self._call("reset", sample)
-        except ActorDied:
-            self._channel = self._pool.channel(self._slot)  # held nothing yet: start on the replacement
+        except ActorDied:  # held nothing yet: start again on a running actor
+            self._slot = self._pool.move(self._slot)
+            self._channel = self._pool.channel(self._slot)
             return await self._call("reset", sample)
 
     async def step(self, conversation: tuple[Message, ...]) -> Step:
