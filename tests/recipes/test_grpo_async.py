@@ -58,13 +58,14 @@ async def test_pipeline_at_k0_is_the_synchronous_loop(tiny_config):
 
 @pytest.mark.parametrize("k", [1, 2])
 async def test_no_trained_token_is_older_than_k(tiny_config, tiny_model_dir, k):
+    """Whatever the timing: how far generation runs ahead here depends on the machine, so only the
+    bound is asserted; that it reaches k is shown timing-free by the exact-staleness test below."""
     config = tiny_config("steps=6", f"algorithm.max_staleness={k}", "eval_episodes=4")
     async with remote_backend(tiny_model_dir, latency=0.05) as backend:
         result = await atrain(config, console=False, backend=backend)
     history = result.history
     assert [m["step"] for m in history] == list(range(1, 7))
     assert all(m["async/token_lag_max"] <= k for m in history)
-    assert max(m["async/token_lag_max"] for m in history) == k  # generation did run ahead
     assert all(m["admission/dropped"] == 0 for m in history)
     assert history[-1]["admission/admitted"] == history[-1]["admission/started"] == 6 * 32
     for step in range(1, 7):  # what was saved: every policy token's version, none too old
