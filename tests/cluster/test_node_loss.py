@@ -30,9 +30,11 @@ COMMON += ["--object-store-memory", str(80 * 1024 * 1024)]
 
 def environment() -> dict[str, str]:
     """A Ray user's shell: no auth token or usage stats (as rollforge's private instances), and
-    without LOCAL_ENV's single-node switch, under which ``ray start --address`` refuses to join."""
-    own = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    local = {key: value for key, value in connect.LOCAL_ENV.items() if key != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    without the single-node switch (``LOCAL_ENV``'s, which this process holds once the suite's
+    private instance started), under which ``ray start --address`` refuses to join."""
+    single = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    own = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", single)}
+    local = {key: value for key, value in connect.LOCAL_ENV.items() if key != single}
     return {**own, **local, "OMP_NUM_THREADS": "1"}
 
 
