@@ -29,6 +29,7 @@ FLOORS = {
     "rollforge.seeds": 0,
     "rollforge.files": 0,
     "rollforge.ports": 0,
+    "rollforge.heap": 0,
     "rollforge.invariants": 0,
     "rollforge.endings": 0,
     "rollforge.types": 1,
