@@ -3,10 +3,11 @@
 On Linux, memory that Python and PyTorch free on the CPU stays in glibc's heap arenas for reuse,
 and a training step's phases allocate in different shapes (a rollout's many small KV-cache tensors,
 an update's large activations and logits), so what one phase frees the next cannot always reuse:
-the process keeps growing. ``malloc_trim(0)`` hands the free pages back. Measured on the
-quickstart (SmolLM2-135M, one thread, 2026-11-29): peak resident memory of its GRPO phase about
-11 GB without trims, about 5 GB with them, at the same step times. Called after every optimizer
-step (``update.optimizer_step``: GRPO and SFT) and after every rollout (``recipes/grpo.roll``).
+the process keeps growing. ``malloc_trim(0)`` hands the free pages back; the cost is that the next
+phase faults fresh pages in (about a second a trim for the quickstart's gigabytes), so it runs
+twice a GRPO step: after the rollout (``recipes/grpo.roll``) and after the update's epochs
+(``train/learn``). Measured on the quickstart (SmolLM2-135M, 2026-11-29): peak resident memory
+11.9 GB without trims, 6.3 GB with a trim after every optimizer step (see docs/benchmarks.md).
 Where the C library has no ``malloc_trim`` (macOS, musl) it does nothing.
 """
 

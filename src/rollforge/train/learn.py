@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import torch
 
+from ..heap import trim
 from ..types import Trajectory
 from . import checkpoint as ckpt
 from .advantages import Advantages, compute_advantages
@@ -100,6 +101,7 @@ async def _update(
             group_size=shared,
             proximal=proximal,
         )
+    trim()  # the update's activations and gradients, freed: back to the system (``heap``)
     return stats, stale
 
 

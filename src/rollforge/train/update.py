@@ -50,7 +50,6 @@ from typing import Any, Sequence
 
 import torch
 
-from ..heap import trim
 from ..types import Segment, Trajectory
 from .corrections import Proximal
 from .distributed import Ranks
@@ -287,8 +286,7 @@ def _reference_context(reference: Reference):
 
 def optimizer_step(model: Any, optimizer: Any, max_grad_norm: float | None, scheduler: Any = None) -> float:
     """Clip (when ``max_grad_norm`` is set), step the optimizer and the learning-rate ``scheduler``,
-    zero the gradients, leave the model in eval mode and return freed memory to the system
-    (``heap.trim``); returns the gradient norm before clipping."""
+    zero the gradients and leave the model in eval mode; returns the gradient norm before clipping."""
     params = [p for p in model.parameters() if p.requires_grad]
     # clip_grad_norm_ reduces sharded (DTensor) gradients across ranks; an infinite bound only measures
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
@@ -298,5 +296,4 @@ def optimizer_step(model: Any, optimizer: Any, max_grad_norm: float | None, sche
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
-    trim()  # the update's activations and gradients, freed: back to the system (``heap``)
     return grad_norm
