@@ -5,8 +5,8 @@ and a training step's phases allocate in different shapes (a rollout's many smal
 an update's large activations and logits), so what one phase frees the next cannot always reuse:
 the process keeps growing. ``malloc_trim(0)`` hands the free pages back; the cost is that the next
 phase faults fresh pages in (about a second a trim for the quickstart's gigabytes), so it runs
-twice a GRPO step: after the rollout (``recipes/grpo.roll``) and after the update's epochs
-(``train/learn``). Measured on the quickstart (SmolLM2-135M, 2026-11-29): peak resident memory
+twice a GRPO step, both in ``train/learn``: before the update (what the step's rollout rounds
+freed) and after its epochs. Measured on the quickstart (SmolLM2-135M, 2026-11-29): peak resident memory
 11.9 GB without trims, 6.3 GB with a trim after every optimizer step (see docs/benchmarks.md).
 Where the C library has no ``malloc_trim`` (macOS, musl) it does nothing.
 """

@@ -27,7 +27,6 @@ import time
 from functools import partial
 from typing import Any, Callable
 
-from ..heap import trim
 from ..rollout.engine import arollout
 from ..train.learn import learn
 from ..train.run import Run, after_step, draw, evaluate, evaluation_due, push_weights, rollout_config, score
@@ -84,5 +83,4 @@ async def roll(run: Run, step: int, samples: list[Sample], first: int = 0) -> Sc
         workers=run.workers,
         on_episode=run.logbook.rolling(len(samples)) if run.logbook is not None else None,  # the heartbeat's count
     )
-    trim()  # the rollout's caches, freed: back to the system before the update allocates (``heap``)
     return await score(run, samples, result, {"rollout": time.perf_counter() - began})

@@ -88,6 +88,7 @@ async def _update(
     sharing = len(episodes) == len(trajectories) and shares_prompts(config.optim.share_prompts, device)
     shared = algo.group_size if sharing else 1  # segments of rewritten histories share no prompt
     await run.sync.release()  # a colocated engine frees its memory for the update
+    trim()  # what the rollout freed (its caches), back to the system before the update allocates (``heap``)
     proximal = Proximal(len(episodes))  # the weights before this update's logprobs, for a correction that needs them
     for _ in range(algo.epochs_per_batch):
         stats = await uninterrupted(  # its own thread: never behind a hung tool
