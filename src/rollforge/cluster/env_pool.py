@@ -119,9 +119,13 @@ class RayEnvironmentPool(Environment):
             )
 
     def placed(self) -> list[int]:
+        """The slots whose actor runs (``running``), or all slots when none does: new episodes then
+        wait for whichever starts first."""
+        return self.running() or list(range(len(self._channels)))
+
+    def running(self) -> list[int]:
         """The slots whose actor runs, as far as the pool knows without waiting: every slot but
-        those of replacements not yet started (all slots when none of them runs: new episodes
-        then wait for whichever starts first)."""
+        those of replacements not yet started."""
         if self._starting:
             ray = import_ray()
             started, _ = ray.wait(list(self._starting.values()), num_returns=len(self._starting), timeout=0)
@@ -130,8 +134,7 @@ class RayEnvironmentPool(Environment):
                 logger.info(
                     "environment actor %d of %r: its replacement runs and takes episodes again", slot, self.name
                 )
-        running = [slot for slot in range(len(self._channels)) if slot not in self._starting]
-        return running or list(range(len(self._channels)))
+        return [slot for slot in range(len(self._channels)) if slot not in self._starting]
 
     # -- Environment protocol -------------------------------------------------------------------
     def open(self, sample: Sample) -> "RemoteSession":
@@ -176,7 +179,7 @@ class RayEnvironmentPool(Environment):
     async def release(self) -> None:
         """The wrapped environment's ``release`` on every running actor (a replacement the cluster
         never placed holds nothing, and a call to it would wait for a placement that never comes)."""
-        running = [self._channels[slot] for slot in self.placed() if slot not in self._starting]
+        running = [self._channels[slot] for slot in self.running()]
         await asyncio.gather(*(c.actor.release.remote() for c in running), return_exceptions=True)
 
     def shutdown(self) -> None:
