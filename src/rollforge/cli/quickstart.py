@@ -2,6 +2,8 @@
 demonstrations (``recipes/presets/quickstart_warmup.yaml``; ``--set warmup.KEY=VALUE`` overrides it),
 then ``train`` on ``recipes/presets/quickstart.yaml`` from the warmed-up weights, then the report of
 both phases (printed). It takes ``rollforge train``'s ``--set``, ``--executor`` and ``--ray-address``.
+``--preset chain`` runs the harder demonstration instead (``presets/chain.yaml`` and
+``presets/chain_warmup.yaml``: chains of two calculator operations, three tool turns).
 """
 
 from __future__ import annotations
@@ -11,13 +13,25 @@ from typing import Any
 
 from .train import add_run_flags, flag_overrides, load_train_config
 
+#: ``--preset NAME``: its GRPO preset and its warm-up preset, in ``recipes/presets``.
+PRESET_FILES = {
+    "calculator": ("quickstart.yaml", "quickstart_warmup.yaml"),
+    "chain": ("chain.yaml", "chain_warmup.yaml"),
+}
+
 
 def add_parser(commands: Any) -> None:
     quick = commands.add_parser(
         "quickstart",
         help="SmolLM2-135M on CPU: SFT warm-up on calculator tool-call demonstrations, then GRPO that learns which tool each question needs",
     )
-    quick.add_argument("--out", type=Path, default=Path("runs/quickstart"))
+    quick.add_argument(
+        "--preset",
+        choices=sorted(PRESET_FILES),
+        default="calculator",
+        help="calculator (default): one operation, two tool turns; chain: two operations, three tool turns",
+    )
+    quick.add_argument("--out", type=Path, default=None, help="default: runs/quickstart (chain: runs/chain)")
     quick.add_argument("--steps", type=int, default=None)
     quick.add_argument("--model", default=None, help="model directory or alias (default smollm2-135m)")
     quick.add_argument("--backend", choices=["hf", "vllm", "openai"], default=None)
@@ -38,9 +52,11 @@ def _quickstart(args: Any) -> int:
     from ..recipes.quickstart import PRESETS, quickstart
     from ..recipes.sft_config import load_sft_config
 
-    check_out_dir(args.out, "--out")
-    overrides = [f"out={args.out}"]
+    if args.out is not None:
+        check_out_dir(args.out, "--out")
+    overrides = []
     for key, value in (
+        ("out", args.out),
         ("steps", args.steps),
         ("model.name", args.model),
         ("model.backend", args.backend),
@@ -50,10 +66,11 @@ def _quickstart(args: Any) -> int:
             overrides.append(f"{key}={value}")
     grpo = [o for o in flag_overrides(args) if not o.startswith("warmup.")]
     warmup = [o.removeprefix("warmup.") for o in args.overrides if o.startswith("warmup.")]
-    config = load_train_config(PRESETS / "quickstart.yaml", [*overrides, *grpo], args)
+    grpo_preset, warmup_preset = PRESET_FILES[args.preset]
+    config = load_train_config(PRESETS / grpo_preset, [*overrides, *grpo], args)
     result = quickstart(
         config,
-        load_sft_config(PRESETS / "quickstart_warmup.yaml", warmup),
+        load_sft_config(PRESETS / warmup_preset, warmup),
         resume=args.resume,
         overwrite=args.overwrite,
     )

@@ -12,16 +12,20 @@ operations; flags override).
   false; TRL's ``shuffle_dataset=False``), so that step s trains on the same questions on both.
 - One process per side (``learning.sides``), one after the other: the warm-up, then rollforge, then
   TRL, each loading the checkpoint afresh; each reports its peak memory (``max_rss_mb``).
-- The warm-up: rollforge's SFT on the calculator expert's demonstrations with the quickstart's
-  warm-up preset (``recipes/presets/quickstart_warmup.yaml``); or ``--warmup DIR`` made under the
+- The warm-up: rollforge's SFT on the calculator expert's demonstrations (closing reply included)
+  with the quickstart's warm-up preset (``recipes/presets/quickstart_warmup.yaml``); or ``--warmup DIR`` made under the
   same template (``check_warmup``: the quickstart's own warm-up is refused). The model directory
   both trainers load carries TRL's Qwen2.5 chat template: TRL parses tool calls only for templates
   it knows, and SmolLM2's ChatML template renders no tools.
-- Limits: rollforge runs the preset's ``max_turns`` (compute, then answer) with its per-turn
-  ``max_new_tokens``; TRL may run as many tool calls (``max_tool_calling_iterations``). An episode's
-  token budget on both sides (TRL's ``max_completion_length``, rollforge's ``max_seq_len`` less the
-  prompt) is ``max_new_tokens`` per generated turn, TRL's extra turn included: ``(max_turns + 1) *
-  max_new_tokens``. Both sample the full softmax at temperature 1 (``settings.sampling``).
+- The episode ends the same way on both sides: compute, ``answer``, then a reply without a tool
+  call (the calculator's ``closing`` rows: ``answer`` does not end the episode). TRL's tool loop
+  generates one more turn after the last tool result; rollforge runs the preset's ``max_turns``
+  plus that closing turn, and TRL as many tool-call rounds as the preset's turns
+  (``max_tool_calling_iterations``), after which it generates the closing turn. The warm-up teaches
+  the whole episode, closing reply included. An episode's token budget on both sides (TRL's
+  ``max_completion_length``, rollforge's ``max_seq_len`` less the prompt) is ``max_new_tokens``
+  per generated turn: ``(max_turns + 1) * max_new_tokens``. Both sample the full softmax at
+  temperature 1 (``settings.sampling``).
 - Held-out reward: the same ``eval_episodes`` calculator questions (a seed no training row uses),
   answered greedily, scored by rollforge's evaluator (``aevaluate``) on both sides: on rollforge's
   own backend, and on an HF backend over TRL's model. Every ``eval_every`` steps and after the last,
@@ -154,12 +158,14 @@ def run(model: str, settings: dict[str, Any], warmup: str | None = None, out: st
     ):
         if settings.get(key, 1) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {settings[key]}")
+    turns = settings["max_turns"] + 1  # the preset's tool turns, then the closing reply
     chosen = LearningSettings.from_json(
         {
             "trl_micro_batch": TRL_MICRO_BATCH,
             **settings,
             "max_tool_calls": settings["max_turns"],
-            "max_completion_tokens": (settings["max_turns"] + 1) * settings["max_new_tokens"],
+            "max_turns": turns,
+            "max_completion_tokens": turns * settings["max_new_tokens"],
         }
     )
     with tempfile.TemporaryDirectory(prefix="rollforge-bench-learning-") as scratch:
@@ -218,10 +224,9 @@ def report(
     result["notes"] = [
         "wall seconds = the sum of that side's step times (generation, rewards, loss, optimizer; rollforge also "
         "its weight sync); model loading and held-out evaluation are outside them",
-        "TRL ignores the environment's `done`: it runs every tool call of a message, and after the last tool "
-        "result it generates one more assistant turn (trained on, within max_completion_tokens); rollforge ends "
-        "the episode at `answer`. The class answers every call after `answer` with 'the episode is over' and "
-        "changes nothing, so get_reward, and the reward, is what rollforge's episode gives",
+        "the episode ends the same way on both sides: compute, answer, then a reply without a tool call (TRL's "
+        "loop generates that turn after the last tool result; rollforge's closing calculator rows wait for it). "
+        "Calls after `answer` get 'the episode is over' and change nothing, so the reward is the answer's",
         "one process per side, one after the other (warm-up, rollforge, TRL): load on the machine may differ "
         "between them; max_rss_mb is each process's peak resident memory",
     ]

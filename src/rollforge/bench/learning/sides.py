@@ -118,7 +118,9 @@ def trainer_side(side: str):
         from ..vs_trl.trl_side import run_trl
 
         settings, model_dir = LearningSettings.from_json(spec["settings"]), Path(spec["model_dir"])
-        workload = calculator(model_dir, list(settings.operations), seed=settings.run.seed, balanced=settings.balanced)
+        workload = calculator(
+            model_dir, list(settings.operations), seed=settings.run.seed, balanced=settings.balanced, closing=True
+        )
         held_out, points = HeldOut(model_dir, settings), {}
         runner = run_rollforge if side == "rollforge" else run_trl
         result = runner(workload, settings.run, Path(spec["scratch"]) / side, None, held_out.hook(side, points))
@@ -144,10 +146,16 @@ def warm_up(model: str, scratch: Path, settings: LearningSettings) -> Path:
 
     base = templated(resolve_model(model), scratch / "base")
     config = load_sft_config(PRESETS / "quickstart_warmup.yaml", [f"seed={settings.run.seed}"])
+    sources = [  # the whole episode both sides play: compute, answer, then the closing reply
+        s.model_copy(update={"options": {**s.options, "closing": True}}) if s.kind == "expert" else s
+        for s in config.sources
+    ]
     config = config.model_copy(
         update={
             "out": str(scratch / "warmup"),
             "model": config.model.model_copy(update={"name": str(base), "backend": "hf", "dtype": settings.run.dtype}),
+            "sources": sources,
+            "rollout": config.rollout.model_copy(update={"max_turns": settings.run.max_turns}),
         }
     )
     with contextlib.redirect_stdout(sys.stderr):
@@ -217,7 +225,7 @@ class HeldOut:
         from ...rollout.config import RolloutConfig
 
         self.model_dir, self.settings = model_dir, settings
-        calculator = EnvConfig(name="calculator", options={"operations": list(settings.operations)})
+        calculator = EnvConfig(name="calculator", options={"operations": list(settings.operations), "closing": True})
         self.task_to_env, self.samples = read_inputs(
             [calculator], Prompts(generated=settings.eval_episodes, seed=HELD_OUT_SEED + settings.run.seed)
         )

@@ -5,12 +5,13 @@
   function, rollforge its bundled ``arithmetic`` environment; both score with the same
   ``score_answer`` (1 when the last number in the reply is the sum). No tools, one turn.
 - ``calculator`` (``rollforge bench learning``'s): a warmed-up SmolLM2 checkpoint plays the
-  bundled two-turn ``calculator`` environment on the quickstart's operations (``plus``, ``times``:
-  tools ``add``, ``multiply``, ``answer``). Rollforge runs the bundled environment unchanged (the
-  rows' ``environment`` column picks its class); TRL runs that same class as its
+  bundled ``calculator`` environment on the quickstart's operations (``plus``, ``times``: tools
+  ``add``, ``multiply``, ``answer``). Rollforge runs the bundled environment unchanged (the rows'
+  ``environment`` column picks its class); TRL runs that same class as its
   ``environment_factory``. TRL ignores ``done`` (it runs every call of a message and generates one
-  more turn after the last tool result); the class itself refuses every call after ``answer``
-  (``calculator.EPISODE_OVER``), so the reward (``get_reward``) is the one rollforge gives. The model directory must carry TRL's Qwen2.5 template
+  more turn after the last tool result); with ``closing`` the episode ends that way on both sides
+  (compute, answer, then a reply without a tool call), and the class refuses every call after
+  ``answer`` (``calculator.EPISODE_OVER``), so the reward (``get_reward``) is the one rollforge gives. The model directory must carry TRL's Qwen2.5 template
   (``learning.sides.templated``): TRL parses tool calls only for templates it knows.
 - ``guess-number``: the warmed-up 0.9M-parameter tool-caller of ``vs_trl.model`` playing
   ``vs_trl.env.GuessNumber`` through TRL's ``environment_factory`` (multi-turn, tool calls): fast,
@@ -106,11 +107,13 @@ def calculator(
     rows: int = 64,
     seed: int = 0,
     balanced: bool = False,
+    closing: bool = False,
 ) -> Workload:
     """``model_dir``: a checkpoint that knows the call format, with TRL's Qwen2.5 template;
     ``balanced``: the quickstart's prompts (``calculator.samples``), each block of four asking both
-    operations with both tools' operands."""
-    samples = calculator_samples(rows, seed, operations=list(operations), balanced=balanced)
+    operations with both tools' operands; ``closing``: the episode ends with a reply after
+    ``answer`` on both sides (the turn TRL's loop generates after the last tool result)."""
+    samples = calculator_samples(rows, seed, operations=list(operations), balanced=balanced, closing=closing)
     environment = build_calculator().factory[samples[0].row["environment"]]  # the class these rows route to
     return Workload(
         name="calculator",

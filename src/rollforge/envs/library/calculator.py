@@ -16,6 +16,16 @@ transformers' ``get_json_schema`` would render one), so TRL and rollforge render
 tools (the row's ``environment`` column picks the class with those methods; the system prompt names
 them): with two, which tool to call is a binary choice.
 
+Two variants, both off by default (the quickstart plays neither):
+
+- ``computations=k`` asks a chain of ``k`` operations read left to right ("What is 34 times 29,
+  then plus 18?"): ``k`` tool calls, each on the previous result, then ``answer``, so ``k + 1``
+  tool turns whose choices pay only together, at the end (row column ``then``: the operations after
+  the first, as ``[word, operand]`` pairs).
+- ``closing=True``: ``answer`` does not end the episode; the model closes it with a reply without a
+  tool call (the expert says ``CLOSING``), as TRL's tool loop does, which generates one more turn
+  after the last tool result (row column ``closing``). The reward is the same.
+
 The call format, copying the operands and then copying the tool's result into ``answer`` are easy
 to demonstrate; which tool a question needs is the strategy, and that is what reinforcement
 learning is left to find.
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import random
 import re
+from itertools import product
 from typing import Sequence
 
 from ...chat.toolcalls import ToolCallParser
@@ -42,19 +53,29 @@ from ..experts import format_tool_call
 #: The question's word for each operation, and the tool that computes it.
 OPERATIONS = {"plus": "add", "minus": "subtract", "times": "multiply"}
 _APPLY = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}
-_QUESTION = re.compile(r"What is (\d+) (plus|minus|times) (\d+)\?")
+_QUESTION = re.compile(r"What is (\d+) (plus|minus|times) (\d+)((?:, then (?:plus|minus|times) \d+)*)\?")
+_THEN = re.compile(r", then (plus|minus|times) (\d+)")
 _OFFERED = re.compile(r"\b(add|subtract|multiply)\b")
 #: What a second computation returns (the first one stands).
 ONE_COMPUTATION = "Error: one computation per question; give your result with answer."
 #: What every tool returns once the episode is over (``answer`` was called).
 EPISODE_OVER = "Error: the episode is over."
+#: What ``answer`` returns.
+RECORDED = "Recorded."
+#: The expert's closing reply after ``answer`` (``closing=True``).
+CLOSING = "Done."
 
 
-def system_prompt(tools: Sequence[str]) -> str:
+def system_prompt(tools: Sequence[str], computations: int = 1, closing: bool = False) -> str:
     """The instruction, naming the offered tools (the expert reads its choices from it)."""
     names = list(tools)
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-    return f"Compute with one tool call ({listed}), then call answer with the result."
+    compute = (
+        f"Compute with one tool call ({listed})"
+        if computations == 1
+        else f"Compute left to right with one tool call ({listed}) per operation, each on the last result"
+    )
+    return f"{compute}, then call answer with the result" + (f", then reply {CLOSING}" if closing else ".")
 
 
 SYSTEM_PROMPT = system_prompt(list(_APPLY))
@@ -65,22 +86,29 @@ class _Calculator:
 
     def __init__(self) -> None:
         self._result = 0
-        self._computed: int | None = None
+        self._computations = 1  # the question's operations: the computations allowed
+        self._computed = 0
+        self._closing = False
         self._answered: int | None = None
         self.done = False
 
-    def reset(self, result: int, **_: object) -> None:
+    def reset(self, result: int, then: Sequence[object] = (), closing: bool = False, **_: object) -> None:
         self._result = int(result)
-        self._computed = self._answered = None
+        self._computations, self._closing = 1 + len(then), bool(closing)
+        self._computed, self._answered = 0, None
         self.done = False
         return None
 
     def _compute(self, value: int) -> str:
-        if self.done:
+        if self._answered is not None:
             return EPISODE_OVER
-        if self._computed is not None:
-            return ONE_COMPUTATION
-        self._computed = value
+        if self._computed >= self._computations:
+            return (
+                ONE_COMPUTATION
+                if self._computations == 1
+                else f"Error: {self._computations} computations per question; give your result with answer."
+            )
+        self._computed += 1
         return str(value)
 
     def answer(self, value: int):
@@ -89,11 +117,11 @@ class _Calculator:
         Args:
             value: The result of the computation.
         """
-        if self.done:
+        if self._answered is not None:
             return EPISODE_OVER
         self._answered = value
-        self.done = True
-        return "Recorded."
+        self.done = not self._closing  # closing: the model's reply without a tool call ends it
+        return RECORDED
 
     def get_reward(self) -> float:
         return 1.0 if self._answered == self._result else 0.0
@@ -151,28 +179,36 @@ globals().update({cls.__name__: cls for cls in CLASSES.values()})
 
 
 def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
-    """A random offered tool on the question's operands, then ``answer`` with what it returned.
+    """A random offered tool per operation, each on the question's operands (from the second on, the
+    last result and the next operand), then ``answer`` with the last value a tool returned; after
+    ``answer`` (``closing``), ``CLOSING``.
 
     The offered tools are the ones the system prompt names (all three when it names none).
     """
     results = [m.content for m in messages if m.role == "tool"]
-    if results:
-        found = re.fullmatch(r"-?\d+", results[-1].strip())
-        return (
-            format_tool_call(parser, "answer", {"value": int(found.group())}) if found else "I cannot read the result."
-        )
+    if results and results[-1] == RECORDED:
+        return CLOSING
     question = next((m.content for m in reversed(messages) if m.role == "user"), "")
     found = _QUESTION.search(question)
     if found is None:
         return "I cannot read the question."
+    operands = [int(found.group(1)), int(found.group(3)), *(int(x) for _, x in _THEN.findall(found.group(4)))]
+    last = re.fullmatch(r"-?\d+", results[-1].strip()) if results else None
+    if results and last is None:
+        return "I cannot read the result."
+    if len(results) >= len(operands) - 1:
+        return format_tool_call(parser, "answer", {"value": int(last.group())})
     system = next((m.content for m in messages if m.role == "system"), "")
-    tool = expert_tool(found.group(), _OFFERED.findall(system) or list(_APPLY))
-    return format_tool_call(parser, tool, {"a": int(found.group(1)), "b": int(found.group(3))})
+    tools = expert_tools(question[found.start() : found.end()], _OFFERED.findall(system) or list(_APPLY))
+    a = int(last.group()) if last else operands[0]
+    return format_tool_call(parser, tools[len(results)], {"a": a, "b": operands[len(results) + 1]})
 
 
-def expert_tool(question: str, offered: Sequence[str]) -> str:
-    """The offered tool the expert calls on ``question``: uniform, seeded by the question's text."""
-    return random.Random(question).choice(sorted(set(offered)))
+def expert_tools(question: str, offered: Sequence[str]) -> tuple[str, ...]:
+    """The offered tools the expert calls on ``question``, one per operation: uniform, seeded by
+    the question's text."""
+    rng, choices = random.Random(question), sorted(set(offered))
+    return tuple(rng.choice(choices) for _ in range(1 + question.count(", then ")))
 
 
 def build() -> Environment:
@@ -195,43 +231,58 @@ def samples(
     digits: int = 3,
     operations: Sequence[str] = ("plus", "minus", "times"),
     balanced: bool = False,
+    computations: int = 1,
+    closing: bool = False,
 ) -> list[Sample]:
-    """``n`` questions, the operation uniform over ``operations``, operands of ``digits`` digits.
+    """``n`` questions of ``computations`` operations each, uniform over ``operations``, operands of
+    ``digits`` digits; ``closing``: the episode ends with a reply after ``answer`` (module docstring).
 
     Only the tools of ``operations`` are offered (``("plus", "times")``: add or multiply, a binary choice).
-    ``balanced``: every operation is asked equally often and, on each, the expert calls every
-    offered tool equally often, in every consecutive block of (operations x tools) questions. For
-    warm-up demonstrations, a warm-up then learns no preference between the tools; for GRPO prompts
-    read in order (``data.shuffle: false``), every batch of a multiple of (operations x tools) asks
-    each kind equally (with two of each: batches of 4, 8, ...).
+    ``balanced``: every sequence of operations is asked equally often and, on each, the expert
+    calls every sequence of offered tools equally often, in every consecutive block of all
+    (operations, tools) pairs of sequences. For warm-up demonstrations, a warm-up then learns no
+    preference between the tools; for GRPO prompts read in order (``data.shuffle: false``), every
+    batch of a multiple of the block asks each kind equally (one operation of two, two tools:
+    blocks of 4, so batches of 4, 8, ...).
     """
-    if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
-        raise ConfigError(f"calculator digits must be a positive int, got {digits!r}")
+    for name, value in (("digits", digits), ("computations", computations)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"calculator {name} must be a positive int, got {value!r}")
     words = sorted(_check_operations(operations))
     tools = [t for t in _APPLY if t in {OPERATIONS[w] for w in words}]
-    system = Message("system", system_prompt(tools))
+    system = Message("system", system_prompt(tools, computations, bool(closing)))
     low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
     rng = random.Random(seed)
-    kinds = _balanced_kinds(n, words, tools, rng) if balanced else None
+    kinds = _balanced_kinds(n, words, tools, computations, rng) if balanced else None
     out = []
     for i in range(n):  # unbalanced: drawn one question at a time, so samples(k) starts samples(n)
-        word, tool = kinds[i] if kinds else (rng.choice(words), None)
+        chosen, wanted = kinds[i] if kinds else (tuple(rng.choice(words) for _ in range(computations)), None)
         while True:
-            a, b = rng.randint(low, high), rng.randint(low, high)
-            question = f"What is {a} {word} {b}?"
-            if tool is None or expert_tool(question, tools) == tool:  # else other operands
+            operands = [rng.randint(low, high) for _ in range(computations + 1)]
+            question = f"What is {operands[0]} {chosen[0]} {operands[1]}"
+            question += "".join(f", then {w} {x}" for w, x in zip(chosen[1:], operands[2:])) + "?"
+            if wanted is None or expert_tools(question, tools) == wanted:  # else other operands
                 break
-        row = {"a": a, "b": b, "op": word, "result": _APPLY[OPERATIONS[word]](a, b), "environment": _tool_set(tools)}
+        result = operands[0]
+        for word, operand in zip(chosen, operands[1:]):
+            result = _APPLY[OPERATIONS[word]](result, operand)
+        row = {"a": operands[0], "b": operands[1], "op": chosen[0], "result": result, "environment": _tool_set(tools)}
+        if computations > 1:
+            row["then"] = [[w, x] for w, x in zip(chosen[1:], operands[2:])]
+        if closing:
+            row["closing"] = True
         out.append(Sample(prompt=(system, Message("user", question)), task_name="calculator", row=row))
     return out
 
 
-def _balanced_kinds(n: int, words: Sequence[str], tools: Sequence[str], rng: random.Random) -> list[tuple[str, str]]:
-    """``n`` (operation, tool the expert calls) pairs: each consecutive block of ``len(words) *
-    len(tools)`` holds every pair once, in a seeded order (so unshuffled batches of a multiple of
-    that size are balanced too; a smaller batch may ask one operation only)."""
-    pairs = [(word, tool) for word in words for tool in tools]
-    kinds: list[tuple[str, str]] = []
+def _balanced_kinds(
+    n: int, words: Sequence[str], tools: Sequence[str], computations: int, rng: random.Random
+) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """``n`` (operations, tools the expert calls) pairs of sequences: each consecutive block holds
+    every pair once, in a seeded order (so unshuffled batches of a multiple of the block are
+    balanced too; a smaller batch may ask one operation only)."""
+    pairs = [(w, t) for w in product(words, repeat=computations) for t in product(tools, repeat=computations)]
+    kinds: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
     while len(kinds) < n:
         block = list(pairs)
         rng.shuffle(block)
