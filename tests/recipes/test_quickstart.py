@@ -80,3 +80,15 @@ def test_quickstart_cli_sends_warmup_keys_to_the_warmup(tiny_model_dir, tmp_path
     assert "# Quickstart report" in capsys.readouterr().out
     assert main(["quickstart", "--out", str(out / "x"), "--set", "warmup.batchsize=2"]) == 2
     assert "batch_size" in capsys.readouterr().err
+
+
+def test_quickstart_preset_chain_runs_the_chain_presets(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "chain"
+    flags = ["--model", str(tiny_model_dir), "--steps", "1", "--set", "eval_episodes=2", "--set", "warmup.max_steps=1"]
+    assert main(["quickstart", "--preset", "chain", "--out", str(out), *flags]) == 0
+    grpo = yaml.safe_load((out / "config.yaml").read_text())
+    warm = yaml.safe_load((out / "warmup" / "config.yaml").read_text())
+    for options in (grpo["environments"][0]["options"], warm["sources"][0]["options"]):
+        assert options["computations"] == 2 and options["operations"] == ["plus", "times"]
+    assert grpo["rollout"]["max_turns"] == warm["rollout"]["max_turns"] == 3 and grpo["steps"] == 1
+    assert "# Quickstart report" in capsys.readouterr().out
