@@ -97,6 +97,10 @@ def test_balanced_chains_give_every_operation_and_tool_sequence_equally_often():
         ops = (s.row["op"], s.row["then"][0][0])
         kinds[ops, calculator.expert_tools(s.prompt[1].content, ["add", "multiply"])] += 1
     assert len(kinds) == 16 and set(kinds.values()) == {2}  # every (operations, tools) pair once per block of 16
+    for start in range(0, 32, 4):  # and every run of 4 (a GRPO batch) asks each kind once, each tool sequence once
+        run = questions[start : start + 4]
+        assert len({(s.row["op"], s.row["then"][0][0]) for s in run}) == 4
+        assert len({calculator.expert_tools(s.prompt[1].content, ["add", "multiply"]) for s in run}) == 4
     first_tool = Counter(parser.parse(calculator.expert(list(s.prompt), parser))[0].name for s in questions)
     assert first_tool == {"add": 16, "multiply": 16}
 

@@ -278,13 +278,37 @@ def samples(
 def _balanced_kinds(
     n: int, words: Sequence[str], tools: Sequence[str], computations: int, rng: random.Random
 ) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
-    """``n`` (operations, tools the expert calls) pairs of sequences: each consecutive block holds
-    every pair once, in a seeded order (so unshuffled batches of a multiple of the block are
-    balanced too; a smaller batch may ask one operation only)."""
-    pairs = [(w, t) for w in product(words, repeat=computations) for t in product(tools, repeat=computations)]
+    """``n`` (operations, tools the expert calls) pairs of sequences, in seeded blocks that hold
+    every pair once (unshuffled batches of a multiple of the block are balanced too).
+
+    One operation: each block is all (word, tool) pairs in a shuffled order (4 with two
+    operations; the quickstart's runs read these questions, so this order stays). A chain: each
+    block is a shuffled Latin square of the operation sequences against the tool sequences (as many
+    of each, since every operation has its tool), so that each run of ``len(words) ** computations``
+    questions in it also asks every operation sequence once and has the expert call every tool
+    sequence once: two operations of two give runs of 4 in blocks of 16, and GRPO batches of 4
+    that ask every kind of question once.
+    """
+    sequences = list(product(words, repeat=computations)), list(product(tools, repeat=computations))
     kinds: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
     while len(kinds) < n:
-        block = list(pairs)
-        rng.shuffle(block)
-        kinds += block
+        kinds += _block(*sequences, rng) if computations == 1 else _latin_block(*sequences, rng)
     return kinds[:n]
+
+
+def _block(asked: list[tuple[str, ...]], called: list[tuple[str, ...]], rng: random.Random) -> list:
+    block = [(w, t) for w in asked for t in called]
+    rng.shuffle(block)
+    return block
+
+
+def _latin_block(asked: list[tuple[str, ...]], called: list[tuple[str, ...]], rng: random.Random) -> list:
+    asked, called, shifts = list(asked), list(called), list(range(len(called)))
+    for order in (asked, called, shifts):
+        rng.shuffle(order)
+    block = []
+    for shift in shifts:
+        run = [(w, called[(i + shift) % len(called)]) for i, w in enumerate(asked)]
+        rng.shuffle(run)
+        block += run
+    return block
