@@ -32,6 +32,8 @@ FLOORS = {
     "rollforge.heap": 0,
     "rollforge.invariants": 0,
     "rollforge.endings": 0,
+    "rollforge.placement": 0,
+    "rollforge.completion": 0,
     "rollforge.types": 1,
     # boundary: classify failures at each boundary; rollforge's own bugs propagate
     "rollforge.boundary": 2,

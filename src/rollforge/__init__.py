@@ -40,6 +40,7 @@ from .errors import (
     TemplateError,
     ToolArgumentError,
 )
+from .placement import Placement, ServedBy
 from .rollout.config import RolloutConfig
 from .rollout.engine import RolloutResult, arollout, rollout
 from .rollout.metrics import rollout_metrics
@@ -91,6 +92,7 @@ __all__ = [
     "OpenAICompatBackend",
     "OpenAICompatSettings",
     "OpenEnvEnvironment",
+    "Placement",
     "Reset",
     "RewardUnavailable",
     "RollforgeError",
@@ -101,6 +103,7 @@ __all__ = [
     "SandboxUnavailable",
     "ScriptedBackend",
     "Segment",
+    "ServedBy",
     "ServerError",
     "Step",
     "StepwiseEnvironment",

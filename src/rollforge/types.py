@@ -17,6 +17,9 @@ Segments: a chat template that rewrites history (Qwen3 and DeepSeek-R1 drop past
 be rendered by appending, so such an episode continues in a new ``Segment`` whose prompt is the
 template's own rendering of the conversation so far. Each segment is one sequence the model saw,
 token-exact against its rendering; training uses each as a sequence. Most episodes have one.
+
+Where an episode was served on a Ray cluster (its environment actor and generation replica, each
+with its node) is ``Trajectory.served_by`` (``placement.py``); it is empty when it ran here.
 """
 
 from __future__ import annotations
@@ -25,11 +28,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
+# ``Completion`` (what a backend returns) lives in ``completion``; its names are read from here too.
+from .completion import FINISH_REASONS, Completion, FinishReason
+
 # The vocabulary of endings (and ``Failure``) lives in ``endings``; its names are read from here too.
 from .endings import INFRA_FAILURES, Ending, Failure, FailureKind, Outcome, ending_of, outcome_of
 from .errors import InvariantError
 from .json_forms import image_json, json_float, jsonable
 from .invariants import check_segments, check_trajectory
+from .placement import HERE, ServedBy
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -176,28 +183,6 @@ class Sample:
             raise InvariantError("a sample needs at least one prompt message")
 
 
-FinishReason = Literal["stop", "length", "abort"]
-#: The finish reasons a backend may report (an engine's or server's other reasons are its errors).
-FINISH_REASONS: frozenset[str] = frozenset(("stop", "length", "abort"))
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What a backend returns for one request: the generated ids exactly as sampled, the logprob
-    of each under the sampling distribution, and why generation ended (``stop``: a stop token or
-    stop string; ``length``: the token budget; ``abort``: the backend gave up)."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: FinishReason
-    #: The weight version that generated it, when the backend is versioned (asynchronous training).
-    version: int | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.logprobs):
-            raise InvariantError(f"completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
-
-
 @dataclass(frozen=True)
 class Segment:
     """One sequence the model saw: its prompt (the template's rendering of the conversation so far,
@@ -270,6 +255,9 @@ class Trajectory:
     versions: tuple[int, ...] = ()
     #: Times the episode was run again after an infrastructure failure (this is the last run).
     retries: int = 0
+    #: The Ray environment actor and generation replica that served the (last run of the) episode,
+    #: each with its node (``placement.py``); empty when both sides ran in this process.
+    served_by: ServedBy = HERE
 
     def __post_init__(self) -> None:
         if self.versions and len(self.versions) != sum(self.loss_mask):
@@ -339,6 +327,7 @@ class Trajectory:
             "retries": self.retries,
             **({"segments": [s.to_json() for s in self.segments]} if len(self.segments) > 1 else {}),
             **({"versions": list(self.versions)} if self.versions else {}),
+            **({"served_by": self.served_by.to_json()} if self.served_by else {}),
         }
 
     @classmethod
@@ -391,4 +380,5 @@ class Trajectory:
             segments=segments,
             versions=tuple(record.get("versions") or ()),
             retries=record.get("retries", 0),
+            served_by=ServedBy.from_json(record.get("served_by")),
         )

@@ -102,7 +102,11 @@ def test_learning_bench_runs_each_side_in_its_own_process_end_to_end(tiny_model_
     assert all(0 < mb < 8192 for mb in result["max_rss_mb"].values())
     settings = result["settings"]
     assert (settings["completions_per_step"], settings["eval_every"], settings["eval_episodes"]) == (2, 1, 2)
-    assert (settings["max_turns"], settings["max_tool_calls"], settings["max_completion_tokens"]) == (3, 2, 24)  # the closing reply is a turn
+    assert (settings["max_turns"], settings["max_tool_calls"], settings["max_completion_tokens"]) == (
+        3,
+        2,
+        24,
+    )  # the closing reply is a turn
     assert settings["operations"] == ["plus", "times"] and settings["lr"] == preset()["lr"]
     assert settings["workload"] == "calculator" and settings["warmup"].startswith("built")
     assert (settings["balanced"], settings["shuffle"]) == (True, False)  # the quickstart's prompts, in order

@@ -14,6 +14,7 @@ from rollforge.cluster.env_pool import RayEnvironmentPool
 from rollforge.envs.factory import FactoryEnvironment
 from rollforge.envs.library import get_env_spec
 from rollforge.errors import ConfigError
+from rollforge.placement import HERE, Placement
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.testing import HANG_SECONDS
@@ -75,6 +76,14 @@ async def test_pool_gives_the_same_trajectories_as_local_and_spreads_episodes(ra
     assert all(isinstance(h, Counter) and h.total == 3 for h in handles)
     pids = {h.pid for h in handles}
     assert len(pids) == 2 and os.getpid() not in pids  # least-loaded placement used both actors
+    # each trajectory names the actor that held it and the node it runs on (this one-node instance)
+    node = ray_session.get_runtime_context().get_node_id()
+    assert [t.served_by.environment for t in remote.trajectories] == [
+        Placement(f"env/{i % 2}", node, "127.0.0.1") for i in range(8)
+    ]
+    assert all(t.served_by.generation is None for t in remote.trajectories)  # generated here
+    assert {t.served_by for t in local.trajectories} == {HERE}
+    assert remote.metrics["episodes_by_node"] == {"environment": {node: 8}}
 
 
 async def test_bundled_environment_on_actors_passes_the_same_checks(ray_session, renderer):
@@ -127,6 +136,8 @@ async def test_killing_an_actor_mid_episode_fails_only_its_episodes_and_it_is_re
             assert "actor 0 of 'slow' died" in t.error.message and "ray.kill" in t.error.message
             assert sum(t.loss_mask) > 0  # what the policy generated before the death is kept
         assert all(t.total_reward == 1.0 for t in passed) and len(passed) == 3
+        # the failed episodes name the actor that held them when it died, the others the survivor
+        assert [t.served_by.environment.name for t in result.trajectories] == ["slow/0", "slow/1"] * 3
         assert pool.replacements == 1 and pool.actor(0) is not victim
         # the replacement serves new episodes
         again = await arollout(
@@ -137,7 +148,7 @@ async def test_killing_an_actor_mid_episode_fails_only_its_episodes_and_it_is_re
         pool.shutdown()
 
 
-async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_kill, renderer):
+async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_session, ray_kill, renderer):
     pool = RayEnvironmentPool(FactoryEnvironment(Counter), actors=1, num_cpus=0)
     try:
         await pool.prepare(1)
@@ -148,6 +159,9 @@ async def test_an_episode_starting_on_a_dead_actor_moves_to_the_replacement(ray_
         )
         assert all(t.error is None and t.total_reward == 1.0 for t in result.trajectories)
         assert pool.replacements == 1
+        # served by the replacement, which says where it runs as its predecessor did
+        node = ray_session.get_runtime_context().get_node_id()
+        assert [t.served_by.environment for t in result.trajectories] == [Placement("env/0", node, "127.0.0.1")] * 2
     finally:
         pool.shutdown()
 
@@ -161,6 +175,7 @@ async def test_environment_errors_on_actors_fail_their_episode_like_local_ones(r
     finally:
         pool.shutdown()
     assert all(t.error.kind == "env_error" and "no simulator licence" in t.error.message for t in result.trajectories)
+    assert [t.served_by.environment.name for t in result.trajectories] == ["env/0"] * 2  # the actor that raised
 
 
 async def test_a_failing_close_on_an_actor_is_a_recorded_failure_not_an_error(ray_session, renderer):

@@ -5,7 +5,8 @@ node's processes (SIGKILL, as a lost machine) mid-rollout fails only the episode
 as infrastructure failures that run again; the actor's replacement cannot be placed (the cluster
 lost the CPU it needs), so new episodes go to the surviving actor instead of waiting out the step
 timeout on one that never starts, and the pool says so in one line. The kill waits on the event
-(episodes written), not on a clock."""
+(episodes written), not on a clock. Every trajectory names the worker node whose actor served it
+(``served_by``), and ``metrics.json`` counts the episodes by node."""
 
 from __future__ import annotations
 
@@ -50,6 +51,16 @@ def alive_cpus(address: str) -> float:
     return float(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else -1.0
 
 
+def worker_nodes(address: str) -> dict[str, str]:
+    """The cluster's live nodes with CPUs (where environment actors can run): node id -> IP."""
+    code = "import ray, sys, json; ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False); "
+    code += "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() "
+    code += "if n['Alive'] and n['Resources'].get('CPU', 0) > 0}))"
+    done = subprocess.run([sys.executable, "-c", code, address], env=environment(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def cluster(tmp_path):
     """(address, worker processes): a head with 0 CPUs and two one-CPU worker nodes on 127.0.0.1.
@@ -86,6 +97,8 @@ def cluster(tmp_path):
 
 def test_a_lost_node_fails_only_its_episodes_and_the_rest_go_to_the_survivor(cluster, tiny_model_dir, tmp_path):
     address, workers = cluster
+    nodes = worker_nodes(address)
+    assert len(nodes) == 2, nodes
     out, episodes = tmp_path / "run", 2000
     command = [sys.executable, "-m", "rollforge", "rollout", "--model", str(tiny_model_dir), "--env", "guess_number"]
     command += ["--episodes", str(episodes), "--max-turns", "3", "--max-new-tokens", "4", "--out", str(out)]
@@ -120,3 +133,11 @@ def test_a_lost_node_fails_only_its_episodes_and_the_rest_go_to_the_survivor(clu
     assert "its replacement starts when the cluster can place it, and new episodes go to the 1 running actors" in (
         log.read_text()
     )
+    # each episode names the actor that served it and that actor's node, one of the two workers
+    # (both served episodes before the kill); the policy ran in the rollout's own process
+    served = [t["served_by"] for t in trajectories]
+    assert all(set(s) == {"environment"} and s["environment"]["node"] in nodes for s in served)
+    assert all(s["environment"]["name"] in ("guess_number/0", "guess_number/1") for s in served)
+    assert all(s["environment"]["host"] == nodes[s["environment"]["node"]] for s in served)
+    by_node = metrics["episodes_by_node"]["environment"]
+    assert set(by_node) == set(nodes) and sum(by_node.values()) == episodes, by_node

@@ -22,6 +22,7 @@ from rollforge.backends.base import BackendWrapper
 from rollforge.envs.base import BaseSession, Environment, Reset, Step
 from rollforge.errors import BackendError, ConfigError
 from rollforge.models import load_model
+from rollforge.placement import Placement
 from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.train.logprobs import sequence_logprobs
@@ -117,7 +118,9 @@ def teacher_forced(model, trajectory) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([lp for lp in trajectory.logprobs if lp is not None]), expected
 
 
-async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_kill, tiny_model_dir, tiny, renderer):
+async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(
+    ray_session, ray_kill, tiny_model_dir, tiny, renderer
+):
     model = tiny[0]
     built = open_generation(BackendConfig(model=str(tiny_model_dir), replicas=2, replica_cpus=0, concurrency=8, seed=0))
     assert isinstance(built, RouterBackend) and all(isinstance(r, RayBackendReplica) for r in built.replicas)
@@ -133,6 +136,10 @@ async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_
             assert (got - expected).abs().max().item() < 1e-4
             mine = replicas[owner(t, replicas)].prompts
             assert sum(t.token_ids[: len(p)] == p for p in mine) == t.turns  # every turn on that replica
+            # the trajectory names that replica and its node (this one-node instance's)
+            node = ray_session.get_runtime_context().get_node_id()
+            assert t.served_by.generation == Placement(f"hf replica {owner(t, replicas)}", node, "127.0.0.1")
+            assert t.served_by.environment is None  # the environment ran here
         assert all(n >= 1 for n in router.episodes), router.episodes
 
         changed = copy.deepcopy(model)
@@ -171,6 +178,7 @@ async def test_hf_replicas_on_actors_are_exact_sticky_synced_and_fail_alone(ray_
             if t.index in on_victim:
                 assert t.error.kind == "backend_error" and "hf replica 0 died" in t.error.message, t.error
                 assert t.turns == 1  # what was produced before the death is kept
+                assert t.served_by.generation.name == "hf replica 0"  # its last completion's replica
             else:
                 assert t.error is None and t.turns == 3
         assert victim.dead and "ray.kill" in victim.dead

@@ -122,3 +122,10 @@ def actor_death_reason(exc: Exception) -> str:
     why = [line for line in lines if "died because" in line.lower() or "dead because" in line.lower()]
     errors = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
     return " ".join(why[:1] + errors[-1:]) or (lines[0] if lines else type(exc).__name__)
+
+
+def this_node() -> tuple[str, str]:
+    """(node id in hex, node IP address) of the Ray worker that calls it: what an actor's
+    ``ready()`` answers, so the driver knows where it runs (``placement.py``)."""
+    ray = import_ray()
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()

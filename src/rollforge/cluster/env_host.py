@@ -6,7 +6,8 @@ both sides, which at thousands of concurrent episodes would cost more than the e
 sends ``submit(calls)``: every call its episodes made in one event-loop tick, each started at once
 as its own task; and it keeps one ``collect()`` outstanding, which returns every result finished
 since the last one, waiting for at least one. A slow call never holds back a fast one, and a
-burst of calls costs two Ray calls.
+burst of calls costs two Ray calls. ``ready()`` answers once the actor runs, with the node it runs
+on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 from ..envs.base import Environment, Reset, Step
 from ..errors import EnvironmentError_
 from ..types import Message, Sample
+from .connect import this_node
 
 #: One call: (call id, method name, session id, arguments).
 Call = tuple[int, str, int, tuple]
@@ -35,8 +37,9 @@ class EnvironmentHost:
         self._running: set[asyncio.Task] = set()
 
     # -- transport --------------------------------------------------------------------------------
-    async def ready(self) -> int:
-        return os.getpid()
+    async def ready(self) -> tuple[str, str]:
+        """Where this actor runs (``connect.this_node``); the pool asks once, when it starts."""
+        return this_node()
 
     async def submit(self, calls: Sequence[Call]) -> None:
         for call in calls:

@@ -20,6 +20,10 @@ locally.
   the step timeout on an actor that never comes.
 - **Reward functions** receive, as ``environments``, a copy of each episode's environment object
   taken when the episode finished (``None`` when the object cannot be pickled).
+- **Where**: each actor says once which node it runs on (its ``ready()``, the call that tells the
+  pool it started); a session reports the actor that held it (``RemoteSession.placement``: after a
+  move, the replacement's) as ``<name>/<slot>`` with that node, and the engine writes it on the
+  trajectory (``Trajectory.served_by``).
 - ``max_sessions``, ``produces_images`` and the ``prepare(sessions)``/``release()`` hooks of the
   wrapped environment are passed through; ``shutdown()`` stops the actors.
 """
@@ -35,6 +39,7 @@ from typing import Any
 
 from ..envs.base import BaseSession, Environment, Reset, Step
 from ..errors import ActorDied, ConfigError, EnvironmentError_
+from ..placement import Placement
 from ..types import Message, Sample
 from .channel import Channel
 from .connect import actor_death_reason, import_ray, worker_runtime_env
@@ -91,6 +96,10 @@ class RayEnvironmentPool(Environment):
                 f"{str(exc).splitlines()[0]}; it must pickle (cloudpickle): open connections, locks and "
                 "processes in reset() or lazily, not in __init__, or give the class __getstate__"
             ) from None
+        #: Each actor's ``ready()`` call, by channel (the node it runs on), and its answer once read;
+        #: one entry per actor ever started (a dead one's stay: its sessions may still ask).
+        self._ready: dict[Channel, Any] = {}
+        self._placements: dict[Channel, Placement] = {}
         self._channels: list[Channel] = [self._start(slot) for slot in range(actors)]
         self._load = [0] * actors
         self._ids = itertools.count()
@@ -102,13 +111,14 @@ class RayEnvironmentPool(Environment):
         channel = Channel(
             self._actor_class.remote(self._shipped), f"{slot} of {self.name!r}", lambda: self._replace(slot, channel)
         )
+        self._ready[channel] = channel.actor.ready.remote()
         return channel
 
     def _replace(self, slot: int, dead: Channel) -> None:
         """Start a new actor in ``slot`` (once per death); it takes new episodes once it runs."""
         if self._channels[slot] is dead:
             self._channels[slot] = self._start(slot)
-            self._starting[slot] = self._channels[slot].actor.ready.remote()
+            self._starting[slot] = self._ready[self._channels[slot]]
             self.replacements += 1
             logger.warning(
                 "environment actor %d of %r died; its replacement starts when the cluster can place it, and "
@@ -167,7 +177,7 @@ class RayEnvironmentPool(Environment):
         for attempt in range(attempts):
             channel = self._channels[slot]
             try:
-                await channel.actor.ready.remote()
+                await channel.actor.ready.remote()  # asked again: an actor that ran may have died since
                 return
             except ray.exceptions.RayActorError as exc:
                 if attempt == attempts - 1:
@@ -194,6 +204,18 @@ class RayEnvironmentPool(Environment):
     def actor(self, slot: int) -> Any:
         return self._channels[slot].actor
 
+    async def placement(self, slot: int, channel: Channel) -> Placement | None:
+        """Where ``channel`` (an actor of ``slot``) runs, read from its ``ready()`` once; None when it
+        died before answering."""
+        known = self._placements.get(channel)
+        if known is None:
+            try:
+                node, host = await self._ready[channel]
+            except import_ray().exceptions.RayActorError:
+                return None
+            known = self._placements[channel] = Placement(f"{self.name}/{slot}", node, host)
+        return known
+
     def done(self, slot: int) -> None:
         self._load[slot] -= 1
 
@@ -215,13 +237,16 @@ class RemoteSession(BaseSession):
         self._remote_open = True
         self._close_error: Exception | None = None
         self._closed = False
+        self._placement: Placement | None = None
 
     async def reset(self, sample: Sample) -> Reset:
+        self._placement = await self._pool.placement(self._slot, self._channel)
         try:
             return await self._call("reset", sample)
         except ActorDied:  # held nothing yet: start again on a running actor
             self._slot = self._pool.move(self._slot)
             self._channel = self._pool.channel(self._slot)
+            self._placement = await self._pool.placement(self._slot, self._channel)
             return await self._call("reset", sample)
 
     async def step(self, conversation: tuple[Message, ...]) -> Step:
@@ -252,6 +277,12 @@ class RemoteSession(BaseSession):
     @property
     def handle(self) -> Any:
         return self._handle
+
+    @property
+    def placement(self) -> Placement | None:
+        """The actor that holds this session and its node (known from ``reset`` on, whether the
+        environment's ``reset`` succeeded or raised)."""
+        return self._placement
 
     def _call(self, method: str, *args: Any) -> asyncio.Future:
         return self._channel.call(method, self._sid, *args)

@@ -8,8 +8,10 @@
   ``start_replicas(config)`` starts ``config.replicas`` of them at once and waits until every one
   runs; one that cannot start is named, and all are stopped. ``cluster/generation.py`` puts them
   behind a router.
-- ``generate`` is one actor call; the ``Completion`` comes back pickled. Cancelling the caller (an
-  episode timeout) cancels the actor's task, so the HF batch drops the row and vLLM aborts it.
+- ``generate`` is one actor call; the ``Completion`` comes back pickled, and the driver marks it
+  with the replica's name and node (``Completion.served_by``: the actor says its node once, in
+  the ``ready()`` that tells it started; ``placement``). Cancelling the caller (an episode timeout)
+  cancels the actor's task, so the HF batch drops the row and vLLM aborts it.
 - A replica fills in the hooks ``Backend`` declares for a router: its ``name``, ``dead`` and
   ``share_weights``.
 - Weight sync: ``share_weights(model)`` exports the state dict on the driver once
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import shutil
 import time
 import weakref
@@ -42,9 +43,10 @@ from ..backends.config import BackendConfig
 from ..backends.gate import WeightGate
 from ..backends.weights import save_state_dict, scratch_directory, state_dict_for_export
 from ..errors import BackendError, ConfigError
+from ..placement import Placement
 from ..seeds import replica_seed
 from ..types import Completion
-from .connect import actor_death_reason, import_ray, worker_runtime_env
+from .connect import actor_death_reason, import_ray, this_node, worker_runtime_env
 from .resources import REPLICA_KNOBS, Demand, check_fits, hold, share_cpus
 
 REPLICA_KINDS = ("hf", "vllm")
@@ -60,8 +62,9 @@ class BackendHost:
         self._backend = open_backend(config)
         self._gate = WeightGate()
 
-    async def ready(self) -> int:
-        return os.getpid()
+    async def ready(self) -> tuple[str, str]:
+        """Where this actor runs (``connect.this_node``), once its backend is built."""
+        return this_node()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         async with self._gate.request():
@@ -132,6 +135,10 @@ class RayBackendReplica(Backend):
             "runtime_env": worker_runtime_env(),
         }
         self.actor = ray.remote(BackendHost).options(**options).remote(config)
+        #: The actor's ``ready()`` call: it answers once the backend is built, with the node.
+        self.started = self.actor.ready.remote()
+        #: Where the actor runs, once it said so (``start_replicas``, or the first completion).
+        self.placement: Placement | None = None
         held = Demand(f"{config.kind} replicas", 1, options["num_cpus"], config.replica_gpus, knobs=REPLICA_KNOBS)
         self._release = weakref.finalize(self, hold(held))  # until closed, killed or collected
         self._closed = False
@@ -140,10 +147,17 @@ class RayBackendReplica(Backend):
         self._check_usable()
         ref = self.actor.generate.remote([int(i) for i in prompt_ids], params)
         try:
-            return await self._call(ref, "generation")
+            completion = await self._call(ref, "generation")
         except asyncio.CancelledError:
             import_ray().cancel(ref)
             raise
+        if self.placement is None:
+            self.placed(await self._call(self.started, "starting"))
+        return dataclasses.replace(completion, served_by=self.placement)
+
+    def placed(self, node: tuple[str, str]) -> None:
+        """Record where the actor runs: ``ready()``'s answer, (node id, IP address)."""
+        self.placement = Placement(str(self.name), *node)
 
     @staticmethod
     def share_weights(model: Any) -> SharedWeights:
@@ -215,10 +229,9 @@ def start_replicas(config: BackendConfig, *, start_timeout: float = 600.0) -> li
             own = dataclasses.replace(config, replicas=1, replica_cpus=num_cpus, seed=replica_seed(config.seed, i))
             replicas.append(RayBackendReplica(own, name=f"{config.kind} replica {i}"))
         deadline = time.monotonic() + start_timeout
-        pending = [(replica, replica.actor.ready.remote()) for replica in replicas]
-        for replica, ref in pending:
+        for replica in replicas:
             try:
-                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                replica.placed(ray.get(replica.started, timeout=max(0.0, deadline - time.monotonic())))
             except ray.exceptions.RayActorError as exc:
                 raise BackendError(f"{replica.name} failed to start: {actor_death_reason(exc)}") from None
             except ray.exceptions.GetTimeoutError:

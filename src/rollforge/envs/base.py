@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 
 from ..errors import ConfigError, EnvironmentError_
+from ..placement import Placement
 from ..types import Failure, Message, Sample, Trajectory
 
 
@@ -198,4 +199,11 @@ class BaseSession:
 
     @property
     def handle(self) -> Any:
+        return None
+
+    @property
+    def placement(self) -> Placement | None:
+        """The Ray actor that holds this session, with its node (``cluster/env_pool.py``); None
+        when it runs in this process. The engine writes it on the trajectory (``served_by``); a
+        session that does not subclass ``BaseSession`` runs here and reports nothing."""
         return None

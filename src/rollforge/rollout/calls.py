@@ -8,7 +8,8 @@ Every call goes through ``boundary.boundary``: the backend's ``generate`` files 
 is a policy failure and never retried (``endings.py``). A completion with a token id outside the
 tokenizer's vocabulary is a ``backend_error``; a reward that is not a finite number the
 environment's ``env_error``. Each call's wall time is added to the episode's generation or
-environment seconds, failed calls included.
+environment seconds, failed calls included; the Ray replica that returned a completion, if any
+(``Completion.served_by``), is kept as the episode's ``generated_on``.
 
 Images in messages go to backends that declare ``accepts_images`` (``generate(..., images=...)``,
 all images so far in order); with a text-only backend they fail the episode with that reason
@@ -48,6 +49,7 @@ async def generate(state: EpisodeState, ctx: EpisodeContext, params: SamplingPar
         raise
     finally:
         state.generation_seconds += time.perf_counter() - started
+    state.generated_on = completion.served_by
     ids = completion.token_ids
     if ids and (min(ids) < 0 or max(ids) >= ctx.vocab_size):  # min/max: C speed on long replies
         bad = next(i for i in ids if not 0 <= i < ctx.vocab_size)

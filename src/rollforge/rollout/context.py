@@ -5,9 +5,10 @@ tool-call parser and the rollout config, with the two pieces of work it moves of
 (tokenizing long observations, parsing long replies; same results either way). ``EpisodeState`` is
 one episode's own: its messages, its token ledger, rewards, failures and timings, kept whole when
 the episode is cancelled or fails, so that nothing it produced is lost; ``trajectory`` turns it into
-the ``Trajectory``. ``Gate`` is where a scheduler may hold an episode (lockstep barriers);
-``OpenGate`` never holds anyone. The turn loop itself is ``episode.py``; the calls it makes across
-boundaries are ``calls.py``.
+the ``Trajectory``, with where its session and its generation were served (``placement.py``).
+``Gate`` is where a scheduler may hold an episode (lockstep barriers); ``OpenGate`` never holds
+anyone. The turn loop itself is ``episode.py``; the calls it makes across boundaries are
+``calls.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, Protocol, Sequence
 from ..backends.base import Backend
 from ..chat.render import ChatRenderer
 from ..chat.toolcalls import ToolCallParser
+from ..envs.base import BaseSession
+from ..placement import Placement, ServedBy
 from ..types import Ending, Failure, Message, Sample, ToolCall, Trajectory
 from ..workers import RENDER_WORKERS, run_blocking
 from .config import RolloutConfig
@@ -103,6 +106,8 @@ class EpisodeState:
     environment_seconds: float = 0.0
     #: How many messages the last segment renders, when the episode ended with messages after it.
     last_covers: int | None = None
+    #: The Ray replica that returned the episode's last completion (``Completion.served_by``).
+    generated_on: Placement | None = None
 
     def fail(self, failure: Failure) -> None:
         """End the episode with ``failure`` (the ``error`` ending)."""
@@ -126,4 +131,11 @@ class EpisodeState:
             generation_seconds=self.generation_seconds,
             environment_seconds=self.environment_seconds,
             environment=session.handle if session is not None else None,
+            served_by=self.served_by(session),
         )
+
+    def served_by(self, session: Any) -> ServedBy:
+        """Where the episode was served: its session's actor (a session that does not subclass
+        ``BaseSession`` runs here) and the replica of its last completion."""
+        actor = session.placement if isinstance(session, BaseSession) else None
+        return ServedBy(actor, self.generated_on)

@@ -10,6 +10,10 @@ unknown, not 0 (training drops it from its group's baseline, ``train/advantages.
 ``mean_total_reward``, ``max_total_reward`` and ``min_total_reward`` (and their per-task means)
 leave those episodes out; ``rewarded_episodes`` says how many count. A policy failure (the model's
 own doing, e.g. a template error) keeps its reward.
+
+On a Ray cluster (any episode with ``Trajectory.served_by``), ``episodes_by_node`` counts the
+episodes each node served, per side: ``{"environment": {node id: episodes}, "generation": {...}}``
+(a side only when some episode ran it on Ray).
 """
 
 from __future__ import annotations
@@ -66,10 +70,21 @@ def rollout_metrics(trajectories: Sequence[Trajectory], wall_seconds: float | No
         "failures": dict(sorted(failures.items())),
         "per_task": _per_task(trajectories),
     }
+    by_node = _episodes_by_node(trajectories)
+    if by_node:
+        metrics["episodes_by_node"] = by_node
     if wall_seconds is not None:
         metrics["wall_seconds"] = wall_seconds
         metrics["generated_tokens_per_second"] = sum(generated) / wall_seconds if wall_seconds > 0 else None
     return metrics
+
+
+def _episodes_by_node(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, int]]:
+    counts: dict[str, Counter] = {}
+    for t in trajectories:
+        for side, placement in t.served_by.parts().items():
+            counts.setdefault(side, Counter())[placement.node] += 1
+    return {side: dict(sorted(count.items())) for side, count in counts.items()}
 
 
 def _per_task(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
