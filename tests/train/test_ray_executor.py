@@ -29,6 +29,8 @@ def test_training_with_environments_on_ray_matches_a_local_run(ray_session, tiny
         a = (local.out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
         b = (remote.out / "trajectories" / f"step-{step:06d}.jsonl").read_text().splitlines()
         for x, y in zip(map(json.loads, a), map(json.loads, b), strict=True):
+            served = y.pop("served_by")  # where it ran: the one field a Ray run adds
+            assert "served_by" not in x and served["environment"]["name"] in ("first/0", "first/1")
             assert {k: v for k, v in y.items() if k not in TIMING} == {k: v for k, v in x.items() if k not in TIMING}
             assert max(abs((p or 0) - (q or 0)) for p, q in zip(x["logprobs"], y["logprobs"], strict=True)) < 1e-4
 

@@ -166,7 +166,7 @@ def run_on_ray(
 
     try:
         out = run(episodes, turns, latency, tokenizer_dir=tokenizer_dir, wrap_environment=on_actors)
-        pids = ray.get([pools[0].actor(slot).ready.remote() for slot in range(actors)])
+        pids = ray.get([pools[0].actor(slot).pid.remote() for slot in range(actors)])
         out["actor_peak_rss_mb"] = [round(status_kb("VmHWM", pid) / 1024, 1) for pid in pids]
     finally:
         for pool in pools:

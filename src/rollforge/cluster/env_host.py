@@ -41,6 +41,10 @@ class EnvironmentHost:
         """Where this actor runs (``connect.this_node``); the pool asks once, when it starts."""
         return this_node()
 
+    async def pid(self) -> int:
+        """This actor's process id (``bench scale`` reads its peak memory from ``/proc``)."""
+        return os.getpid()
+
     async def submit(self, calls: Sequence[Call]) -> None:
         for call in calls:
             task = asyncio.create_task(self._run(*call))
