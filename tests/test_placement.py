@@ -6,27 +6,12 @@ import json
 
 from rollforge.completion import Completion
 from rollforge.placement import HERE, Placement, ServedBy
-from rollforge.types import Message, Trajectory
+from rollforge.types import Trajectory
+
+from test_types_outcome import make
 
 ACTOR = Placement("guess_number/1", "a1" * 28, "10.0.0.7")
 REPLICA = Placement("hf replica 0", "b2" * 28, "10.0.0.8")
-
-
-def make(**changes) -> Trajectory:
-    fields = dict(
-        index=0,
-        task_name="t",
-        messages=(Message("user", "q"),),
-        token_ids=(1, 2),
-        loss_mask=(0, 1),
-        logprobs=(None, -0.1),
-        prompt_length=1,
-        rewards=(1.0,),
-        total_reward=1.0,
-        turns=1,
-    )
-    fields.update(changes)
-    return Trajectory(**fields)
 
 
 def through_the_file(trajectory: Trajectory) -> tuple[dict, Trajectory]:

@@ -7,7 +7,8 @@ the process keeps growing. ``malloc_trim(0)`` hands the free pages back; the cos
 phase faults fresh pages in (about a second a trim for the quickstart's gigabytes), so it runs
 twice a GRPO step, both in ``train/learn``: before the update (what the step's rollout rounds
 freed) and after its epochs. Measured on the quickstart (SmolLM2-135M, 2026-11-29): peak resident memory
-11.9 GB without trims, 6.3 GB with a trim after every optimizer step (see docs/benchmarks.md).
+11.7-11.9 GB without trims, 7.7 GB with these two (6.3 GB with a trim after every optimizer step, which
+cost ~50 s a run; see docs/benchmarks.md).
 Where the C library has no ``malloc_trim`` (macOS, musl) it does nothing.
 """
 
