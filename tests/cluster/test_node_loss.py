@@ -13,86 +13,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from rollforge.cluster import connect
-from rollforge.testing import free_port, wait_until
+from rollforge.testing import wait_until
+
+from multinode import running_cluster, start, worker_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-RAY = str(Path(sys.executable).parent / "ray")
-COMMON = ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-COMMON += ["--object-store-memory", str(80 * 1024 * 1024)]
-
-
-def environment() -> dict[str, str]:
-    """A Ray user's shell: no auth token or usage stats (as rollforge's private instances), and
-    without the single-node switch (``LOCAL_ENV``'s, which this process holds once the suite's
-    private instance started), under which ``ray start --address`` refuses to join."""
-    single = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-    own = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", single)}
-    local = {key: value for key, value in connect.LOCAL_ENV.items() if key != single}
-    return {**own, **local, "OMP_NUM_THREADS": "1"}
-
-
-def start(command: list[str], log: Path) -> subprocess.Popen:
-    with log.open("w") as sink:  # its own session: killing its group kills only what it started
-        return subprocess.Popen(command, env=environment(), stdout=sink, stderr=sink, start_new_session=True)
-
-
-def alive_cpus(address: str) -> float:
-    code = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False); "
-    code += "print(sum(n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive']))"
-    done = subprocess.run([sys.executable, "-c", code, address], env=environment(), capture_output=True, text=True)
-    return float(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else -1.0
-
-
-def worker_nodes(address: str) -> dict[str, str]:
-    """The cluster's live nodes with CPUs (where environment actors can run): node id -> IP."""
-    code = "import ray, sys, json; ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False); "
-    code += "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() "
-    code += "if n['Alive'] and n['Resources'].get('CPU', 0) > 0}))"
-    done = subprocess.run([sys.executable, "-c", code, address], env=environment(), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    """(address, worker processes): a head with 0 CPUs and two one-CPU worker nodes on 127.0.0.1.
-    The machine's current-cluster file (which ``ray start --head`` writes) gets back what it held."""
-    from ray._common.utils import get_ray_address_file
-
-    marker = Path(get_ray_address_file(None))
-    before = marker.read_text() if marker.exists() else None
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    head = start(
-        [RAY, "start", "--head", "--port", str(port), "--num-cpus", "0", "--include-dashboard=false", *COMMON],
-        tmp_path / "head.log",
-    )
-    workers = []
-    try:
-        assert wait_until(lambda: head.poll() is not None or alive_cpus(address) == 0, timeout=180, interval=1)
-        for k in range(2):  # one at a time: two raylets starting at once can time out on 2 loaded cores
-            worker = [RAY, "start", "--address", address, "--num-cpus", "1", *COMMON]
-            workers.append(start(worker, tmp_path / f"worker{k}.log"))
-            joined = wait_until(lambda: alive_cpus(address) == k + 1, timeout=180, interval=1)
-            assert joined, (tmp_path / f"worker{k}.log").read_text()[-2000:]
-        yield address, workers
-    finally:
-        for process in [*workers, head]:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        if before is None:
-            marker.unlink(missing_ok=True)
-        else:
-            marker.write_text(before)
+    """(address, worker node processes): a head with 0 CPUs and two one-CPU worker nodes."""
+    with running_cluster(tmp_path, worker_cpus=1) as running:
+        yield running.address, running.workers
 
 
 def test_a_lost_node_fails_only_its_episodes_and_the_rest_go_to_the_survivor(cluster, tiny_model_dir, tmp_path):

@@ -87,7 +87,7 @@ def load_train_config(path: Path, overrides: list[str], args: Any):
 
 def _train(args: Any) -> int:
     from ..errors import ConfigError
-    from ..recipes.launch import train
+    from ..recipes.launch import train, where_to_continue
     from ..train.config import TrainConfig
     from ..train.config_files import describe_config
     from . import starts
@@ -112,22 +112,11 @@ def _train(args: Any) -> int:
         with starts.clean_failed_start(out):
             result = train(config, resume=args.resume, overwrite=args.overwrite)
     except KeyboardInterrupt:  # the step in flight finished its update and checkpoint, or was dropped
-        print(f"rollforge: interrupted; {_where_to_continue(out)}", file=sys.stderr)
+        print(f"rollforge: interrupted; {where_to_continue(out)}", file=sys.stderr)
         return 130
     if (lines := starts.finish_train(result, since, time.perf_counter() - began)) is not None:
         print(lines)  # rank 0's
     return 0
-
-
-def _where_to_continue(out: Path) -> str:
-    from ..train import checkpoint as ckpt
-
-    latest = ckpt.latest_checkpoint(out / "checkpoints")
-    if latest is not None:
-        return f"--resume continues after step {ckpt.step_of(latest)} (checkpoint {str(latest)!r})"
-    if ckpt.recorded(out) is not None:
-        return "no checkpoint was written yet: start over with --overwrite"
-    return "nothing was recorded: run it again"
 
 
 def _check_launcher_flags(args: Any) -> None:

@@ -3,6 +3,8 @@ module does not import Ray."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -38,6 +40,10 @@ class RayConfig(BaseModel):
     CPUs with the environment actors the workers start (at most 1), so the defaults fit a laptop."""
     training_worker_gpus: float = Field(0.0, ge=0)
     """GPUs Ray reserves for each training worker (1 on a GPU node)."""
+    training_worker_placement: Literal["pack", "spread", "strict_spread"] = "pack"
+    """Where Ray puts the training workers (a placement group's strategy): ``pack`` on as few nodes
+    as hold them, ``spread`` over as many nodes as it can, ``strict_spread`` each on a node of its
+    own (refused at once when fewer nodes can hold one)."""
     num_cpus: int | None = Field(None, ge=1)
     """CPUs of a private local instance (None: all of this machine's)."""
     object_store_mb: int = Field(256, ge=75)

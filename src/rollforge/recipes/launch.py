@@ -9,10 +9,14 @@ synchronous loop (``grpo.py``) or, with ``algorithm.max_staleness`` >= 1, the as
 and ``ray.training_workers`` > 1 it hands ``cluster/trainers.py`` the entry point ``train_rank``
 instead, which each Ray actor calls as one rank. ``cluster/`` never imports the recipes: it runs the
 entry it is handed, so a rank cannot start ranks again and nothing has to guard against it.
+When a Ray worker is lost, ``cluster/`` reads where the run stopped through ``where_it_stopped``
+(the last step ``metrics.jsonl`` records and the checkpoint ``--resume`` continues from), which the
+CLI's interruption line shares (``where_to_continue``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,7 @@ from ..cluster.trainers import train_on_ray
 from ..envs.base import GeneratingEnvironment
 from ..errors import ConfigError
 from ..inputs.read import read_inputs, training_prompts
+from ..train import checkpoint as ckpt
 from ..train.config import TrainConfig
 from ..train.config_files import check_unchanged
 from ..train.logbook import read_metrics
@@ -49,7 +54,8 @@ def train(config: TrainConfig, **options: Unpack[TrainOptions]) -> TrainResult:
     check_options(options, "train")
     if config.executor == "ray" and config.ray.training_workers > 1 and not started_by_torchrun():
         pooled = _pooled_environments(config, options.get("environments"), options.get("dataset"))
-        return train_on_ray(train_rank, config, dict(options), pooled_environments=pooled)
+        stopped_at = functools.partial(where_it_stopped, Path(config.out))
+        return train_on_ray(train_rank, config, dict(options), pooled_environments=pooled, stopped_at=stopped_at)
     return train_rank(config, **options)
 
 
@@ -75,6 +81,25 @@ async def atrain(config: TrainConfig, **options: Unpack[TrainOptions]) -> TrainR
         if run.eval_prompts and step == config.steps:
             await evaluate(run, "after", step)
         return TrainResult(run.out, step, read_metrics(run.out / "metrics.jsonl"), run.evaluations)
+
+
+def where_to_continue(out: Path) -> str:
+    """What ``--resume`` continues from in the run directory ``out``: the step and the checkpoint,
+    or why there is none."""
+    latest = ckpt.latest_checkpoint(out / "checkpoints")
+    if latest is not None:
+        return f"--resume continues after step {ckpt.step_of(latest)} (checkpoint {str(latest)!r})"
+    if ckpt.recorded(out) is not None:
+        return "no checkpoint was written yet: start over with --overwrite"
+    return "nothing was recorded: run it again"
+
+
+def where_it_stopped(out: Path) -> str:
+    """Where a run that stopped stands, read from its directory ``out``: the last step its metrics
+    record, then ``where_to_continue``."""
+    steps = [record.get("step", 0) for record in read_metrics(out / "metrics.jsonl")]
+    reached = f"the run stopped after step {max(steps)}" if steps else "the run stopped before its first step ended"
+    return f"{reached}; {where_to_continue(out)}"
 
 
 def started_by_torchrun() -> bool:
