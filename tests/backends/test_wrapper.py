@@ -24,6 +24,7 @@ class Probe(Backend):
     accepts_images = True
     name = "probe replica"
     dead = "its actor died"
+    images_missing = "its processor is missing"
 
     def __init__(self):
         self.calls: list[tuple] = []

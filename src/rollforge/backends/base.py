@@ -85,6 +85,8 @@ class Backend(abc.ABC):
     #: engine refuses environments that declare ``produces_images`` before the rollout starts, and
     #: fails an episode that gets an image anyway.
     accepts_images: bool = False
+    #: Why a backend that could take images does not (one line for the refusal), else None.
+    images_missing: str | None = None
     #: How errors and a router's ``stats()`` call this backend (None: a router numbers its replicas).
     name: str | None = None
     #: Why this backend can serve no more requests (a Ray replica whose actor died), else None: a
@@ -179,6 +181,10 @@ class BackendWrapper(Backend):
     @property
     def accepts_images(self) -> bool:  # type: ignore[override]
         return self.inner.accepts_images
+
+    @property
+    def images_missing(self) -> str | None:  # type: ignore[override]
+        return self.inner.images_missing
 
     @property
     def name(self) -> str | None:  # type: ignore[override]

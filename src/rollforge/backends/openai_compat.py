@@ -13,6 +13,11 @@ Design:
   live in ``openai_wire``. Servers: vLLM (>= 0.10.2 for ``return_token_ids``); another server
   (SGLang) works when it honours the same options, and one that returns no token ids is refused
   with that reason.
+- Images (``accepts_images``, given the served model's ``processor``): a request with images goes
+  to vLLM's token-in/token-out ``/inference/v1/generate`` (served with ``--enable-scale-out``), the
+  images as ``image_url`` content parts and each image's expanded tokens collapsed to the one
+  placeholder the server expands itself; the prompt the server ran must equal the renderer's ids,
+  else the request fails (``vllm_images``). Without a processor ``images_missing`` says so.
 - Transport: one ``httpx.AsyncClient`` (connection pooling, keep-alive) per event loop, since an
   asyncio client cannot outlive its loop and a trainer runs one loop per step. At most
   ``max_concurrency`` requests are in flight; the rest wait for a slot.
@@ -47,14 +52,17 @@ from ..errors import BackendError, ConfigError, require
 from ..types import Completion
 from .base import Backend, SamplingParams
 from .openai_wire import (
+    completion_from_generate,
     completion_from_response,
     completion_request,
     excerpt,
+    generate_request,
     prompt_logprobs_from_response,
     scoring_request,
     server_message,
 )
 from .settings import OpenAICompatSettings
+from .vllm_images import VLLMImages, image_url
 from .weights import export_weights, scratch_directory
 
 # completion_from_response is re-exported: callers and tests import it from here.
@@ -75,9 +83,11 @@ class OpenAICompatBackend(Backend):
     - ``settings`` (``OpenAICompatSettings``): the served model name, API key, concurrency,
       timeouts, retries and their backoff, the seed of requests without one, where synced weights
       are written and how often the server's weight version is checked.
+    - ``processor``: the served model's processor (``models.load_processor``), for a
+      vision-language model whose requests carry images; None: text only.
     """
 
-    def __init__(self, base_url: str, settings: OpenAICompatSettings = OpenAICompatSettings()):
+    def __init__(self, base_url: str, settings: OpenAICompatSettings = OpenAICompatSettings(), processor: Any = None):
         self._httpx = require("httpx", "openai", "the OpenAI-compatible backend")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000, got {base_url!r}")
@@ -105,21 +115,53 @@ class OpenAICompatBackend(Backend):
         self._slots: asyncio.Semaphore | None = None
         self._version_lock: asyncio.Lock | None = None
         self._closed = False
+        self._images = VLLMImages(processor) if processor is not None else None
+        #: Whether requests may carry images (the served model's processor was given).
+        self.accepts_images = self._images is not None
+        #: Why this backend takes no images, else None.
+        self.images_missing = (
+            None
+            if self._images is not None
+            else "no processor of the served model was given (OpenAICompatBackend(..., processor=)) to send images with"
+        )
 
     # --- the Backend protocol ----------------------------------------------------------------
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: Sequence[Any] = ()
+    ) -> Completion:
         if self._closed:
             raise BackendError("the OpenAI-compatible backend is closed")
         ids = [int(i) for i in prompt_ids]
         if not ids:
             raise BackendError("empty prompt: the server needs at least one prompt token")
+        if images and self._images is None:
+            raise BackendError(f"the OpenAI-compatible backend takes no images: {self.images_missing}")
         if self._version_token is not None:
             await self._check_version()
         seed = params.seed if params.seed is not None else self._seeds.randrange(2**31)
+        if images:
+            return await self._generate_with_images(self._images, ids, tuple(images), params, seed)
         body = completion_request(ids, params, seed, self.model)
         payload = await self._request("POST", "/v1/completions", json_body=body)
         return completion_from_response(payload, self.base_url)
+
+    async def _generate_with_images(
+        self, prompts: VLLMImages, ids: list[int], images: tuple[Any, ...], params: SamplingParams, seed: int
+    ) -> Completion:
+        """One request with images through ``/inference/v1/generate`` (see the module docstring)."""
+        collapsed = await asyncio.to_thread(prompts.collapsed, ids, images)
+        urls = await asyncio.to_thread(lambda: [image_url(image) for image in images])
+        body = generate_request(collapsed, urls, params, seed, self.model)
+        try:
+            payload = await self._request("POST", "/inference/v1/generate", json_body=body)
+        except BackendError as exc:
+            if "HTTP 404" in str(exc):
+                raise BackendError(f"{exc} (requests with images need vLLM's /inference/v1/generate)") from exc
+            raise
+        completion, consumed = completion_from_generate(payload, self.base_url)
+        VLLMImages.check_consumed(ids, consumed, f"{payload.get('request_id')} at {self.base_url}")
+        return completion
 
     async def close(self) -> None:
         self._closed = True

@@ -5,6 +5,11 @@ Requests ask vLLM's ``/v1/completions`` for token-in/token-out: the prompt as to
 logprob of each sampled token), stop strings kept in the output and special tokens kept in the
 text they are matched on. Responses are validated field by field; anything missing or malformed is
 a ``BackendError`` that says what was wrong, never a guess.
+
+A request with images goes to vLLM's token-in/token-out ``/inference/v1/generate`` instead (the
+completions API carries no images): the same sampling options, the token ids with one placeholder per
+image, the images as ``image_url`` content parts, and ``return_token_ids`` so that the prompt the
+server ran after expanding the images comes back to be checked.
 """
 
 from __future__ import annotations
@@ -19,8 +24,31 @@ from .base import SamplingParams
 
 def completion_request(ids: list[int], params: SamplingParams, seed: int, model: str | None) -> dict[str, Any]:
     """The ``/v1/completions`` body of one generation request."""
+    body: dict[str, Any] = {"prompt": ids, **_sampling(params, seed), "return_token_ids": True, "stream": False}
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+def generate_request(
+    ids: list[int], image_urls: Sequence[str], params: SamplingParams, seed: int, model: str | None
+) -> dict[str, Any]:
+    """The ``/inference/v1/generate`` body of one request with images (``ids``: one placeholder each)."""
     body: dict[str, Any] = {
-        "prompt": ids,
+        "token_ids": ids,
+        "content_parts": [{"type": "image_url", "url": url} for url in image_urls],
+        "sampling_params": _sampling(params, seed),
+        "return_token_ids": True,
+    }
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+def _sampling(params: SamplingParams, seed: int) -> dict[str, Any]:
+    """vLLM's sampling options of one request: one sample, the sampled token's logprob, stop strings
+    kept in the output, special tokens kept in the text that stop strings are matched on."""
+    return {
         "max_tokens": params.max_new_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -32,13 +60,8 @@ def completion_request(ids: list[int], params: SamplingParams, seed: int, model:
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
         "logprobs": 0,
-        "return_token_ids": True,
         "n": 1,
-        "stream": False,
     }
-    if model is not None:
-        body["model"] = model
-    return body
 
 
 def scoring_request(ids: list[int], model: str | None) -> dict[str, Any]:
@@ -93,6 +116,18 @@ def completion_from_response(payload: Any, base_url: str = "the server") -> Comp
             f"the server at {base_url} ended the request with finish_reason {choice.get('finish_reason')!r}"
         )
     return Completion(token_ids=tuple(ids), logprobs=tuple(float(x) for x in logprobs), finish_reason=reason)
+
+
+def completion_from_generate(payload: Any, base_url: str) -> tuple[Completion, Any]:
+    """A ``Completion`` and the prompt ids the server ran, from an ``/inference/v1/generate`` body
+    (logprobs as ``choices[0].logprobs.content[i].logprob``; the rest as in ``/v1/completions``)."""
+    try:
+        choice = payload["choices"][0]
+        logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise BackendError(f"malformed response from {base_url}: no choices[0].logprobs.content ({exc!r})") from None
+    shaped = {"choices": [{**choice, "logprobs": {"token_logprobs": logprobs}}]}
+    return completion_from_response(shaped, base_url), payload.get("prompt_token_ids")
 
 
 def _is_number(value: Any) -> bool:

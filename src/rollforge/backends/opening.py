@@ -91,8 +91,11 @@ def _openai(config: BackendConfig) -> Backend:
     from .openai_compat import OpenAICompatBackend
     from .settings import OpenAICompatSettings
 
+    from ..models import load_processor
+
     urls = config.urls
     shared = dict(config.options)
+    processor = load_processor(config.model)  # None for a text model; with one, requests may carry images
     if config.request_timeout is not None:
         shared.setdefault("request_timeout", config.request_timeout)
 
@@ -104,7 +107,7 @@ def _openai(config: BackendConfig) -> Backend:
         settings = OpenAICompatSettings(
             model=config.served_model_name, max_concurrency=config.concurrency, seed=seed, **options
         )
-        return OpenAICompatBackend(url, settings)
+        return OpenAICompatBackend(url, settings, processor=processor)
 
     backends = [build(i, url) for i, url in enumerate(urls)]
     if config.check_reachable:

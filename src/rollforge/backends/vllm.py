@@ -37,6 +37,11 @@ Design:
   its KV cache; ``wake_up(["weights"])``, ``update_weights`` and ``wake_up(["kv_cache"])`` bring it
   back (``train/sync.py`` sequences them). While any part sleeps, requests fail with
   ``BackendError``. Never run on a GPU in rollforge's tests: they drive a fake engine.
+- Images (``accepts_images``): a model vLLM runs as a vision-language model, with a processor in
+  its directory, takes ``generate(prompt_ids, params, images=...)``; the images go to vLLM as its
+  multimodal inputs, and ``vllm_images`` collapses the renderer's expanded image tokens to the
+  placeholders vLLM expands itself, then checks that vLLM ran exactly the recorded ids. For any
+  other model ``images_missing`` says in one line why it takes no images.
 - Every knob is a field of one frozen ``VLLMSettings`` (``settings.py``), checked when it is built.
   The engine's arguments, the request and output translation and the loop thread hold no backend
   state and live in ``vllm_engine``.
@@ -66,6 +71,7 @@ from .vllm_engine import (
     sleep_mode_available,
     vllm_sampling_params,
 )
+from .vllm_images import VLLMImages, image_support
 from .weights import export_weights, is_peft_model, scratch_directory
 
 logger = logging.getLogger(__name__)
@@ -104,7 +110,11 @@ class VLLMBackend(Backend):
         self._weights_dir: Path | None = None
         self._closed = False
         self._vllm = vllm
-        self._engine = self._start_engine(vllm.AsyncEngineArgs(**args), settings.startup_timeout)
+        engine_arguments = vllm.AsyncEngineArgs(**args)
+        self._images, self.images_missing = image_support(self.model, engine_arguments)
+        #: Whether the model is a vision-language model vLLM takes images for (else see ``images_missing``).
+        self.accepts_images = self._images is not None
+        self._engine = self._start_engine(engine_arguments, settings.startup_timeout)
 
     def _start_engine(self, args: Any, timeout: float) -> Any:
         """The engine, started on the backend's own loop thread within ``timeout`` seconds; a
@@ -122,13 +132,20 @@ class VLLMBackend(Backend):
 
     # --- the Backend protocol ----------------------------------------------------------------
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: Sequence[Any] = ()
+    ) -> Completion:
         self._check_serving()
         ids = [int(i) for i in prompt_ids]
         if not ids:
             raise BackendError("empty prompt: vLLM needs at least one prompt token")
+        if images and self._images is None:
+            raise BackendError(f"the vLLM backend takes no images: {self.images_missing}")
+        prompt = {"prompt_token_ids": ids}
+        if self._images is not None:  # the processor's work, off the event loop
+            prompt = await asyncio.to_thread(self._images.prompt, ids, tuple(images))
         seed = params.seed if params.seed is not None else self._seeds.randrange(2**31)
-        return await asyncio.wrap_future(self._thread.submit(self._generate(ids, params, seed)))
+        return await asyncio.wrap_future(self._thread.submit(self._generate(ids, prompt, params, seed)))
 
     async def close(self) -> None:
         if self._closed:
@@ -241,7 +258,8 @@ class VLLMBackend(Backend):
 
         return AsyncLLM.from_engine_args(engine_args)
 
-    async def _generate(self, ids: list[int], params: SamplingParams, seed: int) -> Completion:
+    async def _generate(self, ids: list[int], prompt: dict[str, Any], params: SamplingParams, seed: int) -> Completion:
+        """``prompt``: the ``TokensPrompt`` fields of ``ids`` (with images: collapsed, see ``vllm_images``)."""
         from vllm.inputs import TokensPrompt
 
         request_id = f"rollforge-{next(self._request_ids)}"
@@ -249,7 +267,7 @@ class VLLMBackend(Backend):
         try:
             async with asyncio.timeout(self.request_timeout):
                 stream = self._engine.generate(
-                    TokensPrompt(prompt_token_ids=ids),
+                    TokensPrompt(**prompt),
                     vllm_sampling_params(params, seed),
                     request_id,
                     lora_request=self._lora,
@@ -264,6 +282,8 @@ class VLLMBackend(Backend):
             raise BackendError(f"vLLM failed request {request_id}: {type(exc).__name__}: {exc}") from exc
         if final is None or not final.outputs:
             raise BackendError(f"vLLM returned no output for request {request_id}")
+        if "multi_modal_data" in prompt:
+            VLLMImages.check_consumed(ids, final.prompt_token_ids, request_id)
         return completion_from_output(final.outputs[0], request_id)
 
     async def _score(self, ids: list[int]) -> tuple[float | None, ...]:

@@ -246,14 +246,16 @@ def sessions_needed(
 def check_backend_takes_images(
     samples: Sequence[Sample], task_to_env: Mapping[str, Environment], backend: Backend
 ) -> None:
-    """An environment that declares ``produces_images`` needs a backend with ``accepts_images``."""
+    """An environment that declares ``produces_images`` needs a backend with ``accepts_images``;
+    the refusal gives the backend's ``images_missing`` (why it takes none) where it has one."""
     if backend.accepts_images:
         return
+    why = f": {backend.images_missing}" if backend.images_missing else ""
     for task in sorted({s.task_name for s in samples}):
         if task_to_env[task].produces_images:
             raise ConfigError(
                 f"the environment for task {task!r} may return images (produces_images=True) but the "
-                f"backend {type(backend).__name__} is text-only (accepts_images=False); use a backend for "
+                f"backend {type(backend).__name__} is text-only (accepts_images=False{why}); use a backend for "
                 "a vision-language model, or an environment that returns text"
             )
 
