@@ -118,3 +118,19 @@ def test_several_openai_urls_give_a_router_with_one_backend_each(tiny_model_dir,
         asyncio.run(router.close())
     single = open_backend(BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=["http://127.0.0.1:8001"]))
     assert not isinstance(single, RouterBackend)
+
+
+def test_openai_backend_opened_on_a_vision_model_takes_images_and_on_a_text_model_says_why_not(
+    tiny_model_dir, tmp_path
+):
+    """``--backend openai`` loads the model's processor itself: a vision-language model's directory
+    gives a backend that takes images, a text model's one that names the missing processor."""
+    pytest.importorskip("httpx")
+    from vllm_vision_helpers import save_tiny_idefics3
+
+    vlm_dir = save_tiny_idefics3(tmp_path / "vlm")
+    url = "http://127.0.0.1:8000"
+    vision = open_backend(BackendConfig(kind="openai", model=str(vlm_dir), base_url=url))
+    text = open_backend(BackendConfig(kind="openai", model=str(tiny_model_dir), base_url=url))
+    assert (vision.accepts_images, vision.images_missing) == (True, None)
+    assert text.accepts_images is False and "no processor" in text.images_missing
