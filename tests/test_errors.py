@@ -12,7 +12,7 @@ from rollforge import errors
 from rollforge.boundary import boundary, call_user, is_own_bug
 from rollforge.errors import EpisodeFailed, InvariantError
 from rollforge.rollout.metrics import rollout_metrics
-from rollforge.types import Message
+from rollforge.types import Failure, Message
 
 
 def raised(function, *args, **kwargs) -> BaseException:
@@ -104,3 +104,14 @@ def _failed():
     from rollforge.types import Failure
 
     raise EpisodeFailed(Failure("env_timeout", "too slow"))
+
+
+def test_episode_failed_survives_pickling_with_its_failure():
+    """An engine worker process sends an ``EpisodeFailed`` to its parent pickled: the failure's kind
+    must arrive, not a bare message re-read as a ``backend_error``."""
+    import pickle
+
+    back = pickle.loads(pickle.dumps(EpisodeFailed(Failure("context_exceeded", "the prompt has 1088 tokens"))))
+    assert isinstance(back, EpisodeFailed)
+    assert (back.failure.kind, back.failure.message) == ("context_exceeded", "the prompt has 1088 tokens")
+    assert str(back) == "context_exceeded: the prompt has 1088 tokens"

@@ -128,6 +128,11 @@ class EpisodeFailed(RollforgeError):
         super().__init__(f"{failure.kind}: {failure.message}")
         self.failure = failure
 
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        """Pickled with its ``failure`` (an engine worker process sends it to the parent), so the
+        kind survives the trip instead of arriving as a ``backend_error``."""
+        return (type(self), (self.failure,))
+
 
 class RewardUnavailable(RollforgeError):
     """A reward could not be computed for a reason outside the episode (a judge server timed out,

@@ -125,7 +125,7 @@ def test_sections_past_the_time_budget_are_skipped(tmp_path):
         ),
         (
             ["--sections", "grpo,vllm"],
-            "--sections must name some of grpo, trl, fsdp2, train_throughput, got 'grpo,vllm'",
+            "--sections must name some of grpo, trl, fsdp2, train_throughput, vision, got 'grpo,vllm'",
         ),
     ],
 )

@@ -12,6 +12,11 @@
   with the replica's name and node (``Completion.served_by``: the actor says its node once, in
   the ``ready()`` that tells it started; ``placement``). Cancelling the caller (an episode timeout)
   cancels the actor's task, so the HF batch drops the row and vLLM aborts it.
+- Images: ``ready()`` also says whether the actor's backend takes images (``accepts_images``, a
+  vision-language model's directory: ``HFVisionBackend``, or vLLM's multimodal inputs) and why
+  not (``images_missing``); the replica declares them from then on (``start_replicas`` waits for
+  it, so a router built on its replicas knows). A request's images (PIL images or encoded bytes)
+  travel pickled with the actor call.
 - A replica fills in the hooks ``Backend`` declares for a router: its ``name``, ``dead`` and
   ``share_weights``.
 - Weight sync: ``share_weights(model)`` exports the state dict on the driver once
@@ -62,13 +67,16 @@ class BackendHost:
         self._backend = open_backend(config)
         self._gate = WeightGate()
 
-    async def ready(self) -> tuple[str, str]:
-        """Where this actor runs (``connect.this_node``), once its backend is built."""
-        return this_node()
+    async def ready(self) -> tuple[str, str, bool, str | None]:
+        """Where this actor runs (``connect.this_node``), once its backend is built, and whether that
+        takes images (``accepts_images``, ``images_missing``)."""
+        return (*this_node(), self._backend.accepts_images, self._backend.images_missing)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, images: Any = None) -> Completion:
         async with self._gate.request():
-            return await self._backend.generate(prompt_ids, params)
+            if images is None:
+                return await self._backend.generate(prompt_ids, params)
+            return await self._backend.generate(prompt_ids, params, images=images)
 
     async def update_weights(self, state: dict[str, Any]) -> None:
         async with self._gate.update():
@@ -143,9 +151,11 @@ class RayBackendReplica(Backend):
         self._release = weakref.finalize(self, hold(held))  # until closed, killed or collected
         self._closed = False
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, images: Any = None) -> Completion:
         self._check_usable()
-        ref = self.actor.generate.remote([int(i) for i in prompt_ids], params)
+        ref = self.actor.generate.remote(
+            [int(i) for i in prompt_ids], params, None if images is None else tuple(images)
+        )
         try:
             completion = await self._call(ref, "generation")
         except asyncio.CancelledError:
@@ -155,9 +165,11 @@ class RayBackendReplica(Backend):
             self.placed(await self._call(self.started, "starting"))
         return dataclasses.replace(completion, served_by=self.placement)
 
-    def placed(self, node: tuple[str, str]) -> None:
-        """Record where the actor runs: ``ready()``'s answer, (node id, IP address)."""
-        self.placement = Placement(str(self.name), *node)
+    def placed(self, ready: tuple[str, str, bool, str | None]) -> None:
+        """Record ``ready()``'s answer: where the actor runs (node id, IP address), and whether its
+        backend takes images."""
+        node_id, address, self.accepts_images, self.images_missing = ready
+        self.placement = Placement(str(self.name), node_id, address)
 
     @staticmethod
     def share_weights(model: Any) -> SharedWeights:

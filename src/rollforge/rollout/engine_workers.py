@@ -19,7 +19,8 @@ Design:
 
 - What crosses is pickled: each worker gets, once per pool, ``task_to_env`` (environment classes
   and factories by reference: they must be importable from a module, not defined in the script
-  that runs or inside a function), the renderer's tokenizer and family and how it generates; then,
+  that runs or inside a function), the renderer's tokenizer and family (a ``VisionRenderer``'s
+  processor too, so that a worker expands images into the same ids) and how it generates; then,
   per rollout, its shard of samples and the config with ``first_index`` moved to the shard's start.
   Episode indices, hence sampling
   seeds and tool-call ids, are the global ones: a deterministic backend produces the same

@@ -117,7 +117,7 @@ class Channel:
 @dataclass(frozen=True)
 class Setup:
     """What a worker keeps for its life (``worker_pool.py``): the environments, the renderer's
-    tokenizer and family, and how it generates."""
+    tokenizer and family (and a vision renderer's processor), and how it generates."""
 
     task_to_env: Mapping[str, Any]
     tokenizer: Any
@@ -125,6 +125,7 @@ class Setup:
     keep_reasoning: bool
     accepts_images: bool
     opener: Callable[[], Backend] | None  # the backend's reopener, else requests come to the parent
+    processor: Any = None  # a VisionRenderer's processor: the worker renders images as it does
 
 
 @dataclass(frozen=True)

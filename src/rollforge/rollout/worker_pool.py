@@ -7,8 +7,9 @@ per pool, not once per rollout. A training run opens one pool for all its steps.
 Design:
 
 - A pool is opened for one ``(task_to_env, backend, renderer)``. Each worker is started and sent the
-  ``Setup`` once (the environments, the tokenizer and chat family, how it generates: the backend's
-  ``reopener`` when it pickles, else through this process); it answers ``ready`` with the CPU
+  ``Setup`` once (the environments, the tokenizer and chat family, a ``VisionRenderer``'s processor
+  so that the worker renders images as it does, how it generates: the backend's ``reopener`` when it
+  pickles, else through this process); it answers ``ready`` with the CPU
   seconds its start took, then serves rollouts one at a time, each sent only its ``Shard`` (its
   samples, and the config with ``first_index`` and its share of ``concurrency``).
 - The workers hold copies made when the pool opened: a rollout must pass the same environment
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from ..backends.base import Backend
+from ..chat.vision import VisionRenderer
 from ..errors import ConfigError
 from ..workers import run_sync
 from .worker_channel import Channel, Setup, dumps
@@ -213,8 +215,15 @@ def _setup_payload(task_to_env: Mapping[str, Any], backend: Backend, renderer: A
         **family.template_kwargs,
         **family.keep_reasoning,
     }
+    processor = renderer.processor if isinstance(renderer, VisionRenderer) else None  # images rendered there too
     setup = Setup(
-        dict(task_to_env), renderer.tokenizer, family, keep_reasoning, backend.accepts_images, _opener(backend)
+        dict(task_to_env),
+        renderer.tokenizer,
+        family,
+        keep_reasoning,
+        backend.accepts_images,
+        _opener(backend),
+        processor,
     )
     return pickled(setup, f"engine_workers={count}")
 
@@ -225,9 +234,9 @@ def pickled(payload: Any, setting: str) -> bytes:
         return dumps(payload)
     except Exception as exc:
         raise ConfigError(
-            f"{setting} sends the samples, environments and tokenizer to worker processes, but they do not "
-            f"pickle ({type(exc).__name__}: {exc}); define environment classes at a module's top level, or set "
-            "engine_workers=1"
+            f"{setting} sends the samples, environments and tokenizer (or processor) to worker processes, but "
+            f"they do not pickle ({type(exc).__name__}: {exc}); define environment classes at a module's top "
+            "level, or set engine_workers=1"
         ) from None
 
 

@@ -1,7 +1,7 @@
 """One engine worker process (``engine_workers.py``, ``worker_pool.py``): loads the pool's setup
-once (environments, tokenizer, backend), then runs each rollout's shard with ``run_checked`` on its
-own event loop and sends the trajectories back as their episodes end (those that end in one loop
-iteration in one pickle).
+once (environments, tokenizer or a vision model's processor, backend), then runs each rollout's
+shard with ``run_checked`` on its own event loop and sends the trajectories back as their episodes
+end (those that end in one loop iteration in one pickle).
 
 It generates with its own copy of the backend when the backend has a ``reopener``, else through
 ``_ProxyBackend``, which sends each request to the rollout's process. It ignores SIGINT (the parent
@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 from ..backends.base import CURRENT_EPISODE, Backend, SamplingParams
 from ..chat.render import ChatRenderer
+from ..chat.vision import VisionRenderer
 from ..errors import ConfigError
 from ..types import Completion, Trajectory
 from .engine import run_checked
@@ -127,7 +128,7 @@ class _Worker:
         self.channel, self.task_to_env = channel, setup.task_to_env
         self.proxy = _ProxyBackend(channel, setup.accepts_images)
         self.backend = self.proxy if setup.opener is None else setup.opener()
-        self.renderer = ChatRenderer(setup.tokenizer, setup.family, keep_reasoning=setup.keep_reasoning)
+        self.renderer = _renderer(setup)
         self.rolling: asyncio.Future | None = None
 
     @classmethod
@@ -182,6 +183,14 @@ class _Worker:
             self.channel.send(("raised", portable_error(exc)))
         finally:
             self.proxy.active, self.rolling = False, None
+
+
+def _renderer(setup: Setup) -> ChatRenderer:
+    """The parent's renderer again: a ``VisionRenderer`` of its processor (the same image expansions,
+    so the same ids), else a ``ChatRenderer`` of its tokenizer."""
+    if setup.processor is None:
+        return ChatRenderer(setup.tokenizer, setup.family, keep_reasoning=setup.keep_reasoning)
+    return VisionRenderer(setup.processor, setup.family, keep_reasoning=setup.keep_reasoning)
 
 
 class Finished(IterationBatch):

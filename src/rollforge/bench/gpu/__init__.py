@@ -10,6 +10,10 @@ Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B from the configs in ``gpu/models/``, s
 - ``fsdp2``: FSDP2 over a process group of one (NCCL; gloo on CPU), a checkpoint written and resumed;
 - ``train_throughput``: ``bench train-throughput`` at 16,384-token packs: MFU (needs CUDA).
 
+Then, once per run, not per model: ``vision`` (``gpu.vision``): a random-initialised SmolVLM-256M
+(Idefics3) generating episodes with a new picture every turn through ``HFVisionBackend``, then one
+GRPO update on them with their pictures. Never run on a GPU yet (only ``--quick``, on a CPU).
+
 The boundary: every section runs inside ``_section``; whatever it raises becomes
 ``{"status": "failed", "reason": "<one line>"}`` and the run goes on (a failed model build fails
 that model's sections). A section that needs CUDA on a machine without it is
@@ -20,8 +24,9 @@ leaves what it measured.
 Sizes (full run; about 4-5 minutes a model on one H100, so <= 20 minutes for the three): GRPO 8
 prompts x 8 completions of 256 new tokens, 4 steps of which the first is an untimed warm-up, on
 the ``arithmetic`` prompts; FSDP2 2 updates of 4 x 2,048 random tokens, then the round trip; packs
-3 timed steps after 1 warm-up. ``--quick`` runs a 0.1M-parameter Qwen3-architecture model (``tiny``)
-at a few tokens, in seconds on a CPU.
+3 timed steps after 1 warm-up; vision 8 episodes x 3 turns of 64 tokens, each turn a new picture
+(1,088 tokens: 16 tiles and the global view). ``--quick`` runs a 0.1M-parameter Qwen3-architecture
+model (``tiny``) and the tests' tiny Idefics3 at a few tokens, in seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from . import sections
+from . import sections, vision
 from .settings import FULL, QUICK, GpuSettings
 
 #: name -> the section, in the order they run: (model_dir, where, settings, scratch, the model's
@@ -54,6 +59,8 @@ SECTION_RUNS: dict[str, Callable[[Path, Any, GpuSettings, Path, dict[str, Any]],
     "train_throughput": lambda model_dir, where, s, scratch, entry: sections.train_throughput(model_dir, where, s),
 }
 SECTIONS = tuple(SECTION_RUNS)
+#: Sections that run once per run, after every model's: the vision-language model is its own.
+RUN_SECTIONS = ("vision",)
 NEEDS_CUDA = frozenset({"train_throughput"})
 
 
@@ -64,9 +71,8 @@ def add_arguments(parser: Any) -> None:
         help=f"comma-separated, of {', '.join(sections.MODELS)} (default: all three; tiny with --quick)",
     )
     parser.add_argument("--quick", action="store_true", help="a tiny model at a few tokens (seconds, on a CPU)")
-    parser.add_argument(
-        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}"
-    )
+    every = (*SECTIONS, *RUN_SECTIONS)
+    parser.add_argument("--sections", default=",".join(every), help=f"comma-separated subset of {', '.join(every)}")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--out", default="gpu-report.json", help="the JSON report (default gpu-report.json)")
     parser.add_argument(
@@ -82,9 +88,10 @@ def main(args: Any) -> dict[str, Any]:
     default = "tiny" if args.quick else ",".join(sections.MODELS)
     models = [m.strip() for m in (args.models or default).split(",") if m.strip()]
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = sorted(set(chosen) - set(SECTIONS))
+    every = (*SECTIONS, *RUN_SECTIONS)
+    unknown = sorted(set(chosen) - set(every))
     if unknown or not chosen:
-        raise ConfigError(f"--sections must name some of {', '.join(SECTIONS)}, got {args.sections!r}")
+        raise ConfigError(f"--sections must name some of {', '.join(every)}, got {args.sections!r}")
     if args.budget_s <= 0:
         raise ConfigError(f"--budget-s must be > 0 seconds, got {args.budget_s}")
     for name in models:
@@ -95,7 +102,7 @@ def main(args: Any) -> dict[str, Any]:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     report = run(
         models,
-        tuple(s for s in SECTIONS if s in chosen),
+        tuple(s for s in every if s in chosen),
         settings,
         args.device,
         Path(args.out),
@@ -114,7 +121,8 @@ def run(
     scratch: str | None,
     budget_s: float,
 ) -> dict[str, Any]:
-    """Every section of every model; the report (also written to ``out`` after each section)."""
+    """Every section of every model, then the run's own (``vision``); the report (also written to
+    ``out`` after each section)."""
     from ...models import resolve_device
 
     where = resolve_device(device)
@@ -127,13 +135,14 @@ def run(
         "models": {},
         "notes": NOTES,
     }
+    per_model = tuple(s for s in chosen if s in SECTION_RUNS)
     with sections.scratch_dir(scratch) as folder:
-        for name in models:
+        for name in models if per_model else ():
             entry: dict[str, Any] = {}
             report["models"][name] = entry
             model_dir = Path(folder) / name
             entry["model"] = _section(partial(sections.build_model_dir, name, model_dir, where, settings.seed))
-            for section in chosen:
+            for section in per_model:
                 scratch_of = Path(folder) / f"{name}-{section}"
                 entry[section] = _gated(
                     section,
@@ -147,6 +156,12 @@ def run(
                 report["seconds"] = round(time.perf_counter() - began, 1)
                 _write(out, report)
             shutil.rmtree(model_dir, ignore_errors=True)
+        if "vision" in chosen:
+            scratch_of = Path(folder) / "vision"
+            scratch_of.mkdir()
+            report["vision"] = _over_budget(began, budget_s) or _section(
+                partial(vision.run, where, settings, scratch_of)
+            )
     report["seconds"] = round(time.perf_counter() - began, 1)
     _write(out, report)
     return report
@@ -167,10 +182,15 @@ def _gated(
         return {"status": "skipped", "reason": "no CUDA device"}
     if entry["model"]["status"] != "ok":
         return {"status": "skipped", "reason": "the model was not built (see its 'model' entry)"}
+    return _over_budget(began, budget_s) or _section(body)
+
+
+def _over_budget(began: float, budget_s: float) -> dict[str, Any] | None:
+    """A skipped section's entry once ``budget_s`` seconds have passed since ``began``, else None."""
     spent = time.perf_counter() - began
     if spent > budget_s:
         return {"status": "skipped", "reason": f"the time budget of {budget_s:.0f} s was spent ({spent:.0f} s)"}
-    return _section(body)
+    return None
 
 
 def _section(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -270,12 +290,26 @@ def summary(report: dict[str, Any], out: str) -> dict[str, Any]:
             for section, result in entry.items()
         }
     env = report["environment"]
-    return {
+    printed = {
         "report": str(out),
         "device": f"{env['device']} ({env['device_name']})",
         "seconds": report["seconds"],
         "models": models,
     }
+    if "vision" in report:
+        printed["vision"] = _vision_line(report["vision"])
+    return printed
+
+
+def _vision_line(result: dict[str, Any]) -> str:
+    if result["status"] != "ok":
+        return f"{result['status']}: {result['reason']}"
+    generation, update = result["generation"], result["update"]
+    return (
+        f"ok {result['model']} generation_tokens_per_s={generation['generation_tokens_per_s']} "
+        f"update_seconds={update['seconds']} peak_memory_gib={generation['peak_memory_gib']} (generation), "
+        f"{update['peak_memory_gib']} (update)"
+    )
 
 
 def _write(out: Path, report: dict[str, Any]) -> None:

@@ -20,6 +20,11 @@ class GpuSettings:
     fsdp_seq_len: int = 2048  # FSDP2 random tokens per row
     pack_tokens: int = 16384  # train_throughput: tokens per pack
     pack_steps: int = 3  # train_throughput: timed steps after one warm-up
+    vision_model: str = "smolvlm-256m"  # vision: the model (gpu/vision.py SIZES)
+    vision_episodes: int = 8  # vision: episodes generated, then updated on
+    vision_turns: int = 3  # vision: turns per episode, a new picture each
+    vision_new_tokens: int = 64  # vision: tokens per reply
+    vision_picture: int = 512  # vision: pixels a side of each picture
     seed: int = 0
 
 
@@ -34,4 +39,9 @@ QUICK = GpuSettings(
     fsdp_seq_len=32,
     pack_tokens=256,
     pack_steps=1,
+    vision_model="tiny",
+    vision_episodes=2,
+    vision_turns=2,
+    vision_new_tokens=4,
+    vision_picture=64,
 )
