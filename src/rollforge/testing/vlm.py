@@ -62,6 +62,30 @@ IDEFICS3_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+#: The tiny decoder's sizes (both families; ``bench gpu --quick``'s vision section too).
+TINY_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+)
+
+#: The tiny Idefics3's SigLIP tower and image processing: tiles of 56 x 56 pixels, 16 patches of 14,
+#: shuffled 2x2 (``IDEFICS3_SCALE``) into 4 tokens; images up to 112 pixels a side
+#: (``IDEFICS3_EDGES``: longest edge, tile) are split into up to 2 x 2 tiles plus the global view.
+IDEFICS3_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=56,
+    patch_size=14,
+)
+IDEFICS3_SCALE = 2
+IDEFICS3_EDGES = (112, 56)
+
 _QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _IDEFICS3_TOKENS = (
     "<fake_token_around_image>",
@@ -105,12 +129,7 @@ def _text_config(tokenizer: Any) -> dict[str, Any]:
     """The two-layer decoder of ``tiny.py`` (peaked logits: ``initializer_range`` 0.2)."""
     return dict(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+        **TINY_TEXT,
         initializer_range=0.2,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -181,21 +200,14 @@ def _idefics3(seed: int) -> tuple[Any, Any]:
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     tokenizer = _tokenizer(_IDEFICS3_TOKENS, IDEFICS3_TEMPLATE)
-    # tiles of 56 x 56 pixels, 16 patches of 14, shuffled 2x2 into 4 tokens; images up to 112 pixels
-    # a side are split into up to 2 x 2 tiles plus the global view
-    images = Idefics3ImageProcessorPil(size={"longest_edge": 112}, max_image_size={"longest_edge": 56})
-    processor = Idefics3Processor(images, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
+    longest, tile = IDEFICS3_EDGES
+    images = Idefics3ImageProcessorPil(size={"longest_edge": longest}, max_image_size={"longest_edge": tile})
+    tokens = (IDEFICS3_VISION["image_size"] // IDEFICS3_VISION["patch_size"] // IDEFICS3_SCALE) ** 2
+    processor = Idefics3Processor(images, tokenizer, image_seq_len=tokens, chat_template=tokenizer.chat_template)
     config = Idefics3Config(
         text_config={**_text_config(tokenizer), "model_type": "llama"},
-        vision_config=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=56,
-            patch_size=14,
-        ),
-        scale_factor=2,
+        vision_config=IDEFICS3_VISION,
+        scale_factor=IDEFICS3_SCALE,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         pad_token_id=tokenizer.pad_token_id,
     )

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...envs.base import BaseSession, Environment, Reset, Step, append_to_last_user
+from ...testing.vlm import IDEFICS3_EDGES, IDEFICS3_SCALE, IDEFICS3_TEMPLATE, IDEFICS3_VISION, TINY_TEXT, make_tiny_vlm
 from ...types import Message, Sample
 from .settings import GpuSettings
 
@@ -85,26 +86,11 @@ SIZES = {
     ),
     # rollforge.testing's tiny Idefics3: 4 tokens per 56-pixel tile
     "tiny": VlmSize(
-        text=dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-            vocab_size=None,
-        ),
-        vision=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=56,
-            patch_size=14,
-        ),
-        scale_factor=2,
-        longest_edge=112,
-        tile=56,
+        text={**TINY_TEXT, "vocab_size": None},
+        vision=IDEFICS3_VISION,
+        scale_factor=IDEFICS3_SCALE,
+        longest_edge=IDEFICS3_EDGES[0],
+        tile=IDEFICS3_EDGES[1],
     ),
 }
 
@@ -140,7 +126,6 @@ def build_vlm(size: VlmSize, where: Any, scratch: Path, seed: int) -> tuple[Any,
     from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    from ...testing.vlm import IDEFICS3_TEMPLATE, make_tiny_vlm
     from .sections import pad_vocabulary
 
     _, tiny = make_tiny_vlm("idefics3")  # its tokenizer: ChatML and Idefics3's image tokens
