@@ -97,7 +97,7 @@ async def serve():
 
 
 def backend(url, **options) -> OpenAICompatBackend:
-    options = {"max_retries": 2, "backoff": 0.01, "max_backoff": 0.05, "request_timeout": 5.0, **options}
+    options = {"max_retries": 2, "backoff": 0.01, "max_backoff": 0.05, "request_timeout": HANG_SECONDS, **options}
     return OpenAICompatBackend(url, OpenAICompatSettings(**options))
 
 
