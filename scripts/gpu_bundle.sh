@@ -5,6 +5,7 @@
 #            wheels of their dependencies, pinned to the versions installed here (what the tests ran
 #            on), for the GPU box's Python; pip installs from them only what the box lacks;
 #   tests/   the bench's tests, for `pytest -m gpu` there;
+#   gpu_check.sh  the prepared device check (scripts/gpu_check.sh);
 #   RUN.txt  the two commands to run there.
 # Left out: torch and the CUDA stack, numpy, and pyarrow/pandas (datasets, hence TRL, needs them: 67
 # MiB of wheels; most GPU images carry both; without them only the report's `trl` section fails).
@@ -55,17 +56,19 @@ fi
   -d "$OUT/wheels" $PINS
 
 mkdir -p "$OUT/tests"
-cp tests/bench/test_gpu_bench.py "$OUT/tests/"
+cp tests/bench/test_gpu_bench.py tests/bench/test_gpu_generation.py "$OUT/tests/"
+cp scripts/gpu_check.sh "$OUT/"
 
 cat > "$OUT/RUN.txt" <<EOF
 On the GPU box (Python $PYV), from the directory holding $(basename "$OUT").tar.gz:
 
   tar xzf $(basename "$OUT").tar.gz && pip install --no-index --find-links $(basename "$OUT")/wheels rollforge trl datasets pytest
-  rollforge bench gpu --out report.json
+  bash $(basename "$OUT")/gpu_check.sh report.json
 
-The second command runs every section on Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B (random weights)
-in about 20 minutes and writes report.json; \`rollforge bench gpu --quick\` checks the paths in a
-minute. The GPU tests: pytest -m gpu $(basename "$OUT")/tests
+The second command is the prepared device check (about 8 minutes): every section and generation
+candidate on Qwen3-0.6B, then Llama-3.2-1B and Qwen2.5-0.5B in what is left, one report.json.
+\`rollforge bench gpu --out report.json\` runs every section on all three (about 25 minutes);
+\`rollforge bench gpu --quick\` checks the paths in a minute. The GPU tests: pytest -m gpu $(basename "$OUT")/tests
 EOF
 tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 SIZE=$(stat -c %s "$OUT.tar.gz")

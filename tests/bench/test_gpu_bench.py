@@ -74,6 +74,13 @@ def test_quick_run_on_cpu_reports_every_section(tmp_path):
     assert report["environment"]["cuda_alloc_conf"] == "expandable_segments:True"  # set before CUDA starts
     assert printed["models"]["tiny"]["train_throughput"] == "skipped: no CUDA device"
     assert printed["models"]["tiny"]["fsdp2"] == "ok next_loss_matches=True"
+    candidates = entry["generation"]["candidates"]
+    assert {name: c["status"] for name, c in candidates.items()} == {
+        "engine": "ok",
+        "static": "ok",
+        "cb": "ok",
+        "cb_graphs": "skipped",
+    }
 
 
 @pytest.mark.slow
@@ -125,7 +132,7 @@ def test_sections_past_the_time_budget_are_skipped(tmp_path):
         ),
         (
             ["--sections", "grpo,vllm"],
-            "--sections must name some of grpo, trl, fsdp2, train_throughput, vision, got 'grpo,vllm'",
+            "--sections must name some of generation, grpo, trl, fsdp2, train_throughput, vision, got 'grpo,vllm'",
         ),
     ],
 )
@@ -164,6 +171,9 @@ def test_quick_run_on_cuda_runs_every_section(tmp_path):
     assert {s: entry[s]["status"] for s in gpu.SECTIONS} == {s: "ok" for s in gpu.SECTIONS}, entry
     assert entry["fsdp2"]["backend"] == "nccl" and entry["fsdp2"]["resumed_weights_match"]
     assert entry["train_throughput"]["dtype"] == "bfloat16" and entry["train_throughput"]["tokens_per_s"] > 0
+    candidates = entry["generation"]["candidates"]
+    assert {c["status"] for c in candidates.values()} == {"ok"}, candidates  # CUDA graphs and compile included
+    assert all(c["floor_fraction"] is None or c["floor_fraction"] > 0 for c in candidates.values())
     assert report["environment"]["gpus"] >= 1
 
 

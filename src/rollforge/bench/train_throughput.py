@@ -40,6 +40,16 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
+#: Memory bandwidths (bytes/s) from the vendors' data sheets, matched against the device name the
+#: same way: ``bench gpu``'s generation floor.
+MEMORY_BANDWIDTH: dict[str, float] = {
+    "H100 PCIe": 2.0e12,
+    "H100": 3.35e12,  # SXM
+    "H200": 4.8e12,
+    "A100": 2.0e12,  # 80 GB SXM
+}
+
+
 def model_flops_per_token(model: Any, seq_len: int) -> tuple[int, int]:
     """``(N, flops_per_token)`` of the module docstring's formula."""
     inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
@@ -58,13 +68,28 @@ def peak_flops(device: Any, dtype: Any) -> tuple[float | None, str | None]:
     """The table's peak for bfloat16 on a known GPU, with the name it matched; else (None, None)."""
     import torch
 
-    if device.type != "cuda" or dtype != torch.bfloat16:
+    if dtype != torch.bfloat16:
+        return None, None
+    return _match(device, PEAK_BF16_FLOPS, "bf16 dense")
+
+
+def _match(device: Any, table: dict[str, float], what: str) -> tuple[float | None, str | None]:
+    """``table``'s entry for a CUDA ``device``'s name (keys most specific first) and where it came
+    from; (None, None) on another device or an unknown GPU."""
+    import torch
+
+    if device.type != "cuda":
         return None, None
     name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_BF16_FLOPS.items():  # most specific first
+    for key, value in table.items():
         if key in name:
-            return value, f"{name} (table: {key} bf16 dense)"
+            return value, f"{name} (table: {key} {what})"
     return None, None
+
+
+def memory_bandwidth(device: Any) -> tuple[float | None, str | None]:
+    """The table's memory bandwidth of a known GPU, with the name it matched; else (None, None)."""
+    return _match(device, MEMORY_BANDWIDTH, "memory bandwidth")
 
 
 @dataclass(frozen=True)

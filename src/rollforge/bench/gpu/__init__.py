@@ -2,8 +2,11 @@
 
 Made for an air-gapped GPU box: nothing is downloaded. Each model (``--models``: random-initialised
 Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B from the configs in ``gpu/models/``, see
-``gpu.sections``) runs four sections, in this order:
+``gpu.sections``) runs five sections, in this order:
 
+- ``generation`` (``gpu.generation``): the same sampled requests through each way of generating
+  (rollforge's engine, transformers' continuous batching with and without CUDA graphs, a compiled
+  static cache): tokens/s, ms per decode step and ``floor_fraction`` against the memory floor;
 - ``grpo``: rollforge GRPO steps, HF backend generating from the trained model: seconds per step
   split into rollout, update and sync; generation and update tokens/s; the update's MFU;
 - ``trl``: the same steps with TRL's ``GRPOTrainer``; ``ratio_step_time`` = rollforge / TRL;
@@ -32,11 +35,11 @@ model (``tiny``) and the tests' tiny Idefics3 at a few tokens, in seconds on a C
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import platform
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -44,13 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from . import sections, vision
+from . import generation, sections, vision
 from .settings import FULL, QUICK, GpuSettings
 
 #: name -> the section, in the order they run: (model_dir, where, settings, scratch, the model's
 #: entry so far: ``trl`` reads ``grpo``'s) -> its figures. Each entry looks its ``gpu.sections``
 #: function up when called, so a replaced one (a test's failing section) is the one that runs.
 SECTION_RUNS: dict[str, Callable[[Path, Any, GpuSettings, Path, dict[str, Any]], dict[str, Any]]] = {
+    "generation": lambda model_dir, where, s, scratch, entry: generation.run(model_dir, where, s),
     "grpo": lambda model_dir, where, s, scratch, entry: sections.grpo(model_dir, where, s, scratch),
     "trl": lambda model_dir, where, s, scratch, entry: sections.trl(
         model_dir, where, s, scratch, entry.get("grpo", {})
@@ -71,6 +75,9 @@ def add_arguments(parser: Any) -> None:
         help=f"comma-separated, of {', '.join(sections.MODELS)} (default: all three; tiny with --quick)",
     )
     parser.add_argument("--quick", action="store_true", help="a tiny model at a few tokens (seconds, on a CPU)")
+    parser.add_argument(
+        "--full", action="store_true", help="the full sizes even without CUDA (else a CPU machine runs --quick)"
+    )
     every = (*SECTIONS, *RUN_SECTIONS)
     parser.add_argument("--sections", default=",".join(every), help=f"comma-separated subset of {', '.join(every)}")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -85,8 +92,10 @@ def add_arguments(parser: Any) -> None:
 
 
 def main(args: Any) -> dict[str, Any]:
-    default = "tiny" if args.quick else ",".join(sections.MODELS)
-    models = [m.strip() for m in (args.models or default).split(",") if m.strip()]
+    from ...models import resolve_device
+
+    if args.quick and args.full:
+        raise ConfigError("--quick and --full contradict each other; give one")
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     every = (*SECTIONS, *RUN_SECTIONS)
     unknown = sorted(set(chosen) - set(every))
@@ -94,8 +103,16 @@ def main(args: Any) -> dict[str, Any]:
         raise ConfigError(f"--sections must name some of {', '.join(every)}, got {args.sections!r}")
     if args.budget_s <= 0:
         raise ConfigError(f"--budget-s must be > 0 seconds, got {args.budget_s}")
-    for name in models:
-        sections.model_spec(name)  # an unknown name fails here, before anything runs
+    for name in (args.models or "").split(","):
+        if name.strip():
+            sections.model_spec(name.strip())  # an unknown name fails here, before anything runs
+    if not args.quick and not args.full and resolve_device(args.device).type != "cuda":
+        print(
+            "rollforge bench gpu: no CUDA device here, so the quick form runs (--full: the full sizes)", file=sys.stderr
+        )
+        args.quick = True
+    default = "tiny" if args.quick else ",".join(sections.MODELS)
+    models = [m.strip() for m in (args.models or default).split(",") if m.strip()]
     settings = dataclasses.replace(QUICK if args.quick else FULL, seed=args.seed)
     # Before CUDA's allocator starts: 16k-token packs of a 1B model ran out of memory on an H100
     # with 3.2 GiB reserved in fragments (2026-11-26). Growable segments leave none.
@@ -203,18 +220,9 @@ def _section(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         message = " ".join(str(exc).split())
         result = {"status": "failed", "reason": f"{type(exc).__name__}: {message}"[:500]}
     finally:
-        _release_memory()
+        sections.release_memory()
     result["seconds"] = round(time.perf_counter() - began, 2)
     return result
-
-
-def _release_memory() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
 
 def environment(where: Any) -> dict[str, Any]:
@@ -275,6 +283,7 @@ NOTES = [
 def summary(report: dict[str, Any], out: str) -> dict[str, Any]:
     """The printed summary: per model and section its status and headline figure."""
     headline = {
+        "generation": "fastest",
         "grpo": "seconds_per_step",
         "trl": "ratio_step_time",
         "fsdp2": "next_loss_matches",

@@ -95,6 +95,16 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     }
 
 
+def release_memory() -> None:
+    """Free what a section or candidate left: Python's garbage, CUDA's cached blocks, its peak."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
 def pad_vocabulary(path: Path, size: int) -> None:
     """Extend the BPE vocabulary of the tokenizer file ``path`` to ``size`` ids: every id the model
     can sample decodes (the backend refuses ids outside the tokenizer), to ``~`` and letters (no

@@ -15,6 +15,7 @@ class GpuSettings:
     batch_size: int = 8  # GRPO prompts per step
     generations: int = 8  # GRPO completions per prompt
     max_new_tokens: int = 256  # GRPO tokens per completion
+    gen_prompt_tokens: int = 128  # generation: random prompt ids per row (rows and lengths are GRPO's)
     fsdp_steps: int = 2  # FSDP2 updates before the checkpoint
     fsdp_batch: int = 4  # FSDP2 rows per update
     fsdp_seq_len: int = 2048  # FSDP2 random tokens per row
@@ -34,6 +35,7 @@ QUICK = GpuSettings(
     batch_size=2,
     generations=2,
     max_new_tokens=8,
+    gen_prompt_tokens=8,
     fsdp_steps=1,
     fsdp_batch=2,
     fsdp_seq_len=32,
