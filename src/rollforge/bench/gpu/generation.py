@@ -10,7 +10,8 @@ float32 on a CPU, and every candidate generates from it (``CANDIDATES``):
   default, and the only one of these that keeps every promise of the backend: exact token ids and
   logprobs, per-request sampling and seeds, stop strings, prefix reuse across turns);
 - ``cb``: transformers' continuous batching (``model.generate_batch``: paged attention over sdpa,
-  logprobs returned), CUDA graphs off, its cache sized here (on a CPU its own sizing never returns);
+  logprobs returned), CUDA graphs off, its cache sized here (left to size itself on a CPU, a tiny
+  model's first call had not returned after 300 s);
 - ``cb_graphs``: the same with CUDA graphs (CUDA only);
 - ``static``: one ``model.generate`` over the left-padded rows with a static cache, which transformers
   compiles (``torch.compile``) on CUDA; on a CPU it runs uncompiled.
