@@ -59,9 +59,13 @@ def model_flops_per_token(model: Any, seq_len: int) -> tuple[int, int]:
         params[id(outputs.weight)] = outputs.weight.numel()
     n = sum(params.values())
     config = model.config.get_text_config(decoder=True)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    d_attn = config.num_attention_heads * head_dim
+    d_attn = config.num_attention_heads * head_dim(config)
     return n, 6 * n + 12 * config.num_hidden_layers * d_attn * seq_len
+
+
+def head_dim(config: Any) -> int:
+    """A text config's attention head size: its own ``head_dim``, else hidden size over heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def peak_flops(device: Any, dtype: Any) -> tuple[float | None, str | None]:

@@ -103,16 +103,15 @@ def main(args: Any) -> dict[str, Any]:
         raise ConfigError(f"--sections must name some of {', '.join(every)}, got {args.sections!r}")
     if args.budget_s <= 0:
         raise ConfigError(f"--budget-s must be > 0 seconds, got {args.budget_s}")
-    for name in (args.models or "").split(","):
-        if name.strip():
-            sections.model_spec(name.strip())  # an unknown name fails here, before anything runs
+    named = [m.strip() for m in (args.models or "").split(",") if m.strip()]
+    for name in named:
+        sections.model_spec(name)  # an unknown name fails here, before anything runs
     if not args.quick and not args.full and resolve_device(args.device).type != "cuda":
         print(
             "rollforge bench gpu: no CUDA device here, so the quick form runs (--full: the full sizes)", file=sys.stderr
         )
         args.quick = True
-    default = "tiny" if args.quick else ",".join(sections.MODELS)
-    models = [m.strip() for m in (args.models or default).split(",") if m.strip()]
+    models = named if args.models else (["tiny"] if args.quick else list(sections.MODELS))
     settings = dataclasses.replace(QUICK if args.quick else FULL, seed=args.seed)
     # Before CUDA's allocator starts: 16k-token packs of a 1B model ran out of memory on an H100
     # with 3.2 GiB reserved in fragments (2026-11-26). Growable segments leave none.

@@ -105,14 +105,13 @@ def make_requests(tokenizer: Any, s: GpuSettings) -> Requests:
 
 def floor_seconds(model: Any, requests: Requests, where: Any) -> dict[str, Any]:
     """The least time one decode step can take on ``where``: bytes read / memory bandwidth."""
-    from ..train_throughput import memory_bandwidth
+    from ..train_throughput import head_dim, memory_bandwidth
 
     config = model.config.get_text_config(decoder=True)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     element = next(model.parameters()).element_size()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv_per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * element
+    kv_per_token = 2 * config.num_hidden_layers * kv_heads * head_dim(config) * element
     context = len(requests.prompts[0]) + requests.max_new_tokens / 2
     kv = round(len(requests.prompts) * context * kv_per_token)
     bandwidth, source = memory_bandwidth(where)
