@@ -69,21 +69,35 @@ def _signal_session(process: subprocess.Popen, number: int) -> None:
                 os.kill(pid, number)
 
 
+RESULT = "rollforge-test-result: "  # marks the one line a child prints for the test to read
+
+
+def result_of(stdout: str):
+    """The JSON a child process printed after ``RESULT``: Ray may print its own lines (a lagging
+    heartbeat warning, say) before or after it on the same stdout."""
+    marked = [line[len(RESULT) :] for line in stdout.splitlines() if line.startswith(RESULT)]
+    assert marked, f"no line starting {RESULT!r} in: {stdout[-2000:]}"
+    return json.loads(marked[-1])
+
+
+def _ray_query(address: str, expression: str) -> subprocess.CompletedProcess:
+    code = "import ray, sys, json; ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False); "
+    code += f"print({RESULT!r} + json.dumps({expression}))"
+    return subprocess.run([sys.executable, "-c", code, address], env=environment(), capture_output=True, text=True)
+
+
 def alive_cpus(address: str) -> float:
-    code = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False); "
-    code += "print(sum(n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive']))"
-    done = subprocess.run([sys.executable, "-c", code, address], env=environment(), capture_output=True, text=True)
-    return float(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else -1.0
+    done = _ray_query(address, "sum(n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive'])")
+    return float(result_of(done.stdout)) if done.returncode == 0 else -1.0
 
 
 def worker_nodes(address: str) -> dict[str, str]:
     """The cluster's live nodes with CPUs (where actors that reserve CPUs run): node id -> IP."""
-    code = "import ray, sys, json; ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False); "
-    code += "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() "
-    code += "if n['Alive'] and n['Resources'].get('CPU', 0) > 0}))"
-    done = subprocess.run([sys.executable, "-c", code, address], env=environment(), capture_output=True, text=True)
+    expression = "{n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() "
+    expression += "if n['Alive'] and n['Resources'].get('CPU', 0) > 0}"
+    done = _ray_query(address, expression)
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return result_of(done.stdout)
 
 
 @dataclass(frozen=True)

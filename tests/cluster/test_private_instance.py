@@ -8,7 +8,6 @@ a subprocess beside a real head started for it, and checks the head never saw th
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,8 @@ import pytest
 from rollforge.cluster import connect
 from rollforge.errors import ConfigError
 from rollforge.testing import free_port, wait_until
+
+from multinode import RESULT, result_of
 
 QUIET = {"log_to_driver": False, "configure_logging": False}
 PRIVATE = {
@@ -64,23 +65,29 @@ def test_ensure_ray_hands_ray_init_those_arguments(address, monkeypatch):
     assert connect.started_private() is (address is None)  # what sizes the actors to a private instance
 
 
-ROLLOUT = """
+ROLLOUT = (
+    f"RESULT = {RESULT!r}\n"
+    + """
 import json, os, sys
 from rollforge.cli.main import main
 code = main(sys.argv[1:])
 import ray
 from rollforge.cluster.connect import started_private
 gcs = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-print(json.dumps({"code": code, "pid": os.getpid(), "private": started_private(), "gcs": gcs}))
+print(RESULT + json.dumps({"code": code, "pid": os.getpid(), "private": started_private(), "gcs": gcs}))
 """
+)
 
-INSPECT = """
+INSPECT = (
+    f"RESULT = {RESULT!r}\n"
+    + """
 import json, sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
 nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
 drivers = [j["DriverPid"] for j in ray._private.state.jobs()]
-print(json.dumps({"nodes": nodes, "cpus": ray.cluster_resources().get("CPU"), "drivers": drivers}))
+print(RESULT + json.dumps({"nodes": nodes, "cpus": ray.cluster_resources().get("CPU"), "drivers": drivers}))
 """
+)
 
 
 def user_environment() -> dict[str, str]:
@@ -140,7 +147,7 @@ def run_python(code: str, *args: str, env: dict[str, str]) -> dict:
     command = [sys.executable, "-c", code, *args]
     done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return result_of(done.stdout)
 
 
 @pytest.mark.slow
