@@ -1,4 +1,5 @@
-"""``calculator``'s variants: chains of operations (``computations``) and closing episodes (``closing``),
+"""``calculator``'s variants: chains of operations (``computations``), questions that start from a number
+(``continuation``) and closing episodes (``closing``),
 and the default's questions unchanged by them (the quickstart's measured runs read those)."""
 
 from __future__ import annotations
@@ -136,3 +137,18 @@ def test_closing_demonstrations_teach_the_reply(tiny_model_dir):
     for trajectory in result.trajectories:
         assert trajectory.terminated and trajectory.turns == 3 and trajectory.error is None
         assert [m.content for m in trajectory.messages if m.role == "assistant"][-1] == calculator.CLOSING
+
+
+async def test_a_continuation_starts_from_a_number_and_its_one_call_reads_the_word_after_then():
+    samples = calculator.samples(8, 0, operations=PLUS_TIMES, digits=2, balanced=True, continuation=True)
+    firsts = {a * b for a in range(10, 100) for b in range(10, 100)} | set(range(20, 199))
+    for sample in samples:
+        row = sample.row
+        assert sample.prompt[1].content == f"What is {row['a']}, then {row['op']} {row['b']}?"
+        assert row["continuation"] is True and "then" not in row and row["a"] in firsts
+        assert row["result"] == (row["a"] + row["b"] if row["op"] == "plus" else row["a"] * row["b"])
+        calls, steps, final = await expert_episode(sample)
+        assert len(steps) == 2 and calls[0].arguments == {"a": row["a"], "b": row["b"]}
+        assert final == (1.0 if calls[0].name == calculator.OPERATIONS[row["op"]] else 0.0)
+    kinds = Counter((s.row["op"], calculator.expert_tools(s.prompt[1].content, ["add", "multiply"])) for s in samples)
+    assert set(kinds.values()) == {2} and len(kinds) == 4  # balanced: each (word, tool) pair once per block of 4

@@ -23,7 +23,12 @@ def test_the_generators_share_by_weight_for_training_and_evenly_for_the_command(
     assert list(task_to_env) == ["arithmetic", "guess_number"]
     assert samples == generated_samples(envs, 8, 5)
     tasks = [s.task_name for s in samples]
-    assert tasks == ["arithmetic", "guess_number", "arithmetic", "guess_number"] + ["arithmetic"] * 4
+    assert tasks == ["arithmetic", "arithmetic", "guess_number", "arithmetic"] * 2  # in proportion, 3:1
+    three = [EnvConfig(name="calculator", weight=2), EnvConfig(name="arithmetic"), EnvConfig(name="guess_number")]
+    tasks = [s.task_name for s in generated_samples(three, 12, 0)]
+    assert tasks == ["calculator", "arithmetic", "guess_number", "calculator"] * 3  # 2:1:1 in every run of four
+    equal = [EnvConfig(name="calculator"), EnvConfig(name="arithmetic")]
+    assert [s.task_name for s in generated_samples(equal, 6, 0)] == ["calculator", "arithmetic"] * 3
 
 
 def test_training_and_the_rollout_command_read_a_data_file_the_same_way(tmp_path, monkeypatch):

@@ -3,7 +3,8 @@
 Sources (``read.py`` picks one and reads it once): a file (``.jsonl``, ``.json``, ``.parquet``) or
 a saved ``datasets`` directory, an in-memory ``datasets.Dataset`` or list of dicts, or, without
 either, the bundled environments' own sample generators, sharing their count by weight
-(``weighted_counts``) or evenly (``even_counts``). A row's ``prompt`` is text (one user message,
+(``weighted_counts``) or evenly (``even_counts``), interleaved in proportion (weights 2:1:1 give
+each run of four prompts two of the first and one of each other). A row's ``prompt`` is text (one user message,
 after the optional system prompt) or a list of ``{role, content}`` messages; ``task_name`` routes
 it (default: the only environment, else its ``environment`` column when that names a configured
 task); every other column reaches ``reset(**row)`` and the reward functions.
@@ -95,7 +96,9 @@ def generated_samples(
     seed: int,
     counts: Callable[[Sequence[EnvConfig], int], list[int]] = weighted_counts,
 ) -> list[Sample]:
-    """``size`` prompts from bundled environments' generators, shared by ``counts``, interleaved."""
+    """``size`` prompts from bundled environments' generators, shared by ``counts``, interleaved in
+    proportion: the ``j``-th of ``n`` prompts of a generator sits at ``(j + 1/2) / n`` of the way,
+    ties in the environments' order (equal counts: one of each in turn)."""
     check_generators(envs)
     shares = counts(envs, size)
     groups = []
@@ -107,7 +110,8 @@ def generated_samples(
         if env.task_name:
             samples = [Sample(s.prompt, env.task_name, s.row, s.stop) for s in samples]
         groups.append(samples)
-    return [g[j] for j in range(max(shares)) for g in groups if j < len(g)]
+    placed = [((j + 0.5) / len(g), i, j) for i, g in enumerate(groups) for j in range(len(g))]
+    return [groups[i][j] for _, i, j in sorted(placed)]
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -22,6 +22,11 @@ Two variants, both off by default (the quickstart plays neither):
   then plus 18?"): ``k`` tool calls, each on the previous result, then ``answer``, so ``k + 1``
   tool turns whose choices pay only together, at the end (row column ``then``: the operations after
   the first, as ``[word, operand]`` pairs).
+- ``continuation=True``: the question starts from a number, as a chain's later operations do
+  ("What is 986, then plus 18?": ``add(986, 18)``, then ``answer``), the number being what a
+  first operation on two ``digits``-digit operands gives. Its one tool choice reads the word after
+  "then" where a chain's second call does (row column ``continuation``; ``a`` is the number, ``op``
+  and ``b`` the first operation after it).
 - ``closing=True``: ``answer`` does not end the episode; the model closes it with a reply without a
   tool call (the expert says ``CLOSING``), as TRL's tool loop does, which generates one more turn
   after the last tool result (row column ``closing``). The reward is the same.
@@ -53,7 +58,8 @@ from ..experts import format_tool_call
 #: The question's word for each operation, and the tool that computes it.
 OPERATIONS = {"plus": "add", "minus": "subtract", "times": "multiply"}
 _APPLY = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}
-_QUESTION = re.compile(r"What is (\d+) (plus|minus|times) (\d+)((?:, then (?:plus|minus|times) \d+)*)\?")
+_QUESTION = re.compile(r"What is (\d+)(?: (plus|minus|times) (\d+))?((?:, then (?:plus|minus|times) \d+)*)\?")
+_WORD = re.compile(r"\b(plus|minus|times)\b")
 _THEN = re.compile(r", then (plus|minus|times) (\d+)")
 _OFFERED = re.compile(r"\b(add|subtract|multiply)\b")
 #: What a second computation returns (the first one stands).
@@ -192,7 +198,8 @@ def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
     found = _QUESTION.search(question)
     if found is None:
         return "I cannot read the question."
-    operands = [int(found.group(1)), int(found.group(3)), *(int(x) for _, x in _THEN.findall(found.group(4)))]
+    first = [int(found.group(3))] if found.group(3) else []  # none: a continuation
+    operands = [int(found.group(1)), *first, *(int(x) for _, x in _THEN.findall(found.group(4)))]
     last = re.fullmatch(r"-?\d+", results[-1].strip()) if results else None
     if results and last is None:
         return "I cannot read the result."
@@ -208,7 +215,7 @@ def expert_tools(question: str, offered: Sequence[str]) -> tuple[str, ...]:
     """The offered tools the expert calls on ``question``, one per operation: uniform, seeded by
     the question's text."""
     rng, choices = random.Random(question), sorted(set(offered))
-    return tuple(rng.choice(choices) for _ in range(1 + question.count(", then ")))
+    return tuple(rng.choice(choices) for _ in _WORD.findall(question))
 
 
 def build() -> Environment:
@@ -233,9 +240,11 @@ def samples(
     balanced: bool = False,
     computations: int = 1,
     closing: bool = False,
+    continuation: bool = False,
 ) -> list[Sample]:
     """``n`` questions of ``computations`` operations each, uniform over ``operations``, operands of
-    ``digits`` digits; ``closing``: the episode ends with a reply after ``answer`` (module docstring).
+    ``digits`` digits; ``closing``: the episode ends with a reply after ``answer``; ``continuation``:
+    the question starts from a number (module docstring).
 
     Only the tools of ``operations`` are offered (``("plus", "times")``: add or multiply, a binary choice).
     ``balanced``: every sequence of operations is asked equally often and, on each, the expert
@@ -259,20 +268,28 @@ def samples(
         chosen, wanted = kinds[i] if kinds else (tuple(rng.choice(words) for _ in range(computations)), None)
         while True:
             operands = [rng.randint(low, high) for _ in range(computations + 1)]
-            question = f"What is {operands[0]} {chosen[0]} {operands[1]}"
-            question += "".join(f", then {w} {x}" for w, x in zip(chosen[1:], operands[2:])) + "?"
+            if continuation:  # the number a first operation gives
+                operands[0] = _APPLY[OPERATIONS[rng.choice(words)]](operands[0], rng.randint(low, high))
+            question = _question(chosen, operands, continuation)
             if wanted is None or expert_tools(question, tools) == wanted:  # else other operands
                 break
         result = operands[0]
         for word, operand in zip(chosen, operands[1:]):
             result = _APPLY[OPERATIONS[word]](result, operand)
         row = {"a": operands[0], "b": operands[1], "op": chosen[0], "result": result, "environment": _tool_set(tools)}
-        if computations > 1:
-            row["then"] = [[w, x] for w, x in zip(chosen[1:], operands[2:])]
-        if closing:
-            row["closing"] = True
+        extra = {"then": [[w, x] for w, x in zip(chosen[1:], operands[2:])] if computations > 1 else None}
+        row |= {
+            key: value for key, value in {**extra, "closing": closing, "continuation": continuation}.items() if value
+        }
         out.append(Sample(prompt=(system, Message("user", question)), task_name="calculator", row=row))
     return out
+
+
+def _question(chosen: Sequence[str], operands: Sequence[int], continuation: bool) -> str:
+    """ "What is 34 times 29, then plus 18?"; a continuation: "What is 986, then plus 18?"."""
+    first = "" if continuation else f" {chosen[0]} {operands[1]}"
+    rest = zip(chosen, operands[1:]) if continuation else zip(chosen[1:], operands[2:])
+    return f"What is {operands[0]}{first}" + "".join(f", then {w} {x}" for w, x in rest) + "?"
 
 
 def _balanced_kinds(
