@@ -356,3 +356,34 @@ def test_groups_share_their_prompt_on_a_cpu_and_run_as_padded_rows_on_cuda_unles
     assert load_config(overrides=["optim.share_prompts=true"]).optim.share_prompts is True
     with pytest.raises(Exception, match="share_prompts"):
         load_config(overrides=["optim.share_prompts=sometimes"])
+
+
+def test_micro_batch_tokens_auto_is_the_cpus_setting_there_and_sized_from_free_memory_on_cuda(monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers import Qwen3Config
+
+    from rollforge.train import micro_batches
+    from rollforge.train.config import load_config
+
+    qwen3 = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28)  # Qwen3-0.6B's shape
+    # per token: 2 bytes x 2 (the float32 norms) x 28 layers x (10 x 1024 + 4 x 3072) = 2,523,136 bytes
+    assert micro_batches.activation_bytes_per_token(qwen3) == 2_523_136
+
+    def on(device: str) -> SimpleNamespace:  # a model's parameters and config, without a GPU
+        return SimpleNamespace(parameters=lambda: iter([SimpleNamespace(device=torch.device(device))]), config=qwen3)
+
+    assert micro_batches.micro_batch_tokens_for("auto", on("cpu")) == 4096
+    assert micro_batches.micro_batch_tokens_for(2048, on("cuda")) == 2048  # a number as given, anywhere
+    free = {"bytes": 139 * 2**30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 141 * 2**30))
+    # half of 139 GiB over 2,523,136 bytes a token: 29,576 tokens, in multiples of 1024
+    assert micro_batches.micro_batch_tokens_for("auto", on("cuda")) == 28_672
+    free["bytes"] = 2**30  # little free: never below the CPU's setting
+    assert micro_batches.micro_batch_tokens_for("auto", on("cuda")) == 4096
+    free["bytes"] = 2**40  # plenty: never past the ceiling
+    assert micro_batches.micro_batch_tokens_for("auto", on("cuda")) == 65536
+    assert load_config().optim.micro_batch_tokens == "auto"
+    assert load_config(overrides=["optim.micro_batch_tokens=8192"]).optim.micro_batch_tokens == 8192
+    with pytest.raises(Exception, match="micro_batch_tokens"):
+        load_config(overrides=["optim.micro_batch_tokens=0"])

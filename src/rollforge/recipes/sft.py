@@ -48,6 +48,7 @@ from ..seeds import held_out_seed, mix
 from ..train import checkpoint as ckpt
 from ..train.config_files import check_unchanged
 from ..train.logbook import Logbook, read_metrics
+from ..train.micro_batches import micro_batch_tokens_for
 from ..train.policy import compute_dtype, load_policy, make_optimizer
 from ..train.preflight import write_config
 from ..train.update import TrainedPolicy
@@ -224,6 +225,7 @@ class _Trainer:
         self.config, self.model, self.renderer, self.tokenizer = config, model, renderer, renderer.tokenizer
         self.optimizer, self.scheduler, self.logbook = optimizer, scheduler, logbook
         self.total, self.done = total, done  # done: the steps a resumed run's checkpoint holds
+        self.micro_batch_tokens = micro_batch_tokens_for(config.optim.micro_batch_tokens, model)
 
     def train(self, examples: Sequence[Example], *, phase: int, step: int, extra: Mapping[str, Any] = {}) -> int:
         """Train on ``examples``; ``extra`` metrics (a round's rollout) join the first step's line."""
@@ -244,7 +246,7 @@ class _Trainer:
                     self.model,
                     self.optimizer,
                     batch,
-                    micro_batch_tokens=config.optim.micro_batch_tokens,
+                    micro_batch_tokens=self.micro_batch_tokens,
                     pad_id=self.tokenizer.pad_token_id,
                     max_grad_norm=config.optim.max_grad_norm,
                     compute_dtype=compute_dtype(config.model),

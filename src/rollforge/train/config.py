@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -180,8 +180,10 @@ class OptimConfig(_Section):
     """Optimizer steps of linear warm-up from 0."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm; None: no clipping."""
-    micro_batch_tokens: int = Field(4096, ge=1)
-    """Padded tokens per forward/backward pass; the batch is accumulated over as many passes as needed."""
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """Padded tokens per forward/backward pass; the batch is accumulated over as many passes as needed.
+    ``auto``: 4096 on a CPU; on CUDA, from the free memory and the model's size
+    (``micro_batches.micro_batch_tokens_for``; never yet run on a GPU)."""
     share_prompts: bool | Literal["auto"] = "auto"
     """Run a GRPO group's rows behind one pass of their shared prompt. ``auto``: on a CPU only (on an
     H100 that update took 2.9 s, padded rows 1.05 s; see ``micro_batches.shares_prompts``)."""

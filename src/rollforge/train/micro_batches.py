@@ -86,3 +86,37 @@ def silent_rows(
         return silent
     flat = advantages.reshape(len(advantages), -1)
     return silent | {int(i) for i in torch.nonzero(~flat.ne(0).any(dim=1)).flatten()}
+
+
+#: ``optim.micro_batch_tokens: auto`` off CUDA, and its floor on CUDA (a CPU's measured setting).
+CPU_MICRO_BATCH_TOKENS = 4096
+#: Its ceiling on CUDA: past this, a longer pass no longer raises a GPU's utilisation much.
+CUDA_MICRO_BATCH_TOKENS_MAX = 65536
+
+
+def micro_batch_tokens_for(setting: int | str, model: Any) -> int:
+    """``optim.micro_batch_tokens`` for ``model`` where it lives: a number as given; ``auto``:
+    ``CPU_MICRO_BATCH_TOKENS`` off CUDA, and on CUDA as many tokens as half the free memory holds at
+    ``activation_bytes_per_token`` (the other half: the head's logit chunks, the optimizer's
+    transients, fragmentation), in multiples of 1024 from that floor to ``CUDA_MICRO_BATCH_TOKENS_MAX``.
+    (An estimate: never yet run on a GPU.)"""
+    if setting != "auto":
+        return int(setting)
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return CPU_MICRO_BATCH_TOKENS
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = free // 2 // activation_bytes_per_token(model.config) // 1024 * 1024
+    return max(CPU_MICRO_BATCH_TOKENS, min(CUDA_MICRO_BATCH_TOKENS_MAX, fits))
+
+
+def activation_bytes_per_token(config: Any) -> int:
+    """What the backward pass keeps per token of a decoder in bfloat16: per layer about 10 hidden
+    widths (norm inputs, q/k/v/o, the residual) and 4 MLP widths (gate, up, their product, the
+    activation), 2 bytes each, the norms' float32 copies taken into the factor of 2 on top: 2.5 MB
+    for Qwen3-0.6B, whose update on an H100 used 2.9 MB a token more from 4,096 tokens to 16,384
+    (docs/benchmarks.md), which the free half ``micro_batch_tokens_for`` leaves covers."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    hidden = text.hidden_size
+    mlp = getattr(text, "intermediate_size", None) or 4 * hidden
+    return 2 * 2 * text.num_hidden_layers * (10 * hidden + 4 * mlp)

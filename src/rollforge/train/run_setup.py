@@ -42,6 +42,7 @@ from .config import TrainConfig
 from .distributed import Ranks, shard
 from .generation_backend import backend_config, shared_model
 from .logbook import Logbook
+from .micro_batches import micro_batch_tokens_for
 from .losses import PolicyLoss, get_aggregation
 from .policy import compute_dtype, load_policy, make_optimizer, make_reference
 from .policy_losses import policy_loss
@@ -121,7 +122,7 @@ async def open_run(config: TrainConfig, **options: Unpack[TrainOptions]) -> Asyn
         run = Run(
             config=config,
             policy=policy,
-            settings=update_settings(config, tokenizer),
+            settings=update_settings(config, tokenizer, policy.model),
             generator=generator,
             tokenizer=tokenizer,
             renderer=renderer,
@@ -169,10 +170,11 @@ def objective(config: TrainConfig) -> tuple[PolicyLoss, Any]:
     return loss_fn, get_aggregation(algo.loss_aggregation, longest)
 
 
-def update_settings(config: TrainConfig, tokenizer: Any) -> UpdateSettings:
-    """How every update of the run runs, from the config and the tokenizer's padding id."""
+def update_settings(config: TrainConfig, tokenizer: Any, model: Any) -> UpdateSettings:
+    """How every update of the run runs, from the config, the tokenizer's padding id and where the
+    model lives (``optim.micro_batch_tokens: auto``)."""
     return UpdateSettings(
-        micro_batch_tokens=config.optim.micro_batch_tokens,
+        micro_batch_tokens=micro_batch_tokens_for(config.optim.micro_batch_tokens, model),
         pad_id=tokenizer.pad_token_id,
         max_grad_norm=config.optim.max_grad_norm,
         compute_dtype=compute_dtype(config.model),
