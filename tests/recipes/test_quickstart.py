@@ -91,12 +91,10 @@ def test_quickstart_preset_chain_runs_the_chain_presets(tiny_model_dir, tmp_path
     for options in (grpo["environments"][0]["options"], warm["sources"][0]["options"]):
         assert options["computations"] == 2 and options["operations"] == ["plus", "times"]
     assert grpo["rollout"]["max_turns"] == warm["rollout"]["max_turns"] == 3 and grpo["steps"] == 1
-    # single operations and continuations beside the chains, in both phases, and a warm-up that mixes them
-    assert [e["task_name"] for e in grpo["environments"]] == ["chain", "single", "continuation"]
-    assert [e["weight"] for e in grpo["environments"]] == [2, 1, 1]
-    for k in (1, 2):
-        assert "computations" not in grpo["environments"][k]["options"]
-        assert "computations" not in warm["sources"][k]["options"]
-    assert grpo["environments"][2]["options"]["continuation"] is warm["sources"][2]["options"]["continuation"] is True
+    # single operations beside the chains, in both phases, and a warm-up that mixes them
+    assert [e["task_name"] for e in grpo["environments"]] == ["chain", "single"]
+    assert (
+        "computations" not in grpo["environments"][1]["options"] and "computations" not in warm["sources"][1]["options"]
+    )
     assert warm["shuffle"] is True and grpo["algorithm"]["dynamic_sampling"] is False
     assert "# Quickstart report" in capsys.readouterr().out
