@@ -63,6 +63,7 @@ def test_quick_run_on_cpu_reports_every_section(tmp_path):
     assert set(grpo["split_seconds"]) == {"rollout", "update", "sync"}
     assert grpo["seconds_per_step"] > 0 and grpo["generation_tokens_per_s"] > 0 and grpo["update_tokens_per_s"] > 0
     assert grpo["update_mfu"] is None  # no bf16 peak on a CPU
+    assert len(grpo["update_micro_batches"]) == 1 and grpo["update_micro_batches"][0] >= 1  # per timed step
     trl = entry["trl"]
     assert trl["status"] == "ok" and trl["ratio_step_time"] == pytest.approx(
         grpo["seconds_per_step"] / trl["seconds_per_step"], rel=1e-2

@@ -175,6 +175,7 @@ def grpo(model_dir: Path, where: Any, s: GpuSettings, scratch: Path) -> dict[str
         "split_seconds": {"rollout": phases["generation"], "update": phases["update"], "sync": phases["other"]},
         "generated_tokens_per_step": round(generated, 1),
         "trained_tokens_per_step": round(trained, 1),
+        "update_micro_batches": [x["micro_batches"] for x in timed],  # optim.micro_batch_tokens: auto's split
         "generation_tokens_per_s": round(generated / phases["generation"], 1),
         "update_tokens_per_s": round(update_tps, 1),
         "update_flops_per_token": flops_per_token,

@@ -146,6 +146,7 @@ def run_rollforge(
             "context_tokens": None,
             "tool_failures": sum(v for k, v in m.items() if k.startswith("rollout/failures/")),
             "trained_tokens": m["trained_tokens"],
+            "micro_batches": m.get("micro_batches"),
         }
         for m in result.history
     ]
