@@ -4,8 +4,8 @@ Sources (``read.py`` picks one and reads it once): a file (``.jsonl``, ``.json``
 a saved ``datasets`` directory, an in-memory ``datasets.Dataset`` or list of dicts, or, without
 either, the bundled environments' own sample generators, sharing their count by weight
 (``weighted_counts``) or evenly (``even_counts``), interleaved in proportion (weights 2:1:1 give
-each run of four prompts two of the first and one of each other). A row's ``prompt`` is text (one user message,
-after the optional system prompt) or a list of ``{role, content}`` messages; ``task_name`` routes
+each run of four prompts two of the first and one of each other). A row's ``prompt`` is text (one
+user message, after the optional system prompt) or a list of ``{role, content}`` messages; ``task_name`` routes
 it (default: the only environment, else its ``environment`` column when that names a configured
 task); every other column reaches ``reset(**row)`` and the reward functions.
 A NeMo Gym dataset row has no ``prompt``: its prompt is read from its ``responses_create_params``
