@@ -216,8 +216,7 @@ def _section(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     try:
         result = {"status": "ok", **body()}
     except Exception as exc:  # the boundary of a section: any failure is the report's, not the run's
-        message = " ".join(str(exc).split())
-        result = {"status": "failed", "reason": f"{type(exc).__name__}: {message}"[:500]}
+        result = sections.failed(exc)
     finally:
         sections.release_memory()
     result["seconds"] = round(time.perf_counter() - began, 2)

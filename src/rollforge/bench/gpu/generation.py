@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .sections import failed, release_memory
 from .settings import GpuSettings
 
 #: The candidates in the order they run; those needing CUDA are skipped elsewhere, saying so.
@@ -65,8 +66,6 @@ def run(model_dir: Path, where: Any, s: GpuSettings) -> dict[str, Any]:
     """The section (see the module docstring)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .sections import release_memory
 
     dtype = torch.bfloat16 if where.type == "cuda" else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -138,8 +137,7 @@ def measure(opener: Callable[..., Any], model: Any, tokenizer: Any, requests: Re
             lengths = generate(requests.max_new_tokens)
             seconds = time.perf_counter() - began
     except Exception as exc:  # the boundary of a candidate: its failure is its entry's, not the section's
-        message = " ".join(str(exc).split())
-        return {"status": "failed", "reason": f"{type(exc).__name__}: {message}"[:500]}
+        return failed(exc)
     step = seconds / max(lengths)
     return {
         "status": "ok",

@@ -95,6 +95,12 @@ def build_model_dir(name: str, out: Path, where: Any, seed: int) -> dict[str, An
     }
 
 
+def failed(exc: Exception) -> dict[str, Any]:
+    """A section's or candidate's entry for what it raised: its type and message on one line."""
+    message = " ".join(str(exc).split())
+    return {"status": "failed", "reason": f"{type(exc).__name__}: {message}"[:500]}
+
+
 def release_memory() -> None:
     """Free what a section or candidate left: Python's garbage, CUDA's cached blocks, its peak."""
     import torch
