@@ -150,5 +150,8 @@ async def test_a_continuation_starts_from_a_number_and_its_one_call_reads_the_wo
         calls, steps, final = await expert_episode(sample)
         assert len(steps) == 2 and calls[0].arguments == {"a": row["a"], "b": row["b"]}
         assert final == (1.0 if calls[0].name == calculator.OPERATIONS[row["op"]] else 0.0)
+    parser = get_parser()
+    for unreadable in ("What is 986?", "What is 986, then?"):  # a number alone has no operation to call
+        assert calculator.expert([Message("user", unreadable)], parser) == "I cannot read the question."
     kinds = Counter((s.row["op"], calculator.expert_tools(s.prompt[1].content, ["add", "multiply"])) for s in samples)
     assert set(kinds.values()) == {2} and len(kinds) == 4  # balanced: each (word, tool) pair once per block of 4

@@ -196,7 +196,7 @@ def expert(messages: Sequence[Message], parser: ToolCallParser) -> str:
         return CLOSING
     question = next((m.content for m in reversed(messages) if m.role == "user"), "")
     found = _QUESTION.search(question)
-    if found is None:
+    if found is None or not (found.group(3) or found.group(4)):  # none, or a number alone ("What is 986?")
         return "I cannot read the question."
     first = [int(found.group(3))] if found.group(3) else []  # none: a continuation
     operands = [int(found.group(1)), *first, *(int(x) for _, x in _THEN.findall(found.group(4)))]
@@ -277,10 +277,12 @@ def samples(
         for word, operand in zip(chosen, operands[1:]):
             result = _APPLY[OPERATIONS[word]](result, operand)
         row = {"a": operands[0], "b": operands[1], "op": chosen[0], "result": result, "environment": _tool_set(tools)}
-        extra = {"then": [[w, x] for w, x in zip(chosen[1:], operands[2:])] if computations > 1 else None}
-        row |= {
-            key: value for key, value in {**extra, "closing": closing, "continuation": continuation}.items() if value
-        }
+        if computations > 1:
+            row["then"] = [[w, x] for w, x in zip(chosen[1:], operands[2:])]
+        if closing:
+            row["closing"] = True
+        if continuation:
+            row["continuation"] = True
         out.append(Sample(prompt=(system, Message("user", question)), task_name="calculator", row=row))
     return out
 
